@@ -1,14 +1,24 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! telegate: an AI agent behind a Telegram chat, with session control that
+//! never gets stuck and never loses a message.
+//!
+//! The layers, top to bottom (see `ARCHITECTURE.md` for the map):
+//!
+//! * [`transport`]: Telegram (polling, webhook) and the console turn their
+//!   input into [`event::MessageEvent`]s and hand them to the adapter;
+//! * [`adapter`]: per-slot guards, owner tasks, queues, stale-lock healing,
+//!   the command path;
+//! * [`runner`]: turns, generations, slash commands, the stall watchdog;
+//! * [`agent`]: the backends that answer;
+//! * [`reply`]: the outbound port the transports implement.
+//!
+//! Everything is re-exported here for the binary, the tests and the benches.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub mod adapter;
+pub mod agent;
+pub mod config;
+pub mod engine;
+pub mod event;
+pub mod identity;
+pub mod reply;
+pub mod runner;
+pub mod transport;

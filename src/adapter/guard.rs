@@ -1,0 +1,140 @@
+//! Slot guards and owner tasks: the two facts that make a slot busy.
+//!
+//! A [`SessionGuard`] in `active_sessions` says "this slot is busy"; it also
+//! carries the interrupt flag of the turn that holds it. An [`OwnerTask`] in
+//! `session_tasks` says which task holds the guard, so that a guard whose
+//! owner has finished (done, panicked or aborted) can be recognised as stale
+//! and healed instead of trapping the chat forever.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+/// Whether a guard belongs to a turn or to a command on the command path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardKind {
+    /// An owner task's turn.
+    Turn,
+    /// /stop, /new or /reset swapped this guard in while it runs.
+    Command,
+}
+
+/// The busy marker of a slot. Guards compare by identity: two guards are
+/// equal only if one is a clone of the other.
+#[derive(Clone, Debug)]
+pub struct SessionGuard {
+    id: u64,
+    kind: GuardKind,
+    interrupt: CancellationToken,
+}
+
+impl SessionGuard {
+    /// A new turn guard.
+    pub fn new() -> Self {
+        SessionGuard::with_kind(GuardKind::Turn)
+    }
+
+    /// A new guard of the given kind.
+    pub fn with_kind(kind: GuardKind) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        SessionGuard {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            kind,
+            interrupt: CancellationToken::new(),
+        }
+    }
+
+    /// Turn or command.
+    pub fn kind(&self) -> GuardKind {
+        self.kind
+    }
+
+    /// The interrupt flag of the turn holding this guard.
+    pub fn interrupt(&self) -> &CancellationToken {
+        &self.interrupt
+    }
+
+    /// True if `other` is this very guard.
+    pub fn same(&self, other: &SessionGuard) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Default for SessionGuard {
+    fn default() -> Self {
+        SessionGuard::new()
+    }
+}
+
+impl PartialEq for SessionGuard {
+    fn eq(&self, other: &Self) -> bool {
+        self.same(other)
+    }
+}
+
+impl Eq for SessionGuard {}
+
+/// The task that holds a slot's guard: how to ask it to stop, how to force
+/// it, and how to know it has finished.
+#[derive(Clone, Debug)]
+pub struct OwnerTask {
+    abort: AbortHandle,
+    cancel: CancellationToken,
+    done: CancellationToken,
+}
+
+impl OwnerTask {
+    pub(crate) fn new(
+        abort: AbortHandle,
+        cancel: CancellationToken,
+        done: CancellationToken,
+    ) -> Self {
+        OwnerTask {
+            abort,
+            cancel,
+            done,
+        }
+    }
+
+    /// Record an arbitrary task as an owner (tests install locks this way).
+    pub fn watching<T>(task: &JoinHandle<T>) -> Self {
+        OwnerTask {
+            abort: task.abort_handle(),
+            cancel: CancellationToken::new(),
+            done: CancellationToken::new(),
+        }
+    }
+
+    /// True once the task has completed, panicked or been aborted.
+    pub fn is_finished(&self) -> bool {
+        self.abort.is_finished()
+    }
+
+    /// The tokio id of the task.
+    pub fn id(&self) -> tokio::task::Id {
+        self.abort.id()
+    }
+
+    /// Ask the task to stop at its next await point (cooperative).
+    pub(crate) fn request_cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Force the task to stop (after the cooperative wait timed out).
+    pub(crate) fn abort(&self) {
+        self.abort.abort();
+    }
+
+    /// Wait until the task has finished, at most `limit`. Returns whether it
+    /// finished.
+    pub(crate) async fn finished_within(&self, limit: std::time::Duration) -> bool {
+        if self.is_finished() {
+            return true;
+        }
+        tokio::select! {
+            _ = self.done.cancelled() => true,
+            _ = tokio::time::sleep(limit) => self.is_finished(),
+        }
+    }
+}

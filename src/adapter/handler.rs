@@ -1,0 +1,52 @@
+//! The adapter's view of what handles a message: the runner in production,
+//! a small closure in the adapter's own tests.
+
+use std::future::Future;
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::event::{MessageEvent, SessionKey};
+use crate::reply::Outgoing;
+
+/// What the adapter tells the handler about the slot a message belongs to.
+#[derive(Clone, Debug)]
+pub struct DispatchContext {
+    /// The chat slot.
+    pub key: SessionKey,
+    /// Fires when this turn should stop because a newer message interrupted
+    /// it (busy mode `interrupt`). Commands get a token that never matters.
+    pub interrupt: CancellationToken,
+    /// True when the slot was busy with a turn the handler did not start
+    /// (a command on the command path, or a bypass command mid-turn).
+    pub slot_busy: bool,
+    /// Messages waiting in the slot's queue when this was dispatched.
+    pub queue_depth: usize,
+}
+
+/// Handles one message and returns what to send back (nothing for a turn
+/// whose result was discarded).
+pub trait MessageHandler: Send + Sync + 'static {
+    /// Handle `event`. The adapter awaits this inside the slot's owner task
+    /// (turns) or inline (commands); it may be dropped at any await point when
+    /// the turn is cancelled.
+    fn handle(
+        &self,
+        event: MessageEvent,
+        ctx: DispatchContext,
+    ) -> BoxFuture<'static, Option<Outgoing>>;
+}
+
+impl<F, Fut> MessageHandler for F
+where
+    F: Fn(MessageEvent, DispatchContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Option<Outgoing>> + Send + 'static,
+{
+    fn handle(
+        &self,
+        event: MessageEvent,
+        ctx: DispatchContext,
+    ) -> BoxFuture<'static, Option<Outgoing>> {
+        Box::pin(self(event, ctx))
+    }
+}

@@ -1,0 +1,685 @@
+//! The adapter: the platform-neutral heart of session control.
+//!
+//! Every inbound [`MessageEvent`] goes through [`Adapter::handle_message`],
+//! which decides, without ever awaiting a turn, what happens to it:
+//!
+//! * **idle slot**: a guard and an owner task are installed *in the same
+//!   critical section* that saw the slot idle (no await in between, so a
+//!   second message cannot start a parallel turn), and the task runs the
+//!   turn, sends its reply, then drains the slot's queue in arrival order;
+//! * **busy slot, /stop /new /reset**: the *command path* swaps in a command
+//!   guard, lets the handler (the runner) act, sends the command's reply
+//!   first, then cancels the old task (bounded wait), then releases the
+//!   command guard and starts the oldest follow-up exactly once;
+//! * **busy slot, other commands**: answered at once, the turn untouched;
+//! * **busy slot, ordinary message**: queued, and in `interrupt` mode the
+//!   running turn is interrupted; one rate-limited acknowledgement;
+//! * **busy slot, internal event** (wakeup): queued silently.
+//!
+//! A guard whose owner task has finished (done, panicked, aborted) is a stale
+//! lock: the next message heals it instead of being trapped behind it. A
+//! task drops its owner entry only if it actually released the guard, so a
+//! lock can never be left without an owner that would let it heal.
+//!
+//! The adapter owns `active_sessions`, `session_tasks`, the pending queues
+//! and acknowledgement pacing. It must never run agent work inline, never
+//! hold its lock across an `.await`, and never know which platform it serves.
+
+mod guard;
+mod handler;
+mod pending;
+
+pub use guard::{GuardKind, OwnerTask, SessionGuard};
+pub use handler::{DispatchContext, MessageHandler};
+pub use pending::PendingQueue;
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::event::{
+    is_control_command, KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource,
+};
+use crate::reply::{Outbound, Outgoing, Reply};
+
+/// What an ordinary message does to a busy slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BusyMode {
+    /// Interrupt the running turn; the message becomes the next turn and the
+    /// interrupted turn's output is discarded.
+    #[default]
+    Interrupt,
+    /// Wait for the running turn to finish.
+    Queue,
+}
+
+/// Adapter settings.
+#[derive(Clone, Debug)]
+pub struct AdapterConfig {
+    /// What an ordinary message does to a busy slot.
+    pub busy_mode: BusyMode,
+    /// How many follow-ups may wait per slot.
+    pub max_pending: usize,
+    /// At most one acknowledgement per slot within this interval.
+    pub ack_interval: Duration,
+    /// How long the command path waits for a cancelled task to finish
+    /// before aborting it.
+    pub cancel_wait: Duration,
+    /// How session keys are built.
+    pub key_policy: KeyPolicy,
+}
+
+impl Default for AdapterConfig {
+    fn default() -> Self {
+        AdapterConfig {
+            busy_mode: BusyMode::Interrupt,
+            max_pending: 20,
+            ack_interval: Duration::from_secs(3),
+            cancel_wait: Duration::from_secs(2),
+            key_policy: KeyPolicy::default(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct AdapterState {
+    active_sessions: HashMap<SessionKey, SessionGuard>,
+    session_tasks: HashMap<SessionKey, OwnerTask>,
+    pending: HashMap<SessionKey, PendingQueue>,
+    last_ack: HashMap<SessionKey, Instant>,
+}
+
+impl AdapterState {
+    fn is_stale(&self, key: &SessionKey) -> bool {
+        self.active_sessions.contains_key(key)
+            && self
+                .session_tasks
+                .get(key)
+                .is_some_and(OwnerTask::is_finished)
+    }
+
+    fn heal(&mut self, key: &SessionKey) -> bool {
+        if !self.is_stale(key) {
+            return false;
+        }
+        self.active_sessions.remove(key);
+        self.session_tasks.remove(key);
+        self.last_ack.remove(key);
+        let waiting = self.pending.get(key).map_or(0, PendingQueue::len);
+        // The queued follow-ups are kept: they run next, in arrival order.
+        tracing::warn!(session_key = %key, waiting, "healed a stale session lock (owner task had finished)");
+        true
+    }
+
+    fn pending_len(&self, key: &SessionKey) -> usize {
+        self.pending.get(key).map_or(0, PendingQueue::len)
+    }
+
+    fn pop_pending(&mut self, key: &SessionKey) -> Option<MessageEvent> {
+        let queue = self.pending.get_mut(key)?;
+        let event = queue.pop();
+        if queue.is_empty() {
+            self.pending.remove(key);
+        }
+        event
+    }
+
+    fn owns(&self, key: &SessionKey, guard: &SessionGuard) -> bool {
+        self.active_sessions.get(key).is_some_and(|g| g.same(guard))
+    }
+
+    fn release_guard(&mut self, key: &SessionKey, guard: Option<&SessionGuard>) -> bool {
+        match guard {
+            Some(guard) if !self.owns(key, guard) => false,
+            _ => self.active_sessions.remove(key).is_some(),
+        }
+    }
+
+    /// The slot fell idle: forget everything kept for it.
+    fn forget_idle(&mut self, key: &SessionKey) {
+        if self.pending.get(key).is_some_and(PendingQueue::is_empty) {
+            self.pending.remove(key);
+        }
+        self.last_ack.remove(key);
+    }
+}
+
+struct AdapterInner {
+    state: Mutex<AdapterState>,
+    handler: Arc<dyn MessageHandler>,
+    outbound: Arc<dyn Outbound>,
+    config: AdapterConfig,
+}
+
+/// The adapter. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct Adapter {
+    inner: Arc<AdapterInner>,
+}
+
+/// What `handle_message` decided under the lock, carried out after it.
+enum Route {
+    Done,
+    Reply(SessionSource, Reply),
+    Bypass(MessageEvent, DispatchContext),
+    Command(CommandPath),
+}
+
+struct CommandPath {
+    key: SessionKey,
+    event: MessageEvent,
+    previous: Option<SessionGuard>,
+    guard: SessionGuard,
+    old_owner: Option<OwnerTask>,
+    discarded: Vec<MessageEvent>,
+    queue_depth: usize,
+}
+
+impl Adapter {
+    /// An adapter dispatching to `handler` and replying through `outbound`.
+    pub fn new(
+        handler: Arc<dyn MessageHandler>,
+        outbound: Arc<dyn Outbound>,
+        config: AdapterConfig,
+    ) -> Self {
+        Adapter {
+            inner: Arc::new(AdapterInner {
+                state: Mutex::new(AdapterState::default()),
+                handler,
+                outbound,
+                config,
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, AdapterState> {
+        self.inner.state()
+    }
+
+    /// The slot key of `source` under this adapter's key policy.
+    pub fn session_key(&self, source: &SessionSource) -> SessionKey {
+        SessionKey::for_source(source, self.inner.config.key_policy)
+    }
+
+    /// Take one inbound event. Returns as soon as the event is routed; it
+    /// never awaits a turn. On the command path it returns once the command
+    /// has been answered, the old turn cancelled and the slot handed on.
+    pub async fn handle_message(&self, event: MessageEvent) {
+        let key = self.session_key(&event.source);
+        let route = {
+            let mut state = self.state();
+            self.route(&mut state, key, event)
+        };
+        match route {
+            Route::Done => {}
+            Route::Reply(source, reply) => self.inner.send(&source, reply.into()).await,
+            Route::Bypass(event, ctx) => {
+                let source = event.source.clone();
+                let handled = AssertUnwindSafe(self.inner.handler.handle(event, ctx))
+                    .catch_unwind()
+                    .await;
+                match handled {
+                    Ok(Some(out)) => self.inner.send(&source, out).await,
+                    Ok(None) => {}
+                    Err(_) => self.inner.send(&source, internal_error().into()).await,
+                }
+            }
+            Route::Command(path) => self.command_path(path).await,
+        }
+    }
+
+    fn route(&self, state: &mut AdapterState, key: SessionKey, event: MessageEvent) -> Route {
+        state.heal(&key);
+        if !state.active_sessions.contains_key(&key) {
+            // Idle. Queued follow-ups (kept across a heal) go first.
+            let event = match state.pending.get_mut(&key) {
+                Some(queue) if !queue.is_empty() => {
+                    let _ = queue.push(event, usize::MAX);
+                    match state.pop_pending(&key) {
+                        Some(first) => first,
+                        None => return Route::Done,
+                    }
+                }
+                _ => event,
+            };
+            self.start_owner_task(state, key, event);
+            return Route::Done;
+        }
+
+        let queue_depth = state.pending_len(&key);
+        let command = event
+            .command()
+            .map(|c| (is_control_command(c.name), c.is("new") || c.is("reset")));
+        if let Some((true, rotates)) = command {
+            let guard = SessionGuard::with_kind(GuardKind::Command);
+            let previous = state.active_sessions.insert(key.clone(), guard.clone());
+            let old_owner = state.session_tasks.get(&key).cloned();
+            let discarded = if rotates {
+                let taken = state
+                    .pending
+                    .get_mut(&key)
+                    .map(PendingQueue::take_user_messages)
+                    .unwrap_or_default();
+                state.forget_idle(&key);
+                taken
+            } else {
+                Vec::new()
+            };
+            return Route::Command(CommandPath {
+                key,
+                event,
+                previous,
+                guard,
+                old_owner,
+                discarded,
+                queue_depth,
+            });
+        }
+        if command.is_some() || event.kind == MessageKind::Unsupported {
+            let ctx = DispatchContext {
+                key,
+                interrupt: CancellationToken::new(),
+                slot_busy: true,
+                queue_depth,
+            };
+            return Route::Bypass(event, ctx);
+        }
+
+        // An ordinary message or an internal event for a busy slot.
+        let current = state.active_sessions.get(&key).cloned();
+        let internal = event.internal;
+        let source = event.source.clone();
+        let message_id = event.message_id;
+        let capacity = self.inner.config.max_pending;
+        let position = match state
+            .pending
+            .entry(key.clone())
+            .or_default()
+            .push(event, capacity)
+        {
+            Ok(position) => position,
+            Err(refused) => {
+                tracing::warn!(session_key = %key, capacity, "queue full; message refused");
+                return Route::Reply(
+                    source,
+                    Reply::notice(format!(
+                        "⚠️ {capacity} messages are already waiting, so this one was not queued. \
+                         Send it again when the current task is done, or /stop it."
+                    ))
+                    .in_reply_to(refused.message_id),
+                );
+            }
+        };
+        if internal {
+            return Route::Done;
+        }
+        let interrupting = self.inner.config.busy_mode == BusyMode::Interrupt
+            && current
+                .as_ref()
+                .is_some_and(|g| g.kind() == GuardKind::Turn);
+        if interrupting {
+            if let Some(guard) = &current {
+                guard.interrupt().cancel();
+            }
+        }
+        let now = Instant::now();
+        let ack_due = state
+            .last_ack
+            .get(&key)
+            .is_none_or(|last| now.duration_since(*last) >= self.inner.config.ack_interval);
+        if !ack_due {
+            return Route::Done;
+        }
+        state.last_ack.insert(key, now);
+        let text = if interrupting {
+            "⚡ Interrupting the current task…".to_string()
+        } else {
+            format!("⏳ Queued (position {position})…")
+        };
+        Route::Reply(source, Reply::notice(text).in_reply_to(message_id))
+    }
+
+    /// Install a guard and an owner task for `key` and start `event` in it.
+    /// Must be called with the state lock held: the guard and the owner are
+    /// in place before anyone else can look at the slot.
+    fn start_owner_task(&self, state: &mut AdapterState, key: SessionKey, event: MessageEvent) {
+        let guard = SessionGuard::new();
+        let cancel = CancellationToken::new();
+        let done = CancellationToken::new();
+        let task = tokio::spawn(owner_task(
+            self.inner.clone(),
+            key.clone(),
+            guard.clone(),
+            event,
+            cancel.clone(),
+            done.clone(),
+        ));
+        state.active_sessions.insert(key.clone(), guard);
+        state
+            .session_tasks
+            .insert(key, OwnerTask::new(task.abort_handle(), cancel, done));
+    }
+
+    async fn command_path(&self, path: CommandPath) {
+        let CommandPath {
+            key,
+            event,
+            previous,
+            guard,
+            old_owner,
+            mut discarded,
+            queue_depth,
+        } = path;
+        let source = event.source.clone();
+        let ctx = DispatchContext {
+            key: key.clone(),
+            interrupt: guard.interrupt().clone(),
+            slot_busy: true,
+            queue_depth,
+        };
+        let handled = AssertUnwindSafe(self.inner.handler.handle(event, ctx))
+            .catch_unwind()
+            .await;
+        let mut outgoing = match handled {
+            Ok(outgoing) => outgoing,
+            Err(_) => {
+                // The command failed: put everything back as it was.
+                {
+                    let mut state = self.state();
+                    if state.owns(&key, &guard) {
+                        match previous {
+                            Some(previous) => {
+                                state.active_sessions.insert(key.clone(), previous);
+                            }
+                            None => {
+                                state.active_sessions.remove(&key);
+                            }
+                        }
+                    }
+                    let queue = state.pending.entry(key.clone()).or_default();
+                    for event in discarded.drain(..).rev() {
+                        queue.push_front(event);
+                    }
+                    state.forget_idle(&key);
+                }
+                tracing::error!(session_key = %key, "command handler panicked; previous guard restored");
+                self.inner.send(&source, internal_error().into()).await;
+                return;
+            }
+        };
+
+        if !discarded.is_empty() {
+            let note = format!(
+                "{} queued message{} from the previous session {} dropped; send {} again if still needed.",
+                discarded.len(),
+                if discarded.len() == 1 { "" } else { "s" },
+                if discarded.len() == 1 { "was" } else { "were" },
+                if discarded.len() == 1 { "it" } else { "them" },
+            );
+            match &mut outgoing {
+                Some(out) => {
+                    out.reply.text.push('\n');
+                    out.reply.text.push_str(&note);
+                }
+                None => outgoing = Some(Reply::notice(note).into()),
+            }
+        }
+        // 1. The command's reply goes out first.
+        if let Some(out) = outgoing {
+            self.inner.send(&source, out).await;
+        }
+        // 2. Then the old task is cancelled, with a bounded wait.
+        if let Some(owner) = &old_owner {
+            owner.request_cancel();
+            if !owner.finished_within(self.inner.config.cancel_wait).await {
+                tracing::warn!(session_key = %key, "old task ignored cancellation; aborting it");
+                owner.abort();
+                owner.finished_within(Duration::from_millis(100)).await;
+            }
+        }
+        // 3. Then the command guard is released and the oldest follow-up
+        //    starts, exactly once.
+        let mut state = self.state();
+        if !state.owns(&key, &guard) {
+            // A newer command took over the slot; it hands the slot on.
+            return;
+        }
+        state.active_sessions.remove(&key);
+        if let Some(owner) = &old_owner {
+            if state
+                .session_tasks
+                .get(&key)
+                .is_some_and(|o| o.id() == owner.id())
+            {
+                state.session_tasks.remove(&key);
+            }
+        }
+        match state.pop_pending(&key) {
+            Some(next) => self.start_owner_task(&mut state, key, next),
+            None => state.forget_idle(&key),
+        }
+    }
+
+    // ----- observation and direct manipulation (tests, diagnostics) -----
+
+    /// True while `key` has a guard installed.
+    pub fn is_active(&self, key: &SessionKey) -> bool {
+        self.state().active_sessions.contains_key(key)
+    }
+
+    /// True while `key` has an owner task recorded.
+    pub fn has_owner_task(&self, key: &SessionKey) -> bool {
+        self.state().session_tasks.contains_key(key)
+    }
+
+    /// Follow-ups waiting for `key`.
+    pub fn pending_len(&self, key: &SessionKey) -> usize {
+        self.state().pending_len(key)
+    }
+
+    /// True if `key` has a queue entry at all.
+    pub fn has_pending(&self, key: &SessionKey) -> bool {
+        self.state().pending.contains_key(key)
+    }
+
+    /// True if `key`'s guard is held by an owner task that has finished.
+    /// A guard without an owner, or with a live owner, is not stale.
+    pub fn session_task_is_stale(&self, key: &SessionKey) -> bool {
+        self.state().is_stale(key)
+    }
+
+    /// Clear `key`'s lock if it is stale. Returns whether it healed.
+    pub fn heal_stale_session_lock(&self, key: &SessionKey) -> bool {
+        self.state().heal(key)
+    }
+
+    /// Install a lock directly: a guard and optionally an owner task.
+    pub fn install_lock(&self, key: &SessionKey, guard: SessionGuard, owner: Option<OwnerTask>) {
+        let mut state = self.state();
+        state.active_sessions.insert(key.clone(), guard);
+        match owner {
+            Some(owner) => state.session_tasks.insert(key.clone(), owner),
+            None => state.session_tasks.remove(key),
+        };
+    }
+
+    /// Replace only the guard of `key` (as the command path does), returning
+    /// the previous one.
+    pub fn swap_guard(&self, key: &SessionKey, guard: SessionGuard) -> Option<SessionGuard> {
+        self.state().active_sessions.insert(key.clone(), guard)
+    }
+
+    /// The guard installed for `key`.
+    pub fn active_guard(&self, key: &SessionKey) -> Option<SessionGuard> {
+        self.state().active_sessions.get(key).cloned()
+    }
+
+    /// Release `key`'s guard: only if it is `guard` when one is given, or
+    /// whatever is there with `None`. Returns whether a guard was removed.
+    pub fn release_session_guard(&self, key: &SessionKey, guard: Option<&SessionGuard>) -> bool {
+        self.state().release_guard(key, guard)
+    }
+
+    /// Slots with a guard installed.
+    pub fn busy_count(&self) -> usize {
+        self.state().active_sessions.len()
+    }
+
+    /// True when no slot is busy and nothing is queued or recorded.
+    pub fn is_idle(&self) -> bool {
+        let state = self.state();
+        state.active_sessions.is_empty()
+            && state.session_tasks.is_empty()
+            && state.pending.is_empty()
+    }
+
+    /// Sizes of (active_sessions, session_tasks, pending, ack records).
+    pub fn map_sizes(&self) -> (usize, usize, usize, usize) {
+        let state = self.state();
+        (
+            state.active_sessions.len(),
+            state.session_tasks.len(),
+            state.pending.len(),
+            state.last_ack.len(),
+        )
+    }
+}
+
+impl AdapterInner {
+    fn state(&self) -> MutexGuard<'_, AdapterState> {
+        // Every state change is a handful of inserts/removes done without
+        // calling out, so a poisoned lock still holds consistent maps.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn send(&self, to: &SessionSource, outgoing: Outgoing) {
+        let Outgoing { reply, live } = outgoing;
+        let result = match live {
+            Some(live) => live.finish(reply).await,
+            None => self.outbound.deliver(to, reply).await,
+        };
+        if let Err(error) = result {
+            tracing::warn!(chat_id = to.chat_id, %error, "reply could not be delivered");
+        }
+    }
+
+    /// After a turn: hand the slot to the next follow-up (with a fresh
+    /// guard), or release it. Does nothing if `guard` no longer owns the slot
+    /// (a command took over): then the owner entry stays, so that if nobody
+    /// else cleans up, the next message sees a stale lock and heals it.
+    fn next_or_release(
+        &self,
+        key: &SessionKey,
+        guard: &SessionGuard,
+    ) -> Option<(MessageEvent, SessionGuard)> {
+        let mut state = self.state();
+        if !state.owns(key, guard) {
+            return None;
+        }
+        if let Some(event) = state.pop_pending(key) {
+            let next_guard = SessionGuard::new();
+            state
+                .active_sessions
+                .insert(key.clone(), next_guard.clone());
+            return Some((event, next_guard));
+        }
+        state.active_sessions.remove(key);
+        state.forget_idle(key);
+        let me = tokio::task::try_id();
+        if state
+            .session_tasks
+            .get(key)
+            .is_some_and(|owner| Some(owner.id()) == me)
+        {
+            state.session_tasks.remove(key);
+        }
+        None
+    }
+}
+
+/// The body of a slot's owner task: run the event, send its reply if the
+/// task still owns the slot, then take the next follow-up or release.
+async fn owner_task(
+    inner: Arc<AdapterInner>,
+    key: SessionKey,
+    mut guard: SessionGuard,
+    mut event: MessageEvent,
+    cancel: CancellationToken,
+    done: CancellationToken,
+) {
+    // Signals "finished" however the task ends: returned, panicked, aborted.
+    let _finished = done.drop_guard();
+    loop {
+        let source = event.source.clone();
+        let ctx = DispatchContext {
+            key: key.clone(),
+            interrupt: guard.interrupt().clone(),
+            slot_busy: false,
+            queue_depth: inner.state().pending_len(&key),
+        };
+        let handled = AssertUnwindSafe(inner.handler.handle(event, ctx)).catch_unwind();
+        let outgoing = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => None,
+            handled = handled => match handled {
+                Ok(outgoing) => outgoing,
+                Err(_) => {
+                    tracing::error!(session_key = %key, "message handler panicked");
+                    Some(internal_error().into())
+                }
+            },
+        };
+        if let Some(out) = outgoing {
+            // A reply is only sent while this task still owns the slot: once
+            // a command swapped its guard, whatever the turn produced is stale.
+            let owns = !cancel.is_cancelled() && inner.state().owns(&key, &guard);
+            if owns {
+                inner.send(&source, out).await;
+            }
+        }
+        if cancel.is_cancelled() {
+            return;
+        }
+        match inner.next_or_release(&key, &guard) {
+            Some((next, next_guard)) => {
+                event = next;
+                guard = next_guard;
+            }
+            None => return,
+        }
+    }
+}
+
+fn internal_error() -> Reply {
+    Reply::error(format!(
+        "⚠️ Something went wrong while handling your message.\n{}",
+        crate::runner::RESET_HINT
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_respects_guard_identity() {
+        let mut state = AdapterState::default();
+        let key = SessionKey::from_raw("k");
+        let older = SessionGuard::new();
+        let newer = SessionGuard::new();
+        state.active_sessions.insert(key.clone(), newer.clone());
+        assert!(!state.release_guard(&key, Some(&older)));
+        assert!(state.owns(&key, &newer));
+        assert!(state.release_guard(&key, Some(&newer)));
+        assert!(!state.active_sessions.contains_key(&key));
+        state.active_sessions.insert(key.clone(), older);
+        assert!(state.release_guard(&key, None));
+        assert!(!state.active_sessions.contains_key(&key));
+    }
+}

@@ -1,0 +1,101 @@
+//! Agent backends: what actually answers a message.
+//!
+//! The runner hands an agent one [`TurnRequest`] per turn and awaits its
+//! [`AgentReply`]. The agent reports partial output through the turn's
+//! [`Progress`] (which feeds streaming edits and the stall watchdog) and must
+//! stop promptly when the turn's [`CancellationToken`] fires: /stop, /new,
+//! /reset, an interrupting message and the watchdog all end a turn that way.
+//!
+//! This module owns the [`Agent`] trait and the per-turn types. An agent must
+//! never decide whether its output is delivered (a stale turn's reply is
+//! discarded by the runner), never touch another session, and never read the
+//! current session from anywhere but its [`TurnRequest`] or the task-local
+//! turn identity.
+
+mod echo;
+mod progress;
+
+pub use echo::EchoAgent;
+pub use progress::{Progress, ProgressWatch};
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::event::{SessionKey, SessionSource};
+use crate::identity::{SessionId, TurnGeneration};
+
+/// One turn's input.
+#[derive(Debug)]
+pub struct TurnRequest {
+    /// The chat slot.
+    pub session_key: SessionKey,
+    /// The conversation this turn belongs to.
+    pub session_id: SessionId,
+    /// This turn's generation.
+    pub generation: TurnGeneration,
+    /// Where the message came from.
+    pub source: SessionSource,
+    /// The user's text (or the wakeup's description for internal turns).
+    pub text: String,
+    /// True for internal turns (background-process wakeups).
+    pub internal: bool,
+    /// Fires when the turn must stop. Agents must return promptly after it.
+    pub cancel: CancellationToken,
+    /// Where partial output and liveness go.
+    pub progress: Progress,
+}
+
+/// A finished turn's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentReply {
+    /// The final text (Markdown), delivered exactly once if the turn is still
+    /// current.
+    pub text: String,
+}
+
+impl AgentReply {
+    /// A reply with the given text.
+    pub fn new(text: impl Into<String>) -> Self {
+        AgentReply { text: text.into() }
+    }
+}
+
+/// Why a turn produced no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The turn's token fired and the agent stopped.
+    #[error("the turn was cancelled")]
+    Cancelled,
+    /// The backend failed. `user_message` is short and safe to show in the
+    /// chat (what is wrong, what to check); `detail` goes to the log only.
+    #[error("{user_message}")]
+    Backend {
+        /// Shown to the user.
+        user_message: String,
+        /// Logged, never shown (may contain response bodies).
+        detail: String,
+    },
+}
+
+impl AgentError {
+    /// A backend failure whose message is fine to show as is.
+    pub fn backend(user_message: impl Into<String>) -> Self {
+        let user_message = user_message.into();
+        AgentError::Backend {
+            detail: user_message.clone(),
+            user_message,
+        }
+    }
+}
+
+/// Something that answers turns: an LLM with tools, a CLI run per turn, or a
+/// test double.
+pub trait Agent: Send + Sync + 'static {
+    /// A short name for /status and logs (`openai`, `command`, `echo`).
+    fn name(&self) -> &str;
+
+    /// Run one turn. Must return soon after `turn.cancel` fires (returning
+    /// [`AgentError::Cancelled`] or anything else: a cancelled turn's result
+    /// is discarded either way).
+    fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>>;
+}

@@ -1,0 +1,508 @@
+//! Configuration: one TOML file, validated before anything connects.
+//!
+//! Every table denies unknown keys, so a typo is an error with the file,
+//! line and column instead of a silently ignored setting. Secrets (the bot
+//! token, API keys) may come from environment variables instead of the file;
+//! they are wrapped in [`Secret`], whose `Debug` never shows them and which
+//! has no `Display` at all.
+//!
+//! This module owns the schema, loading and validation. It must never
+//! connect to anything or log a secret.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::adapter::{AdapterConfig, BusyMode};
+use crate::event::KeyPolicy;
+use crate::runner::RunnerConfig;
+
+/// Environment variable read for the bot token when the file has none.
+pub const TOKEN_ENV: &str = "TELEGRAM_BOT_TOKEN";
+
+/// A secret string. `Debug` prints `Secret(***)`; there is no `Display`.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wrap a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The secret itself, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[telegram]`: the bot and who may use it.
+    #[serde(default)]
+    pub telegram: TelegramConfig,
+    /// `[sessions]`: busy handling, queues, watchdog.
+    #[serde(default)]
+    pub sessions: SessionsConfig,
+    /// `[agent]`: which backend answers.
+    #[serde(default)]
+    pub agent: AgentConfig,
+    /// `[console]`: the local chat of `telegate console`.
+    #[serde(default)]
+    pub console: ConsoleConfig,
+    /// `[log]`: logging.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// How updates arrive from Telegram.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpdateMode {
+    /// Long polling (`getUpdates`).
+    #[default]
+    Polling,
+    /// Telegram POSTs updates to a webhook.
+    Webhook,
+}
+
+/// `[telegram]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelegramConfig {
+    /// The bot token (or set `TELEGRAM_BOT_TOKEN`).
+    pub token: Option<Secret>,
+    /// The Bot API root URL.
+    #[serde(default = "default_api_url")]
+    pub api_url: String,
+    /// User ids allowed to talk to the bot.
+    #[serde(default)]
+    pub allowed_users: Vec<u64>,
+    /// Chat ids where anyone may talk to the bot (optional).
+    #[serde(default)]
+    pub allowed_chats: Vec<i64>,
+    /// Let everyone use the bot. Required when both allowlists are empty.
+    #[serde(default)]
+    pub allow_all_users: bool,
+    /// In groups, answer only when mentioned, replied to, or commanded.
+    #[serde(default = "yes")]
+    pub require_mention: bool,
+    /// `polling` or `webhook`.
+    #[serde(default)]
+    pub mode: UpdateMode,
+}
+
+impl Default for TelegramConfig {
+    fn default() -> Self {
+        TelegramConfig {
+            token: None,
+            api_url: default_api_url(),
+            allowed_users: Vec::new(),
+            allowed_chats: Vec::new(),
+            allow_all_users: false,
+            require_mention: true,
+            mode: UpdateMode::Polling,
+        }
+    }
+}
+
+/// `[sessions]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// `interrupt` or `queue`.
+    #[serde(default)]
+    pub busy_mode: BusyMode,
+    /// Follow-ups that may wait per chat.
+    #[serde(default = "default_max_pending")]
+    pub max_pending: usize,
+    /// Seconds between two "Queued…"/"Interrupting…" notices in one chat.
+    #[serde(default = "default_ack_interval_secs")]
+    pub ack_interval_secs: u64,
+    /// Seconds without progress after which a turn is cancelled (0: never).
+    #[serde(default = "default_stall_timeout_secs")]
+    pub stall_timeout_secs: u64,
+    /// Milliseconds /stop waits for a cancelled task before aborting it.
+    #[serde(default = "default_cancel_wait_ms")]
+    pub cancel_wait_ms: u64,
+    /// Separate sessions per user in groups.
+    #[serde(default = "yes")]
+    pub group_sessions_per_user: bool,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            busy_mode: BusyMode::Interrupt,
+            max_pending: default_max_pending(),
+            ack_interval_secs: default_ack_interval_secs(),
+            stall_timeout_secs: default_stall_timeout_secs(),
+            cancel_wait_ms: default_cancel_wait_ms(),
+            group_sessions_per_user: true,
+        }
+    }
+}
+
+/// Which agent backend answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Echoes messages back (for trying telegate out).
+    #[default]
+    Echo,
+}
+
+impl Backend {
+    /// The backend's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Echo => "echo",
+        }
+    }
+}
+
+/// `[agent]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The backend.
+    #[serde(default)]
+    pub backend: Backend,
+    /// `[agent.echo]`.
+    #[serde(default)]
+    pub echo: EchoConfig,
+}
+
+/// `[agent.echo]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EchoConfig {
+    /// Milliseconds an echo takes (streamed word by word).
+    #[serde(default)]
+    pub delay_ms: u64,
+}
+
+/// `[console]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// The chat id the console pretends to be.
+    #[serde(default = "default_console_chat")]
+    pub chat_id: i64,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            chat_id: default_console_chat(),
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// A `tracing` filter, e.g. `info` or `telegate=debug,info`.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+    /// `text` or `json`.
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: default_log_level(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_api_url() -> String {
+    "https://api.telegram.org".to_string()
+}
+fn default_max_pending() -> usize {
+    20
+}
+fn default_ack_interval_secs() -> u64 {
+    3
+}
+fn default_stall_timeout_secs() -> u64 {
+    300
+}
+fn default_cancel_wait_ms() -> u64 {
+    2000
+}
+fn default_console_chat() -> i64 {
+    1
+}
+fn default_log_level() -> String {
+    "info".to_string()
+}
+
+/// What the configuration will be used for (what must be present).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// `telegate run`: a Telegram bot; needs a token and an access policy.
+    Telegram,
+    /// `telegate console`: a local chat; needs neither.
+    Console,
+}
+
+/// A configuration problem, always one line naming the file and the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: cannot read the config file: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is empty.
+    #[error("{path}: the config file is empty; start from config.example.toml")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The TOML is invalid or does not fit the schema.
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The values are inconsistent or something required is missing.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Read, parse and validate `path` for `purpose`, filling secrets from the
+    /// environment where the file has none.
+    pub fn load(path: &Path, purpose: Purpose) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(path, &text, purpose, |name| std::env::var(name).ok())
+    }
+
+    /// Parse and validate `text` (named `path` in errors); `env` looks up
+    /// environment variables.
+    pub fn parse(
+        path: &Path,
+        text: &str,
+        purpose: Purpose,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        if text.trim().is_empty() {
+            return Err(ConfigError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        let mut config: Config = toml::from_str(text).map_err(|error| {
+            let (line, column) = error
+                .span()
+                .map(|span| line_column(text, span.start))
+                .unwrap_or((1, 1));
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: one_line(error.message()),
+            }
+        })?;
+        if config.telegram.token.is_none() {
+            config.telegram.token = env(TOKEN_ENV).filter(|t| !t.trim().is_empty()).map(Secret);
+        }
+        config.validate(path, purpose)?;
+        Ok(config)
+    }
+
+    fn validate(&self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        if self.sessions.max_pending == 0 {
+            return Err(invalid(
+                "sessions.max_pending must be at least 1".to_string(),
+            ));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(invalid(format!(
+                "log.level {:?} is not a valid filter: {e}",
+                self.log.level
+            )));
+        }
+        if purpose == Purpose::Telegram {
+            let telegram = &self.telegram;
+            if telegram.token.is_none() {
+                return Err(invalid(format!(
+                    "telegram.token is missing: set it in the file or in the {TOKEN_ENV} environment variable"
+                )));
+            }
+            if let Err(e) = url::Url::parse(&telegram.api_url) {
+                return Err(invalid(format!(
+                    "telegram.api_url {:?} is not a URL: {e}",
+                    telegram.api_url
+                )));
+            }
+            if telegram.allowed_users.is_empty()
+                && telegram.allowed_chats.is_empty()
+                && !telegram.allow_all_users
+            {
+                return Err(invalid(
+                    "nobody may use the bot: list user ids in telegram.allowed_users \
+                     (or set telegram.allow_all_users = true to open it to everyone)"
+                        .to_string(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The adapter settings.
+    pub fn adapter_config(&self) -> AdapterConfig {
+        AdapterConfig {
+            busy_mode: self.sessions.busy_mode,
+            max_pending: self.sessions.max_pending,
+            ack_interval: Duration::from_secs(self.sessions.ack_interval_secs),
+            cancel_wait: Duration::from_millis(self.sessions.cancel_wait_ms),
+            key_policy: KeyPolicy {
+                group_sessions_per_user: self.sessions.group_sessions_per_user,
+            },
+        }
+    }
+
+    /// The runner settings.
+    pub fn runner_config(&self) -> RunnerConfig {
+        RunnerConfig {
+            stall_timeout: Duration::from_secs(self.sessions.stall_timeout_secs),
+        }
+    }
+
+    /// A short human summary for `check-config` (never shows secrets).
+    pub fn summary(&self) -> String {
+        let t = &self.telegram;
+        let access = if t.allow_all_users {
+            "everyone".to_string()
+        } else {
+            format!(
+                "{} user(s), {} chat(s)",
+                t.allowed_users.len(),
+                t.allowed_chats.len()
+            )
+        };
+        format!(
+            "telegram: token {}, api {}, {:?} mode, access: {}, require_mention {}\n\
+             sessions: busy_mode {:?}, max_pending {}, stall_timeout {}s\n\
+             agent: {}",
+            if t.token.is_some() { "set" } else { "not set" },
+            t.api_url,
+            t.mode,
+            access,
+            t.require_mention,
+            self.sessions.busy_mode,
+            self.sessions.max_pending,
+            self.sessions.stall_timeout_secs,
+            self.agent.backend.as_str(),
+        )
+    }
+}
+
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, purpose: Purpose) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("bot.toml"), text, purpose, |_| None)
+    }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../config.example.toml");
+        let config = Config::parse(
+            Path::new("config.example.toml"),
+            text,
+            Purpose::Telegram,
+            |_| Some("123:abc".to_string()),
+        )
+        .unwrap();
+        assert_eq!(config.sessions.busy_mode, BusyMode::Interrupt);
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug() {
+        let config = parse(
+            "[telegram]\ntoken = \"123:SECRET\"\nallow_all_users = true\n",
+            Purpose::Telegram,
+        )
+        .unwrap();
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("SECRET"), "{debug}");
+        assert!(!config.summary().contains("SECRET"));
+    }
+
+    #[test]
+    fn token_comes_from_the_environment_when_the_file_has_none() {
+        let config = Config::parse(
+            Path::new("bot.toml"),
+            "[telegram]\nallowed_users = [1]\n",
+            Purpose::Telegram,
+            |name| (name == TOKEN_ENV).then(|| "1:ENV".to_string()),
+        )
+        .unwrap();
+        assert_eq!(config.telegram.token.unwrap().expose(), "1:ENV");
+    }
+}

@@ -1,0 +1,160 @@
+//! Turn identity: *which* session a piece of code is working for.
+//!
+//! A turn's identity (session key, session id, generation, and where its chat
+//! is) is bound to the turn's future with a `tokio::task_local!`, never to
+//! process-global state. The Python system this design learns from kept the
+//! session key in an environment variable; two concurrent turns raced on that
+//! one slot, and a background process started by one chat woke up another.
+//! A task-local cannot race: each turn's future carries its own value, nested
+//! bindings restore the outer value when they end (also on panic and
+//! cancellation, because the binding lives exactly as long as the future), and
+//! code running outside any turn sees `None` and must decide explicitly what
+//! to do instead.
+//!
+//! This module owns the identity types ([`SessionId`], [`TurnGeneration`],
+//! [`TurnIdentity`]) and the binder. It must never hold a global "current
+//! session".
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::event::{SessionKey, SessionSource};
+
+/// The id of one conversation living in a chat slot. It changes on /new and
+/// /reset; transcripts belong to a session id. Cloning is cheap.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(Arc<str>);
+
+impl SessionId {
+    /// Wrap an existing id (from the store, or a test).
+    pub fn new(id: impl AsRef<str>) -> SessionId {
+        SessionId(Arc::from(id.as_ref()))
+    }
+
+    /// A fresh, unique id: the creation time in seconds (hex) followed by 24
+    /// random bits, e.g. `6935b2c1-4f2a9e`. Sortable by creation time.
+    pub fn generate() -> SessionId {
+        use std::hash::{BuildHasher, Hasher};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        // RandomState is seeded randomly per process; mixing in a counter makes
+        // ids from the same process distinct too.
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        let random = hasher.finish() & 0xff_ffff;
+        SessionId::new(format!("{secs:x}-{random:06x}"))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SessionId({})", &self.0)
+    }
+}
+
+/// The generation of a turn in its slot. Generations come from one
+/// process-wide counter, so they only grow: a newer turn, or an invalidation
+/// by /stop, /new or /reset, always has a larger value than anything before
+/// it in the same slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TurnGeneration(pub u64);
+
+impl TurnGeneration {
+    /// The next generation from the process-wide counter.
+    pub fn next() -> TurnGeneration {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        TurnGeneration(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl fmt::Display for TurnGeneration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "g{}", self.0)
+    }
+}
+
+/// Everything that says whom a turn works for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TurnIdentity {
+    /// The chat slot.
+    pub session_key: SessionKey,
+    /// The conversation the turn belongs to.
+    pub session_id: SessionId,
+    /// The turn's generation in its slot.
+    pub generation: TurnGeneration,
+    /// Where the chat is (to route notifications back).
+    pub source: SessionSource,
+}
+
+tokio::task_local! {
+    static CURRENT_TURN: TurnIdentity;
+}
+
+/// Run `future` with `identity` bound as the current turn identity.
+///
+/// Bindings nest: inside, [`current_identity`] returns `identity`; when the
+/// future completes, panics or is dropped (cancelled), the previous binding
+/// (or none) is visible again. Nothing else is touched.
+pub async fn bind_turn_identity<F: Future>(identity: TurnIdentity, future: F) -> F::Output {
+    CURRENT_TURN.scope(identity, future).await
+}
+
+/// The identity of the turn the calling code runs in, or `None` outside any
+/// turn. Callers outside a turn must choose their own explicit fallback.
+pub fn current_identity() -> Option<TurnIdentity> {
+    CURRENT_TURN.try_with(Clone::clone).ok()
+}
+
+/// The current turn's session id, or `None` outside any turn.
+pub fn current_session_id() -> Option<SessionId> {
+    CURRENT_TURN.try_with(|t| t.session_id.clone()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Platform;
+
+    #[test]
+    fn generations_only_grow() {
+        let a = TurnGeneration::next();
+        let b = TurnGeneration::next();
+        assert!(b > a);
+    }
+
+    #[test]
+    fn generated_session_ids_are_distinct() {
+        let ids: std::collections::HashSet<_> = (0..1000).map(|_| SessionId::generate()).collect();
+        assert_eq!(ids.len(), 1000);
+    }
+
+    #[tokio::test]
+    async fn no_identity_outside_a_turn() {
+        assert!(current_identity().is_none());
+        let id = TurnIdentity {
+            session_key: SessionKey::from_raw("k"),
+            session_id: SessionId::new("s"),
+            generation: TurnGeneration(1),
+            source: SessionSource::dm(Platform::Console, 1),
+        };
+        let seen = bind_turn_identity(id.clone(), async { current_identity() }).await;
+        assert_eq!(seen, Some(id));
+        assert!(current_identity().is_none());
+    }
+}

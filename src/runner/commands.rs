@@ -1,0 +1,145 @@
+//! The slash commands the runner answers, and their texts.
+//!
+//! Parsing lives in [`crate::event`]; this module only knows which commands
+//! exist, which of them may run while a turn is busy, and how their replies
+//! read. Pure functions: no state, no I/O.
+
+use std::time::Duration;
+
+/// The commands telegate knows, with a one-line description (also used for
+/// Telegram's command menu).
+pub const COMMANDS: &[(&str, &str)] = &[
+    ("start", "Say hello and show what I can do"),
+    ("help", "List the commands"),
+    (
+        "status",
+        "Show the session, whether a task runs, and the queue",
+    ),
+    ("stop", "Stop the running task"),
+    ("new", "Start a fresh conversation"),
+    ("reset", "Reset the conversation (same as /new)"),
+];
+
+/// A command the runner recognises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KnownCommand {
+    /// /start
+    Start,
+    /// /help
+    Help,
+    /// /status
+    Status,
+    /// /stop
+    Stop,
+    /// /new
+    New,
+    /// /reset
+    Reset,
+}
+
+impl KnownCommand {
+    /// Look a command name up (case-insensitive).
+    pub fn parse(name: &str) -> Option<KnownCommand> {
+        let known = [
+            ("start", KnownCommand::Start),
+            ("help", KnownCommand::Help),
+            ("status", KnownCommand::Status),
+            ("stop", KnownCommand::Stop),
+            ("new", KnownCommand::New),
+            ("reset", KnownCommand::Reset),
+        ];
+        known
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, c)| *c)
+    }
+}
+
+/// The /help text.
+pub fn help_text() -> String {
+    let mut text = String::from("Commands:\n");
+    for (name, description) in COMMANDS {
+        text.push_str(&format!("/{name} — {description}\n"));
+    }
+    text.push_str("\nAnything else is sent to the agent.");
+    text
+}
+
+/// The /start text.
+pub fn start_text(backend: &str) -> String {
+    format!(
+        "Hi! Messages you send here go to the agent ({backend}).\n\
+         Send /stop to stop a running task, /new to start a fresh conversation, /help for more."
+    )
+}
+
+/// The reply to an unknown command.
+pub fn unknown_command_text(name: &str) -> String {
+    format!("Unknown command /{name}. Send /help to see what I understand.")
+}
+
+/// What /status shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusView {
+    /// The current session id.
+    pub session_id: String,
+    /// How long the running task has run, if one runs.
+    pub running_for: Option<Duration>,
+    /// True while a task is still being set up.
+    pub starting: bool,
+    /// Messages waiting for the slot.
+    pub queue_depth: usize,
+    /// The agent backend's name.
+    pub backend: String,
+}
+
+/// The /status text.
+pub fn status_text(view: &StatusView) -> String {
+    let state = match (view.running_for, view.starting) {
+        (_, true) => "busy (starting)".to_string(),
+        (Some(age), false) => format!("busy (running for {})", human_duration(age)),
+        (None, false) => "idle".to_string(),
+    };
+    format!(
+        "Session: {}\nState: {}\nQueued messages: {}\nBackend: {}",
+        view.session_id, state, view.queue_depth, view.backend
+    )
+}
+
+/// "4s", "2m 05s", "1h 02m".
+pub fn human_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs < 60 {
+        format!("{secs}s")
+    } else if secs < 3600 {
+        format!("{}m {:02}s", secs / 60, secs % 60)
+    } else {
+        format!("{}h {:02}m", secs / 3600, (secs % 3600) / 60)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse_case_insensitively() {
+        assert_eq!(KnownCommand::parse("STOP"), Some(KnownCommand::Stop));
+        assert_eq!(KnownCommand::parse("model"), None);
+    }
+
+    #[test]
+    fn status_reads_well() {
+        let text = status_text(&StatusView {
+            session_id: "abc".into(),
+            running_for: Some(Duration::from_secs(125)),
+            starting: false,
+            queue_depth: 2,
+            backend: "echo".into(),
+        });
+        assert!(text.contains("Session: abc"));
+        assert!(text.contains("busy (running for 2m 05s)"));
+        assert!(text.contains("Queued messages: 2"));
+        assert!(text.contains("Backend: echo"));
+    }
+}

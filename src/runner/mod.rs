@@ -1,0 +1,397 @@
+//! The runner: turns messages into agent turns and answers the commands.
+//!
+//! It owns `running_agents` (a pending sentinel while a turn is set up, then
+//! the live agent's handle), the start time of each run, the per-slot turn
+//! generation and the session table. Each turn:
+//!
+//! 1. begins a new generation and installs the pending sentinel;
+//! 2. promotes itself to a live agent *only if its generation is still
+//!    current* (a /stop during set-up wins);
+//! 3. runs the agent under its task-local [`TurnIdentity`] and the stall
+//!    watchdog;
+//! 4. releases the slot only if its generation is still current, and returns
+//!    its answer only then. A stale or cancelled turn returns nothing.
+//!
+//! /stop, /new and /reset cancel the live agent and bump the generation, so a
+//! turn that is still unwinding can never write into a newer one.
+//!
+//! The runner must never send anything itself (it returns replies to the
+//! adapter, which owns delivery order) and never hold its lock across an
+//! `.await`.
+
+mod commands;
+mod sessions;
+mod slots;
+mod watchdog;
+
+pub use commands::{help_text, status_text, KnownCommand, StatusView, COMMANDS};
+pub use sessions::SessionTable;
+pub use slots::{AgentHandle, AgentSlots, InvalidateReason, RunningAgent};
+pub use watchdog::{watch_for_stall, Watched};
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::adapter::{DispatchContext, MessageHandler};
+use crate::agent::{Agent, AgentError, Progress, TurnRequest};
+use crate::event::{MessageEvent, MessageKind, SessionKey};
+use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
+use crate::reply::{Outbound, Outgoing, Reply};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+/// Runner settings.
+#[derive(Clone, Debug)]
+pub struct RunnerConfig {
+    /// Cancel a turn that shows no progress for this long (zero: never).
+    pub stall_timeout: Duration,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            stall_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Default)]
+struct RunnerState {
+    slots: AgentSlots,
+    sessions: SessionTable,
+}
+
+struct RunnerInner {
+    state: Mutex<RunnerState>,
+    agent: Arc<dyn Agent>,
+    outbound: Arc<dyn Outbound>,
+    config: RunnerConfig,
+}
+
+/// The runner. Cheap to clone; all clones share state.
+#[derive(Clone)]
+pub struct Runner {
+    inner: Arc<RunnerInner>,
+}
+
+/// The hint appended to every failure message.
+pub const RESET_HINT: &str = "If this keeps happening, send /reset to start a fresh session.";
+
+impl Runner {
+    /// A runner answering with `agent` and showing progress through
+    /// `outbound`.
+    pub fn new(agent: Arc<dyn Agent>, outbound: Arc<dyn Outbound>, config: RunnerConfig) -> Self {
+        Runner {
+            inner: Arc::new(RunnerInner {
+                state: Mutex::new(RunnerState::default()),
+                agent,
+                outbound,
+                config,
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, RunnerState> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // (every update is a single insert/remove), so poison is ignored.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Start a new generation for `key` (see [`AgentSlots::begin_generation`]).
+    pub fn begin_generation(&self, key: &SessionKey) -> TurnGeneration {
+        self.state().slots.begin_generation(key)
+    }
+
+    /// Make all of `key`'s generations so far stale.
+    pub fn invalidate_generation(&self, key: &SessionKey, reason: InvalidateReason) {
+        self.state().slots.invalidate_generation(key, reason)
+    }
+
+    /// Whether `generation` is current for `key`.
+    pub fn is_current(&self, key: &SessionKey, generation: TurnGeneration) -> bool {
+        self.state().slots.is_current(key, generation)
+    }
+
+    /// Clear `key`'s slot: only if `generation` is current, or always with
+    /// `None`. Returns whether it was cleared.
+    pub fn release(&self, key: &SessionKey, generation: Option<TurnGeneration>) -> bool {
+        self.state().slots.release(key, generation)
+    }
+
+    /// Put anything in `key`'s slot (tests and diagnostics).
+    pub fn install_running_agent(&self, key: &SessionKey, agent: RunningAgent, since: Instant) {
+        self.state().slots.install(key, agent, since)
+    }
+
+    /// What runs in `key`'s slot.
+    pub fn running_agent(&self, key: &SessionKey) -> Option<RunningAgent> {
+        self.state().slots.running_agent(key).cloned()
+    }
+
+    /// When `key`'s run started.
+    pub fn running_since(&self, key: &SessionKey) -> Option<Instant> {
+        self.state().slots.running_since(key)
+    }
+
+    /// Occupied slots.
+    pub fn running_count(&self) -> usize {
+        self.state().slots.running_count()
+    }
+
+    /// Slots holding a generation entry (0 when all are idle).
+    pub fn generation_entries(&self) -> usize {
+        self.state().slots.generation_entries()
+    }
+
+    /// The current session id of `key`, if any.
+    pub fn current_session(&self, key: &SessionKey) -> Option<SessionId> {
+        self.state().sessions.get(key).cloned()
+    }
+
+    /// The agent backend's name.
+    pub fn backend_name(&self) -> &str {
+        self.inner.agent.name()
+    }
+
+    async fn dispatch(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
+        if event.kind == MessageKind::Unsupported {
+            return Some(
+                Reply::notice(
+                    "Sorry, I can only read text for now; this kind of message is not supported yet.",
+                )
+                .in_reply_to(event.message_id)
+                .into(),
+            );
+        }
+        if let Some(command) = event.command() {
+            let reply = match KnownCommand::parse(command.name) {
+                Some(known) => self.command(known, &ctx),
+                None => Reply::command(commands::unknown_command_text(command.name)),
+            };
+            return Some(reply.in_reply_to(event.message_id).into());
+        }
+        self.turn(event, ctx).await
+    }
+
+    fn command(&self, command: KnownCommand, ctx: &DispatchContext) -> Reply {
+        let key = &ctx.key;
+        match command {
+            KnownCommand::Start => Reply::command(commands::start_text(self.backend_name())),
+            KnownCommand::Help => Reply::command(help_text()),
+            KnownCommand::Status => {
+                let mut state = self.state();
+                let session_id = state.sessions.get_or_create(key).0.to_string();
+                let view = StatusView {
+                    session_id,
+                    running_for: state.slots.running_since(key).map(|t| t.elapsed()),
+                    starting: matches!(state.slots.running_agent(key), Some(RunningAgent::Pending)),
+                    queue_depth: ctx.queue_depth,
+                    backend: self.backend_name().to_string(),
+                };
+                Reply::command(status_text(&view))
+            }
+            KnownCommand::Stop => {
+                let stopped = self.stop_running(key, InvalidateReason::Stop);
+                match stopped {
+                    StopOutcome::StoppedLive => Reply::command("⏹ Stopped."),
+                    StopOutcome::ForceUnlocked => {
+                        Reply::command("⏹ Stopped (the task was still starting).")
+                    }
+                    StopOutcome::NothingRunning if ctx.slot_busy => Reply::command("⏹ Stopped."),
+                    StopOutcome::NothingRunning => Reply::command("Nothing to stop."),
+                }
+            }
+            KnownCommand::New | KnownCommand::Reset => {
+                let reason = if command == KnownCommand::New {
+                    InvalidateReason::New
+                } else {
+                    InvalidateReason::Reset
+                };
+                let stopped = self.stop_running(key, reason);
+                let (old, new) = self.state().sessions.rotate(key);
+                tracing::info!(session_key = %key, old = ?old, new = %new, ?reason, "session rotated");
+                let mut text = if command == KnownCommand::New {
+                    format!("✨ Started a fresh session ({new}).")
+                } else {
+                    format!("♻️ Session reset; a fresh session started ({new}).")
+                };
+                if stopped != StopOutcome::NothingRunning || ctx.slot_busy {
+                    text.push_str(" The running task was stopped.");
+                }
+                Reply::command(text)
+            }
+        }
+    }
+
+    fn stop_running(&self, key: &SessionKey, reason: InvalidateReason) -> StopOutcome {
+        let mut state = self.state();
+        let outcome = match state.slots.running_agent(key) {
+            Some(RunningAgent::Live(handle)) => {
+                handle.cancel.cancel();
+                StopOutcome::StoppedLive
+            }
+            Some(RunningAgent::Pending) => StopOutcome::ForceUnlocked,
+            None => StopOutcome::NothingRunning,
+        };
+        state.slots.invalidate_generation(key, reason);
+        state.slots.release(key, None);
+        outcome
+    }
+
+    async fn turn(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
+        let key = ctx.key.clone();
+        let (generation, session_id) = {
+            let mut state = self.state();
+            let generation = state.slots.begin_generation(&key);
+            state.slots.install_pending(&key, Instant::now());
+            let session_id = state.sessions.get_or_create(&key).0;
+            (generation, session_id)
+        };
+        let cancel = ctx.interrupt.child_token();
+        let progress = Progress::new();
+        let handle = AgentHandle {
+            generation,
+            cancel: cancel.clone(),
+            progress: progress.clone(),
+        };
+        if !self.state().slots.promote(&key, handle) {
+            tracing::debug!(session_key = %key, %generation, "turn went stale during set-up");
+            return None;
+        }
+        // From here on the turn owns a live slot: make sure it is released
+        // even if this future is dropped (the adapter cancelled the task).
+        let mut slot = SlotRelease {
+            runner: &self,
+            key: &key,
+            generation,
+            armed: true,
+        };
+
+        let live = self
+            .inner
+            .outbound
+            .turn_started(&event.source, progress.watch());
+        let identity = TurnIdentity {
+            session_key: key.clone(),
+            session_id: session_id.clone(),
+            generation,
+            source: event.source.clone(),
+        };
+        let message_id = event.message_id;
+        let request = TurnRequest {
+            session_key: key.clone(),
+            session_id,
+            generation,
+            source: event.source,
+            text: event.text,
+            internal: event.internal,
+            cancel: cancel.clone(),
+            progress: progress.clone(),
+        };
+        let run = AssertUnwindSafe(self.inner.agent.run(request)).catch_unwind();
+        let watched = bind_turn_identity(
+            identity,
+            watch_for_stall(run, &progress, &cancel, self.inner.config.stall_timeout),
+        )
+        .await;
+
+        // Only a turn that is still current may release the slot and answer.
+        slot.armed = false;
+        let current = self.state().slots.release(&key, Some(generation));
+        if !current {
+            tracing::debug!(session_key = %key, %generation, "stale turn result discarded");
+            return None;
+        }
+        let reply = match watched {
+            Watched::Stalled => {
+                tracing::warn!(session_key = %key, "turn stalled; cancelled by the watchdog");
+                Reply::error(format!(
+                    "⏱ The task showed no progress for {} and was stopped. Send your message again, or /reset to start fresh.",
+                    commands::human_duration(self.inner.config.stall_timeout)
+                ))
+            }
+            Watched::Finished(_) if cancel.is_cancelled() => {
+                // Interrupted (a newer message) or stopped: never answered.
+                return None;
+            }
+            Watched::Finished(Ok(Ok(answer))) => Reply::answer(answer.text),
+            Watched::Finished(Ok(Err(AgentError::Cancelled))) => return None,
+            Watched::Finished(Ok(Err(AgentError::Backend {
+                user_message,
+                detail,
+            }))) => {
+                tracing::warn!(session_key = %key, %detail, "turn failed");
+                Reply::error(format!("⚠️ {user_message}\n{RESET_HINT}"))
+            }
+            Watched::Finished(Err(panic)) => {
+                tracing::error!(session_key = %key, panic = %panic_message(&panic), "agent panicked");
+                Reply::error(format!(
+                    "⚠️ Something went wrong inside the agent.\n{RESET_HINT}"
+                ))
+            }
+        };
+        Some(Outgoing {
+            reply: reply.in_reply_to(message_id),
+            live,
+        })
+    }
+}
+
+/// Releases a turn's slot (generation-checked) if the turn's future is
+/// dropped before it could do so itself.
+struct SlotRelease<'a> {
+    runner: &'a Runner,
+    key: &'a SessionKey,
+    generation: TurnGeneration,
+    armed: bool,
+}
+
+impl Drop for SlotRelease<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut state = self.runner.state();
+            if let Some(handle) = state
+                .slots
+                .running_agent(self.key)
+                .and_then(RunningAgent::live)
+            {
+                if handle.generation == self.generation {
+                    handle.cancel.cancel();
+                }
+            }
+            state.slots.release(self.key, Some(self.generation));
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopOutcome {
+    StoppedLive,
+    ForceUnlocked,
+    NothingRunning,
+}
+
+/// The text of a caught panic payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+impl MessageHandler for Runner {
+    fn handle(
+        &self,
+        event: MessageEvent,
+        ctx: DispatchContext,
+    ) -> BoxFuture<'static, Option<Outgoing>> {
+        Box::pin(self.clone().dispatch(event, ctx))
+    }
+}

@@ -1,0 +1,512 @@
+//! Port of the reference regression tests for "sessions trapped in
+//! 'Interrupting current task…' while /stop reports no active task"
+//! (hermes-agent issue 11016), plus the four guard-identity tests the
+//! reference system added later (see DESIGN.md, "Guard identity").
+//!
+//! Three layers, all exercised on the real adapter and runner:
+//! 1. the adapter's task ownership: /stop, /new and /reset really cancel the
+//!    in-flight task and release the guard in order;
+//! 2. the adapter's on-entry self-heal of a lock whose owner has finished;
+//! 3. the runner's generation guard on slot promotion and release.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::recorder::{eventually, make_event, session_key, Recorder};
+use telegate::adapter::{Adapter, AdapterConfig, DispatchContext, OwnerTask, SessionGuard};
+use telegate::agent::{Agent, AgentError, AgentReply, Progress, TurnRequest};
+use telegate::event::MessageEvent;
+use telegate::identity::TurnGeneration;
+use telegate::reply::{Outgoing, Reply};
+use telegate::runner::{AgentHandle, InvalidateReason, Runner, RunnerConfig, RunningAgent};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(2);
+
+fn command_name(event: &MessageEvent) -> Option<String> {
+    event.command().map(|c| c.name.to_ascii_lowercase())
+}
+
+fn handled(text: String) -> Option<Outgoing> {
+    Some(Reply::command(text).into())
+}
+
+/// Records `label` into `log` when dropped, unless disarmed: the Rust shape of
+/// `except asyncio.CancelledError: ...; raise`.
+struct OnCancel {
+    log: Arc<Mutex<Vec<&'static str>>>,
+    label: &'static str,
+    armed: bool,
+}
+
+impl Drop for OnCancel {
+    fn drop(&mut self) {
+        if self.armed {
+            self.log.lock().unwrap().push(self.label);
+        }
+    }
+}
+
+fn make_adapter(
+    handler: impl Fn(MessageEvent, DispatchContext) -> futures::future::BoxFuture<'static, Option<Outgoing>>
+        + Send
+        + Sync
+        + 'static,
+) -> (Adapter, Arc<Recorder>) {
+    let recorder = Recorder::new();
+    let adapter = Adapter::new(
+        Arc::new(handler),
+        recorder.clone(),
+        AdapterConfig::default(),
+    );
+    (adapter, recorder)
+}
+
+// ===========================================================================
+// Layer 1: the adapter cancels the session's task on /stop /new /reset
+// ===========================================================================
+
+async fn command_cancels_active_task_and_unblocks_follow_up(command_text: &str) {
+    let sk = session_key(12345);
+    let processing_started = Arc::new(Notify::new());
+    let cancelled = Arc::new(Mutex::new(Vec::new()));
+    let first = Arc::new(Mutex::new(true));
+
+    let (started, log, first_flag) = (processing_started.clone(), cancelled.clone(), first.clone());
+    let (adapter, sent) = make_adapter(move |event, _ctx| {
+        let (started, log, first_flag) = (started.clone(), log.clone(), first_flag.clone());
+        Box::pin(async move {
+            if let Some(cmd) = command_name(&event) {
+                if ["stop", "new", "reset", "model"].contains(&cmd.as_str()) {
+                    return handled(format!("handled:{cmd}"));
+                }
+            }
+            let block = std::mem::replace(&mut *first_flag.lock().unwrap(), false);
+            if block {
+                let mut guard = OnCancel {
+                    log,
+                    label: "cancelled",
+                    armed: true,
+                };
+                started.notify_one();
+                std::future::pending::<()>().await;
+                guard.armed = false;
+            }
+            handled(format!("handled:text:{}", event.text))
+        })
+    });
+
+    adapter
+        .handle_message(make_event("hello world", 12345))
+        .await;
+    tokio::time::timeout(WAIT, processing_started.notified())
+        .await
+        .expect("the first message started processing");
+    tokio::task::yield_now().await;
+
+    assert!(adapter.is_active(&sk));
+    assert!(adapter.has_owner_task(&sk));
+
+    adapter
+        .handle_message(make_event(command_text, 12345))
+        .await;
+
+    assert_eq!(
+        *cancelled.lock().unwrap(),
+        vec!["cancelled"],
+        "{command_text} did not cancel the active processing task"
+    );
+    assert!(!adapter.is_active(&sk));
+    assert!(!adapter.has_pending(&sk));
+    assert!(!adapter.has_owner_task(&sk));
+    let expected = command_text.trim_start_matches('/');
+    assert!(sent.any_contains(&format!("handled:{expected}")));
+
+    // The follow-up goes through normally now that the session is clean.
+    adapter
+        .handle_message(make_event(
+            "/model xiaomi/mimo-v2-pro --provider nous",
+            12345,
+        ))
+        .await;
+    assert!(
+        sent.wait_for_text("handled:model", WAIT).await,
+        "follow-up /model stayed blocked after {command_text}"
+    );
+    assert!(!adapter.has_pending(&sk));
+    assert!(!sent.any_contains("handled:text:hello world"));
+}
+
+#[tokio::test]
+async fn stop_cancels_active_task_and_unblocks_follow_up() {
+    command_cancels_active_task_and_unblocks_follow_up("/stop").await;
+}
+
+#[tokio::test]
+async fn new_cancels_active_task_and_unblocks_follow_up() {
+    command_cancels_active_task_and_unblocks_follow_up("/new").await;
+}
+
+#[tokio::test]
+async fn reset_cancels_active_task_and_unblocks_follow_up() {
+    command_cancels_active_task_and_unblocks_follow_up("/reset").await;
+}
+
+#[tokio::test]
+async fn new_keeps_guard_until_command_finishes_then_runs_follow_up() {
+    let sk = session_key(12345);
+    let processing_started = Arc::new(Notify::new());
+    let command_started = Arc::new(Notify::new());
+    let allow_command_finish = Arc::new(Notify::new());
+    let follow_up_processed = Arc::new(Notify::new());
+    let call_order: Arc<Mutex<Vec<&'static str>>> = Arc::new(Mutex::new(Vec::new()));
+
+    let (ps, cs, allow, fp, order) = (
+        processing_started.clone(),
+        command_started.clone(),
+        allow_command_finish.clone(),
+        follow_up_processed.clone(),
+        call_order.clone(),
+    );
+    let (adapter, sent) = make_adapter(move |event, _ctx| {
+        let (ps, cs, allow, fp, order) = (
+            ps.clone(),
+            cs.clone(),
+            allow.clone(),
+            fp.clone(),
+            order.clone(),
+        );
+        Box::pin(async move {
+            if command_name(&event).as_deref() == Some("new") {
+                order.lock().unwrap().push("command:start");
+                cs.notify_one();
+                allow.notified().await;
+                order.lock().unwrap().push("command:end");
+                return handled("handled:new".to_string());
+            }
+            if event.text == "hello world" {
+                let _guard = OnCancel {
+                    log: order.clone(),
+                    label: "original:cancelled",
+                    armed: true,
+                };
+                ps.notify_one();
+                std::future::pending::<()>().await;
+            }
+            if event.text == "after reset" {
+                order.lock().unwrap().push("followup:processed");
+                fp.notify_one();
+            }
+            handled(format!("handled:text:{}", event.text))
+        })
+    });
+
+    adapter
+        .handle_message(make_event("hello world", 12345))
+        .await;
+    tokio::time::timeout(WAIT, processing_started.notified())
+        .await
+        .unwrap();
+
+    let command_task = {
+        let adapter = adapter.clone();
+        tokio::spawn(async move { adapter.handle_message(make_event("/new", 12345)).await })
+    };
+    tokio::time::timeout(WAIT, command_started.notified())
+        .await
+        .unwrap();
+    tokio::task::yield_now().await;
+
+    assert!(adapter.is_active(&sk));
+
+    adapter
+        .handle_message(make_event("after reset", 12345))
+        .await;
+    tokio::task::yield_now().await;
+    tokio::task::yield_now().await;
+
+    assert!(
+        adapter.is_active(&sk),
+        "guard must stay active while /new is still running"
+    );
+    assert!(
+        adapter.has_pending(&sk),
+        "follow-up should stay queued until /new finishes"
+    );
+    assert!(
+        !call_order.lock().unwrap().contains(&"followup:processed"),
+        "follow-up ran before /new completed"
+    );
+    assert!(
+        !call_order.lock().unwrap().contains(&"original:cancelled"),
+        "old task was cancelled before runner completed /new"
+    );
+
+    allow_command_finish.notify_one();
+    command_task.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), follow_up_processed.notified())
+        .await
+        .expect("the follow-up was processed");
+
+    assert!(sent.any_contains("handled:new"));
+    let order = call_order.lock().unwrap().clone();
+    let at = |label| order.iter().position(|l| *l == label).unwrap();
+    assert!(at("command:end") < at("original:cancelled"), "{order:?}");
+    assert!(
+        at("original:cancelled") < at("followup:processed"),
+        "{order:?}"
+    );
+    assert!(!adapter.has_pending(&sk));
+}
+
+// ===========================================================================
+// Layer 2: on-entry self-heal of stale session locks
+// ===========================================================================
+
+fn reply_with_command_or_text(
+) -> impl Fn(MessageEvent, DispatchContext) -> futures::future::BoxFuture<'static, Option<Outgoing>>
+       + Send
+       + Sync
+       + 'static {
+    |event, _ctx| {
+        Box::pin(async move {
+            let what = command_name(&event).unwrap_or_else(|| "text".to_string());
+            handled(format!("handled:{what}"))
+        })
+    }
+}
+
+#[tokio::test]
+async fn stale_lock_with_done_task_is_healed_on_next_message() {
+    let (adapter, sent) = make_adapter(reply_with_command_or_text());
+    let sk = session_key(12345);
+
+    // The production split-brain: a guard is installed AND a recorded owner
+    // task, but that task is already done.
+    let done_task = tokio::spawn(async {});
+    let owner = OwnerTask::watching(&done_task);
+    done_task.await.unwrap();
+    assert!(owner.is_finished());
+    adapter.install_lock(&sk, SessionGuard::new(), Some(owner));
+
+    assert!(adapter.session_task_is_stale(&sk));
+
+    // An ordinary message heals the stale lock and falls through to normal
+    // dispatch: the user gets a reply instead of a busy acknowledgement.
+    adapter.handle_message(make_event("hello", 12345)).await;
+    assert!(
+        sent.wait_for_text("handled:text", WAIT).await,
+        "stale lock trapped a normal message — split-brain not healed"
+    );
+}
+
+#[tokio::test]
+async fn no_owner_task_is_not_treated_as_stale() {
+    // Tests and rare legitimate paths install guards directly; healing
+    // those would break them.
+    let (adapter, _sent) = make_adapter(reply_with_command_or_text());
+    let sk = session_key(12345);
+    adapter.install_lock(&sk, SessionGuard::new(), None);
+
+    assert!(!adapter.session_task_is_stale(&sk));
+    assert!(!adapter.heal_stale_session_lock(&sk));
+}
+
+#[tokio::test]
+async fn live_owner_task_is_not_stale() {
+    // The owner is alive: the agent really is busy, do not heal.
+    let (adapter, _sent) = make_adapter(reply_with_command_or_text());
+    let sk = session_key(12345);
+    let live = tokio::spawn(std::future::pending::<()>());
+    adapter.install_lock(&sk, SessionGuard::new(), Some(OwnerTask::watching(&live)));
+
+    assert!(!adapter.session_task_is_stale(&sk));
+    assert!(!adapter.heal_stale_session_lock(&sk));
+    // The lock is still in place.
+    assert!(adapter.is_active(&sk));
+    assert!(adapter.has_owner_task(&sk));
+    live.abort();
+}
+
+// ===========================================================================
+// Guard identity (added to the reference system after the file above)
+// ===========================================================================
+
+#[tokio::test]
+async fn releasing_with_a_stale_guard_keeps_the_newer_one() {
+    let (adapter, _sent) = make_adapter(reply_with_command_or_text());
+    let sk = session_key(12345);
+    let older = SessionGuard::new();
+    let newer = SessionGuard::new();
+    adapter.install_lock(&sk, newer.clone(), None);
+
+    assert!(!adapter.release_session_guard(&sk, Some(&older)));
+    assert_eq!(adapter.active_guard(&sk), Some(newer.clone()));
+
+    assert!(adapter.release_session_guard(&sk, Some(&newer)));
+    assert!(!adapter.is_active(&sk));
+
+    adapter.install_lock(&sk, older, None);
+    assert!(adapter.release_session_guard(&sk, None));
+    assert!(!adapter.is_active(&sk));
+}
+
+#[tokio::test]
+async fn finished_turn_with_its_own_guard_releases_guard_and_owner() {
+    let (adapter, sent) = make_adapter(reply_with_command_or_text());
+    let sk = session_key(12345);
+    adapter.handle_message(make_event("hello", 12345)).await;
+    assert!(sent.wait_for_text("handled:text", WAIT).await);
+    assert!(
+        eventually(WAIT, || !adapter.is_active(&sk)
+            && !adapter.has_owner_task(&sk))
+        .await
+    );
+}
+
+#[tokio::test]
+async fn finished_turn_after_a_guard_swap_keeps_its_owner_so_the_lock_heals() {
+    let release = Arc::new(Notify::new());
+    let started = Arc::new(Notify::new());
+    let (r, s) = (release.clone(), started.clone());
+    let (adapter, sent) = make_adapter(move |event, _ctx| {
+        let (r, s) = (r.clone(), s.clone());
+        Box::pin(async move {
+            if event.text == "slow" {
+                s.notify_one();
+                r.notified().await;
+            }
+            handled(format!("handled:text:{}", event.text))
+        })
+    });
+    let sk = session_key(12345);
+
+    adapter.handle_message(make_event("slow", 12345)).await;
+    tokio::time::timeout(WAIT, started.notified())
+        .await
+        .unwrap();
+
+    // A command swaps in a newer guard while the turn runs...
+    let newer = SessionGuard::new();
+    adapter.swap_guard(&sk, newer.clone());
+    // ...then the turn finishes. Its cleanup must release nothing and keep
+    // its owner entry.
+    release.notify_one();
+    assert!(eventually(WAIT, || adapter.session_task_is_stale(&sk)).await);
+    assert_eq!(adapter.active_guard(&sk), Some(newer));
+    assert!(adapter.has_owner_task(&sk));
+    assert!(
+        !sent.any_contains("handled:text:slow"),
+        "a turn that lost its guard must not reply"
+    );
+
+    // The next message sees the stale lock (owner finished) and heals it.
+    adapter.handle_message(make_event("next", 12345)).await;
+    assert!(sent.wait_for_text("handled:text:next", WAIT).await);
+    assert!(
+        eventually(WAIT, || !adapter.is_active(&sk)
+            && !adapter.has_owner_task(&sk))
+        .await
+    );
+}
+
+// ===========================================================================
+// Layer 3: the runner's generation guard on promotion and release
+// ===========================================================================
+
+struct NeverCalled;
+
+impl Agent for NeverCalled {
+    fn name(&self) -> &str {
+        "never"
+    }
+    fn run(
+        &self,
+        _turn: TurnRequest,
+    ) -> futures::future::BoxFuture<'_, Result<AgentReply, AgentError>> {
+        Box::pin(async { Err(AgentError::backend("not used")) })
+    }
+}
+
+fn make_runner() -> Runner {
+    Runner::new(
+        Arc::new(NeverCalled),
+        Recorder::new(),
+        RunnerConfig::default(),
+    )
+}
+
+fn agent_marked(marker: u64) -> RunningAgent {
+    RunningAgent::Live(AgentHandle {
+        generation: TurnGeneration(marker),
+        cancel: CancellationToken::new(),
+        progress: Progress::new(),
+    })
+}
+
+fn marker_of(agent: Option<RunningAgent>) -> Option<u64> {
+    match agent? {
+        RunningAgent::Live(handle) => Some(handle.generation.0),
+        RunningAgent::Pending => None,
+    }
+}
+
+const SK: &str = "agent:main:telegram:dm:12345";
+
+#[test]
+fn release_without_generation_behaves_as_before() {
+    let runner = make_runner();
+    let sk = telegate::event::SessionKey::from_raw(SK);
+    runner.install_running_agent(&sk, agent_marked(1), Instant::now());
+    assert!(runner.release(&sk, None));
+    assert!(runner.running_agent(&sk).is_none());
+    assert!(runner.running_since(&sk).is_none());
+}
+
+#[test]
+fn release_with_current_generation_clears_slot() {
+    let runner = make_runner();
+    let sk = telegate::event::SessionKey::from_raw(SK);
+    let generation = runner.begin_generation(&sk);
+    runner.install_running_agent(&sk, agent_marked(1), Instant::now());
+
+    assert!(runner.release(&sk, Some(generation)));
+    assert!(runner.running_agent(&sk).is_none());
+}
+
+#[test]
+fn release_with_stale_generation_blocks() {
+    let runner = make_runner();
+    let sk = telegate::event::SessionKey::from_raw(SK);
+    let stale = runner.begin_generation(&sk);
+    // /stop bumps the generation: the stale run's generation is no longer current.
+    runner.invalidate_generation(&sk, InvalidateReason::Stop);
+    // The fresh run lands next, with its own state installed.
+    let fresh_since = Instant::now();
+    runner.install_running_agent(&sk, agent_marked(u64::MAX), fresh_since);
+
+    // The stale run's unwind must not clobber the fresh run's state.
+    let released = runner.release(&sk, Some(stale));
+
+    assert!(!released);
+    assert_eq!(marker_of(runner.running_agent(&sk)), Some(u64::MAX));
+    assert_eq!(runner.running_since(&sk), Some(fresh_since));
+}
+
+#[test]
+fn is_session_run_current_tracks_bumps() {
+    let runner = make_runner();
+    let sk = telegate::event::SessionKey::from_raw(SK);
+    let gen1 = runner.begin_generation(&sk);
+    assert!(runner.is_current(&sk, gen1));
+
+    runner.invalidate_generation(&sk, InvalidateReason::Other("test"));
+    assert!(!runner.is_current(&sk, gen1));
+
+    let gen2 = runner.begin_generation(&sk);
+    assert!(gen2 > gen1);
+    assert!(runner.is_current(&sk, gen2));
+}
