@@ -13,9 +13,11 @@
 //! turn identity.
 
 mod echo;
+mod message;
 mod progress;
 
 pub use echo::EchoAgent;
+pub use message::{ChatMessage, Role};
 pub use progress::{Progress, ProgressWatch};
 
 use futures::future::BoxFuture;
@@ -37,6 +39,9 @@ pub struct TurnRequest {
     pub source: SessionSource,
     /// The user's text (or the wakeup's description for internal turns).
     pub text: String,
+    /// The session's earlier conversation, oldest first (without the system
+    /// prompt and without `text`), as far as the runner keeps it.
+    pub history: Vec<ChatMessage>,
     /// True for internal turns (background-process wakeups).
     pub internal: bool,
     /// Fires when the turn must stop. Agents must return promptly after it.
@@ -46,17 +51,24 @@ pub struct TurnRequest {
 }
 
 /// A finished turn's answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AgentReply {
     /// The final text (Markdown), delivered exactly once if the turn is still
     /// current.
     pub text: String,
+    /// What the turn adds to the transcript after the user's message: tool
+    /// calls and results, then the final assistant message. Empty means
+    /// "just the final text as an assistant message".
+    pub transcript: Vec<ChatMessage>,
 }
 
 impl AgentReply {
     /// A reply with the given text.
     pub fn new(text: impl Into<String>) -> Self {
-        AgentReply { text: text.into() }
+        AgentReply {
+            text: text.into(),
+            transcript: Vec::new(),
+        }
     }
 }
 

@@ -288,6 +288,7 @@ impl Runner {
             generation,
             source: event.source,
             text: event.text,
+            history: Vec::new(),
             internal: event.internal,
             cancel: cancel.clone(),
             progress: progress.clone(),
