@@ -1,0 +1,286 @@
+//! The session engine end to end (real adapter + real runner + a scripted
+//! agent): busy modes, commands, failures, the watchdog, and several chats
+//! at once.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::agents::ScriptedAgent;
+use support::recorder::{eventually, make_event, session_key, Recorder};
+use telegate::adapter::{AdapterConfig, BusyMode};
+use telegate::engine::Engine;
+use telegate::event::{MessageEvent, Platform, SessionSource};
+use telegate::reply::ReplyKind;
+use telegate::runner::RunnerConfig;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn engine_with(
+    busy_mode: BusyMode,
+    stall: Duration,
+) -> (Engine, Arc<ScriptedAgent>, Arc<Recorder>) {
+    let agent = ScriptedAgent::new();
+    let recorder = Recorder::new();
+    let engine = Engine::new(
+        agent.clone(),
+        recorder.clone(),
+        AdapterConfig {
+            busy_mode,
+            max_pending: 3,
+            ack_interval: Duration::from_secs(60),
+            ..AdapterConfig::default()
+        },
+        RunnerConfig {
+            stall_timeout: stall,
+        },
+    );
+    (engine, agent, recorder)
+}
+
+fn engine(busy_mode: BusyMode) -> (Engine, Arc<ScriptedAgent>, Arc<Recorder>) {
+    engine_with(busy_mode, Duration::from_secs(300))
+}
+
+async fn send(engine: &Engine, chat: i64, text: &str) {
+    engine.adapter.handle_message(make_event(text, chat)).await;
+}
+
+async fn settle(engine: &Engine) {
+    assert!(
+        eventually(WAIT, || engine.adapter.is_idle()
+            && engine.runner.running_count() == 0)
+        .await,
+        "engine did not become idle"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_during_a_turn_answers_at_once_and_the_turn_never_replies() {
+    let (engine, agent, sent) = engine(BusyMode::Interrupt);
+    send(&engine, 1, "block").await;
+    assert!(eventually(WAIT, || agent.started() == 1).await);
+
+    send(&engine, 1, "/stop").await;
+    // handle_message returned: the command was answered and the turn is gone.
+    assert_eq!(sent.texts(), vec!["⏹ Stopped."]);
+    assert_eq!(agent.cancelled(), 1);
+
+    send(&engine, 1, "after").await;
+    assert!(sent.wait_for_text("answer:after", WAIT).await);
+    settle(&engine).await;
+    assert!(!sent.any_contains("answer:block"));
+}
+
+#[tokio::test]
+async fn stop_when_idle_says_there_is_nothing_to_stop() {
+    let (engine, _agent, sent) = engine(BusyMode::Interrupt);
+    send(&engine, 1, "/stop").await;
+    assert!(sent.wait_for_text("Nothing to stop.", WAIT).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_mode_discards_the_interrupted_turn_and_runs_the_new_message() {
+    let (engine, agent, sent) = engine(BusyMode::Interrupt);
+    send(&engine, 1, "block").await;
+    assert!(eventually(WAIT, || agent.started() == 1).await);
+    send(&engine, 1, "second").await;
+    assert!(sent.wait_for_text("answer:second", WAIT).await);
+    settle(&engine).await;
+    let texts = sent.texts();
+    assert_eq!(
+        texts,
+        vec!["⚡ Interrupting the current task…", "answer:second"]
+    );
+    assert_eq!(agent.cancelled(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_mode_answers_follow_ups_in_order_each_once() {
+    let (engine, agent, sent) = engine(BusyMode::Queue);
+    send(&engine, 1, "slow:200").await;
+    assert!(eventually(WAIT, || agent.started() == 1).await);
+    for text in ["one", "two", "three"] {
+        send(&engine, 1, text).await;
+    }
+    settle(&engine).await;
+    let answers: Vec<_> = sent
+        .all()
+        .into_iter()
+        .filter(|d| d.reply.kind == ReplyKind::Answer)
+        .map(|d| d.reply.text)
+        .collect();
+    assert_eq!(
+        answers,
+        vec![
+            "answer:slow:200",
+            "answer:one",
+            "answer:two",
+            "answer:three"
+        ]
+    );
+    // One acknowledgement (rate-limited), not one per message.
+    let acks: Vec<_> = sent
+        .all()
+        .into_iter()
+        .filter(|d| d.reply.kind == ReplyKind::Notice)
+        .collect();
+    assert_eq!(acks.len(), 1);
+    assert_eq!(acks[0].reply.text, "⏳ Queued (position 1)…");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_with_a_message_instead_of_dropping_silently() {
+    let (engine, agent, sent) = engine(BusyMode::Queue);
+    send(&engine, 1, "block").await;
+    assert!(eventually(WAIT, || agent.started() == 1).await);
+    for i in 0..4 {
+        send(&engine, 1, &format!("m{i}")).await;
+    }
+    assert!(sent.any_contains("3 messages are already waiting, so this one was not queued"));
+    send(&engine, 1, "/stop").await;
+    settle(&engine).await;
+    // The three queued ones still run after /stop, in order.
+    let answers: Vec<_> = sent
+        .texts()
+        .into_iter()
+        .filter(|t| t.starts_with("answer:"))
+        .collect();
+    assert_eq!(answers, vec!["answer:m0", "answer:m1", "answer:m2"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_help_are_answered_mid_turn_without_disturbing_it() {
+    let (engine, agent, sent) = engine(BusyMode::Queue);
+    send(&engine, 1, "slow:300").await;
+    assert!(eventually(WAIT, || agent.started() == 1).await);
+    send(&engine, 1, "queued").await;
+    send(&engine, 1, "/status").await;
+    send(&engine, 1, "/help").await;
+    send(&engine, 1, "/frobnicate").await;
+    let texts = sent.texts();
+    let status = texts
+        .iter()
+        .find(|t| t.starts_with("Session: "))
+        .expect("status reply");
+    assert!(status.contains("State: busy (running for"), "{status}");
+    assert!(status.contains("Queued messages: 1"), "{status}");
+    assert!(status.contains("Backend: scripted"), "{status}");
+    assert!(texts
+        .iter()
+        .any(|t| t.contains("/stop — Stop the running task")));
+    assert!(texts
+        .iter()
+        .any(|t| t.contains("Unknown command /frobnicate")));
+    settle(&engine).await;
+    assert!(sent.any_contains("answer:slow:300"));
+    assert!(sent.any_contains("answer:queued"));
+    assert_eq!(agent.cancelled(), 0);
+}
+
+#[tokio::test]
+async fn failures_send_a_short_error_with_a_reset_hint_never_details() {
+    let (engine, _agent, sent) = engine(BusyMode::Interrupt);
+    send(&engine, 1, "fail").await;
+    send(&engine, 2, "panic").await;
+    settle(&engine).await;
+    let one = sent.texts_for(1);
+    assert_eq!(one.len(), 1);
+    assert!(one[0].contains("The backend broke."));
+    assert!(one[0].contains("/reset"));
+    assert!(!one[0].contains("stack trace"));
+    let two = sent.texts_for(2);
+    assert_eq!(two.len(), 1);
+    assert!(two[0].contains("Something went wrong inside the agent"));
+    assert!(two[0].contains("/reset"));
+    // The chats keep working afterwards.
+    send(&engine, 2, "hello").await;
+    assert!(sent.wait_for_text("answer:hello", WAIT).await);
+}
+
+#[tokio::test]
+async fn the_watchdog_cancels_a_silent_turn_and_tells_the_user() {
+    let (engine, agent, sent) = engine_with(BusyMode::Interrupt, Duration::from_millis(200));
+    send(&engine, 1, "silent").await;
+    assert!(sent.wait_for_text("showed no progress", WAIT).await);
+    settle(&engine).await;
+    // The stalled agent's turn was cancelled; nothing answers it.
+    assert_eq!(agent.cancelled(), 1);
+    assert!(!sent.any_contains("answer:silent"));
+    send(&engine, 1, "again").await;
+    assert!(sent.wait_for_text("answer:again", WAIT).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_rotates_the_session_and_drops_older_queued_messages_with_a_note() {
+    let (engine, agent, sent) = engine(BusyMode::Queue);
+    send(&engine, 1, "first").await;
+    settle(&engine).await;
+    let before = engine.runner.current_session(&session_key(1)).unwrap();
+
+    send(&engine, 1, "block").await;
+    assert!(eventually(WAIT, || agent.started() == 2).await);
+    send(&engine, 1, "stale follow-up").await;
+    send(&engine, 1, "/new").await;
+    send(&engine, 1, "fresh").await;
+    settle(&engine).await;
+
+    let after = engine.runner.current_session(&session_key(1)).unwrap();
+    assert_ne!(before, after);
+    let new_reply = sent
+        .texts()
+        .into_iter()
+        .find(|t| t.starts_with("✨"))
+        .unwrap();
+    assert!(new_reply.contains(after.as_str()));
+    assert!(new_reply.contains("1 queued message from the previous session was dropped"));
+    assert!(!sent.any_contains("answer:stale follow-up"));
+    assert!(!sent.any_contains("answer:block"));
+    assert_eq!(agent.session_of("fresh").as_deref(), Some(after.as_str()));
+    assert_eq!(agent.session_of("first").as_deref(), Some(before.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_events_queue_silently_and_run_after_the_turn() {
+    let (engine, agent, sent) = engine(BusyMode::Interrupt);
+    send(&engine, 1, "slow:200").await;
+    assert!(eventually(WAIT, || agent.started() == 1).await);
+    let wakeup =
+        MessageEvent::internal(SessionSource::dm(Platform::Telegram, 1), "wakeup: job done");
+    engine.adapter.handle_message(wakeup).await;
+    settle(&engine).await;
+    // No interrupt, no acknowledgement; both turns answered in order.
+    assert_eq!(
+        sent.texts(),
+        vec!["answer:slow:200", "answer:wakeup: job done"]
+    );
+    assert_eq!(agent.cancelled(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_chats_long_turn_never_delays_other_chats() {
+    let (engine, agent, sent) = engine(BusyMode::Interrupt);
+    send(&engine, 1, "block").await;
+    assert!(eventually(WAIT, || agent.started() == 1).await);
+    for chat in 2..=20 {
+        send(&engine, chat, "hi").await;
+    }
+    // Every other chat is answered while chat 1 is still blocked.
+    assert!(
+        sent.wait_until(WAIT, |d| (2..=20).all(|c| d.iter().any(|d| d.chat_id == c)))
+            .await
+    );
+    assert!(engine.adapter.is_active(&session_key(1)));
+    // Commands in other chats are answered too, and chat 1 can still be stopped.
+    send(&engine, 5, "/status").await;
+    assert!(
+        sent.wait_until(WAIT, |d| d
+            .iter()
+            .any(|d| d.chat_id == 5 && d.reply.text.contains("State: idle")))
+            .await
+    );
+    send(&engine, 1, "/stop").await;
+    settle(&engine).await;
+    assert!(sent.texts_for(1).contains(&"⏹ Stopped.".to_string()));
+}

@@ -1,0 +1,119 @@
+//! Test agents: behaviour chosen by the message text, every start and
+//! cancellation recorded.
+//!
+//! * `block...`   waits until cancelled;
+//! * `slow:<ms>`  answers after `ms` milliseconds (cancellable), pinging progress;
+//! * `silent`     hangs without any progress (for the watchdog);
+//! * `fail`       returns a backend error;
+//! * `panic`      panics;
+//! * anything else answers `answer:<text>` at once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
+
+#[derive(Default)]
+pub struct ScriptedAgent {
+    pub started: AtomicUsize,
+    pub cancelled: AtomicUsize,
+    /// (chat id, text, session id) of every started turn, in start order.
+    pub turns: Mutex<Vec<(i64, String, String)>>,
+}
+
+impl ScriptedAgent {
+    pub fn new() -> Arc<Self> {
+        Arc::new(ScriptedAgent::default())
+    }
+
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    pub fn cancelled(&self) -> usize {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    pub fn turn_texts(&self) -> Vec<String> {
+        self.turns
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| t.1.clone())
+            .collect()
+    }
+
+    pub fn session_of(&self, text: &str) -> Option<String> {
+        self.turns
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|t| t.1 == text)
+            .map(|t| t.2.clone())
+    }
+}
+
+impl Agent for ScriptedAgent {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>> {
+        Box::pin(async move {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            self.turns.lock().unwrap().push((
+                turn.source.chat_id,
+                turn.text.clone(),
+                turn.session_id.to_string(),
+            ));
+            let text = turn.text.clone();
+            // A turn is cancelled either by its token or by its future being
+            // dropped; the guard counts both.
+            let mut ended_early = CountOnDrop(Some(&self.cancelled));
+            let wait = |d: Duration| async move {
+                tokio::select! {
+                    _ = turn.cancel.cancelled() => Err(AgentError::Cancelled),
+                    _ = tokio::time::sleep(d) => Ok(()),
+                }
+            };
+            if text == "fail" || text == "panic" {
+                ended_early.0 = None;
+            }
+            if text.starts_with("block") {
+                wait(Duration::from_secs(3600)).await?;
+            } else if let Some(ms) = text.strip_prefix("slow:") {
+                let ms: u64 = ms
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("0")
+                    .parse()
+                    .unwrap_or(0);
+                turn.progress.push_text("working…");
+                wait(Duration::from_millis(ms)).await?;
+            } else if text == "silent" {
+                wait(Duration::from_secs(3600)).await?;
+            } else if text == "fail" {
+                return Err(AgentError::Backend {
+                    user_message: "The backend broke.".into(),
+                    detail: "stack trace that must not reach the user".into(),
+                });
+            } else if text == "panic" {
+                panic!("the agent exploded");
+            }
+            ended_early.0 = None;
+            Ok(AgentReply::new(format!("answer:{text}")))
+        })
+    }
+}
+
+struct CountOnDrop<'a>(Option<&'a AtomicUsize>);
+
+impl Drop for CountOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(counter) = self.0 {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
