@@ -24,6 +24,8 @@
 
 pub mod entity;
 pub mod markdown;
+pub mod split;
 
 pub use entity::{to_telegram, utf16_len, EntityKind, FormattedText, TextEntity};
 pub use markdown::render;
+pub use split::{split, TELEGRAM_LIMIT};
