@@ -166,19 +166,28 @@ fn is_grapheme_boundary(text: &str, index: usize) -> bool {
     true
 }
 
+/// Code points that attach to the character before them, as inclusive
+/// ranges: variation selectors (text vs emoji style), combining diacritical
+/// marks, their extended block, combining marks for symbols (including the
+/// keycap mark U+20E3), combining half marks, emoji skin-tone modifiers,
+/// tag characters (subdivision flags such as Scotland's) and the variation
+/// selectors supplement.
+const EXTENDING_RANGES: [(char, char); 8] = [
+    ('\u{FE00}', '\u{FE0F}'),
+    ('\u{0300}', '\u{036F}'),
+    ('\u{1AB0}', '\u{1AFF}'),
+    ('\u{20D0}', '\u{20FF}'),
+    ('\u{FE20}', '\u{FE2F}'),
+    ('\u{1F3FB}', '\u{1F3FF}'),
+    ('\u{E0020}', '\u{E007F}'),
+    ('\u{E0100}', '\u{E01EF}'),
+];
+
 /// Whether `character` attaches to the one before it.
 fn extends_previous(character: char) -> bool {
-    matches!(
-        character,
-        '\u{FE00}'..='\u{FE0F}'          // variation selectors (emoji vs text style)
-        | '\u{0300}'..='\u{036F}'        // combining diacritical marks
-        | '\u{1AB0}'..='\u{1AFF}'        // combining diacritical marks extended
-        | '\u{20D0}'..='\u{20FF}'        // combining marks for symbols (keycap ⃣)
-        | '\u{FE20}'..='\u{FE2F}'        // combining half marks
-        | '\u{1F3FB}'..='\u{1F3FF}'      // emoji skin-tone modifiers
-        | '\u{E0020}'..='\u{E007F}'      // tag characters (subdivision flags)
-        | '\u{E0100}'..='\u{E01EF}' // variation selectors supplement
-    )
+    EXTENDING_RANGES
+        .iter()
+        .any(|&(first, last)| (first..=last).contains(&character))
 }
 
 /// Whether `character` is one half of a country flag.
