@@ -24,8 +24,10 @@
 
 pub mod entity;
 pub mod markdown;
+pub mod ratelimit;
 pub mod split;
 
 pub use entity::{to_telegram, utf16_len, EntityKind, FormattedText, TextEntity};
 pub use markdown::render;
+pub use ratelimit::{RateLimiter, RateLimits};
 pub use split::{split, TELEGRAM_LIMIT};
