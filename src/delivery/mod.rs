@@ -9,7 +9,7 @@
 //!   (text + [`TextEntity`] list). Sending entities instead of
 //!   `parse_mode` means a stray `*` or `_` from the agent can never make
 //!   Telegram reject the message with "can't parse entities".
-//! * [`split`] cuts a [`FormattedText`] into chunks that each fit one
+//! * [`split`](mod@split) cuts a [`FormattedText`] into chunks that each fit one
 //!   message, at the most readable boundary available, carrying the
 //!   formatting over the cut.
 //! * [`ratelimit`] computes *when* each request may go out, so the sender
