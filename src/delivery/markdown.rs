@@ -29,13 +29,20 @@ const BULLET: &str = "• ";
 /// offsets are in UTF-16 code units, every entity is non-empty and inside
 /// the text, and the text has no trailing whitespace. Text without
 /// Markdown syntax comes out unchanged (apart from trailing whitespace).
+/// Input that is not blank never renders to empty text: if the Markdown
+/// has nothing visible (say, a lone "```"), the input is sent as plain
+/// text rather than silently dropping the reply.
 pub fn render(markdown: &str) -> FormattedText {
     let normalized = markdown.replace("\r\n", "\n");
     let mut renderer = Renderer::default();
     for event in Parser::new_ext(&normalized, parser_options()) {
         renderer.handle(event);
     }
-    renderer.finish()
+    let rendered = renderer.finish();
+    if rendered.text.is_empty() {
+        return FormattedText::plain(normalized.trim_end());
+    }
+    rendered
 }
 
 /// CommonMark plus the two GitHub extensions agents use most.
@@ -561,6 +568,17 @@ mod tests {
     }
 
     #[test]
+    fn markdown_with_nothing_visible_falls_back_to_the_input() {
+        assert_eq!(render("```"), FormattedText::plain("```"));
+        assert_eq!(render("``` \n\n"), FormattedText::plain("```"));
+        assert_eq!(
+            render("[](https://a.b)"),
+            FormattedText::plain("[](https://a.b)")
+        );
+        assert_eq!(render("<!-- -->").text, "<!-- -->");
+    }
+
+    #[test]
     fn intraword_stars_follow_commonmark() {
         // CommonMark makes `*3*` inside a word emphasis; we follow the
         // parser rather than guess what the agent meant.
@@ -839,20 +857,21 @@ mod tests {
         prop::collection::vec(piece, 0..60).prop_map(|pieces| pieces.concat())
     }
 
-    fn assert_well_formed(rendered: &FormattedText) {
+    fn assert_well_formed(input: &str, rendered: &FormattedText) {
         assert_entities_valid(rendered);
         assert_eq!(rendered.text.trim_end(), rendered.text);
+        assert_eq!(rendered.text.is_empty(), input.trim_end().is_empty());
     }
 
     proptest! {
         #[test]
         fn any_input_renders_well_formed(input in any::<String>()) {
-            assert_well_formed(&render(&input));
+            assert_well_formed(&input, &render(&input));
         }
 
         #[test]
         fn markdown_soup_renders_well_formed(input in markdownish()) {
-            assert_well_formed(&render(&input));
+            assert_well_formed(&input, &render(&input));
         }
 
         #[test]
