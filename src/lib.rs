@@ -9,13 +9,16 @@
 //!   the command path;
 //! * [`runner`]: turns, generations, slash commands, the stall watchdog;
 //! * [`agent`]: the backends that answer;
-//! * [`reply`]: the outbound port the transports implement.
+//! * [`reply`]: the outbound port the transports implement;
+//! * [`delivery`]: Markdown to Telegram entities, splitting, pacing, retries,
+//!   streaming edits.
 //!
 //! Everything is re-exported here for the binary, the tests and the benches.
 
 pub mod adapter;
 pub mod agent;
 pub mod config;
+pub mod delivery;
 pub mod engine;
 pub mod event;
 pub mod identity;

@@ -1,0 +1,33 @@
+//! Outbound delivery: turning an agent's reply into Telegram messages.
+//!
+//! The agent speaks Markdown; Telegram wants plain text plus a list of
+//! formatting entities measured in UTF-16 code units, at most 4096 of them
+//! per message, sent no faster than Telegram's flood limits allow. This
+//! layer owns exactly those three translations:
+//!
+//! * [`markdown`] converts agent Markdown into a [`FormattedText`]
+//!   (text + [`TextEntity`] list). Sending entities instead of
+//!   `parse_mode` means a stray `*` or `_` from the agent can never make
+//!   Telegram reject the message with "can't parse entities".
+//! * [`split`](mod@split) cuts a [`FormattedText`] into chunks that each fit one
+//!   message, at the most readable boundary available, carrying the
+//!   formatting over the cut.
+//! * [`ratelimit`] computes *when* each request may go out, so the sender
+//!   paces itself instead of collecting 429s.
+//!
+//! What it never does: it never decides *whether* a reply should be sent
+//! (that is the runner's job; by the time text reaches this layer the
+//! decision is made), and the modules here are pure — no network, no
+//! clock reads, no sleeping. The code that actually calls the Bot API
+//! feeds them input and acts on their answers, which keeps all of this
+//! deterministic and testable with property tests.
+
+pub mod entity;
+pub mod markdown;
+pub mod ratelimit;
+pub mod split;
+
+pub use entity::{to_telegram, utf16_len, EntityKind, FormattedText, TextEntity};
+pub use markdown::render;
+pub use ratelimit::{RateLimiter, RateLimits};
+pub use split::{split, TELEGRAM_LIMIT};
