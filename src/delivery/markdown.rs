@@ -113,11 +113,11 @@ struct Renderer {
     after_marker: bool,
     raw_block: Option<RawBlock>,
     table: Option<TableState>,
-    /// Open images: destination URL and `chars_written` at their start.
+    /// Open images: destination URL and `bytes_written` at their start.
     images: Vec<(String, usize)>,
-    /// Bytes of text written anywhere (output, table cell, raw block);
-    /// tells whether an image had alt text.
-    chars_written: usize,
+    /// Bytes of text written anywhere (output, table cell, raw block), so
+    /// that an image can tell whether it had alt text.
+    bytes_written: usize,
 }
 
 impl Renderer {
@@ -177,8 +177,7 @@ impl Renderer {
                     ..TableState::default()
                 });
             }
-            Tag::TableHead | Tag::TableRow => {}
-            Tag::TableCell => {}
+            Tag::TableHead | Tag::TableRow | Tag::TableCell => {}
             Tag::Emphasis => self.open_span(EntityKind::Italic),
             Tag::Strong => self.open_span(EntityKind::Bold),
             Tag::Strikethrough => self.open_span(EntityKind::Strikethrough),
@@ -186,7 +185,7 @@ impl Renderer {
                 url: dest_url.to_string(),
             }),
             Tag::Image { dest_url, .. } => {
-                self.images.push((dest_url.to_string(), self.chars_written));
+                self.images.push((dest_url.to_string(), self.bytes_written));
             }
             Tag::FootnoteDefinition(_)
             | Tag::DefinitionList
@@ -287,7 +286,7 @@ impl Renderer {
         if text.is_empty() {
             return;
         }
-        self.chars_written += text.len();
+        self.bytes_written += text.len();
         if let Some(raw) = self.raw_block.as_mut() {
             raw.content.push_str(text);
         } else if let Some(table) = self.table.as_mut() {
@@ -307,7 +306,7 @@ impl Renderer {
         if code.is_empty() {
             return;
         }
-        self.chars_written += code.len();
+        self.bytes_written += code.len();
         self.flush_separator(true);
         self.begin_open_spans();
         let start = self.position;
@@ -321,7 +320,7 @@ impl Renderer {
         if content.is_empty() {
             return;
         }
-        self.chars_written += content.len();
+        self.bytes_written += content.len();
         self.flush_separator(false);
         self.begin_open_spans();
         let start = self.position;
@@ -448,7 +447,7 @@ impl Renderer {
         if url.is_empty() {
             return;
         }
-        if self.chars_written > written_before {
+        if self.bytes_written > written_before {
             self.write(&format!(" ({url})"));
         } else {
             self.write(&url);
@@ -908,7 +907,7 @@ mod tests {
 
         #[test]
         fn styled_word_after_emoji_is_covered_exactly(
-            prefix in "[a-z 😀🇩🇪👍🏽日]{0,12}",
+            prefix in "([a-z😀🇩🇪👍🏽日][a-z 😀🇩🇪👍🏽日]{0,11})?",
             word in "[a-z😀]{1,6}",
             marker in prop::sample::select(vec!["**", "*", "`", "~~"]),
         ) {
