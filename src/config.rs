@@ -21,6 +21,8 @@ use crate::runner::RunnerConfig;
 
 /// Environment variable read for the bot token when the file has none.
 pub const TOKEN_ENV: &str = "TELEGRAM_BOT_TOKEN";
+/// Environment variable read for the webhook secret when the file has none.
+pub const WEBHOOK_SECRET_ENV: &str = "TELEGRAM_WEBHOOK_SECRET";
 
 /// A secret string. `Debug` prints `Secret(***)`; there is no `Display`.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -64,6 +66,79 @@ pub struct Config {
     /// `[log]`: logging.
     #[serde(default)]
     pub log: LogConfig,
+    /// `[delivery]`: pacing and streaming of replies to Telegram.
+    #[serde(default)]
+    pub delivery: DeliverySettings,
+}
+
+/// `[delivery]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliverySettings {
+    /// Minimum milliseconds between two messages (or edits) in one chat.
+    #[serde(default = "default_per_chat_interval_ms")]
+    pub per_chat_interval_ms: u64,
+    /// Messages per minute allowed in one group.
+    #[serde(default = "default_group_per_minute")]
+    pub group_messages_per_minute: u32,
+    /// Requests per second allowed across all chats.
+    #[serde(default = "default_global_per_second")]
+    pub global_messages_per_second: u32,
+    /// Milliseconds between two streaming edits of a reply.
+    #[serde(default = "default_edit_interval_ms")]
+    pub edit_interval_ms: u64,
+    /// Milliseconds between two "typing…" refreshes.
+    #[serde(default = "default_typing_interval_ms")]
+    pub typing_interval_ms: u64,
+    /// A `retry_after` longer than this many seconds is logged as a warning
+    /// (the message is still delivered after the wait).
+    #[serde(default = "default_max_retry_wait_secs")]
+    pub max_retry_wait_secs: u64,
+}
+
+impl Default for DeliverySettings {
+    fn default() -> Self {
+        DeliverySettings {
+            per_chat_interval_ms: default_per_chat_interval_ms(),
+            group_messages_per_minute: default_group_per_minute(),
+            global_messages_per_second: default_global_per_second(),
+            edit_interval_ms: default_edit_interval_ms(),
+            typing_interval_ms: default_typing_interval_ms(),
+            max_retry_wait_secs: default_max_retry_wait_secs(),
+        }
+    }
+}
+
+fn default_per_chat_interval_ms() -> u64 {
+    1000
+}
+fn default_group_per_minute() -> u32 {
+    20
+}
+fn default_global_per_second() -> u32 {
+    30
+}
+fn default_edit_interval_ms() -> u64 {
+    1000
+}
+fn default_typing_interval_ms() -> u64 {
+    4000
+}
+fn default_max_retry_wait_secs() -> u64 {
+    60
+}
+
+/// `[telegram.webhook]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Address the webhook server listens on, e.g. `0.0.0.0:8443`.
+    pub listen: String,
+    /// The public HTTPS URL Telegram posts to (ends with the path).
+    pub public_url: String,
+    /// The secret Telegram sends in `X-Telegram-Bot-Api-Secret-Token`.
+    /// Required (or set `TELEGRAM_WEBHOOK_SECRET`).
+    pub secret_token: Option<Secret>,
 }
 
 /// How updates arrive from Telegram.
@@ -101,6 +176,8 @@ pub struct TelegramConfig {
     /// `polling` or `webhook`.
     #[serde(default)]
     pub mode: UpdateMode,
+    /// `[telegram.webhook]`, for `mode = "webhook"`.
+    pub webhook: Option<WebhookConfig>,
 }
 
 impl Default for TelegramConfig {
@@ -113,6 +190,7 @@ impl Default for TelegramConfig {
             allow_all_users: false,
             require_mention: true,
             mode: UpdateMode::Polling,
+            webhook: None,
         }
     }
 }
@@ -354,6 +432,13 @@ impl Config {
         if config.telegram.token.is_none() {
             config.telegram.token = env(TOKEN_ENV).filter(|t| !t.trim().is_empty()).map(Secret);
         }
+        if let Some(webhook) = config.telegram.webhook.as_mut() {
+            if webhook.secret_token.is_none() {
+                webhook.secret_token = env(WEBHOOK_SECRET_ENV)
+                    .filter(|t| !t.trim().is_empty())
+                    .map(Secret);
+            }
+        }
         config.validate(path, purpose)?;
         Ok(config)
     }
@@ -387,6 +472,30 @@ impl Config {
                     telegram.api_url
                 )));
             }
+            if telegram.mode == UpdateMode::Webhook {
+                let Some(webhook) = &telegram.webhook else {
+                    return Err(invalid(
+                        "telegram.mode = \"webhook\" needs a [telegram.webhook] table with listen and public_url".to_string(),
+                    ));
+                };
+                if webhook.listen.parse::<std::net::SocketAddr>().is_err() {
+                    return Err(invalid(format!(
+                        "telegram.webhook.listen {:?} is not an address like 0.0.0.0:8443",
+                        webhook.listen
+                    )));
+                }
+                if url::Url::parse(&webhook.public_url).is_err() {
+                    return Err(invalid(format!(
+                        "telegram.webhook.public_url {:?} is not a URL",
+                        webhook.public_url
+                    )));
+                }
+                if webhook.secret_token.is_none() {
+                    return Err(invalid(format!(
+                        "telegram.webhook.secret_token is missing: set it in the file or in {WEBHOOK_SECRET_ENV}"
+                    )));
+                }
+            }
             if telegram.allowed_users.is_empty()
                 && telegram.allowed_chats.is_empty()
                 && !telegram.allow_all_users
@@ -418,6 +527,22 @@ impl Config {
     pub fn runner_config(&self) -> RunnerConfig {
         RunnerConfig {
             stall_timeout: Duration::from_secs(self.sessions.stall_timeout_secs),
+        }
+    }
+
+    /// The delivery engine settings.
+    pub fn delivery_config(&self) -> crate::delivery::DeliveryConfig {
+        let d = &self.delivery;
+        crate::delivery::DeliveryConfig {
+            limits: crate::delivery::RateLimits {
+                per_chat_interval: Duration::from_millis(d.per_chat_interval_ms),
+                group_per_minute: d.group_messages_per_minute.max(1),
+                global_per_second: d.global_messages_per_second.max(1),
+            },
+            edit_interval: Duration::from_millis(d.edit_interval_ms),
+            typing_interval: Duration::from_millis(d.typing_interval_ms.max(100)),
+            max_retry_wait: Duration::from_secs(d.max_retry_wait_secs),
+            max_attempts: 5,
         }
     }
 

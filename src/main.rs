@@ -82,7 +82,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Console { .. } => telegate::transport::console::run(&config).await,
-            Command::Run { .. } => anyhow::bail!("PENDING"),
+            Command::Run { .. } => telegate::transport::telegram::run(&config).await,
             Command::CheckConfig { .. } => Ok(()),
         }
     });

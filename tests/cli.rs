@@ -53,7 +53,9 @@ fn a_valid_config_passes_with_a_summary_and_no_secret() {
 
 #[test]
 fn an_unknown_key_names_the_key_and_its_line_and_column() {
-    let (ok, _, stderr) = check("[telegram]\ntoken = \"1:a\"\nallowed_users = [1]\n\n[sessions]\nbusy_mod = \"queue\"\n");
+    let (ok, _, stderr) = check(
+        "[telegram]\ntoken = \"1:a\"\nallowed_users = [1]\n\n[sessions]\nbusy_mod = \"queue\"\n",
+    );
     assert!(!ok);
     assert_one_line_error(&stderr, &["bot.toml:6:1", "unknown field `busy_mod`"]);
 }
@@ -69,14 +71,25 @@ fn a_wrong_type_is_reported_with_its_position() {
 fn a_bad_enum_value_lists_the_choices() {
     let (ok, _, stderr) = check("[sessions]\nbusy_mode = \"panic\"\n");
     assert!(!ok);
-    assert_one_line_error(&stderr, &["bot.toml:2", "unknown variant `panic`", "interrupt", "queue"]);
+    assert_one_line_error(
+        &stderr,
+        &[
+            "bot.toml:2",
+            "unknown variant `panic`",
+            "interrupt",
+            "queue",
+        ],
+    );
 }
 
 #[test]
 fn a_missing_token_says_where_to_put_it() {
     let (ok, _, stderr) = check("[telegram]\nallowed_users = [1]\n");
     assert!(!ok);
-    assert_one_line_error(&stderr, &["telegram.token is missing", "TELEGRAM_BOT_TOKEN"]);
+    assert_one_line_error(
+        &stderr,
+        &["telegram.token is missing", "TELEGRAM_BOT_TOKEN"],
+    );
 }
 
 #[test]
@@ -132,7 +145,11 @@ fn console_from_a_pipe_stops_a_slow_turn_and_answers_the_follow_up() {
             .unwrap();
     }
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<_> = stdout.lines().collect();
     assert_eq!(lines, vec!["⏹ Stopped.", "echo: follow up"], "{stdout}");
@@ -165,7 +182,12 @@ fn console_queues_in_queue_mode_and_runs_commands() {
     let lines: Vec<_> = stdout.lines().collect();
     assert_eq!(
         lines,
-        vec!["[⏳ Queued (position 1)…]", "echo: one", "echo: two", "echo: three"],
+        vec![
+            "[⏳ Queued (position 1)…]",
+            "echo: one",
+            "echo: two",
+            "echo: three"
+        ],
         "{stdout}"
     );
 }

@@ -6,7 +6,8 @@
 //! owner has finished (done, panicked or aborted) can be recognised as stale
 //! and healed instead of trapping the chat forever.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -27,6 +28,7 @@ pub struct SessionGuard {
     id: u64,
     kind: GuardKind,
     interrupt: CancellationToken,
+    finishing: Arc<AtomicBool>,
 }
 
 impl SessionGuard {
@@ -42,7 +44,20 @@ impl SessionGuard {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             kind,
             interrupt: CancellationToken::new(),
+            finishing: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Mark that the turn holding this guard has its answer and is only
+    /// delivering it: a message arriving now neither interrupts it nor needs
+    /// an acknowledgement, it simply runs next.
+    pub fn mark_finishing(&self) {
+        self.finishing.store(true, Ordering::Release);
+    }
+
+    /// See [`SessionGuard::mark_finishing`].
+    pub fn is_finishing(&self) -> bool {
+        self.finishing.load(Ordering::Acquire)
     }
 
     /// Turn or command.

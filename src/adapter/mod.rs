@@ -377,10 +377,13 @@ impl Adapter {
             queue_depth,
         } = path;
         let source = event.source.clone();
+        // A turn that already has its answer and is only delivering it is
+        // not "running" any more: /stop then has nothing to stop.
+        let slot_busy = previous.as_ref().is_some_and(|g| !g.is_finishing());
         let ctx = DispatchContext {
             key: key.clone(),
             interrupt: guard.interrupt().clone(),
-            slot_busy: true,
+            slot_busy,
             queue_depth,
         };
         let handled = AssertUnwindSafe(self.inner.handler.handle(event, ctx))
@@ -635,6 +638,7 @@ async fn owner_task(
                 }
             },
         };
+        guard.mark_finishing();
         if let Some(out) = outgoing {
             // A reply is only sent while this task still owns the slot: once
             // a command swapped its guard, whatever the turn produced is stale.

@@ -15,6 +15,11 @@
 //! * [`ratelimit`] computes *when* each request may go out, so the sender
 //!   paces itself instead of collecting 429s.
 //!
+//! The I/O edge sits in two files of its own: [`telegram`] (the engine that
+//! sends, edits and shows "typing", pacing every request with the limiter,
+//! honouring `retry_after` and retrying only what is safe to repeat) and
+//! [`live`] (a running turn's typing indicator and streamed preview).
+//!
 //! What it never does: it never decides *whether* a reply should be sent
 //! (that is the runner's job; by the time text reaches this layer the
 //! decision is made), and the modules here are pure — no network, no
@@ -23,11 +28,14 @@
 //! deterministic and testable with property tests.
 
 pub mod entity;
+pub mod live;
 pub mod markdown;
 pub mod ratelimit;
 pub mod split;
+pub mod telegram;
 
 pub use entity::{to_telegram, utf16_len, EntityKind, FormattedText, TextEntity};
 pub use markdown::render;
 pub use ratelimit::{RateLimiter, RateLimits};
 pub use split::{split, TELEGRAM_LIMIT};
+pub use telegram::{ChatTarget, Delivery, DeliveryConfig, DeliveryStats, TelegramOutbound};

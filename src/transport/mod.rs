@@ -8,3 +8,4 @@
 //! and never make session decisions of its own.
 
 pub mod console;
+pub mod telegram;

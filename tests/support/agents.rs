@@ -72,10 +72,14 @@ impl Agent for ScriptedAgent {
             // A turn is cancelled either by its token or by its future being
             // dropped; the guard counts both.
             let mut ended_early = CountOnDrop(Some(&self.cancelled));
-            let wait = |d: Duration| async move {
-                tokio::select! {
-                    _ = turn.cancel.cancelled() => Err(AgentError::Cancelled),
-                    _ = tokio::time::sleep(d) => Ok(()),
+            let cancel = turn.cancel.clone();
+            let wait = |d: Duration| {
+                let cancel = cancel.clone();
+                async move {
+                    tokio::select! {
+                        _ = cancel.cancelled() => Err(AgentError::Cancelled),
+                        _ = tokio::time::sleep(d) => Ok(()),
+                    }
                 }
             };
             if text == "fail" || text == "panic" {
@@ -92,6 +96,24 @@ impl Agent for ScriptedAgent {
                     .unwrap_or(0);
                 turn.progress.push_text("working…");
                 wait(Duration::from_millis(ms)).await?;
+            } else if let Some(spec) = text.strip_prefix("stream:") {
+                // stream:<words>:<ms per word>
+                let mut parts = spec.split(':');
+                let words: usize = parts.next().and_then(|n| n.parse().ok()).unwrap_or(3);
+                let ms: u64 = parts.next().and_then(|n| n.parse().ok()).unwrap_or(100);
+                let mut all = String::new();
+                for i in 0..words {
+                    let word = format!("w{i} ");
+                    turn.progress.push_text(&word);
+                    all.push_str(&word);
+                    wait(Duration::from_millis(ms)).await?;
+                }
+                ended_early.0 = None;
+                return Ok(AgentReply::new(all.trim_end()));
+            } else if let Some(size) = text.strip_prefix("long:") {
+                let size: usize = size.parse().unwrap_or(9000);
+                ended_early.0 = None;
+                return Ok(AgentReply::new(long_markdown(size)));
             } else if text == "silent" {
                 wait(Duration::from_secs(3600)).await?;
             } else if text == "fail" {
@@ -116,4 +138,17 @@ impl Drop for CountOnDrop<'_> {
             counter.fetch_add(1, Ordering::SeqCst);
         }
     }
+}
+
+/// A long Markdown reply with headings, bold, code blocks and emoji.
+pub fn long_markdown(size: usize) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while out.len() < size {
+        i += 1;
+        out.push_str(&format!(
+            "## Part {i} 🚀\n\nSome **bold** text, some _italic_, a [link](https://example.com/{i}) and emoji 👩‍👩‍👧‍👦🇩🇪.\n\n```rust\nfn part_{i}() -> u32 {{\n    {i} // 😀 inside code\n}}\n```\n\n"
+        ));
+    }
+    out
 }

@@ -1,0 +1,461 @@
+//! The Telegram delivery engine: one per bot, shared by every chat.
+//!
+//! Every outbound request (send, edit, typing) goes through [`Delivery::call`],
+//! which paces it with the shared [`RateLimiter`] (per chat and global limits,
+//! also for edits and chat actions, which teloxide's `Throttle` does not
+//! cover), honours `retry_after` (the request waits and is retried, however
+//! long the wait: a reply is never dropped because Telegram asked us to slow
+//! down), retries transient failures with backoff, and never blindly resends
+//! a message whose request may already have reached Telegram.
+//!
+//! This module owns pacing and retries. It must never decide whether a reply
+//! should be sent (the adapter and runner did that) and never log message
+//! text above debug level.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use teloxide::payloads::{EditMessageTextSetters, SendMessageSetters};
+use teloxide::requests::{Request, Requester};
+use teloxide::types::{ChatAction, ChatId, MessageId, ReplyParameters, ThreadId};
+use teloxide::{ApiError, Bot, RequestError};
+use tokio::time::Instant;
+
+use super::entity::{to_telegram, FormattedText};
+use super::markdown::render;
+use super::ratelimit::{RateLimiter, RateLimits};
+use super::split::{split, TELEGRAM_LIMIT};
+use crate::agent::ProgressWatch;
+use crate::event::SessionSource;
+use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind};
+
+/// Delivery settings.
+#[derive(Clone, Debug)]
+pub struct DeliveryConfig {
+    /// Pacing limits.
+    pub limits: RateLimits,
+    /// At most one streaming edit per chat within this interval.
+    pub edit_interval: Duration,
+    /// How often the typing indicator is refreshed while a turn runs.
+    pub typing_interval: Duration,
+    /// `retry_after` waits longer than this are logged as warnings (the
+    /// request still waits and is delivered).
+    pub max_retry_wait: Duration,
+    /// Attempts for transient (network, 5xx) failures before giving up.
+    pub max_attempts: u32,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            limits: RateLimits::default(),
+            edit_interval: Duration::from_secs(1),
+            typing_interval: Duration::from_secs(4),
+            max_retry_wait: Duration::from_secs(60),
+            max_attempts: 5,
+        }
+    }
+}
+
+/// Counters for tests, `/metrics` and benchmarks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryStats {
+    /// 429 answers seen.
+    pub retry_after_hits: u64,
+    /// Total time Telegram asked us to wait, in milliseconds.
+    pub retry_after_wait_ms: u64,
+    /// Requests that failed for good.
+    pub failures: u64,
+    /// Messages resent as plain text after an entity error.
+    pub plain_fallbacks: u64,
+}
+
+/// Whether a request may be repeated when its outcome is unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Idempotence {
+    /// Repeating it changes nothing (edits, chat actions).
+    Safe,
+    /// Repeating it could duplicate a message (sends).
+    Unsafe,
+}
+
+struct DeliveryInner {
+    bot: Bot,
+    limiter: Mutex<RateLimiter>,
+    stats: Mutex<DeliveryStats>,
+    config: DeliveryConfig,
+}
+
+/// The delivery engine (cheap to clone).
+#[derive(Clone)]
+pub struct Delivery {
+    inner: Arc<DeliveryInner>,
+}
+
+/// Where in Telegram a reply goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChatTarget {
+    /// The chat.
+    pub chat_id: i64,
+    /// Forum topic, if any.
+    pub thread_id: Option<i32>,
+    /// Groups are paced more strictly.
+    pub is_group: bool,
+}
+
+impl ChatTarget {
+    /// The target for a session source.
+    pub fn of(source: &SessionSource) -> Self {
+        ChatTarget {
+            chat_id: source.chat_id,
+            thread_id: source.thread_id,
+            is_group: source.chat_type.is_group(),
+        }
+    }
+}
+
+/// The outcome of one failed attempt, classified.
+enum Failure {
+    /// Wait, then try again (429).
+    RetryAfter(Duration),
+    /// Try again after a backoff.
+    Transient(String),
+    /// The request may have reached Telegram; repeating it could duplicate.
+    Ambiguous(String),
+    /// Telegram refused the entities; try again as plain text.
+    Entities(String),
+    /// Nothing changed (an edit to the same text): counts as success.
+    NotModified,
+    /// Refused for good.
+    Permanent(String),
+}
+
+fn classify(error: RequestError) -> Failure {
+    match error {
+        RequestError::RetryAfter(seconds) => Failure::RetryAfter(seconds.duration()),
+        RequestError::Api(ApiError::MessageNotModified) => Failure::NotModified,
+        RequestError::Api(ApiError::CantParseEntities(e)) => Failure::Entities(e),
+        RequestError::Api(e) => Failure::Permanent(e.to_string()),
+        RequestError::Network(e) if e.is_connect() => Failure::Transient(e.to_string()),
+        RequestError::Network(e) => Failure::Ambiguous(e.to_string()),
+        RequestError::InvalidJson { source, .. } => Failure::Ambiguous(source.to_string()),
+        RequestError::Io(e) => Failure::Transient(e.to_string()),
+        RequestError::MigrateToChatId(chat) => {
+            Failure::Permanent(format!("the group moved to chat {}", chat.0))
+        }
+    }
+}
+
+impl Delivery {
+    /// A delivery engine for `bot`.
+    pub fn new(bot: Bot, config: DeliveryConfig) -> Self {
+        Delivery {
+            inner: Arc::new(DeliveryInner {
+                bot,
+                limiter: Mutex::new(RateLimiter::new(config.limits)),
+                stats: Mutex::new(DeliveryStats::default()),
+                config,
+            }),
+        }
+    }
+
+    /// The bot.
+    pub fn bot(&self) -> &Bot {
+        &self.inner.bot
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &DeliveryConfig {
+        &self.inner.config
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> DeliveryStats {
+        *self
+            .inner
+            .stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn note(&self, update: impl FnOnce(&mut DeliveryStats)) {
+        update(
+            &mut self
+                .inner
+                .stats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+    }
+
+    async fn pace(&self, target: ChatTarget) {
+        let at = {
+            let mut limiter = self
+                .inner
+                .limiter
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            limiter.reserve(target.chat_id, target.is_group, Instant::now().into_std())
+        };
+        tokio::time::sleep_until(Instant::from_std(at)).await;
+    }
+
+    fn hold_chat(&self, target: ChatTarget, wait: Duration) {
+        let until = Instant::now().into_std() + wait;
+        self.inner
+            .limiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retry_after(Some(target.chat_id), until);
+    }
+
+    /// Run one request with pacing and retries. `op(plain)` builds the
+    /// request; `plain` is true after Telegram refused the entities.
+    /// Returns `Ok(None)` for "not modified".
+    pub async fn call<T, F, Fut>(
+        &self,
+        target: ChatTarget,
+        idempotence: Idempotence,
+        op: F,
+    ) -> Result<Option<T>, DeliveryError>
+    where
+        F: Fn(bool) -> Fut,
+        Fut: Future<Output = Result<T, RequestError>>,
+    {
+        let mut plain = false;
+        let mut attempts = 0u32;
+        loop {
+            self.pace(target).await;
+            let error = match op(plain).await {
+                Ok(value) => return Ok(Some(value)),
+                Err(error) => error,
+            };
+            attempts += 1;
+            match classify(error) {
+                Failure::NotModified => return Ok(None),
+                Failure::RetryAfter(wait) => {
+                    self.note(|s| {
+                        s.retry_after_hits += 1;
+                        s.retry_after_wait_ms += wait.as_millis() as u64;
+                    });
+                    if wait > self.inner.config.max_retry_wait {
+                        tracing::warn!(
+                            chat_id = target.chat_id,
+                            wait_secs = wait.as_secs(),
+                            "Telegram asked for a long pause; the message will be sent after it"
+                        );
+                    }
+                    // 429s never count as attempts: the message waits, it is
+                    // not dropped.
+                    attempts -= 1;
+                    self.hold_chat(target, wait);
+                }
+                Failure::Entities(why) if !plain => {
+                    tracing::warn!(chat_id = target.chat_id, %why, "entities refused; resending as plain text");
+                    self.note(|s| s.plain_fallbacks += 1);
+                    plain = true;
+                    attempts -= 1;
+                }
+                Failure::Transient(why) if attempts < self.inner.config.max_attempts => {
+                    let backoff = Duration::from_millis(200 * 2u64.pow(attempts.min(6)));
+                    tracing::debug!(chat_id = target.chat_id, %why, ?backoff, "transient failure; retrying");
+                    tokio::time::sleep(backoff).await;
+                }
+                Failure::Ambiguous(why)
+                    if idempotence == Idempotence::Safe
+                        && attempts < self.inner.config.max_attempts =>
+                {
+                    tracing::debug!(chat_id = target.chat_id, %why, "no answer to an idempotent request; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Failure::Ambiguous(why) => {
+                    self.note(|s| s.failures += 1);
+                    return Err(DeliveryError::Unavailable(format!(
+                        "no answer from Telegram ({why}); the message may or may not have arrived"
+                    )));
+                }
+                Failure::Entities(why) | Failure::Permanent(why) => {
+                    self.note(|s| s.failures += 1);
+                    return Err(DeliveryError::Rejected(why));
+                }
+                Failure::Transient(why) => {
+                    self.note(|s| s.failures += 1);
+                    return Err(DeliveryError::Unavailable(why));
+                }
+            }
+        }
+    }
+
+    /// Send one chunk as a new message. Returns its message id.
+    pub async fn send_chunk(
+        &self,
+        target: ChatTarget,
+        chunk: &FormattedText,
+        reply_to: Option<i64>,
+    ) -> Result<i32, DeliveryError> {
+        let entities = to_telegram(&chunk.entities);
+        let sent = self
+            .call(target, Idempotence::Unsafe, |plain| {
+                let mut request = self
+                    .inner
+                    .bot
+                    .send_message(ChatId(target.chat_id), chunk.text.clone());
+                if !plain && !entities.is_empty() {
+                    request = request.entities(entities.clone());
+                }
+                if let Some(thread) = target.thread_id {
+                    request = request.message_thread_id(ThreadId(MessageId(thread)));
+                }
+                if let Some(id) = reply_to.and_then(|id| i32::try_from(id).ok()) {
+                    request = request.reply_parameters(
+                        ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
+                    );
+                }
+                request.send()
+            })
+            .await?;
+        sent.map(|m| m.id.0)
+            .ok_or_else(|| DeliveryError::Rejected("unexpected 'not modified' on send".into()))
+    }
+
+    /// Replace the text of message `id`. "Not modified" is success.
+    pub async fn edit_chunk(
+        &self,
+        target: ChatTarget,
+        id: i32,
+        chunk: &FormattedText,
+    ) -> Result<(), DeliveryError> {
+        let entities = to_telegram(&chunk.entities);
+        self.call(target, Idempotence::Safe, |plain| {
+            let mut request = self.inner.bot.edit_message_text(
+                ChatId(target.chat_id),
+                MessageId(id),
+                chunk.text.clone(),
+            );
+            if !plain && !entities.is_empty() {
+                request = request.entities(entities.clone());
+            }
+            request.send()
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Show "typing…" in the chat (best effort).
+    pub async fn typing(&self, target: ChatTarget) {
+        let result = self
+            .call(target, Idempotence::Safe, |_| {
+                let mut request = self
+                    .inner
+                    .bot
+                    .send_chat_action(ChatId(target.chat_id), ChatAction::Typing);
+                if let Some(thread) = target.thread_id {
+                    request = teloxide::payloads::SendChatActionSetters::message_thread_id(
+                        request,
+                        ThreadId(MessageId(thread)),
+                    );
+                }
+                request.send()
+            })
+            .await;
+        if let Err(error) = result {
+            tracing::debug!(chat_id = target.chat_id, %error, "typing indicator failed");
+        }
+    }
+
+    /// Deliver a whole reply: render (Markdown for answers), split, send
+    /// every chunk in order. `first_in_place` edits that message with the
+    /// first chunk instead of sending it (a streamed preview).
+    pub async fn deliver_reply(
+        &self,
+        target: ChatTarget,
+        reply: &Reply,
+        first_in_place: Option<i32>,
+    ) -> Result<(), DeliveryError> {
+        let chunks = render_chunks(reply);
+        let mut reply_to = reply.reply_to;
+        for (index, chunk) in chunks.iter().enumerate() {
+            let edited = match (index, first_in_place) {
+                (0, Some(preview)) => match self.edit_chunk(target, preview, chunk).await {
+                    Ok(()) => true,
+                    // The preview is gone (deleted by the user, too old):
+                    // the final text still arrives, as a new message.
+                    Err(DeliveryError::Rejected(why)) => {
+                        tracing::debug!(chat_id = target.chat_id, %why, "preview not editable; sending the final text anew");
+                        false
+                    }
+                    Err(other) => return Err(other),
+                },
+                _ => false,
+            };
+            if !edited {
+                self.send_chunk(target, chunk, reply_to).await?;
+            }
+            // Only the first chunk quotes the user's message.
+            reply_to = None;
+        }
+        Ok(())
+    }
+}
+
+/// Render a reply to Telegram chunks: answers are Markdown, everything else
+/// plain text; never an empty message.
+pub fn render_chunks(reply: &Reply) -> Vec<FormattedText> {
+    let formatted = match reply.kind {
+        ReplyKind::Answer => render(&reply.text),
+        _ => FormattedText::plain(reply.text.trim_end()),
+    };
+    let chunks = split(&formatted, TELEGRAM_LIMIT);
+    if chunks.is_empty() {
+        vec![FormattedText::plain("(empty reply)")]
+    } else {
+        chunks
+    }
+}
+
+/// The [`Outbound`] for Telegram: deliveries go through the engine; turns
+/// get a live view (typing, streamed preview).
+#[derive(Clone)]
+pub struct TelegramOutbound {
+    delivery: Delivery,
+}
+
+impl TelegramOutbound {
+    /// An outbound on top of `delivery`.
+    pub fn new(delivery: Delivery) -> Self {
+        TelegramOutbound { delivery }
+    }
+
+    /// The engine (for stats).
+    pub fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+}
+
+impl Outbound for TelegramOutbound {
+    fn deliver<'a>(
+        &'a self,
+        to: &'a SessionSource,
+        reply: Reply,
+    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(async move {
+            self.delivery
+                .deliver_reply(ChatTarget::of(to), &reply, None)
+                .await
+        })
+    }
+
+    fn turn_started(
+        &self,
+        to: &SessionSource,
+        progress: ProgressWatch,
+    ) -> Option<Box<dyn LiveReply>> {
+        Some(Box::new(super::live::LiveView::start(
+            self.delivery.clone(),
+            ChatTarget::of(to),
+            progress,
+        )))
+    }
+}

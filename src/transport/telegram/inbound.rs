@@ -1,0 +1,339 @@
+//! Which Telegram messages become events, and what they become.
+//!
+//! A pure function over teloxide's `Message`: no I/O, so every rule (access
+//! control, group mention rules, commands for other bots, unsupported media,
+//! service messages) is unit-tested here without a server.
+
+use std::sync::Arc;
+
+use teloxide::types::{MediaKind, Message, MessageEntityKind, MessageKind as TgKind};
+
+use crate::event::{parse_command, ChatType, MessageEvent, MessageKind, Platform, SessionSource};
+
+/// Who may talk to the bot and when it answers in groups.
+#[derive(Clone, Debug)]
+pub struct InboundPolicy {
+    /// The bot's own user id (replies to it count as addressing it).
+    pub bot_id: u64,
+    /// The bot's username without `@`.
+    pub bot_username: Arc<str>,
+    /// User ids allowed everywhere.
+    pub allowed_users: Vec<u64>,
+    /// Chats where everybody is allowed.
+    pub allowed_chats: Vec<i64>,
+    /// Everybody is allowed.
+    pub allow_all_users: bool,
+    /// In groups, only messages addressed to the bot are taken.
+    pub require_mention: bool,
+}
+
+/// What to do with one inbound message.
+#[derive(Debug)]
+pub enum Inbound {
+    /// Hand this event to the adapter.
+    Accept(MessageEvent),
+    /// A private message from someone not on the allowlist: tell them their
+    /// id (rate-limited by the caller), run no turn.
+    Stranger {
+        /// The chat to answer in.
+        chat_id: i64,
+        /// Their user id.
+        user_id: u64,
+    },
+    /// Not for us (service message, group chatter, another bot's command,
+    /// a stranger in a group). Ignored without error.
+    Ignore(&'static str),
+}
+
+fn chat_type(message: &Message) -> ChatType {
+    if message.chat.is_private() {
+        ChatType::Dm
+    } else if message.chat.is_supergroup() {
+        ChatType::Supergroup
+    } else if message.chat.is_group() {
+        ChatType::Group
+    } else {
+        ChatType::Channel
+    }
+}
+
+fn is_allowed(policy: &InboundPolicy, chat_id: i64, user_id: Option<u64>) -> bool {
+    policy.allow_all_users
+        || policy.allowed_chats.contains(&chat_id)
+        || user_id.is_some_and(|u| policy.allowed_users.contains(&u))
+}
+
+/// The text or caption, and whether the message carries media we do not
+/// handle. `None` for service messages.
+fn content(message: &Message) -> Option<(&str, bool)> {
+    let TgKind::Common(common) = &message.kind else {
+        return None;
+    };
+    let text = message.text().or_else(|| message.caption()).unwrap_or("");
+    let unsupported = !matches!(common.media_kind, MediaKind::Text(_));
+    if matches!(common.media_kind, MediaKind::Migration(_)) {
+        return None;
+    }
+    Some((text, unsupported))
+}
+
+/// True if the message mentions `@username` (by entity or, for robustness,
+/// by text).
+fn mentions(message: &Message, text: &str, username: &str) -> bool {
+    let by_entity = message
+        .parse_entities()
+        .or_else(|| message.parse_caption_entities())
+        .is_some_and(|entities| {
+            entities.iter().any(|e| {
+                matches!(e.kind(), MessageEntityKind::Mention)
+                    && e.text()
+                        .trim_start_matches('@')
+                        .eq_ignore_ascii_case(username)
+            })
+        });
+    by_entity || {
+        let needle = format!("@{}", username.to_ascii_lowercase());
+        text.to_ascii_lowercase().contains(&needle)
+    }
+}
+
+fn strip_leading_mention<'a>(text: &'a str, username: &str) -> &'a str {
+    let trimmed = text.trim_start();
+    if let Some(rest) = trimmed.strip_prefix('@') {
+        if rest.len() >= username.len()
+            && rest.is_char_boundary(username.len())
+            && rest[..username.len()].eq_ignore_ascii_case(username)
+        {
+            let after = &rest[username.len()..];
+            if after.is_empty()
+                || after.starts_with(|c: char| c.is_whitespace() || c == ',' || c == ':')
+            {
+                return after.trim_start_matches([',', ':']).trim_start();
+            }
+        }
+    }
+    text
+}
+
+/// Decide what one message becomes.
+pub fn classify(message: &Message, policy: &InboundPolicy) -> Inbound {
+    let Some((text, unsupported)) = content(message) else {
+        return Inbound::Ignore("service message");
+    };
+    let chat_type = chat_type(message);
+    if chat_type == ChatType::Channel {
+        return Inbound::Ignore("channel post");
+    }
+    let from = message.from.as_ref();
+    if from.is_some_and(|u| u.is_bot) {
+        return Inbound::Ignore("message from a bot");
+    }
+    let user_id = from.map(|u| u.id.0);
+    let chat_id = message.chat.id.0;
+    let username = policy.bot_username.as_ref();
+
+    if !is_allowed(policy, chat_id, user_id) {
+        return match (chat_type, user_id) {
+            (ChatType::Dm, Some(user_id)) => Inbound::Stranger { chat_id, user_id },
+            _ => Inbound::Ignore("sender not allowed"),
+        };
+    }
+
+    let command = parse_command(text, None);
+    // `/cmd@otherbot` is for another bot, in any chat.
+    if command.is_some() && parse_command(text, Some(username)).is_none() {
+        return Inbound::Ignore("command for another bot");
+    }
+    if chat_type.is_group() && policy.require_mention {
+        let replied_to_bot = message
+            .reply_to_message()
+            .and_then(|m| m.from.as_ref())
+            .is_some_and(|u| u.id.0 == policy.bot_id);
+        let addressed = command.is_some() || replied_to_bot || mentions(message, text, username);
+        if !addressed {
+            return Inbound::Ignore("group message not addressed to the bot");
+        }
+    }
+
+    let text = strip_leading_mention(text, username).to_string();
+    let source = SessionSource {
+        platform: Platform::Telegram,
+        chat_id,
+        chat_type,
+        thread_id: message
+            .thread_id
+            .filter(|_| message.is_topic_message)
+            .map(|t| t.0 .0),
+        user_id,
+        user_name: from.map(|u| u.full_name()),
+    };
+    let mut event = MessageEvent::text(source, text);
+    event.message_id = Some(i64::from(message.id.0));
+    event.bot_username = Some(policy.bot_username.clone());
+    if unsupported && event.kind != MessageKind::Command && event.text.is_empty() {
+        event.kind = MessageKind::Unsupported;
+    } else if unsupported && event.kind != MessageKind::Command {
+        // Media with a caption: the caption is answered; the media itself is
+        // not read yet, and the agent is told so.
+        event.text = format!(
+            "{}\n\n[The user also sent media that telegate cannot read yet.]",
+            event.text
+        );
+    }
+    Inbound::Accept(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const BOT: u64 = 999;
+
+    fn policy() -> InboundPolicy {
+        InboundPolicy {
+            bot_id: BOT,
+            bot_username: Arc::from("telegate_test_bot"),
+            allowed_users: vec![42],
+            allowed_chats: vec![],
+            allow_all_users: false,
+            require_mention: true,
+        }
+    }
+
+    fn message(
+        chat: serde_json::Value,
+        from: i64,
+        text: &str,
+        extra: serde_json::Value,
+    ) -> Message {
+        let mut value = json!({
+            "message_id": 7,
+            "date": 1_700_000_000,
+            "chat": chat,
+            "from": {"id": from, "is_bot": false, "first_name": "Ann"},
+            "text": text,
+        });
+        if let (Some(obj), Some(extra)) = (value.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                obj.insert(k.clone(), v.clone());
+            }
+        }
+        serde_json::from_value(value).expect("valid test message")
+    }
+
+    fn dm(from: i64, text: &str) -> Message {
+        message(
+            json!({"id": from, "type": "private", "first_name": "Ann"}),
+            from,
+            text,
+            json!({}),
+        )
+    }
+
+    fn group(text: &str, extra: serde_json::Value) -> Message {
+        message(
+            json!({"id": -100, "type": "group", "title": "G"}),
+            42,
+            text,
+            extra,
+        )
+    }
+
+    fn accepted(inbound: Inbound) -> MessageEvent {
+        match inbound {
+            Inbound::Accept(event) => event,
+            other => panic!("expected Accept, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_allowed_private_message_is_accepted() {
+        let event = accepted(classify(&dm(42, "hello"), &policy()));
+        assert_eq!(event.text, "hello");
+        assert_eq!(event.source.chat_type, ChatType::Dm);
+        assert_eq!(event.message_id, Some(7));
+    }
+
+    #[test]
+    fn a_stranger_in_private_is_told_their_id_and_ignored_in_groups() {
+        assert!(matches!(
+            classify(&dm(5, "hi"), &policy()),
+            Inbound::Stranger { user_id: 5, .. }
+        ));
+        let g = message(
+            json!({"id": -100, "type": "group", "title": "G"}),
+            5,
+            "@telegate_test_bot hi",
+            json!({}),
+        );
+        assert!(matches!(classify(&g, &policy()), Inbound::Ignore(_)));
+    }
+
+    #[test]
+    fn group_messages_must_address_the_bot() {
+        assert!(matches!(
+            classify(&group("just chatting", json!({})), &policy()),
+            Inbound::Ignore(_)
+        ));
+        let event = accepted(classify(
+            &group("@telegate_test_bot what's up?", json!({})),
+            &policy(),
+        ));
+        assert_eq!(event.text, "what's up?");
+        let reply = json!({"reply_to_message": {
+            "message_id": 3, "date": 1_700_000_000,
+            "chat": {"id": -100, "type": "group", "title": "G"},
+            "from": {"id": BOT, "is_bot": true, "first_name": "Bot"}, "text": "earlier"}});
+        accepted(classify(&group("and then?", reply), &policy()));
+        let stop = accepted(classify(
+            &group("/stop@telegate_test_bot", json!({})),
+            &policy(),
+        ));
+        assert!(stop.command().is_some_and(|c| c.is("stop")));
+        assert!(matches!(
+            classify(&group("/stop@other_bot", json!({})), &policy()),
+            Inbound::Ignore(_)
+        ));
+        let mut open = policy();
+        open.require_mention = false;
+        accepted(classify(&group("just chatting", json!({})), &open));
+    }
+
+    #[test]
+    fn media_without_caption_is_unsupported_and_with_caption_is_answered() {
+        let photo =
+            json!({"photo": [{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}]});
+        let mut value = serde_json::to_value(dm(42, "x")).unwrap();
+        value.as_object_mut().unwrap().remove("text");
+        for (k, v) in photo.as_object().unwrap() {
+            value.as_object_mut().unwrap().insert(k.clone(), v.clone());
+        }
+        let no_caption: Message = serde_json::from_value(value.clone()).unwrap();
+        assert_eq!(
+            accepted(classify(&no_caption, &policy())).kind,
+            MessageKind::Unsupported
+        );
+        value
+            .as_object_mut()
+            .unwrap()
+            .insert("caption".into(), json!("look at this"));
+        let captioned: Message = serde_json::from_value(value).unwrap();
+        let event = accepted(classify(&captioned, &policy()));
+        assert!(event.text.starts_with("look at this"));
+        assert_eq!(event.kind, MessageKind::Text);
+    }
+
+    #[test]
+    fn forum_topics_carry_their_thread_id() {
+        let m = message(
+            json!({"id": -1001, "type": "supergroup", "title": "F", "is_forum": true}),
+            42,
+            "/status",
+            json!({"message_thread_id": 77, "is_topic_message": true}),
+        );
+        let event = accepted(classify(&m, &policy()));
+        assert_eq!(event.source.thread_id, Some(77));
+        assert_eq!(event.source.chat_type, ChatType::Supergroup);
+    }
+}
