@@ -12,10 +12,12 @@
 //! current session from anywhere but its [`TurnRequest`] or the task-local
 //! turn identity.
 
+pub mod command;
 mod echo;
 mod message;
 mod progress;
 
+pub use command::{CommandAgent, CommandConfig};
 pub use echo::EchoAgent;
 pub use message::{ChatMessage, Role};
 pub use progress::{Progress, ProgressWatch};
