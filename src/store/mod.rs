@@ -70,7 +70,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 pub use schema::SCHEMA_VERSION;
-pub use sessions::{SessionHistoryEntry, SessionRecord};
+pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
 pub use transcript::{Role, TranscriptEntry};
 
 /// How long SQLite retries when another process holds the write lock.
