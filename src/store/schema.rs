@@ -30,7 +30,7 @@
 //!    "CREATE TABLE inbox (...);"`). Several statements are fine; do not put
 //!    `BEGIN`/`COMMIT` in it, the runner owns the transaction.
 //! 2. Append one line to [`MIGRATIONS`]:
-//!    `Migration::new("inbox/outbox ledger for crash recovery", V2_LEDGER),`
+//!    `Migration::new("inbox/outbox ledger", V2_LEDGER),`
 //!
 //! That is all: [`SCHEMA_VERSION`] follows from the list length, and the
 //! tests in this file check that every migration applies on a fresh database
@@ -76,7 +76,7 @@ impl Migration {
 ///
 /// Tables are `STRICT` so a wrongly typed value is an error at insert time
 /// rather than a surprise at read time.
-const V1_SESSIONS_AND_TRANSCRIPTS: &str = "
+const V1_SESSIONS: &str = "
 CREATE TABLE session_history (
     session_id     TEXT PRIMARY KEY NOT NULL,
     session_key    TEXT NOT NULL,
@@ -110,10 +110,10 @@ CREATE INDEX transcripts_by_session ON transcripts (session_id, id);
 ";
 
 /// The schema history, oldest first. Append only; see the module docs.
-pub const MIGRATIONS: &[Migration] = &[Migration::new(
-    "sessions, session history and transcripts",
-    V1_SESSIONS_AND_TRANSCRIPTS,
-)];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration::new("sessions and transcripts", V1_SESSIONS),
+    // Append new migrations here, one line each; never edit the ones above.
+];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
