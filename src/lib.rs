@@ -11,7 +11,8 @@
 //! * [`agent`]: the backends that answer;
 //! * [`reply`]: the outbound port the transports implement;
 //! * [`delivery`]: Markdown to Telegram entities, splitting, pacing, retries,
-//!   streaming edits.
+//!   streaming edits;
+//! * [`store`]: SQLite sessions and transcripts on a dedicated thread.
 //!
 //! Everything is re-exported here for the binary, the tests and the benches.
 
@@ -24,4 +25,5 @@ pub mod event;
 pub mod identity;
 pub mod reply;
 pub mod runner;
+pub mod store;
 pub mod transport;

@@ -1,0 +1,559 @@
+//! The embedded SQLite store: telegate's durable memory.
+//!
+//! # What it owns
+//!
+//! * **Sessions** ([`sessions`]): which agent session each chat key is
+//!   currently talking to, per-session settings (`overrides`, e.g. the
+//!   model), and the history of every session id ever issued, so that after
+//!   a rotation (`/new`) the old id still resolves to the key it belonged to
+//!   and to when it was created and rotated.
+//! * **Transcripts** ([`transcript`]): every message of every session in
+//!   order, which is what the agent is replayed from after a restart.
+//! * **The schema** ([`schema`]): versioned, forward-only migrations; later
+//!   tables (an inbox/outbox ledger for crash recovery) arrive as new
+//!   migrations.
+//!
+//! # How it runs, and why
+//!
+//! All SQLite work happens on **one dedicated OS thread** that owns the only
+//! [`rusqlite::Connection`]. [`Store`] is a cheap, cloneable handle holding
+//! the sending side of a bounded channel; every method packages its work as
+//! a closure ([`Store::call`]), sends it to the thread and awaits a oneshot
+//! reply. This gives us:
+//!
+//! * **The async runtime is never blocked.** SQLite calls block (disk I/O,
+//!   fsync at checkpoints, busy waits); none of them run on a tokio worker.
+//! * **No lock is ever held across an `.await`.** There is no
+//!   `Mutex<Connection>` to forget about; callers only hold a channel handle.
+//! * **Writes are naturally serialised.** SQLite allows one writer at a time
+//!   anyway; one connection means no `SQLITE_BUSY` between our own tasks and
+//!   a prepared-statement cache that stays warm.
+//! * **Backpressure.** The channel is bounded, so a flood of callers waits
+//!   (asynchronously) instead of growing an unbounded queue.
+//! * **Atomic calls.** Each typed method is one transaction. If the calling
+//!   future is cancelled after the job was sent, the job still runs to
+//!   completion or not at all; it is never half applied.
+//!
+//! A panic inside a job is caught on the store thread (which keeps serving
+//! other callers; an open transaction is rolled back) and resumed in the
+//! calling task, exactly as if the closure had run there.
+//!
+//! # Durability
+//!
+//! The database uses WAL with `synchronous=NORMAL`: a committed transaction
+//! survives a crash of the process; a power loss or OS crash may roll back
+//! the last few commits but never corrupts the file. Foreign keys are on and
+//! a busy timeout covers other processes (e.g. a backup tool) touching the
+//! file. When the last [`Store`] clone is dropped, the thread drains the
+//! queue, checkpoints the WAL and closes; [`Store::close`] does the same and
+//! waits for it.
+//!
+//! # What it must never do
+//!
+//! * Never hold a lock or a connection across an `.await`.
+//! * Never block a tokio worker thread with SQLite work. The one exception
+//!   is the synchronous [`Store::open`], meant for startup before serving;
+//!   use [`Store::open_async`] from inside the runtime.
+//! * Never log message contents at info level or above: transcripts are
+//!   users' private conversations. Logs carry keys, ids and counts only.
+
+pub mod schema;
+pub mod sessions;
+pub mod transcript;
+
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, TransactionBehavior};
+use tokio::sync::{mpsc, oneshot};
+
+pub use schema::SCHEMA_VERSION;
+pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
+pub use transcript::{Role, TranscriptEntry};
+
+/// How long SQLite retries when another process holds the write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many jobs may wait for the store thread before senders wait too.
+const QUEUE_CAPACITY: usize = 1024;
+
+/// A job slower than this is logged at warn level: something is wrong with
+/// the disk or a query.
+const SLOW_JOB: Duration = Duration::from_secs(1);
+
+/// Everything that can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite reported an error (constraint violation, I/O, corruption...).
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The store thread has stopped ([`Store::close`] was called, or it
+    /// could not start), so the request was not carried out.
+    #[error("the store is closed")]
+    Closed,
+    /// The database was written by a newer telegate whose schema this build
+    /// does not know; it is left untouched.
+    #[error(
+        "database schema version {found} is newer than this build supports \
+         (up to {supported}); upgrade telegate or use another database file"
+    )]
+    TooNew {
+        /// The version recorded in the database.
+        found: i64,
+        /// The newest version this build knows ([`SCHEMA_VERSION`]).
+        supported: i64,
+    },
+    /// A filesystem error (creating the database directory, starting the
+    /// store thread).
+    #[error("store i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// A JSON column (overrides, tool calls) could not be encoded or decoded.
+    #[error("store json: {0}")]
+    Serde(#[from] serde_json::Error),
+    /// The operation needs a current session for this key and there is none.
+    #[error("no session for key {key:?}")]
+    NoSuchSession {
+        /// The chat key that has no session.
+        key: String,
+    },
+}
+
+/// Work sent to the store thread.
+type Job = Box<dyn FnOnce(&mut Connection) + Send + 'static>;
+
+/// A message to the store thread.
+enum Msg {
+    /// Run this job (it carries its own reply channel).
+    Job(Job),
+    /// Stop accepting work, checkpoint, close, then report.
+    Shutdown(oneshot::Sender<Result<(), StoreError>>),
+}
+
+/// Which database to open.
+#[derive(Debug, Clone)]
+enum Target {
+    File(PathBuf),
+    Memory,
+}
+
+/// Handle to the store. Cheap to clone (a channel sender inside); all clones
+/// talk to the same store thread and connection. `Send + Sync`.
+#[derive(Clone)]
+pub struct Store {
+    tx: mpsc::Sender<Msg>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("closed", &self.tx.is_closed())
+            .finish()
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed, with parent directories) the database at
+    /// `path`, configures it and runs pending migrations.
+    ///
+    /// This blocks the calling thread until the database is ready; call it
+    /// at startup or from `spawn_blocking`, or use [`Store::open_async`].
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Self::open_blocking(Target::File(path.to_path_buf()))
+    }
+
+    /// Like [`Store::open`], but waits asynchronously: the file is opened
+    /// and migrated on the store thread, not on the caller's.
+    pub async fn open_async(path: impl Into<PathBuf>) -> Result<Store, StoreError> {
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let store = Self::spawn(Target::File(path.into()), move |r| {
+            let _ = ready_tx.send(r);
+        })?;
+        ready_rx.await.map_err(|_| StoreError::Closed)??;
+        Ok(store)
+    }
+
+    /// A private, empty, fully migrated in-memory database (for tests). It
+    /// disappears when the store closes.
+    pub fn open_in_memory() -> Result<Store, StoreError> {
+        Self::open_blocking(Target::Memory)
+    }
+
+    fn open_blocking(target: Target) -> Result<Store, StoreError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let store = Self::spawn(target, move |r| {
+            let _ = ready_tx.send(r);
+        })?;
+        ready_rx.recv().map_err(|_| StoreError::Closed)??;
+        Ok(store)
+    }
+
+    /// Starts the store thread; `ready` is told whether opening worked.
+    fn spawn(
+        target: Target,
+        ready: impl FnOnce(Result<(), StoreError>) + Send + 'static,
+    ) -> Result<Store, StoreError> {
+        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+        std::thread::Builder::new()
+            .name("telegate-store".into())
+            .spawn(move || match open_connection(&target) {
+                Ok(conn) => {
+                    ready(Ok(()));
+                    serve(conn, rx);
+                }
+                Err(e) => ready(Err(e)),
+            })?;
+        Ok(Store { tx })
+    }
+
+    /// Runs `f` on the store thread with exclusive use of the connection and
+    /// returns its result.
+    ///
+    /// This is the building block of every method; use it for queries the
+    /// typed API does not cover. Keep `f` short and open a transaction in it
+    /// when it does more than one write (the connection's default
+    /// transaction behaviour is `IMMEDIATE`). A transaction left open by `f`
+    /// is rolled back. If `f` panics, the panic resumes in the caller.
+    ///
+    /// Fails with [`StoreError::Closed`] if the store thread is gone.
+    pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(conn)));
+            // The caller may have given up waiting; that is fine.
+            let _ = reply_tx.send(outcome);
+        });
+        self.tx
+            .send(Msg::Job(job))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        match reply_rx.await {
+            Ok(Ok(result)) => result,
+            Ok(Err(panic_payload)) => panic::resume_unwind(panic_payload),
+            Err(_) => Err(StoreError::Closed),
+        }
+    }
+
+    /// Shuts the store down and waits until it is closed: jobs queued before
+    /// this call complete, later ones (from other clones) fail with
+    /// [`StoreError::Closed`], the WAL is checkpointed into the main file and
+    /// the connection is closed.
+    pub async fn close(self) -> Result<(), StoreError> {
+        let (done_tx, done_rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Shutdown(done_tx))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        done_rx.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+/// Opens and configures the connection, then migrates it.
+fn open_connection(target: &Target) -> Result<Connection, StoreError> {
+    let mut conn = match target {
+        Target::File(path) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            Connection::open(path)?
+        }
+        Target::Memory => Connection::open_in_memory()?,
+    };
+    configure(&mut conn, target)?;
+    schema::migrate(&mut conn)?;
+    Ok(conn)
+}
+
+/// Applies the connection settings described in the module docs.
+fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+    if matches!(target, Target::File(_)) && !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(mode, "store could not enable WAL; continuing");
+    }
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    // Every write transaction takes the write lock up front, so it can wait
+    // on the busy timeout instead of failing when upgrading a read lock.
+    conn.set_transaction_behavior(TransactionBehavior::Immediate);
+    Ok(())
+}
+
+/// The store thread's loop: run jobs in order until shut down or until
+/// every [`Store`] handle is gone.
+fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Msg>) {
+    let mut shutdown_reply = None;
+    while let Some(msg) = rx.blocking_recv() {
+        match msg {
+            Msg::Job(job) => run_job(&mut conn, job),
+            Msg::Shutdown(reply) => {
+                shutdown_reply = Some(reply);
+                break;
+            }
+        }
+    }
+    // Jobs still queued were sent after the shutdown; dropping them drops
+    // their reply channels, which their callers see as `Closed`.
+    drop(rx);
+    let result = shutdown(conn);
+    match shutdown_reply {
+        Some(reply) => {
+            let _ = reply.send(result);
+        }
+        None => {
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "store did not close cleanly");
+            }
+        }
+    }
+}
+
+/// Runs one job and restores the connection to a clean state after it.
+fn run_job(conn: &mut Connection, job: Job) {
+    let started = Instant::now();
+    job(conn);
+    if !conn.is_autocommit() {
+        tracing::warn!("store job left a transaction open; rolling it back");
+        if let Err(e) = conn.execute_batch("ROLLBACK") {
+            tracing::warn!(error = %e, "store rollback failed");
+        }
+    }
+    let took = started.elapsed();
+    if took > SLOW_JOB {
+        tracing::warn!(?took, "slow store job");
+    }
+}
+
+/// Checkpoints the WAL into the main database file and closes.
+fn shutdown(conn: Connection) -> Result<(), StoreError> {
+    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+    if busy != 0 {
+        tracing::debug!("store checkpoint incomplete: another reader is active");
+    }
+    conn.close().map_err(|(_, e)| StoreError::Sqlite(e))?;
+    tracing::debug!("store closed");
+    Ok(())
+}
+
+/// Milliseconds since the Unix epoch, the unit of every timestamp column.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync_clone<T: Send + Sync + Clone + 'static>() {}
+
+    #[test]
+    fn store_is_send_sync_clone() {
+        assert_send_sync_clone::<Store>();
+    }
+
+    #[tokio::test]
+    async fn call_runs_on_the_store_thread() {
+        let store = Store::open_in_memory().unwrap();
+        let name = store
+            .call(|_| Ok(std::thread::current().name().map(str::to_owned)))
+            .await
+            .unwrap();
+        assert_eq!(name.as_deref(), Some("telegate-store"));
+    }
+
+    #[tokio::test]
+    async fn open_creates_parent_dirs_and_uses_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/telegate.db");
+        let store = Store::open_async(&path).await.unwrap();
+        assert!(path.exists());
+        let (mode, fk, version): (String, i64, i64) = store
+            .call(|c| {
+                let mode = c.pragma_query_value(None, "journal_mode", |r| r.get(0))?;
+                let fk = c.pragma_query_value(None, "foreign_keys", |r| r.get(0))?;
+                Ok((mode, fk, schema::schema_version(c)?))
+            })
+            .await
+            .unwrap();
+        assert_eq!(mode, "wal");
+        assert_eq!(fk, 1);
+        assert_eq!(version, SCHEMA_VERSION);
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn reopening_does_not_migrate_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        Store::open(&path).unwrap().close().await.unwrap();
+        let store = Store::open(&path).unwrap();
+        let applied = store.call(schema::migrate).await.unwrap();
+        assert_eq!(applied, 0);
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn newer_database_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.pragma_update(None, "user_version", SCHEMA_VERSION + 5)
+                .unwrap();
+        }
+        let err = Store::open(&path).unwrap_err();
+        assert!(matches!(err, StoreError::TooNew { .. }), "{err:?}");
+        let err = Store::open_async(&path).await.unwrap_err();
+        assert!(matches!(err, StoreError::TooNew { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn close_rejects_later_calls_from_other_clones() {
+        let store = Store::open_in_memory().unwrap();
+        let other = store.clone();
+        store.close().await.unwrap();
+        let err = other.call(|_| Ok(())).await.unwrap_err();
+        assert!(matches!(err, StoreError::Closed), "{err:?}");
+        assert!(matches!(other.close().await, Err(StoreError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn jobs_queued_before_close_complete() {
+        let store = Store::open_in_memory().unwrap();
+        let pending: Vec<_> = (0..50)
+            .map(|i| {
+                let s = store.clone();
+                tokio::spawn(async move { s.call(move |_| Ok(i)).await })
+            })
+            .collect();
+        for (i, p) in pending.into_iter().enumerate() {
+            assert_eq!(p.await.unwrap().unwrap(), i);
+        }
+        store.close().await.unwrap();
+    }
+
+    fn wal_path(db: &Path) -> PathBuf {
+        let mut name = db.as_os_str().to_owned();
+        name.push("-wal");
+        PathBuf::from(name)
+    }
+
+    #[tokio::test]
+    async fn close_checkpoints_and_removes_the_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("close.db");
+        let store = Store::open(&path).unwrap();
+        store
+            .call(|c| Ok(c.execute_batch("CREATE TABLE x (a INTEGER); INSERT INTO x VALUES (1);")?))
+            .await
+            .unwrap();
+        assert!(wal_path(&path).exists());
+        store.close().await.unwrap();
+        assert!(!wal_path(&path).exists());
+    }
+
+    #[tokio::test]
+    async fn dropping_the_last_handle_stops_the_thread_cleanly() {
+        thread_local! {
+            // Dropped when the thread that set it exits.
+            static EXIT_GUARD: std::cell::RefCell<Option<std::sync::mpsc::Sender<()>>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("drop.db");
+        let store = Store::open(&path).unwrap();
+        let (guard_tx, guard_rx) = std::sync::mpsc::channel::<()>();
+        store
+            .call(move |_| {
+                EXIT_GUARD.with(|g| *g.borrow_mut() = Some(guard_tx));
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let other = store.clone();
+        drop(store);
+        other.call(|_| Ok(())).await.unwrap();
+        drop(other);
+        let waited =
+            tokio::task::spawn_blocking(move || guard_rx.recv_timeout(Duration::from_secs(30)))
+                .await
+                .unwrap();
+        assert_eq!(waited, Err(std::sync::mpsc::RecvTimeoutError::Disconnected));
+        assert!(!wal_path(&path).exists(), "thread exited without closing");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_reaches_the_caller_and_the_store_survives() {
+        let store = Store::open_in_memory().unwrap();
+        let s = store.clone();
+        let joined = tokio::spawn(async move {
+            s.call(|conn| -> Result<(), StoreError> {
+                let tx = conn.transaction()?;
+                tx.execute("CREATE TABLE doomed (x INTEGER)", [])?;
+                panic!("boom");
+            })
+            .await
+        })
+        .await;
+        assert!(joined.unwrap_err().is_panic());
+        // The transaction was rolled back and the thread still serves.
+        let n: i64 = store
+            .call(|c| {
+                Ok(c.query_row(
+                    "SELECT count(*) FROM sqlite_schema WHERE name = 'doomed'",
+                    [],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, 0);
+    }
+
+    #[tokio::test]
+    async fn a_transaction_left_open_is_rolled_back() {
+        let store = Store::open_in_memory().unwrap();
+        store
+            .call(|c| {
+                c.execute_batch("BEGIN; CREATE TABLE leaked (x INTEGER);")?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let (autocommit, n) = store
+            .call(|c| {
+                let n: i64 = c.query_row(
+                    "SELECT count(*) FROM sqlite_schema WHERE name = 'leaked'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                Ok((c.is_autocommit(), n))
+            })
+            .await
+            .unwrap();
+        assert!(autocommit);
+        assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn errors_read_clearly() {
+        let e = StoreError::TooNew {
+            found: 9,
+            supported: 1,
+        };
+        assert!(e.to_string().contains("version 9"));
+        assert_eq!(StoreError::Closed.to_string(), "the store is closed");
+        let e = StoreError::NoSuchSession {
+            key: "chat:1".into(),
+        };
+        assert_eq!(e.to_string(), "no session for key \"chat:1\"");
+    }
+}

@@ -1,0 +1,247 @@
+//! Versioned schema migrations.
+//!
+//! # Why this shape
+//!
+//! The database outlives any one build of telegate: a user upgrades the
+//! binary and keeps their `telegate.db`. The schema therefore has to evolve
+//! forward without losing anything, and an *older* binary must never write
+//! into a database whose layout it does not understand (it could silently
+//! drop columns it does not know about, or misread rows).
+//!
+//! * The schema version lives in SQLite's own header field
+//!   (`PRAGMA user_version`), so it is atomic with the data: there is no
+//!   separate version table that could disagree with the tables it
+//!   describes.
+//! * [`MIGRATIONS`] is an ordered, append-only list. Migration `n` (1-based)
+//!   takes the database from version `n - 1` to version `n`.
+//! * Each migration runs in its own `IMMEDIATE` transaction together with the
+//!   `user_version` bump, so a crash or an error mid-migration leaves the
+//!   database at the previous version, never half-migrated. `IMMEDIATE`
+//!   also means two processes opening the same file cannot both migrate: the
+//!   second waits, then re-reads the version inside its own transaction and
+//!   finds nothing to do.
+//! * A database whose version is higher than `MIGRATIONS.len()` was written
+//!   by a newer telegate; opening it is refused with
+//!   [`StoreError::TooNew`] instead of guessing.
+//!
+//! # How to add a migration
+//!
+//! 1. Write the SQL as a new `const` below (e.g. `const V2_LEDGER: &str =
+//!    "CREATE TABLE inbox (...);"`). Several statements are fine; do not put
+//!    `BEGIN`/`COMMIT` in it, the runner owns the transaction.
+//! 2. Append one line to [`MIGRATIONS`]:
+//!    `Migration::new("inbox/outbox ledger", V2_LEDGER),`
+//!
+//! That is all: [`SCHEMA_VERSION`] follows from the list length, and the
+//! tests in this file check that every migration applies on a fresh database
+//! and that reopening is a no-op.
+//!
+//! **Never edit or reorder a migration that has shipped**: databases in the
+//! field have already applied it and will not run it again. Fix mistakes with
+//! a new migration.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::StoreError;
+
+/// One step of the schema history: the SQL that moves the database from the
+/// previous version to this one.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// What the step is for; shown in logs when it is applied.
+    pub description: &'static str,
+    /// The SQL batch to run (one or more statements, no transaction control).
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// A migration step; `const` so the list below stays a plain constant.
+    pub const fn new(description: &'static str, sql: &'static str) -> Self {
+        Migration { description, sql }
+    }
+}
+
+/// Version 1: sessions, their history, and transcripts.
+///
+/// * `session_history` holds every session id ever issued, current or
+///   rotated, so a session id always resolves to the chat key that owned it
+///   and ids are never reused (primary key). `last_active_at` and
+///   `overrides` there are the values frozen at rotation; for the current
+///   session the live values are in `sessions`.
+/// * `sessions` is one row per chat key: the current session and its
+///   per-session settings (`overrides`, a JSON object).
+/// * `transcripts` deliberately has no foreign key to the session tables: a
+///   message must be recorded even if something upstream got the session
+///   bookkeeping wrong; losing a message is worse than an orphan row.
+///
+/// Tables are `STRICT` so a wrongly typed value is an error at insert time
+/// rather than a surprise at read time.
+const V1_SESSIONS: &str = "
+CREATE TABLE session_history (
+    session_id     TEXT PRIMARY KEY NOT NULL,
+    session_key    TEXT NOT NULL,
+    created_at     INTEGER NOT NULL,
+    last_active_at INTEGER NOT NULL,
+    rotated_at     INTEGER,
+    overrides      TEXT CHECK (overrides IS NULL OR json_valid(overrides))
+) STRICT;
+CREATE INDEX session_history_by_key ON session_history (session_key, created_at);
+
+CREATE TABLE sessions (
+    session_key    TEXT PRIMARY KEY NOT NULL,
+    session_id     TEXT NOT NULL UNIQUE REFERENCES session_history (session_id),
+    created_at     INTEGER NOT NULL,
+    last_active_at INTEGER NOT NULL,
+    overrides      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(overrides))
+) STRICT;
+
+CREATE TABLE transcripts (
+    id           INTEGER PRIMARY KEY,
+    session_id   TEXT NOT NULL,
+    role         TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant', 'tool')),
+    content      TEXT NOT NULL,
+    tool_calls   TEXT CHECK (tool_calls IS NULL OR json_valid(tool_calls)),
+    tool_call_id TEXT,
+    name         TEXT,
+    interrupted  INTEGER NOT NULL DEFAULT 0 CHECK (interrupted IN (0, 1)),
+    created_at   INTEGER NOT NULL
+) STRICT;
+CREATE INDEX transcripts_by_session ON transcripts (session_id, id);
+";
+
+/// The schema history, oldest first. Append only; see the module docs.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration::new("sessions and transcripts", V1_SESSIONS),
+    // Append new migrations here, one line each; never edit the ones above.
+];
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Reads the schema version recorded in the database header.
+pub fn schema_version(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn.pragma_query_value(None, "user_version", |row| row.get(0))?)
+}
+
+/// Brings the database up to [`SCHEMA_VERSION`].
+///
+/// Returns how many migrations were applied (0 when already current).
+/// Fails with [`StoreError::TooNew`] if the database is newer than this
+/// build.
+pub fn migrate(conn: &mut Connection) -> Result<usize, StoreError> {
+    apply(conn, MIGRATIONS)
+}
+
+/// Applies the pending steps of `migrations`, one transaction per step.
+///
+/// Split from [`migrate`] so tests can run it against made-up histories
+/// (for example one with a failing step).
+fn apply(conn: &mut Connection, migrations: &[Migration]) -> Result<usize, StoreError> {
+    let supported = i64::try_from(migrations.len()).unwrap_or(i64::MAX);
+    let mut applied = 0;
+    loop {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // Read inside the transaction: another process may have migrated
+        // while we waited for the write lock.
+        let found = schema_version(&tx)?;
+        if found < 0 || found > supported {
+            return Err(StoreError::TooNew { found, supported });
+        }
+        let Some(step) = usize::try_from(found).ok().and_then(|i| migrations.get(i)) else {
+            return Ok(applied);
+        };
+        let target = found + 1;
+        tracing::info!(
+            version = target,
+            description = step.description,
+            "applying store migration"
+        );
+        tx.execute_batch(step.sql)?;
+        tx.pragma_update(None, "user_version", target)?;
+        tx.commit()?;
+        applied += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_names(conn: &Connection) -> Vec<String> {
+        let mut stmt = conn
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+            .unwrap();
+        let rows = stmt.query_map([], |r| r.get(0)).unwrap();
+        rows.map(Result::unwrap).collect()
+    }
+
+    #[test]
+    fn fresh_database_gets_every_migration() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        assert_eq!(schema_version(&conn).unwrap(), 0);
+        assert_eq!(migrate(&mut conn).unwrap(), MIGRATIONS.len());
+        assert_eq!(schema_version(&conn).unwrap(), SCHEMA_VERSION);
+        let tables = table_names(&conn);
+        for t in ["session_history", "sessions", "transcripts"] {
+            assert!(
+                tables.iter().any(|n| n == t),
+                "missing table {t}: {tables:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn migrating_twice_is_a_no_op() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        let before = table_names(&conn);
+        assert_eq!(migrate(&mut conn).unwrap(), 0);
+        assert_eq!(schema_version(&conn).unwrap(), SCHEMA_VERSION);
+        assert_eq!(table_names(&conn), before);
+    }
+
+    #[test]
+    fn newer_database_is_refused_untouched() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        let err = migrate(&mut conn).unwrap_err();
+        assert!(
+            matches!(err, StoreError::TooNew { found, supported }
+                if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+            "{err:?}"
+        );
+        assert!(table_names(&conn).is_empty());
+        assert!(err.to_string().contains("newer"), "{err}");
+    }
+
+    #[test]
+    fn failed_step_leaves_the_previous_version_intact() {
+        const STEPS: &[Migration] = &[
+            Migration::new("one", "CREATE TABLE a (x INTEGER);"),
+            Migration::new("two", "CREATE TABLE b (x INTEGER); THIS IS NOT SQL;"),
+        ];
+        let mut conn = Connection::open_in_memory().unwrap();
+        assert!(apply(&mut conn, STEPS).is_err());
+        assert_eq!(schema_version(&conn).unwrap(), 1);
+        // Step two's first statement was rolled back with the rest of it.
+        assert_eq!(table_names(&conn), vec!["a".to_string()]);
+    }
+
+    #[test]
+    fn later_migrations_apply_on_top_of_earlier_ones() {
+        const V1: &[Migration] = &[Migration::new("one", "CREATE TABLE a (x INTEGER);")];
+        const V2: &[Migration] = &[
+            Migration::new("one", "CREATE TABLE a (x INTEGER);"),
+            Migration::new("two", "ALTER TABLE a ADD COLUMN y TEXT;"),
+        ];
+        let mut conn = Connection::open_in_memory().unwrap();
+        assert_eq!(apply(&mut conn, V1).unwrap(), 1);
+        conn.execute("INSERT INTO a (x) VALUES (7)", []).unwrap();
+        assert_eq!(apply(&mut conn, V2).unwrap(), 1);
+        let (x, y): (i64, Option<String>) = conn
+            .query_row("SELECT x, y FROM a", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        assert_eq!((x, y), (7, None));
+    }
+}

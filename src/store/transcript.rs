@@ -1,0 +1,579 @@
+//! Transcripts: the ordered messages of each session.
+//!
+//! The transcript is what the agent is replayed from, so it is append-only
+//! and ordered by insertion (`id`), never by timestamp: wall clocks jump,
+//! insertion order does not. Loading takes the *last* N entries (the recent
+//! context a model can hold) using the `(session_id, id)` index, so it costs
+//! the same for a session with ten messages or a hundred thousand.
+//!
+//! A reply cut short (the user interrupted, the bot restarted mid-stream)
+//! is still recorded, with `interrupted` set, so the agent can be told the
+//! user did not see the whole thing.
+//!
+//! Contents are user data: this module logs counts and ids, never contents.
+
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
+use rusqlite::{params, Connection, Row, ToSql};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{now_ms, Store, StoreError};
+
+/// Who wrote a transcript entry (the chat-completions roles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions to the model.
+    System,
+    /// The human in the chat.
+    User,
+    /// The model.
+    Assistant,
+    /// The result of a tool call.
+    Tool,
+}
+
+impl Role {
+    /// The name stored in the database and used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+
+    /// Parses a stored role name.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "system" => Some(Role::System),
+            "user" => Some(Role::User),
+            "assistant" => Some(Role::Assistant),
+            "tool" => Some(Role::Tool),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ToSql for Role {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.as_str()))
+    }
+}
+
+impl FromSql for Role {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        let text = value.as_str()?;
+        Role::parse(text)
+            .ok_or_else(|| FromSqlError::Other(format!("unknown role {text:?}").into()))
+    }
+}
+
+/// One message of a transcript.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TranscriptEntry {
+    /// Who wrote it.
+    pub role: Role,
+    /// The text (may be empty for an assistant message that only calls tools).
+    pub content: String,
+    /// The tool calls an assistant message makes (JSON, as the model sent it).
+    pub tool_calls: Option<Value>,
+    /// For a tool result: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// Optional author name (e.g. the tool's name).
+    pub name: Option<String>,
+    /// The message was cut short before it was complete.
+    pub interrupted: bool,
+    /// When it was written (unix ms).
+    pub created_at_ms: i64,
+}
+
+impl TranscriptEntry {
+    /// A plain message with `role` and `content`, stamped now.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        TranscriptEntry {
+            role,
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+            interrupted: false,
+            created_at_ms: now_ms(),
+        }
+    }
+
+    /// A system message, stamped now.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new(Role::System, content)
+    }
+
+    /// A user message, stamped now.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new(Role::User, content)
+    }
+
+    /// An assistant message, stamped now.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, content)
+    }
+
+    /// A tool result answering call `tool_call_id`, stamped now.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        TranscriptEntry {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Self::new(Role::Tool, content)
+        }
+    }
+}
+
+impl Store {
+    /// Appends one entry to the transcript of `session_id`; returns its row
+    /// id (increasing within the database).
+    pub async fn append(
+        &self,
+        session_id: &str,
+        entry: TranscriptEntry,
+    ) -> Result<i64, StoreError> {
+        let session_id = session_id.to_owned();
+        self.call(move |conn| insert_entry(conn, &session_id, &entry))
+            .await
+    }
+
+    /// Appends several entries in one transaction (all or none); returns
+    /// their row ids in order.
+    pub async fn append_many(
+        &self,
+        session_id: &str,
+        entries: Vec<TranscriptEntry>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let session_id = session_id.to_owned();
+        self.call(move |conn| {
+            let tx = conn.transaction()?;
+            let ids = entries
+                .iter()
+                .map(|e| insert_entry(&tx, &session_id, e))
+                .collect::<Result<Vec<_>, _>>()?;
+            tx.commit()?;
+            Ok(ids)
+        })
+        .await
+    }
+
+    /// The transcript of `session_id` in chronological order; with
+    /// `Some(n)`, only its last `n` entries.
+    pub async fn load_history(
+        &self,
+        session_id: &str,
+        max_entries: Option<usize>,
+    ) -> Result<Vec<TranscriptEntry>, StoreError> {
+        let session_id = session_id.to_owned();
+        self.call(move |conn| select_last(conn, &session_id, max_entries))
+            .await
+    }
+
+    /// How many entries the transcript of `session_id` has.
+    pub async fn transcript_len(&self, session_id: &str) -> Result<usize, StoreError> {
+        let session_id = session_id.to_owned();
+        self.call(move |conn| {
+            let n: i64 = conn
+                .prepare_cached("SELECT count(*) FROM transcripts WHERE session_id = ?1")?
+                .query_row([session_id], |r| r.get(0))?;
+            Ok(usize::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
+    /// Flags the last entry of `session_id` as interrupted (cut short).
+    /// Returns `false` if the transcript is empty.
+    pub async fn mark_last_interrupted(&self, session_id: &str) -> Result<bool, StoreError> {
+        let session_id = session_id.to_owned();
+        self.call(move |conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE transcripts SET interrupted = 1
+                     WHERE id = (SELECT max(id) FROM transcripts WHERE session_id = ?1)",
+                )?
+                .execute([session_id])?;
+            Ok(changed > 0)
+        })
+        .await
+    }
+}
+
+fn insert_entry(
+    conn: &Connection,
+    session_id: &str,
+    e: &TranscriptEntry,
+) -> Result<i64, StoreError> {
+    let tool_calls = e
+        .tool_calls
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()?;
+    conn.prepare_cached(
+        "INSERT INTO transcripts
+             (session_id, role, content, tool_calls, tool_call_id, name, interrupted, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        session_id,
+        e.role,
+        e.content,
+        tool_calls,
+        e.tool_call_id,
+        e.name,
+        e.interrupted,
+        e.created_at_ms
+    ])?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// The last `max` entries (all when `None`), oldest first.
+fn select_last(
+    conn: &Connection,
+    session_id: &str,
+    max: Option<usize>,
+) -> Result<Vec<TranscriptEntry>, StoreError> {
+    // SQLite reads a negative LIMIT as "no limit".
+    let limit = max.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+    let mut stmt = conn.prepare_cached(
+        "SELECT role, content, tool_calls, tool_call_id, name, interrupted, created_at
+         FROM transcripts WHERE session_id = ?1
+         ORDER BY id DESC LIMIT ?2",
+    )?;
+    let raw = stmt
+        .query_map(params![session_id, limit], RawEntry::from_row)?
+        .collect::<Result<Vec<_>, _>>()?;
+    // Fetched newest first so LIMIT keeps the most recent; hand back oldest first.
+    raw.into_iter().rev().map(RawEntry::into_entry).collect()
+}
+
+/// A `transcripts` row before its JSON column is decoded.
+struct RawEntry {
+    role: Role,
+    content: String,
+    tool_calls: Option<String>,
+    tool_call_id: Option<String>,
+    name: Option<String>,
+    interrupted: bool,
+    created_at: i64,
+}
+
+impl RawEntry {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(RawEntry {
+            role: r.get(0)?,
+            content: r.get(1)?,
+            tool_calls: r.get(2)?,
+            tool_call_id: r.get(3)?,
+            name: r.get(4)?,
+            interrupted: r.get(5)?,
+            created_at: r.get(6)?,
+        })
+    }
+
+    fn into_entry(self) -> Result<TranscriptEntry, StoreError> {
+        Ok(TranscriptEntry {
+            role: self.role,
+            content: self.content,
+            tool_calls: self
+                .tool_calls
+                .as_deref()
+                .map(serde_json::from_str)
+                .transpose()?,
+            tool_call_id: self.tool_call_id,
+            name: self.name,
+            interrupted: self.interrupted,
+            created_at_ms: self.created_at,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn contents(entries: &[TranscriptEntry]) -> Vec<&str> {
+        entries.iter().map(|e| e.content.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn append_and_load_in_order() {
+        let s = Store::open_in_memory().unwrap();
+        assert!(s.load_history("s", None).await.unwrap().is_empty());
+        let a = s
+            .append("s", TranscriptEntry::system("be nice"))
+            .await
+            .unwrap();
+        let b = s.append("s", TranscriptEntry::user("hi")).await.unwrap();
+        assert!(b > a);
+        s.append("other", TranscriptEntry::user("elsewhere"))
+            .await
+            .unwrap();
+        s.append("s", TranscriptEntry::assistant("hello"))
+            .await
+            .unwrap();
+        let h = s.load_history("s", None).await.unwrap();
+        assert_eq!(contents(&h), ["be nice", "hi", "hello"]);
+        let roles: Vec<_> = h.iter().map(|e| e.role).collect();
+        assert_eq!(roles, [Role::System, Role::User, Role::Assistant]);
+        assert_eq!(s.transcript_len("s").await.unwrap(), 3);
+        assert_eq!(s.transcript_len("nobody").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn limit_returns_the_last_n_in_order() {
+        let s = Store::open_in_memory().unwrap();
+        let entries: Vec<_> = (0..10)
+            .map(|i| TranscriptEntry::user(format!("m{i}")))
+            .collect();
+        let ids = s.append_many("s", entries).await.unwrap();
+        assert_eq!(ids.len(), 10);
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        let h = s.load_history("s", Some(3)).await.unwrap();
+        assert_eq!(contents(&h), ["m7", "m8", "m9"]);
+        assert!(s.load_history("s", Some(0)).await.unwrap().is_empty());
+        assert_eq!(s.load_history("s", Some(100)).await.unwrap().len(), 10);
+        assert_eq!(
+            s.load_history("s", Some(usize::MAX)).await.unwrap().len(),
+            10
+        );
+    }
+
+    #[tokio::test]
+    async fn append_many_is_all_or_nothing() {
+        let s = Store::open_in_memory().unwrap();
+        // Make the second insert of the batch fail after the first succeeded.
+        let bad = TranscriptEntry {
+            name: Some("x".into()),
+            ..TranscriptEntry::user("second")
+        };
+        s.call(|c| {
+            Ok(c.execute_batch(
+                "CREATE TRIGGER reject_x BEFORE INSERT ON transcripts
+                 WHEN NEW.name = 'x' BEGIN SELECT RAISE(ABORT, 'rejected'); END;",
+            )?)
+        })
+        .await
+        .unwrap();
+        let res = s
+            .append_many("s", vec![TranscriptEntry::user("first"), bad])
+            .await;
+        assert!(matches!(res, Err(StoreError::Sqlite(_))), "{res:?}");
+        assert_eq!(s.transcript_len("s").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn tool_fields_unicode_and_large_content_round_trip() {
+        let s = Store::open_in_memory().unwrap();
+        let call = TranscriptEntry {
+            tool_calls: Some(json!([{"id": "c1", "type": "function",
+                "function": {"name": "search", "arguments": "{\"q\":\"ß\"}"}}])),
+            ..TranscriptEntry::assistant("")
+        };
+        let result = TranscriptEntry {
+            name: Some("search".into()),
+            ..TranscriptEntry::tool("c1", "résultat 🔍 — 検索 \u{0} nul and \u{202e}rtl")
+        };
+        let big: String = "ünïcødé ✓ 𝄞 ".repeat(1024 * 1024 / 20);
+        assert!(big.len() >= 1_000_000);
+        let large = TranscriptEntry::user(big);
+        let sent = vec![call, result, large];
+        s.append_many("s", sent.clone()).await.unwrap();
+        assert_eq!(s.load_history("s", None).await.unwrap(), sent);
+    }
+
+    #[tokio::test]
+    async fn interrupted_flag_on_append_and_after_the_fact() {
+        let s = Store::open_in_memory().unwrap();
+        assert!(!s.mark_last_interrupted("s").await.unwrap());
+        let cut = TranscriptEntry {
+            interrupted: true,
+            ..TranscriptEntry::assistant("half a rep")
+        };
+        s.append("s", cut).await.unwrap();
+        s.append("s", TranscriptEntry::user("again")).await.unwrap();
+        s.append("s", TranscriptEntry::assistant("streaming..."))
+            .await
+            .unwrap();
+        s.append("t", TranscriptEntry::assistant("other session"))
+            .await
+            .unwrap();
+        assert!(s.mark_last_interrupted("s").await.unwrap());
+        let flags: Vec<_> = s
+            .load_history("s", None)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.interrupted)
+            .collect();
+        assert_eq!(flags, [true, false, true]);
+        assert!(!s.load_history("t", None).await.unwrap()[0].interrupted);
+    }
+
+    #[tokio::test]
+    async fn rotation_keeps_the_old_transcript_and_starts_empty() {
+        let s = Store::open_in_memory().unwrap();
+        let first = s.get_or_create_session("chat", "s1".into()).await.unwrap();
+        s.append(&first.session_id, TranscriptEntry::user("before"))
+            .await
+            .unwrap();
+        let (_, second) = s.rotate_session("chat", "s2".into()).await.unwrap();
+        assert!(s
+            .load_history(&second.session_id, None)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(s.transcript_len(&second.session_id).await.unwrap(), 0);
+        let old = s.load_history("s1", None).await.unwrap();
+        assert_eq!(contents(&old), ["before"]);
+    }
+
+    #[tokio::test]
+    async fn data_survives_close_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/telegate.db");
+        let s = Store::open(&path).unwrap();
+        s.get_or_create_session("chat", "s1".into()).await.unwrap();
+        s.set_override("chat", "model", json!("m")).await.unwrap();
+        s.append("s1", TranscriptEntry::user("persist me ✓"))
+            .await
+            .unwrap();
+        s.rotate_session("chat", "s2".into()).await.unwrap();
+        s.append("s2", TranscriptEntry::user("and me"))
+            .await
+            .unwrap();
+        s.close().await.unwrap();
+
+        let s = Store::open_async(&path).await.unwrap();
+        let current = s.current_session("chat").await.unwrap().unwrap();
+        assert_eq!(current.session_id, "s2");
+        assert_eq!(
+            s.session_owner_key("s1").await.unwrap().as_deref(),
+            Some("chat")
+        );
+        assert_eq!(
+            contents(&s.load_history("s1", None).await.unwrap()),
+            ["persist me ✓"]
+        );
+        assert_eq!(
+            contents(&s.load_history("s2", None).await.unwrap()),
+            ["and me"]
+        );
+        assert_eq!(s.list_sessions().await.unwrap(), vec![current]);
+        s.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn unknown_role_in_the_database_is_an_error_not_a_guess() {
+        let s = Store::open_in_memory().unwrap();
+        // Bypass the CHECK constraint the way a hand edit would.
+        s.call(|c| {
+            c.execute_batch(
+                "PRAGMA ignore_check_constraints = ON;
+                 INSERT INTO transcripts (session_id, role, content, created_at)
+                 VALUES ('s', 'wizard', 'x', 0);",
+            )?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let err = s.load_history("s", None).await.unwrap_err();
+        assert!(err.to_string().contains("wizard"), "{err}");
+    }
+
+    #[test]
+    fn entries_serialize_with_lowercase_roles() {
+        let e = TranscriptEntry::tool("c9", "ok");
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["role"], "tool");
+        assert_eq!(v["tool_call_id"], "c9");
+        let back: TranscriptEntry = serde_json::from_value(v).unwrap();
+        assert_eq!(back, e);
+        for r in [Role::System, Role::User, Role::Assistant, Role::Tool] {
+            assert_eq!(Role::parse(r.as_str()), Some(r));
+        }
+    }
+
+    /// 200 tasks on a multi-thread runtime each own a session and append 20
+    /// messages, loading history after each; meanwhile a ticker proves the
+    /// runtime's workers are never blocked by SQLite.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_concurrent_sessions_stay_whole_and_ordered() {
+        const TASKS: usize = 200;
+        const MESSAGES: usize = 20;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_async(dir.path().join("c.db")).await.unwrap();
+
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let ticker = tokio::spawn({
+            let (ticks, done) = (ticks.clone(), done.clone());
+            async move {
+                let mut interval = tokio::time::interval(Duration::from_millis(1));
+                while !done.load(Ordering::Relaxed) {
+                    interval.tick().await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+
+        let workers: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let s = store.clone();
+                tokio::spawn(async move {
+                    let session = s
+                        .get_or_create_session(&format!("chat-{t}"), format!("sess-{t}"))
+                        .await
+                        .unwrap();
+                    let id = session.session_id;
+                    for m in 0..MESSAGES {
+                        let role = if m % 2 == 0 {
+                            Role::User
+                        } else {
+                            Role::Assistant
+                        };
+                        s.append(&id, TranscriptEntry::new(role, format!("{t}:{m}")))
+                            .await
+                            .unwrap();
+                        let recent = s.load_history(&id, Some(5)).await.unwrap();
+                        let expected: Vec<_> = (m.saturating_sub(4)..=m)
+                            .map(|i| format!("{t}:{i}"))
+                            .collect();
+                        assert_eq!(contents(&recent), expected);
+                    }
+                })
+            })
+            .collect();
+        let ticks_at_start = ticks.load(Ordering::Relaxed);
+        for w in workers {
+            w.await.unwrap();
+        }
+        let ticks_during = ticks.load(Ordering::Relaxed) - ticks_at_start;
+        done.store(true, Ordering::Relaxed);
+        ticker.await.unwrap();
+
+        for t in 0..TASKS {
+            let h = store
+                .load_history(&format!("sess-{t}"), None)
+                .await
+                .unwrap();
+            let expected: Vec<_> = (0..MESSAGES).map(|i| format!("{t}:{i}")).collect();
+            assert_eq!(contents(&h), expected, "session {t}");
+        }
+        assert_eq!(store.list_sessions().await.unwrap().len(), TASKS);
+        assert!(ticks_during >= 3, "runtime starved: {ticks_during} ticks");
+        store.close().await.unwrap();
+    }
+}
