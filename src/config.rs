@@ -69,6 +69,41 @@ pub struct Config {
     /// `[delivery]`: pacing and streaming of replies to Telegram.
     #[serde(default)]
     pub delivery: DeliverySettings,
+    /// `[store]`: where sessions and transcripts are kept.
+    #[serde(default)]
+    pub store: StoreSettings,
+}
+
+/// `[store]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSettings {
+    /// Directory of the SQLite database (created on first run).
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    /// Keep everything in memory only (lost on restart): for trials and tests.
+    #[serde(default)]
+    pub in_memory: bool,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            data_dir: default_data_dir(),
+            in_memory: false,
+        }
+    }
+}
+
+impl StoreSettings {
+    /// The database file.
+    pub fn database_path(&self) -> PathBuf {
+        self.data_dir.join("telegate.db")
+    }
+}
+
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("telegate-data")
 }
 
 /// `[delivery]`.
@@ -217,6 +252,14 @@ pub struct SessionsConfig {
     /// Separate sessions per user in groups.
     #[serde(default = "yes")]
     pub group_sessions_per_user: bool,
+    /// Earlier transcript entries given to each turn (the backend may trim
+    /// further to its own budget).
+    #[serde(default = "default_history_max_messages")]
+    pub history_max_messages: usize,
+}
+
+fn default_history_max_messages() -> usize {
+    200
 }
 
 impl Default for SessionsConfig {
@@ -228,6 +271,7 @@ impl Default for SessionsConfig {
             stall_timeout_secs: default_stall_timeout_secs(),
             cancel_wait_ms: default_cancel_wait_ms(),
             group_sessions_per_user: true,
+            history_max_messages: default_history_max_messages(),
         }
     }
 }
@@ -239,6 +283,8 @@ pub enum Backend {
     /// Echoes messages back (for trying telegate out).
     #[default]
     Echo,
+    /// Runs a command-line program per turn (`[agent.command]`).
+    Command,
 }
 
 impl Backend {
@@ -246,6 +292,7 @@ impl Backend {
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::Echo => "echo",
+            Backend::Command => "command",
         }
     }
 }
@@ -260,6 +307,8 @@ pub struct AgentConfig {
     /// `[agent.echo]`.
     #[serde(default)]
     pub echo: EchoConfig,
+    /// `[agent.command]`, for `backend = "command"`.
+    pub command: Option<crate::agent::CommandConfig>,
 }
 
 /// `[agent.echo]`.
@@ -453,6 +502,17 @@ impl Config {
                 "sessions.max_pending must be at least 1".to_string(),
             ));
         }
+        match self.agent.backend {
+            Backend::Echo => {}
+            Backend::Command => match &self.agent.command {
+                None => {
+                    return Err(invalid(
+                        "agent.backend = \"command\" needs an [agent.command] table with argv".to_string(),
+                    ))
+                }
+                Some(command) => command.validate().map_err(invalid)?,
+            },
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid(format!(
                 "log.level {:?} is not a valid filter: {e}",
@@ -527,6 +587,7 @@ impl Config {
     pub fn runner_config(&self) -> RunnerConfig {
         RunnerConfig {
             stall_timeout: Duration::from_secs(self.sessions.stall_timeout_secs),
+            history_max_messages: self.sessions.history_max_messages,
         }
     }
 
@@ -561,7 +622,8 @@ impl Config {
         format!(
             "telegram: token {}, api {}, {:?} mode, access: {}, require_mention {}\n\
              sessions: busy_mode {:?}, max_pending {}, stall_timeout {}s\n\
-             agent: {}",
+             agent: {}\n\
+             store: {}",
             if t.token.is_some() { "set" } else { "not set" },
             t.api_url,
             t.mode,
@@ -571,6 +633,11 @@ impl Config {
             self.sessions.max_pending,
             self.sessions.stall_timeout_secs,
             self.agent.backend.as_str(),
+            if self.store.in_memory {
+                "in memory (nothing kept across restarts)".to_string()
+            } else {
+                self.store.database_path().display().to_string()
+            },
         )
     }
 }

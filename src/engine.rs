@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::adapter::{Adapter, AdapterConfig};
-use crate::agent::{Agent, EchoAgent};
-use crate::config::{AgentConfig, Backend, Config};
+use crate::agent::{Agent, CommandAgent, EchoAgent};
+use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV};
 use crate::reply::Outbound;
 use crate::runner::{Runner, RunnerConfig};
+use crate::store::{Store, StoreError};
 
 /// The session engine: the adapter that transports feed, and the runner
 /// behind it.
@@ -35,14 +36,43 @@ impl Engine {
         Engine { adapter, runner }
     }
 
-    /// Build an engine from the configuration file's settings.
-    pub fn from_config(config: &Config, outbound: Arc<dyn Outbound>) -> Engine {
-        Engine::new(
-            build_agent(&config.agent),
+    /// Build an engine that keeps sessions and transcripts in `store`.
+    pub fn with_store(
+        agent: Arc<dyn Agent>,
+        outbound: Arc<dyn Outbound>,
+        store: Store,
+        adapter_config: AdapterConfig,
+        runner_config: RunnerConfig,
+    ) -> Engine {
+        let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
+        let adapter = Adapter::new(Arc::new(runner.clone()), outbound, adapter_config);
+        Engine { adapter, runner }
+    }
+
+    /// Build an engine from the configuration: the configured store and
+    /// settings, answering with `agent`.
+    pub async fn open(
+        config: &Config,
+        agent: Arc<dyn Agent>,
+        outbound: Arc<dyn Outbound>,
+    ) -> Result<Engine, StoreError> {
+        let store = open_store(&config.store).await?;
+        Ok(Engine::with_store(
+            agent,
             outbound,
+            store,
             config.adapter_config(),
             config.runner_config(),
-        )
+        ))
+    }
+}
+
+/// Open the configured store (creating its directory on first run).
+pub async fn open_store(settings: &StoreSettings) -> Result<Store, StoreError> {
+    if settings.in_memory {
+        Store::open_in_memory()
+    } else {
+        Store::open_async(settings.database_path()).await
     }
 }
 
@@ -52,5 +82,9 @@ pub fn build_agent(config: &AgentConfig) -> Arc<dyn Agent> {
         Backend::Echo => Arc::new(EchoAgent {
             delay: Duration::from_millis(config.echo.delay_ms),
         }),
+        Backend::Command => Arc::new(CommandAgent::new(
+            config.command.clone().unwrap_or_default(),
+            vec![TOKEN_ENV.to_string()],
+        )),
     }
 }

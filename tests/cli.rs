@@ -128,7 +128,7 @@ fn console_from_a_pipe_stops_a_slow_turn_and_answers_the_follow_up() {
     let path = write_config(
         &dir,
         "console.toml",
-        "[agent]\nbackend = \"echo\"\n\n[agent.echo]\ndelay_ms = 2000\n\n[log]\nlevel = \"warn\"\n",
+        "[agent]\nbackend = \"echo\"\n\n[agent.echo]\ndelay_ms = 2000\n\n[log]\nlevel = \"warn\"\n\n[store]\nin_memory = true\n",
     );
     let mut child = telegate()
         .args(["console", "--config"])
@@ -152,7 +152,11 @@ fn console_from_a_pipe_stops_a_slow_turn_and_answers_the_follow_up() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<_> = stdout.lines().collect();
-    assert_eq!(lines, vec!["⏹ Stopped.", "echo: follow up"], "{stdout}");
+    // The turn may be caught while still starting or already running.
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(lines[0].starts_with("⏹ Stopped"), "{stdout}");
+    assert_eq!(lines[1], "echo: follow up", "{stdout}");
+    assert!(!stdout.contains("echo: please"), "{stdout}");
 }
 
 #[test]
@@ -161,7 +165,7 @@ fn console_queues_in_queue_mode_and_runs_commands() {
     let path = write_config(
         &dir,
         "console.toml",
-        "[sessions]\nbusy_mode = \"queue\"\n\n[agent.echo]\ndelay_ms = 300\n",
+        "[sessions]\nbusy_mode = \"queue\"\n\n[agent.echo]\ndelay_ms = 300\n\n[store]\nin_memory = true\n",
     );
     let mut child = telegate()
         .args(["console", "--config"])

@@ -34,6 +34,7 @@ fn engine_with(
         },
         RunnerConfig {
             stall_timeout: stall,
+            ..RunnerConfig::default()
         },
     );
     (engine, agent, recorder)

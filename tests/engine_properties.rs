@@ -175,6 +175,7 @@ impl World {
             },
             RunnerConfig {
                 stall_timeout: Duration::ZERO,
+                ..RunnerConfig::default()
             },
         );
         World {

@@ -4,8 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Who said something.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Who said something (the chat-completions roles). The store keeps it by
+/// its [`Role::as_str`] name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// The system prompt.
@@ -27,6 +28,23 @@ impl Role {
             Role::Assistant => "assistant",
             Role::Tool => "tool",
         }
+    }
+
+    /// Parse a role name.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "system" => Some(Role::System),
+            "user" => Some(Role::User),
+            "assistant" => Some(Role::Assistant),
+            "tool" => Some(Role::Tool),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

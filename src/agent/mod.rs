@@ -110,6 +110,9 @@ pub trait Agent: Send + Sync + 'static {
 
     /// Run one turn. Must return soon after `turn.cancel` fires (returning
     /// [`AgentError::Cancelled`] or anything else: a cancelled turn's result
-    /// is discarded either way).
+    /// is discarded either way). The future may also simply be dropped at
+    /// any await point (that is how /stop usually ends a turn), so anything
+    /// the turn owns outside its future (child processes, connections) must
+    /// be released by a drop guard, not by code after an `.await`.
     fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>>;
 }

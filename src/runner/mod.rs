@@ -34,10 +34,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
-use crate::agent::{Agent, AgentError, Progress, TurnRequest};
+use crate::agent::{Agent, AgentError, ChatMessage, Progress, TurnRequest};
 use crate::event::{MessageEvent, MessageKind, SessionKey};
 use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
 use crate::reply::{Outbound, Outgoing, Reply};
+use crate::store::{Store, TranscriptEntry};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
@@ -46,12 +47,16 @@ use futures::FutureExt;
 pub struct RunnerConfig {
     /// Cancel a turn that shows no progress for this long (zero: never).
     pub stall_timeout: Duration,
+    /// How many earlier transcript entries a turn is given (the backend may
+    /// trim further to its budget).
+    pub history_max_messages: usize,
 }
 
 impl Default for RunnerConfig {
     fn default() -> Self {
         RunnerConfig {
             stall_timeout: Duration::from_secs(300),
+            history_max_messages: 200,
         }
     }
 }
@@ -66,6 +71,7 @@ struct RunnerInner {
     state: Mutex<RunnerState>,
     agent: Arc<dyn Agent>,
     outbound: Arc<dyn Outbound>,
+    store: Option<Store>,
     config: RunnerConfig,
 }
 
@@ -82,13 +88,69 @@ impl Runner {
     /// A runner answering with `agent` and showing progress through
     /// `outbound`.
     pub fn new(agent: Arc<dyn Agent>, outbound: Arc<dyn Outbound>, config: RunnerConfig) -> Self {
+        Runner::build(agent, outbound, None, config)
+    }
+
+    /// A runner that keeps sessions and transcripts in `store`, so a restart
+    /// continues every chat's conversation.
+    pub fn with_store(
+        agent: Arc<dyn Agent>,
+        outbound: Arc<dyn Outbound>,
+        store: Store,
+        config: RunnerConfig,
+    ) -> Self {
+        Runner::build(agent, outbound, Some(store), config)
+    }
+
+    fn build(
+        agent: Arc<dyn Agent>,
+        outbound: Arc<dyn Outbound>,
+        store: Option<Store>,
+        config: RunnerConfig,
+    ) -> Self {
         Runner {
             inner: Arc::new(RunnerInner {
                 state: Mutex::new(RunnerState::default()),
                 agent,
                 outbound,
+                store,
                 config,
             }),
+        }
+    }
+
+    /// The store, if one is configured.
+    pub fn store(&self) -> Option<&Store> {
+        self.inner.store.as_ref()
+    }
+
+    /// The current session of `key`: from memory, else from the store, else
+    /// a new one (recorded in the store).
+    pub async fn resolve_session(&self, key: &SessionKey) -> SessionId {
+        if let Some(id) = self.state().sessions.get(key) {
+            return id.clone();
+        }
+        let loaded = match &self.inner.store {
+            Some(store) => match store
+                .get_or_create_session(key.as_str(), SessionId::generate().to_string())
+                .await
+            {
+                Ok(record) => Some(SessionId::new(record.session_id)),
+                Err(error) => {
+                    tracing::error!(session_key = %key, %error, "store unavailable; using a session kept in memory only");
+                    None
+                }
+            },
+            None => None,
+        };
+        let mut state = self.state();
+        match loaded {
+            // Whoever filled the table first (a concurrent /new) wins.
+            Some(id) => state.sessions.get(key).cloned().unwrap_or_else(|| {
+                state.sessions.set(key, id.clone());
+                id
+            }),
+            None => state.sessions.get_or_create(key).0,
         }
     }
 
@@ -169,7 +231,7 @@ impl Runner {
         }
         if let Some(command) = event.command() {
             let reply = match KnownCommand::parse(command.name) {
-                Some(known) => self.command(known, &ctx),
+                Some(known) => self.command(known, &ctx).await,
                 None => Reply::command(commands::unknown_command_text(command.name)),
             };
             return Some(reply.in_reply_to(event.message_id).into());
@@ -177,14 +239,14 @@ impl Runner {
         self.turn(event, ctx).await
     }
 
-    fn command(&self, command: KnownCommand, ctx: &DispatchContext) -> Reply {
+    async fn command(&self, command: KnownCommand, ctx: &DispatchContext) -> Reply {
         let key = &ctx.key;
         match command {
             KnownCommand::Start => Reply::command(commands::start_text(self.backend_name())),
             KnownCommand::Help => Reply::command(help_text()),
             KnownCommand::Status => {
-                let mut state = self.state();
-                let session_id = state.sessions.get_or_create(key).0.to_string();
+                let session_id = self.resolve_session(key).await.to_string();
+                let state = self.state();
                 let view = StatusView {
                     session_id,
                     running_for: state.slots.running_since(key).map(|t| t.elapsed()),
@@ -214,6 +276,11 @@ impl Runner {
                 let stopped = self.stop_running(key, reason);
                 let (old, new) = self.state().sessions.rotate(key);
                 tracing::info!(session_key = %key, old = ?old, new = %new, ?reason, "session rotated");
+                if let Some(store) = &self.inner.store {
+                    if let Err(error) = store.rotate_session(key.as_str(), new.to_string()).await {
+                        tracing::error!(session_key = %key, %error, "could not record the new session");
+                    }
+                }
                 let mut text = if command == KnownCommand::New {
                     format!("✨ Started a fresh session ({new}).")
                 } else {
@@ -244,13 +311,25 @@ impl Runner {
 
     async fn turn(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
         let key = ctx.key.clone();
-        let (generation, session_id) = {
+        let generation = {
             let mut state = self.state();
             let generation = state.slots.begin_generation(&key);
             state.slots.install_pending(&key, Instant::now());
-            let session_id = state.sessions.get_or_create(&key).0;
-            (generation, session_id)
+            generation
         };
+        // Set-up may await the store; whatever happens, the pending sentinel
+        // must not outlive this future.
+        let mut slot = SlotRelease {
+            runner: &self,
+            key: &key,
+            generation,
+            armed: true,
+            interrupted: None,
+        };
+        let session_id = self.resolve_session(&key).await;
+        let history = self.load_history(&session_id).await;
+        self.record(&session_id, vec![user_entry(&event)]).await;
+
         let cancel = ctx.interrupt.child_token();
         let progress = Progress::new();
         let handle = AgentHandle {
@@ -262,14 +341,7 @@ impl Runner {
             tracing::debug!(session_key = %key, %generation, "turn went stale during set-up");
             return None;
         }
-        // From here on the turn owns a live slot: make sure it is released
-        // even if this future is dropped (the adapter cancelled the task).
-        let mut slot = SlotRelease {
-            runner: &self,
-            key: &key,
-            generation,
-            armed: true,
-        };
+        slot.interrupted = Some((session_id.clone(), progress.clone()));
 
         let live = self
             .inner
@@ -284,11 +356,11 @@ impl Runner {
         let message_id = event.message_id;
         let request = TurnRequest {
             session_key: key.clone(),
-            session_id,
+            session_id: session_id.clone(),
             generation,
             source: event.source,
             text: event.text,
-            history: Vec::new(),
+            history,
             internal: event.internal,
             cancel: cancel.clone(),
             progress: progress.clone(),
@@ -303,6 +375,15 @@ impl Runner {
         // Only a turn that is still current may release the slot and answer.
         slot.armed = false;
         let current = self.state().slots.release(&key, Some(generation));
+        let finished_cleanly = matches!(&watched, Watched::Finished(Ok(Ok(_)))) && !cancel.is_cancelled();
+        if !current || !finished_cleanly {
+            // Stopped, interrupted, stalled, failed or stale: the transcript
+            // keeps what the user saw so far, marked as interrupted.
+            let partial = progress.snapshot();
+            if !partial.is_empty() || !current {
+                self.record(&session_id, vec![interrupted_entry(partial)]).await;
+            }
+        }
         if !current {
             tracing::debug!(session_key = %key, %generation, "stale turn result discarded");
             return None;
@@ -319,7 +400,19 @@ impl Runner {
                 // Interrupted (a newer message) or stopped: never answered.
                 return None;
             }
-            Watched::Finished(Ok(Ok(answer))) => Reply::answer(answer.text),
+            Watched::Finished(Ok(Ok(answer))) => {
+                let entries = if answer.transcript.is_empty() {
+                    vec![TranscriptEntry::assistant(answer.text.clone())]
+                } else {
+                    answer
+                        .transcript
+                        .into_iter()
+                        .map(TranscriptEntry::from_message)
+                        .collect()
+                };
+                self.record(&session_id, entries).await;
+                Reply::answer(answer.text)
+            }
             Watched::Finished(Ok(Err(AgentError::Cancelled))) => return None,
             Watched::Finished(Ok(Err(AgentError::Backend {
                 user_message,
@@ -330,9 +423,7 @@ impl Runner {
             }
             Watched::Finished(Err(panic)) => {
                 tracing::error!(session_key = %key, panic = %panic_message(&panic), "agent panicked");
-                Reply::error(format!(
-                    "⚠️ Something went wrong inside the agent.\n{RESET_HINT}"
-                ))
+                Reply::error(format!("⚠️ Something went wrong inside the agent.\n{RESET_HINT}"))
             }
         };
         Some(Outgoing {
@@ -340,20 +431,62 @@ impl Runner {
             live,
         })
     }
+
+    async fn load_history(&self, session_id: &SessionId) -> Vec<ChatMessage> {
+        let Some(store) = &self.inner.store else {
+            return Vec::new();
+        };
+        let limit = self.inner.config.history_max_messages;
+        match store.load_history(session_id.as_str(), Some(limit)).await {
+            Ok(entries) => entries.iter().map(TranscriptEntry::to_message).collect(),
+            Err(error) => {
+                tracing::error!(%session_id, %error, "could not load the history; the turn runs without it");
+                Vec::new()
+            }
+        }
+    }
+
+    async fn record(&self, session_id: &SessionId, entries: Vec<TranscriptEntry>) {
+        if let Some(store) = &self.inner.store {
+            if let Err(error) = store.append_many(session_id.as_str(), entries).await {
+                tracing::error!(%session_id, %error, "could not record the transcript");
+            }
+        }
+    }
+}
+
+fn user_entry(event: &MessageEvent) -> TranscriptEntry {
+    let mut entry = TranscriptEntry::user(event.text.clone());
+    if event.internal {
+        entry.name = Some("telegate".to_string());
+    }
+    entry
+}
+
+fn interrupted_entry(partial: String) -> TranscriptEntry {
+    let mut entry = TranscriptEntry::assistant(partial);
+    entry.interrupted = true;
+    entry
 }
 
 /// Releases a turn's slot (generation-checked) if the turn's future is
-/// dropped before it could do so itself.
+/// dropped before it could do so itself, and records the interruption in the
+/// transcript.
 struct SlotRelease<'a> {
     runner: &'a Runner,
     key: &'a SessionKey,
     generation: TurnGeneration,
     armed: bool,
+    /// Set once the agent runs: what to record if the turn is dropped.
+    interrupted: Option<(SessionId, Progress)>,
 }
 
 impl Drop for SlotRelease<'_> {
     fn drop(&mut self) {
-        if self.armed {
+        if !self.armed {
+            return;
+        }
+        {
             let mut state = self.runner.state();
             if let Some(handle) = state
                 .slots
@@ -365,6 +498,19 @@ impl Drop for SlotRelease<'_> {
                 }
             }
             state.slots.release(self.key, Some(self.generation));
+        }
+        if let (Some(store), Some((session_id, progress))) =
+            (self.runner.inner.store.clone(), self.interrupted.take())
+        {
+            // Drop cannot await: the record is written by a short task.
+            let entry = interrupted_entry(progress.snapshot());
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Err(error) = store.append(session_id.as_str(), entry).await {
+                        tracing::error!(%session_id, %error, "could not record an interrupted turn");
+                    }
+                });
+            }
         }
     }
 }

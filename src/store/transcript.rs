@@ -19,48 +19,7 @@ use serde_json::Value;
 
 use super::{now_ms, Store, StoreError};
 
-/// Who wrote a transcript entry (the chat-completions roles).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Instructions to the model.
-    System,
-    /// The human in the chat.
-    User,
-    /// The model.
-    Assistant,
-    /// The result of a tool call.
-    Tool,
-}
-
-impl Role {
-    /// The name stored in the database and used on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        }
-    }
-
-    /// Parses a stored role name.
-    pub fn parse(s: &str) -> Option<Role> {
-        match s {
-            "system" => Some(Role::System),
-            "user" => Some(Role::User),
-            "assistant" => Some(Role::Assistant),
-            "tool" => Some(Role::Tool),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::agent::Role;
 
 impl ToSql for Role {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
@@ -575,5 +534,28 @@ mod tests {
         assert_eq!(store.list_sessions().await.unwrap().len(), TASKS);
         assert!(ticks_during >= 3, "runtime starved: {ticks_during} ticks");
         store.close().await.unwrap();
+    }
+}
+
+impl TranscriptEntry {
+    /// The entry as the agent sees it.
+    pub fn to_message(&self) -> crate::agent::ChatMessage {
+        crate::agent::ChatMessage {
+            role: self.role,
+            content: self.content.clone(),
+            tool_calls: self.tool_calls.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// A message produced by a turn, stamped now.
+    pub fn from_message(message: crate::agent::ChatMessage) -> Self {
+        TranscriptEntry {
+            tool_calls: message.tool_calls,
+            tool_call_id: message.tool_call_id,
+            name: message.name,
+            ..TranscriptEntry::new(message.role, message.content)
+        }
     }
 }

@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::config::Config;
-use crate::engine::Engine;
+use crate::engine::{build_agent, Engine};
 use crate::event::{MessageEvent, Platform, SessionSource};
 use crate::reply::{DeliveryError, Outbound, Reply, ReplyKind};
 
@@ -61,7 +61,7 @@ impl Outbound for ConsoleOutbound {
 pub async fn run(config: &Config) -> anyhow::Result<()> {
     let interactive = std::io::stdin().is_terminal();
     let outbound = Arc::new(ConsoleOutbound::new(Box::new(std::io::stdout())));
-    let engine = Engine::from_config(config, outbound);
+    let engine = Engine::open(config, build_agent(&config.agent), outbound).await?;
     if interactive {
         eprintln!(
             "telegate console — backend {}. Type a message; /help for commands, /quit or Ctrl-D to leave.",

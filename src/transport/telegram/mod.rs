@@ -49,6 +49,9 @@ pub enum StartError {
     /// The webhook listener could not start.
     #[error("cannot start the webhook: {0}")]
     Webhook(String),
+    /// The session store could not be opened.
+    #[error("cannot open the session store: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 /// A running bot: its engine, and how to stop it.
@@ -135,12 +138,9 @@ impl TelegramBot {
         sync_commands(&bot).await;
 
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
-        let engine = Engine::new(
-            agent,
-            Arc::new(TelegramOutbound::new(delivery.clone())),
-            config.adapter_config(),
-            config.runner_config(),
-        );
+        let engine = Engine::open(config, agent, Arc::new(TelegramOutbound::new(delivery.clone())))
+            .await
+            .map_err(StartError::Store)?;
         let policy = Arc::new(InboundPolicy {
             bot_id: me.id.0,
             bot_username: Arc::from(me.username()),
