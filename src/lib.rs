@@ -9,6 +9,7 @@
 //!   the command path;
 //! * [`runner`]: turns, generations, slash commands, the stall watchdog;
 //! * [`agent`]: the backends that answer;
+//! * [`tools`]: what an LLM backend lets the model call;
 //! * [`reply`]: the outbound port the transports implement.
 //!
 //! Everything is re-exported here for the binary, the tests and the benches.
@@ -21,4 +22,5 @@ pub mod event;
 pub mod identity;
 pub mod reply;
 pub mod runner;
+pub mod tools;
 pub mod transport;
