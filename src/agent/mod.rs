@@ -14,10 +14,12 @@
 
 mod echo;
 mod message;
+pub mod openai;
 mod progress;
 
 pub use echo::EchoAgent;
 pub use message::{ChatMessage, Role};
+pub use openai::{OpenAiAgent, OpenAiConfig};
 pub use progress::{Progress, ProgressWatch};
 
 use futures::future::BoxFuture;
