@@ -106,8 +106,9 @@ pub struct OpenAiConfig {
     /// Stream the answer as it is generated (shown while it is written).
     #[serde(default = "yes")]
     pub stream: bool,
-    /// The most characters of system prompt, history and message sent per
-    /// turn; the oldest history is dropped first to fit.
+    /// The most characters of system prompt, history and message sent with
+    /// a turn's first request; the oldest history is dropped first to fit.
+    /// (Tool calls and results of the running turn come on top.)
     #[serde(default = "default_history_budget_chars")]
     pub history_budget_chars: usize,
     /// How many rounds of tool calls one turn may run before it stops.
@@ -724,9 +725,11 @@ impl OpenAiAgent {
                 return Err(self.unreachable(&reason, "timed out waiting for the response"));
             }
             Ok(Err(error)) => {
+                // The URL may carry credentials; the shareable one is logged instead.
+                let error = error.without_url();
                 return Err(
                     self.unreachable(&describe_transport_error(&error), &error_chain(&error))
-                )
+                );
             }
             Ok(Ok(response)) => response,
         };
@@ -768,7 +771,7 @@ impl OpenAiAgent {
             _ = cancel.cancelled() => return Err(AgentError::Cancelled),
             body = response.text() => body,
         };
-        let body = body.map_err(|error| self.broke_off(&error_chain(&error)))?;
+        let body = body.map_err(|error| self.broke_off(&error_chain(&error.without_url())))?;
         match parse_completion(&body, round) {
             Ok(answer) => Ok(answer),
             Err(CompletionError::Provider(message)) => Err(self.provider_error(&message)),
@@ -787,6 +790,7 @@ impl OpenAiAgent {
         // connection, which is how the server learns we stopped listening.
         let mut events = response.bytes_stream().eventsource();
         let mut answer = StreamedAnswer::default();
+        let mut saw_done = false;
         loop {
             let event = tokio::select! {
                 biased;
@@ -794,25 +798,25 @@ impl OpenAiAgent {
                 event = events.next() => event,
             };
             let event = match event {
-                None => {
-                    tracing::debug!("the stream ended without [DONE]");
-                    break;
-                }
+                None => break,
                 Some(Ok(event)) => event,
                 Some(Err(EventStreamError::Transport(error))) => {
-                    return Err(self.broke_off(&error_chain(&error)))
+                    return Err(self.broke_off(&error_chain(&error.without_url())))
                 }
                 Some(Err(error)) => return Err(self.unreadable(&error.to_string())),
             };
             match answer.apply(&event.event, &event.data) {
                 Ok(StreamStep::Text(delta)) => shown.push(&delta),
                 Ok(StreamStep::Continue) => shown.progress.still_working(),
-                Ok(StreamStep::Done) => break,
+                Ok(StreamStep::Done) => {
+                    saw_done = true;
+                    break;
+                }
                 Err(message) => return Err(self.provider_error(&message)),
             }
         }
-        if answer.is_empty() {
-            return Err(self.broke_off("the stream ended before any answer"));
+        if !answer.ended_properly(saw_done) {
+            return Err(self.broke_off("the stream ended without [DONE] or a finish reason"));
         }
         Ok(answer.finish(round))
     }
@@ -969,8 +973,11 @@ impl StreamedAnswer {
         }
     }
 
-    fn is_empty(&self) -> bool {
-        self.text.is_empty() && self.calls.is_empty() && self.finish_reason.is_none()
+    /// A stream ends with `[DONE]` or at least a finish reason; anything
+    /// else means the connection was cut and the answer (or a tool call's
+    /// arguments) may be incomplete, so it must not be used.
+    fn ended_properly(&self, saw_done: bool) -> bool {
+        saw_done || self.finish_reason.is_some()
     }
 
     fn finish(mut self, round: u32) -> ModelAnswer {
@@ -1584,6 +1591,25 @@ mod tests {
         assert_eq!(answer.tool_calls[0].arguments, r#"{"path":"/"}"#);
         assert_eq!(answer.tool_calls[1].id, "b");
         assert_eq!(answer.tool_calls[1].arguments, "{}");
+    }
+
+    #[test]
+    fn a_stream_cut_before_its_end_is_not_used() {
+        let mut answer = StreamedAnswer::default();
+        apply_all(
+            &mut answer,
+            &[r#"{"choices":[{"delta":{"content":"half an ans"}}]}"#],
+        );
+        assert!(!answer.ended_properly(false));
+        assert!(answer.ended_properly(true));
+        apply_all(
+            &mut answer,
+            &[r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#],
+        );
+        assert!(
+            answer.ended_properly(false),
+            "a finish reason without [DONE] is enough"
+        );
     }
 
     #[test]
