@@ -451,6 +451,31 @@ async fn a_refused_connection_says_the_llm_could_not_be_reached() {
     assert!(message.contains("connection refused"), "{message}");
 }
 
+#[tokio::test]
+async fn a_server_that_never_answers_times_out_with_a_clear_message() {
+    // Accepts connections and reads nothing, answers nothing.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let config = OpenAiConfig {
+        request_timeout_secs: 1,
+        ..OpenAiConfig::new(base_url.clone(), "m")
+    };
+    let agent = agent_with(config, Arc::new(NoTools), None);
+    let message = user_message(run(&agent, turn("hi", Vec::new())).await);
+    assert!(
+        message.starts_with(&format!("Could not reach the LLM at {base_url}: ")),
+        "{message}"
+    );
+    assert!(message.contains("request_timeout_secs"), "{message}");
+    silent.abort();
+}
+
 // --- cancellation ---
 
 #[tokio::test]
