@@ -9,6 +9,7 @@
 //!   the command path;
 //! * [`runner`]: turns, generations, slash commands, the stall watchdog;
 //! * [`agent`]: the backends that answer;
+//! * [`tools`]: what an LLM backend lets the model call;
 //! * [`reply`]: the outbound port the transports implement;
 //! * [`delivery`]: Markdown to Telegram entities, splitting, pacing, retries,
 //!   streaming edits;
@@ -26,4 +27,5 @@ pub mod identity;
 pub mod reply;
 pub mod runner;
 pub mod store;
+pub mod tools;
 pub mod transport;

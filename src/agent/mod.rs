@@ -15,11 +15,13 @@
 pub mod command;
 mod echo;
 mod message;
+pub mod openai;
 mod progress;
 
 pub use command::{CommandAgent, CommandConfig};
 pub use echo::EchoAgent;
 pub use message::{ChatMessage, Role};
+pub use openai::{OpenAiAgent, OpenAiConfig};
 pub use progress::{Progress, ProgressWatch};
 
 use futures::future::BoxFuture;

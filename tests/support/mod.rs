@@ -1,7 +1,8 @@
 //! Shared helpers for the integration tests: test agents, a recording
-//! outbound, and the fake Telegram Bot API.
+//! outbound, the fake Telegram Bot API and the fake OpenAI-compatible server.
 #![allow(dead_code)]
 
 pub mod agents;
 pub mod fake_bot;
+pub mod fake_openai;
 pub mod recorder;

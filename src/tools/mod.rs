@@ -1,0 +1,118 @@
+//! Tools an LLM agent may call during a turn.
+//!
+//! An LLM backend (such as [`crate::agent::OpenAiAgent`]) asks a
+//! [`ToolRegistry`] for the [`ToolDefinition`]s it advertises to the model,
+//! and calls [`ToolRegistry::call`] with the raw JSON arguments the model
+//! produced. The backend owns the conversation (which messages go where, how
+//! many tool rounds may run); the registry only executes one call at a time
+//! and says what came of it.
+//!
+//! Why the contract is this small: tools are written by other people, run
+//! arbitrary work (shell commands, HTTP calls) and must not be able to break a
+//! turn. So a tool reports every failure as a [`ToolError`], which the backend
+//! turns into an `"error: …"` tool result the model can read and react to; a
+//! tool failure never ends the turn.
+//!
+//! A tool must:
+//! * stop promptly when [`ToolContext::cancel`] fires (the backend also drops
+//!   the call's future then, so cleanup belongs in `Drop` or must not be
+//!   needed);
+//! * call [`Progress::still_working`] on [`ToolContext::progress`] while it
+//!   works for long, so the stall watchdog does not cancel the turn;
+//! * return short results: the backend sends them to the model verbatim.
+//!
+//! A tool must never send anything to the chat itself, touch another
+//! session, or push text into the turn's progress (that text is the model's
+//! answer, not the tool's).
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::Progress;
+
+/// A tool as advertised to the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolDefinition {
+    /// The name the model calls it by (`[a-zA-Z0-9_-]`, at most 64 chars for
+    /// OpenAI).
+    pub name: String,
+    /// What it does and when to use it, for the model.
+    pub description: String,
+    /// The JSON schema of its arguments (an `"object"` schema).
+    pub parameters: serde_json::Value,
+}
+
+/// What a tool call gets besides its arguments.
+#[derive(Clone, Debug)]
+pub struct ToolContext {
+    /// Fires when the turn must stop; the tool must return promptly.
+    pub cancel: CancellationToken,
+    /// The turn's progress: call [`Progress::still_working`] while working.
+    pub progress: Progress,
+}
+
+/// Why a tool call produced no result. The backend shows the model
+/// `error: <Display>`, so each message should tell the model what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// No tool has this name.
+    #[error("unknown tool {0:?}")]
+    UnknownTool(String),
+    /// The arguments are not valid JSON or do not fit the schema.
+    #[error("bad arguments: {0}")]
+    BadArguments(String),
+    /// The tool ran and failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The set of tools a backend may offer the model.
+pub trait ToolRegistry: Send + Sync {
+    /// The tools to advertise, in a stable order. Empty means the backend
+    /// sends no tools at all.
+    fn definitions(&self) -> Vec<ToolDefinition>;
+
+    /// Run the tool `name` with `arguments` (the model's raw JSON text, `{}`
+    /// when the model sent none) and return the result text for the model.
+    fn call<'a>(
+        &'a self,
+        name: &'a str,
+        arguments: &'a str,
+        ctx: ToolContext,
+    ) -> BoxFuture<'a, Result<String, ToolError>>;
+}
+
+/// A registry without tools: the model only talks. The default.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoTools;
+
+impl ToolRegistry for NoTools {
+    fn definitions(&self) -> Vec<ToolDefinition> {
+        Vec::new()
+    }
+
+    fn call<'a>(
+        &'a self,
+        name: &'a str,
+        _arguments: &'a str,
+        _ctx: ToolContext,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move { Err(ToolError::UnknownTool(name.to_string())) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn no_tools_advertises_nothing_and_rejects_every_call() {
+        let ctx = ToolContext {
+            cancel: CancellationToken::new(),
+            progress: Progress::new(),
+        };
+        assert!(NoTools.definitions().is_empty());
+        let error = NoTools.call("shell", "{}", ctx).await.unwrap_err();
+        assert_eq!(error.to_string(), "unknown tool \"shell\"");
+    }
+}
