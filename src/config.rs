@@ -285,6 +285,8 @@ pub enum Backend {
     Echo,
     /// Runs a command-line program per turn (`[agent.command]`).
     Command,
+    /// Any OpenAI-compatible chat-completions server (`[agent.openai]`).
+    Openai,
 }
 
 impl Backend {
@@ -293,6 +295,7 @@ impl Backend {
         match self {
             Backend::Echo => "echo",
             Backend::Command => "command",
+            Backend::Openai => "openai",
         }
     }
 }
@@ -309,6 +312,8 @@ pub struct AgentConfig {
     pub echo: EchoConfig,
     /// `[agent.command]`, for `backend = "command"`.
     pub command: Option<crate::agent::CommandConfig>,
+    /// `[agent.openai]`, for `backend = "openai"`.
+    pub openai: Option<crate::agent::OpenAiConfig>,
 }
 
 /// `[agent.echo]`.
@@ -507,10 +512,18 @@ impl Config {
             Backend::Command => match &self.agent.command {
                 None => {
                     return Err(invalid(
-                        "agent.backend = \"command\" needs an [agent.command] table with argv".to_string(),
+                        "agent.backend = \"command\" needs an [agent.command] table with argv"
+                            .to_string(),
                     ))
                 }
                 Some(command) => command.validate().map_err(invalid)?,
+            },
+            Backend::Openai => match &self.agent.openai {
+                None => return Err(invalid(
+                    "agent.backend = \"openai\" needs an [agent.openai] table with at least model"
+                        .to_string(),
+                )),
+                Some(openai) => openai.validate().map_err(invalid)?,
             },
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {

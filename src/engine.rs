@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::adapter::{Adapter, AdapterConfig};
-use crate::agent::{Agent, CommandAgent, EchoAgent};
-use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV};
+use crate::agent::{Agent, CommandAgent, EchoAgent, OpenAiAgent};
+use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
 use crate::reply::Outbound;
 use crate::runner::{Runner, RunnerConfig};
 use crate::store::{Store, StoreError};
+use crate::tools::NoTools;
 
 /// The session engine: the adapter that transports feed, and the runner
 /// behind it.
@@ -76,15 +77,32 @@ pub async fn open_store(settings: &StoreSettings) -> Result<Store, StoreError> {
     }
 }
 
-/// The configured agent backend.
-pub fn build_agent(config: &AgentConfig) -> Arc<dyn Agent> {
-    match config.backend {
+/// The configured agent backend. Fails only for a configuration that
+/// [`Config`] validation would have refused.
+pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
+    // Secrets that no child process may inherit.
+    let mut secrets = vec![TOKEN_ENV.to_string(), WEBHOOK_SECRET_ENV.to_string()];
+    if let Some(openai) = &config.openai {
+        secrets.push(openai.api_key_env.clone());
+    }
+    Ok(match config.backend {
         Backend::Echo => Arc::new(EchoAgent {
             delay: Duration::from_millis(config.echo.delay_ms),
         }),
-        Backend::Command => Arc::new(CommandAgent::new(
-            config.command.clone().unwrap_or_default(),
-            vec![TOKEN_ENV.to_string()],
-        )),
-    }
+        Backend::Command => {
+            let command = config
+                .command
+                .clone()
+                .ok_or("agent.backend = \"command\" needs [agent.command]")?;
+            Arc::new(CommandAgent::new(command, secrets))
+        }
+        Backend::Openai => {
+            let openai = config
+                .openai
+                .clone()
+                .ok_or("agent.backend = \"openai\" needs [agent.openai]")?;
+            let key = openai.api_key_from_env();
+            Arc::new(OpenAiAgent::new(openai, key, Arc::new(NoTools))?)
+        }
+    })
 }

@@ -24,6 +24,7 @@ pub mod delivery;
 pub mod engine;
 pub mod event;
 pub mod identity;
+mod memory;
 pub mod reply;
 pub mod runner;
 pub mod store;

@@ -45,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use crate::event::{
     is_control_command, KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource,
 };
+use crate::memory::shrink_when_sparse;
 use crate::reply::{Outbound, Outgoing, Reply};
 
 /// What an ordinary message does to a busy slot.
@@ -147,6 +148,10 @@ impl AdapterState {
             self.pending.remove(key);
         }
         self.last_ack.remove(key);
+        shrink_when_sparse(&mut self.active_sessions);
+        shrink_when_sparse(&mut self.session_tasks);
+        shrink_when_sparse(&mut self.pending);
+        shrink_when_sparse(&mut self.last_ack);
     }
 }
 
@@ -593,7 +598,6 @@ impl AdapterInner {
             return Some((event, next_guard));
         }
         state.active_sessions.remove(key);
-        state.forget_idle(key);
         let me = tokio::task::try_id();
         if state
             .session_tasks
@@ -602,6 +606,7 @@ impl AdapterInner {
         {
             state.session_tasks.remove(key);
         }
+        state.forget_idle(key);
         None
     }
 }

@@ -64,6 +64,9 @@ pub struct AgentReply {
     /// calls and results, then the final assistant message. Empty means
     /// "just the final text as an assistant message".
     pub transcript: Vec<ChatMessage>,
+    /// How many of the oldest history messages the backend left out to fit
+    /// its budget (shown by /status).
+    pub history_trimmed: usize,
 }
 
 impl AgentReply {
@@ -72,6 +75,7 @@ impl AgentReply {
         AgentReply {
             text: text.into(),
             transcript: Vec::new(),
+            history_trimmed: 0,
         }
     }
 }

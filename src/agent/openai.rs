@@ -378,10 +378,16 @@ impl OpenAiAgent {
                 )
                 .await?;
             if answer.tool_calls.is_empty() {
-                return Ok(final_reply(answer, shown, transcript));
+                return Ok(AgentReply {
+                    history_trimmed: dropped,
+                    ..final_reply(answer, shown, transcript)
+                });
             }
             if rounds_run == self.config.max_tool_rounds {
-                return Ok(self.tool_budget_exhausted(answer, shown, transcript));
+                return Ok(AgentReply {
+                    history_trimmed: dropped,
+                    ..self.tool_budget_exhausted(answer, shown, transcript)
+                });
             }
             rounds_run += 1;
             let call_message = assistant_tool_call_message(&answer);
@@ -424,6 +430,7 @@ impl OpenAiAgent {
         AgentReply {
             text: shown.into_text(),
             transcript,
+            history_trimmed: 0,
         }
     }
 
@@ -485,6 +492,7 @@ fn final_reply(
     AgentReply {
         text: shown.into_text(),
         transcript,
+        history_trimmed: 0,
     }
 }
 

@@ -83,6 +83,10 @@ pub fn unknown_command_text(name: &str) -> String {
 pub struct StatusView {
     /// The current session id.
     pub session_id: String,
+    /// Messages in the session's transcript, when a store keeps one.
+    pub history_len: Option<usize>,
+    /// Oldest messages the backend left out of the last turn to fit its budget.
+    pub history_trimmed: usize,
     /// How long the running task has run, if one runs.
     pub running_for: Option<Duration>,
     /// True while a task is still being set up.
@@ -100,10 +104,20 @@ pub fn status_text(view: &StatusView) -> String {
         (Some(age), false) => format!("busy (running for {})", human_duration(age)),
         (None, false) => "idle".to_string(),
     };
-    format!(
+    let mut text = format!(
         "Session: {}\nState: {}\nQueued messages: {}\nBackend: {}",
         view.session_id, state, view.queue_depth, view.backend
-    )
+    );
+    if let Some(len) = view.history_len {
+        text.push_str(&format!("\nHistory: {len} messages"));
+        if view.history_trimmed > 0 {
+            text.push_str(&format!(
+                " ({} oldest left out of the last turn to fit the budget)",
+                view.history_trimmed
+            ));
+        }
+    }
+    text
 }
 
 /// "4s", "2m 05s", "1h 02m".
@@ -132,6 +146,8 @@ mod tests {
     fn status_reads_well() {
         let text = status_text(&StatusView {
             session_id: "abc".into(),
+            history_len: Some(12),
+            history_trimmed: 4,
             running_for: Some(Duration::from_secs(125)),
             starting: false,
             queue_depth: 2,
@@ -141,5 +157,6 @@ mod tests {
         assert!(text.contains("busy (running for 2m 05s)"));
         assert!(text.contains("Queued messages: 2"));
         assert!(text.contains("Backend: echo"));
+        assert!(text.contains("History: 12 messages (4 oldest left out"));
     }
 }

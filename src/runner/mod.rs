@@ -29,6 +29,7 @@ pub use sessions::SessionTable;
 pub use slots::{AgentHandle, AgentSlots, InvalidateReason, RunningAgent};
 pub use watchdog::{watch_for_stall, Watched};
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -65,6 +66,8 @@ impl Default for RunnerConfig {
 struct RunnerState {
     slots: AgentSlots,
     sessions: SessionTable,
+    /// Slots whose last turn left history out to fit the backend's budget.
+    trimmed: HashMap<SessionKey, usize>,
 }
 
 struct RunnerInner {
@@ -245,10 +248,16 @@ impl Runner {
             KnownCommand::Start => Reply::command(commands::start_text(self.backend_name())),
             KnownCommand::Help => Reply::command(help_text()),
             KnownCommand::Status => {
-                let session_id = self.resolve_session(key).await.to_string();
+                let session_id = self.resolve_session(key).await;
+                let history_len = match &self.inner.store {
+                    Some(store) => store.transcript_len(session_id.as_str()).await.ok(),
+                    None => None,
+                };
                 let state = self.state();
                 let view = StatusView {
-                    session_id,
+                    session_id: session_id.to_string(),
+                    history_len,
+                    history_trimmed: state.trimmed.get(key).copied().unwrap_or(0),
                     running_for: state.slots.running_since(key).map(|t| t.elapsed()),
                     starting: matches!(state.slots.running_agent(key), Some(RunningAgent::Pending)),
                     queue_depth: ctx.queue_depth,
@@ -274,7 +283,11 @@ impl Runner {
                     InvalidateReason::Reset
                 };
                 let stopped = self.stop_running(key, reason);
-                let (old, new) = self.state().sessions.rotate(key);
+                let (old, new) = {
+                    let mut state = self.state();
+                    state.trimmed.remove(key);
+                    state.sessions.rotate(key)
+                };
                 tracing::info!(session_key = %key, old = ?old, new = %new, ?reason, "session rotated");
                 if let Some(store) = &self.inner.store {
                     if let Err(error) = store.rotate_session(key.as_str(), new.to_string()).await {
@@ -375,13 +388,15 @@ impl Runner {
         // Only a turn that is still current may release the slot and answer.
         slot.armed = false;
         let current = self.state().slots.release(&key, Some(generation));
-        let finished_cleanly = matches!(&watched, Watched::Finished(Ok(Ok(_)))) && !cancel.is_cancelled();
+        let finished_cleanly =
+            matches!(&watched, Watched::Finished(Ok(Ok(_)))) && !cancel.is_cancelled();
         if !current || !finished_cleanly {
             // Stopped, interrupted, stalled, failed or stale: the transcript
             // keeps what the user saw so far, marked as interrupted.
             let partial = progress.snapshot();
             if !partial.is_empty() || !current {
-                self.record(&session_id, vec![interrupted_entry(partial)]).await;
+                self.record(&session_id, vec![interrupted_entry(partial)])
+                    .await;
             }
         }
         if !current {
@@ -401,6 +416,14 @@ impl Runner {
                 return None;
             }
             Watched::Finished(Ok(Ok(answer))) => {
+                {
+                    let mut state = self.state();
+                    if answer.history_trimmed > 0 {
+                        state.trimmed.insert(key.clone(), answer.history_trimmed);
+                    } else {
+                        state.trimmed.remove(&key);
+                    }
+                }
                 let entries = if answer.transcript.is_empty() {
                     vec![TranscriptEntry::assistant(answer.text.clone())]
                 } else {
@@ -423,7 +446,9 @@ impl Runner {
             }
             Watched::Finished(Err(panic)) => {
                 tracing::error!(session_key = %key, panic = %panic_message(&panic), "agent panicked");
-                Reply::error(format!("⚠️ Something went wrong inside the agent.\n{RESET_HINT}"))
+                Reply::error(format!(
+                    "⚠️ Something went wrong inside the agent.\n{RESET_HINT}"
+                ))
             }
         };
         Some(Outgoing {

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::Progress;
 use crate::event::SessionKey;
 use crate::identity::TurnGeneration;
+use crate::memory::shrink_when_sparse;
 
 /// A live turn's handle: how to stop it and how to see its progress.
 #[derive(Clone, Debug)]
@@ -131,6 +132,9 @@ impl AgentSlots {
         // No entry means no current generation: everything handed out before
         // is stale, and the next begin_generation hands out a larger one.
         self.generations.remove(key);
+        shrink_when_sparse(&mut self.running_agents);
+        shrink_when_sparse(&mut self.running_since);
+        shrink_when_sparse(&mut self.generations);
         true
     }
 

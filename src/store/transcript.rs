@@ -255,6 +255,29 @@ impl RawEntry {
     }
 }
 
+impl TranscriptEntry {
+    /// The entry as the agent sees it.
+    pub fn to_message(&self) -> crate::agent::ChatMessage {
+        crate::agent::ChatMessage {
+            role: self.role,
+            content: self.content.clone(),
+            tool_calls: self.tool_calls.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// A message produced by a turn, stamped now.
+    pub fn from_message(message: crate::agent::ChatMessage) -> Self {
+        TranscriptEntry {
+            tool_calls: message.tool_calls,
+            tool_call_id: message.tool_call_id,
+            name: message.name,
+            ..TranscriptEntry::new(message.role, message.content)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,28 +557,5 @@ mod tests {
         assert_eq!(store.list_sessions().await.unwrap().len(), TASKS);
         assert!(ticks_during >= 3, "runtime starved: {ticks_during} ticks");
         store.close().await.unwrap();
-    }
-}
-
-impl TranscriptEntry {
-    /// The entry as the agent sees it.
-    pub fn to_message(&self) -> crate::agent::ChatMessage {
-        crate::agent::ChatMessage {
-            role: self.role,
-            content: self.content.clone(),
-            tool_calls: self.tool_calls.clone(),
-            tool_call_id: self.tool_call_id.clone(),
-            name: self.name.clone(),
-        }
-    }
-
-    /// A message produced by a turn, stamped now.
-    pub fn from_message(message: crate::agent::ChatMessage) -> Self {
-        TranscriptEntry {
-            tool_calls: message.tool_calls,
-            tool_call_id: message.tool_call_id,
-            name: message.name,
-            ..TranscriptEntry::new(message.role, message.content)
-        }
     }
 }

@@ -61,7 +61,8 @@ impl Outbound for ConsoleOutbound {
 pub async fn run(config: &Config) -> anyhow::Result<()> {
     let interactive = std::io::stdin().is_terminal();
     let outbound = Arc::new(ConsoleOutbound::new(Box::new(std::io::stdout())));
-    let engine = Engine::open(config, build_agent(&config.agent), outbound).await?;
+    let agent = build_agent(&config.agent).map_err(anyhow::Error::msg)?;
+    let engine = Engine::open(config, agent, outbound).await?;
     if interactive {
         eprintln!(
             "telegate console — backend {}. Type a message; /help for commands, /quit or Ctrl-D to leave.",

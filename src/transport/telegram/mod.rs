@@ -109,7 +109,8 @@ impl TelegramBot {
     /// Connect, register commands and start receiving updates, answering
     /// with the configured agent backend.
     pub async fn start(config: &Config) -> Result<TelegramBot, StartError> {
-        TelegramBot::start_with_agent(config, build_agent(&config.agent)).await
+        let agent = build_agent(&config.agent).map_err(StartError::Config)?;
+        TelegramBot::start_with_agent(config, agent).await
     }
 
     /// Like [`TelegramBot::start`], with a given agent (tests, embedding).
@@ -138,9 +139,13 @@ impl TelegramBot {
         sync_commands(&bot).await;
 
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
-        let engine = Engine::open(config, agent, Arc::new(TelegramOutbound::new(delivery.clone())))
-            .await
-            .map_err(StartError::Store)?;
+        let engine = Engine::open(
+            config,
+            agent,
+            Arc::new(TelegramOutbound::new(delivery.clone())),
+        )
+        .await
+        .map_err(StartError::Store)?;
         let policy = Arc::new(InboundPolicy {
             bot_id: me.id.0,
             bot_username: Arc::from(me.username()),
