@@ -20,7 +20,8 @@
 //!   spawned would orphan those, and an orphan that keeps our stdout pipe
 //!   open would also keep the turn from ever seeing end-of-file. So the child
 //!   is made leader of a new process group, and every stop signal goes to the
-//!   whole group (`killpg`): SIGTERM, then SIGKILL after `kill_grace_ms`.
+//!   whole group (`killpg`, see [`crate::tools::procgroup`], shared with the
+//!   terminal tool): SIGTERM, then SIGKILL after `kill_grace_ms`.
 //!   The same happens to anything the program leaves running after it exits
 //!   normally, so turns never leak processes. A guard SIGKILLs the group if
 //!   the turn's future is dropped mid-run (the runner aborts a turn that does
@@ -55,9 +56,9 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
-use tokio::time::Instant;
 
 use super::{Agent, AgentError, AgentReply, Progress, TurnRequest};
+use crate::tools::procgroup::{signal_name, ProcessGroup};
 
 /// Environment variables never passed to the program, whatever the config
 /// says in `remove_env`.
@@ -79,10 +80,6 @@ const STDERR_MESSAGE_CHARS: usize = 800;
 const STDERR_MESSAGE_LINES: usize = 12;
 /// Bytes read from a pipe at a time.
 const READ_CHUNK: usize = 16 * 1024;
-/// How often a dying process group is checked.
-const GROUP_POLL: Duration = Duration::from_millis(20);
-/// How long to wait for processes after SIGKILL (the kernel needs a moment).
-const AFTER_KILL_WAIT: Duration = Duration::from_secs(1);
 /// How long to keep reading pipes after the whole group is gone. Only a
 /// process that left the group (`setsid`) can hold them open longer.
 const DRAIN_LIMIT: Duration = Duration::from_secs(1);
@@ -487,7 +484,7 @@ impl CommandAgent {
         };
         tracing::debug!(
             program = self.program(),
-            pid = group.pgid,
+            pid = group.id().raw(),
             "command started"
         );
 
@@ -924,183 +921,6 @@ fn human_bytes(bytes: usize) -> String {
     }
 }
 
-fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGTERM => "SIGTERM",
-        _ => return signal.to_string(),
-    };
-    format!("{signal} ({name})")
-}
-
-/// The process group of one spawned command. While armed, dropping it
-/// SIGKILLs the whole group: that is what cleans up when the turn's future
-/// is dropped mid-run.
-#[derive(Debug)]
-struct ProcessGroup {
-    pgid: libc::pid_t,
-    armed: bool,
-}
-
-impl ProcessGroup {
-    /// The group led by `pid` (spawned with `process_group(0)`, so its
-    /// group id is its pid). `None` for ids that do not name a group we
-    /// created: 0 and 1 would signal ourselves or init.
-    fn of_leader(pid: u32) -> Option<ProcessGroup> {
-        let pgid = libc::pid_t::try_from(pid).ok().filter(|&p| p > 1)?;
-        Some(ProcessGroup { pgid, armed: true })
-    }
-
-    /// Send `signal` to every process in the group.
-    fn signal(&self, signal: libc::c_int) -> io::Result<()> {
-        // SAFETY: killpg takes two integers and touches no memory of ours.
-        // `pgid` is > 1 (checked in `of_leader`), so this never signals our
-        // own group or init.
-        let result = unsafe { libc::killpg(self.pgid, signal) };
-        if result == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
-
-    /// Whether any process of the group can still run. Zombies do not count:
-    /// where PID 1 never reaps orphans (some containers), a dead grandchild
-    /// stays a zombie in the group forever.
-    fn alive(&self) -> bool {
-        match self.signal(0) {
-            Err(error) if error.raw_os_error() == Some(libc::ESRCH) => false,
-            _ => has_running_member(self.pgid),
-        }
-    }
-
-    /// Wait until the group is gone; `false` if it is still there at
-    /// `deadline`.
-    async fn gone_by(&self, deadline: Instant) -> bool {
-        loop {
-            if !self.alive() {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(GROUP_POLL).await;
-        }
-    }
-
-    /// Stop a running command: SIGTERM to the group, SIGKILL after `grace`
-    /// if anything is still there, then reap the leader.
-    async fn stop(&self, leader: &mut Child, grace: Duration) {
-        let deadline = Instant::now() + grace;
-        self.send(libc::SIGTERM);
-        let leader_exited = tokio::time::timeout_at(deadline, leader.wait())
-            .await
-            .is_ok();
-        // Checking the group only after the leader is reaped is safe: its
-        // id stays reserved while any member lives.
-        if leader_exited && self.gone_by(deadline).await {
-            return;
-        }
-        self.send(libc::SIGKILL);
-        if tokio::time::timeout(AFTER_KILL_WAIT, leader.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                pgid = self.pgid,
-                "the command survived SIGKILL; left to the reaper"
-            );
-        }
-        self.gone_by(Instant::now() + AFTER_KILL_WAIT).await;
-    }
-
-    /// After the leader exited (and was reaped): stop anything it left in
-    /// the group, SIGTERM first, SIGKILL after `grace`.
-    async fn terminate_leftovers(&self, grace: Duration) {
-        if !self.alive() {
-            return;
-        }
-        tracing::debug!(
-            pgid = self.pgid,
-            "the command left processes running; stopping them"
-        );
-        self.send(libc::SIGTERM);
-        if self.gone_by(Instant::now() + grace).await {
-            return;
-        }
-        self.send(libc::SIGKILL);
-        self.gone_by(Instant::now() + AFTER_KILL_WAIT).await;
-    }
-
-    /// `signal`, logging failures other than "nobody left".
-    fn send(&self, signal: libc::c_int) {
-        if let Err(error) = self.signal(signal) {
-            if error.raw_os_error() != Some(libc::ESRCH) {
-                tracing::warn!(pgid = self.pgid, signal, %error, "signalling the command's process group failed");
-            }
-        }
-    }
-
-    /// The run finished and cleaned up after itself.
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        if self.armed {
-            tracing::debug!(
-                pgid = self.pgid,
-                "turn dropped mid-run; killing the command's process group"
-            );
-            self.send(libc::SIGKILL);
-        }
-    }
-}
-
-/// Whether some process in group `pgid` is not a zombie, per `/proc`. If
-/// `/proc` cannot be read, assume yes.
-fn has_running_member(pgid: libc::pid_t) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return true;
-    };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            return false;
-        };
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| parse_stat(&stat))
-            .is_some_and(|(state, group)| group == pgid && !matches!(state, 'Z' | 'X' | 'x'))
-    })
-}
-
-/// `(state, process group)` from a `/proc/<pid>/stat` line. The command
-/// name may contain spaces and parentheses, so parsing starts after the last
-/// `)`.
-fn parse_stat(stat: &str) -> Option<(char, libc::pid_t)> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after_name.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let _parent = fields.next()?;
-    let group = fields.next()?.parse().ok()?;
-    Some((state, group))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1224,19 +1044,5 @@ mod tests {
     fn code_fences_outgrow_backticks() {
         assert_eq!(code_fence_for("plain"), "```");
         assert_eq!(code_fence_for("a ```` b"), "`````");
-    }
-
-    #[test]
-    fn stat_lines_parse_odd_names() {
-        let stat = "1234 (we(ird) name) S 1 777 777 0 -1";
-        assert_eq!(parse_stat(stat), Some(('S', 777)));
-        assert_eq!(parse_stat("garbage"), None);
-    }
-
-    #[test]
-    fn groups_never_target_ourselves_or_init() {
-        assert!(ProcessGroup::of_leader(0).is_none());
-        assert!(ProcessGroup::of_leader(1).is_none());
-        assert!(ProcessGroup::of_leader(u32::MAX).is_none());
     }
 }

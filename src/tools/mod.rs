@@ -25,6 +25,8 @@
 //! session, or push text into the turn's progress (that text is the model's
 //! answer, not the tool's).
 
+pub mod procgroup;
+
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
