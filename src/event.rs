@@ -13,6 +13,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::identity::SessionId;
+
 /// The messaging platform an event came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Platform {
@@ -194,6 +196,11 @@ pub struct MessageEvent {
     pub internal: bool,
     /// The bot's own username, so `/cmd@other_bot` can be told apart.
     pub bot_username: Option<Arc<str>>,
+    /// Run this internal event against this session instead of the slot's
+    /// current one (a wakeup belongs to the session that started its
+    /// process, even after /new). Honoured by the runner for internal
+    /// events only: a user's message always goes to the current session.
+    pub session_override: Option<SessionId>,
 }
 
 impl MessageEvent {
@@ -212,6 +219,7 @@ impl MessageEvent {
             message_id: None,
             internal: false,
             bot_username: None,
+            session_override: None,
         }
     }
 
@@ -224,7 +232,22 @@ impl MessageEvent {
             message_id: None,
             internal: true,
             bot_username: None,
+            session_override: None,
         }
+    }
+
+    /// Run this (internal) event against `session` instead of the slot's
+    /// current session; see [`MessageEvent::session_override`].
+    pub fn with_session_override(mut self, session: SessionId) -> Self {
+        self.session_override = Some(session);
+        self
+    }
+
+    /// The session this event must run against instead of the slot's
+    /// current one: the override of an internal event, never anything for
+    /// a user's message.
+    pub fn override_session(&self) -> Option<&SessionId> {
+        self.session_override.as_ref().filter(|_| self.internal)
     }
 
     /// Set the platform message id.

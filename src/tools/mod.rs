@@ -21,11 +21,30 @@
 //!   works for long, so the stall watchdog does not cancel the turn;
 //! * return short results: the backend sends them to the model verbatim.
 //!
-//! A tool must never send anything to the chat itself, touch another
-//! session, or push text into the turn's progress (that text is the model's
-//! answer, not the tool's).
+//! A tool must never send anything to the chat itself (the one exception,
+//! an approval request, goes out as a [`ToolEvent`] through the approval
+//! gate), touch another session, or push text into the turn's progress
+//! (that text is the model's answer, not the tool's). A tool that needs to
+//! know whose turn it serves reads the task-local turn identity
+//! ([`crate::identity::current_identity`]), never global state.
+//!
+//! The modules:
+//! * [`terminal`]: the `terminal` and `process` tools and `[tools.terminal]`;
+//! * [`process`]: the process registry (owners, bounded output, limits);
+//! * [`wakeup`]: wakeups for finished background processes and their routing;
+//! * [`approval`]: dangerous-command patterns and pending approvals;
+//! * [`events`]: the channel through which wakeups and notices leave the tools;
+//! * [`procgroup`]: process groups, shared with the command backend.
 
+pub mod approval;
+pub mod events;
+pub mod process;
 pub mod procgroup;
+pub mod terminal;
+pub mod wakeup;
+
+pub use events::{tool_events, ToolEvent, ToolEventReceiver, ToolEventSender};
+pub use terminal::{TerminalConfig, TerminalTool};
 
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;

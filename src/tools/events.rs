@@ -1,0 +1,71 @@
+//! What tools hand upwards, outside any tool call's result.
+//!
+//! Tools run deep below the adapter, and some of what they produce has to
+//! reach a chat later, on its own: a background process finished and its
+//! owner must be woken ([`ToolEvent::Wakeup`]), or a command needs the
+//! user's approval and the chat must be asked ([`ToolEvent::Notice`]).
+//! Tools must not depend on the adapter or on a transport, so they only put
+//! [`ToolEvent`]s into a channel; `engine.rs` drains it into the adapter and
+//! the outbound. The channel also buffers events that happen before the
+//! engine is fully wired.
+//!
+//! Unbounded on purpose: a wakeup must never be dropped or block a process
+//! watcher, and the number of events is bounded by the process and approval
+//! limits anyway.
+
+use tokio::sync::mpsc;
+
+use super::wakeup::Wakeup;
+use crate::event::SessionSource;
+
+/// Something a tool produced for a chat, outside a tool result.
+#[derive(Debug)]
+pub enum ToolEvent {
+    /// A background process with `notify_on_complete` finished: wake its
+    /// owner (see [`super::wakeup`]).
+    Wakeup(Box<Wakeup>),
+    /// Show `text` in the chat of `to` (an approval request).
+    Notice {
+        /// The chat.
+        to: SessionSource,
+        /// Plain text.
+        text: String,
+    },
+}
+
+/// Where tools put their events. Cheap to clone; sending never blocks.
+#[derive(Clone, Debug)]
+pub struct ToolEventSender(mpsc::UnboundedSender<ToolEvent>);
+
+/// Where the engine takes tool events from.
+#[derive(Debug)]
+pub struct ToolEventReceiver(mpsc::UnboundedReceiver<ToolEvent>);
+
+/// A new tool event channel.
+pub fn tool_events() -> (ToolEventSender, ToolEventReceiver) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (ToolEventSender(tx), ToolEventReceiver(rx))
+}
+
+impl ToolEventSender {
+    /// Hand `event` on. If nobody listens any more (the engine is shutting
+    /// down) the event is logged and dropped: there is no chat left to show
+    /// it in.
+    pub fn send(&self, event: ToolEvent) {
+        if let Err(mpsc::error::SendError(event)) = self.0.send(event) {
+            tracing::warn!(?event, "tool event dropped: the engine is gone");
+        }
+    }
+}
+
+impl ToolEventReceiver {
+    /// The next event; `None` once every sender is gone.
+    pub async fn recv(&mut self) -> Option<ToolEvent> {
+        self.0.recv().await
+    }
+
+    /// The next event if one is waiting.
+    pub fn try_recv(&mut self) -> Option<ToolEvent> {
+        self.0.try_recv().ok()
+    }
+}
