@@ -72,6 +72,18 @@ pub struct Config {
     /// `[store]`: where sessions and transcripts are kept.
     #[serde(default)]
     pub store: StoreSettings,
+    /// `[tools]`: what the model may use (openai backend).
+    #[serde(default)]
+    pub tools: ToolsConfig,
+}
+
+/// `[tools]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// `[tools.terminal]`: shell commands and background processes.
+    #[serde(default)]
+    pub terminal: crate::tools::TerminalConfig,
 }
 
 /// `[store]`.
@@ -526,6 +538,15 @@ impl Config {
                 Some(openai) => openai.validate().map_err(invalid)?,
             },
         }
+        if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
+            return Err(invalid(format!(
+                "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
+                self.agent.backend.as_str()
+            )));
+        }
+        // Checked even while disabled, so turning it on never reveals an
+        // old typo.
+        self.tools.terminal.validate().map_err(invalid)?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid(format!(
                 "log.level {:?} is not a valid filter: {e}",
@@ -636,6 +657,7 @@ impl Config {
             "telegram: token {}, api {}, {:?} mode, access: {}, require_mention {}\n\
              sessions: busy_mode {:?}, max_pending {}, stall_timeout {}s\n\
              agent: {}\n\
+             tools: {}\n\
              store: {}",
             if t.token.is_some() { "set" } else { "not set" },
             t.api_url,
@@ -646,11 +668,30 @@ impl Config {
             self.sessions.max_pending,
             self.sessions.stall_timeout_secs,
             self.agent.backend.as_str(),
+            self.tools_summary(),
             if self.store.in_memory {
                 "in memory (nothing kept across restarts)".to_string()
             } else {
                 self.store.database_path().display().to_string()
             },
+        )
+    }
+}
+
+impl Config {
+    fn tools_summary(&self) -> String {
+        let terminal = &self.tools.terminal;
+        if !terminal.enabled {
+            return "terminal off".to_string();
+        }
+        format!(
+            "terminal on (approval {:?}, workdir {}, at most {} background per chat)",
+            terminal.approval,
+            terminal
+                .workdir
+                .as_ref()
+                .map_or_else(|| "the bot's own".to_string(), |d| d.display().to_string()),
+            terminal.max_background
         )
     }
 }
@@ -685,6 +726,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.sessions.busy_mode, BusyMode::Interrupt);
+    }
+
+    #[test]
+    fn the_terminal_tool_is_off_by_default_and_needs_the_openai_backend() {
+        let config = parse("[agent]\nbackend = \"echo\"\n", Purpose::Console).unwrap();
+        assert!(!config.tools.terminal.enabled);
+        let error = parse("[tools.terminal]\nenabled = true\n", Purpose::Console).unwrap_err();
+        assert!(error.to_string().contains("agent.backend"), "{error}");
+        let openai = "[agent]\nbackend = \"openai\"\n[agent.openai]\nmodel = \"m\"\n";
+        let config = parse(
+            &format!("{openai}[tools.terminal]\nenabled = true\napproval = \"always\"\n"),
+            Purpose::Console,
+        )
+        .unwrap();
+        assert!(config.tools.terminal.enabled);
+        assert!(config.summary().contains("terminal on"));
+        let error = parse(
+            &format!("{openai}[tools.terminal]\nenabled = true\ntimeout_secs = 0\n"),
+            Purpose::Console,
+        )
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("tools.terminal.timeout_secs"),
+            "{error}"
+        );
+        let error = parse("[tools.terminal]\nenable = true\n", Purpose::Console).unwrap_err();
+        assert!(
+            matches!(error, ConfigError::Parse { line: 2, .. }),
+            "{error}"
+        );
     }
 
     #[test]

@@ -2,17 +2,25 @@
 //!
 //! Every transport (Telegram, webhook, console) and every test builds the
 //! session engine through here, so they all run the very same code path.
+//!
+//! With the terminal tool enabled, three parts meet here that must not know
+//! each other: the tool (inside the agent) produces [`ToolEvent`]s, the
+//! adapter takes wakeups as internal events, and the outbound shows approval
+//! requests. A forwarder task drains the tool event channel into those two,
+//! resolving each wakeup's session with the runner first. It holds the
+//! adapter and the runner only weakly, so an engine that is dropped is not
+//! kept alive by its own forwarder.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapter::{Adapter, AdapterConfig};
+use crate::adapter::{Adapter, AdapterConfig, WeakAdapter};
 use crate::agent::{Agent, CommandAgent, EchoAgent, OpenAiAgent};
 use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
-use crate::reply::Outbound;
-use crate::runner::{Runner, RunnerConfig};
+use crate::reply::{Outbound, Reply};
+use crate::runner::{Runner, RunnerConfig, WeakRunner};
 use crate::store::{Store, StoreError};
-use crate::tools::NoTools;
+use crate::tools::{tool_events, NoTools, TerminalTool, ToolEvent, ToolEventReceiver};
 
 /// The session engine: the adapter that transports feed, and the runner
 /// behind it.
@@ -51,20 +59,121 @@ impl Engine {
     }
 
     /// Build an engine from the configuration: the configured store and
-    /// settings, answering with `agent`.
+    /// settings, answering with `agent` (which uses no terminal tool).
     pub async fn open(
         config: &Config,
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
     ) -> Result<Engine, StoreError> {
+        Engine::open_setup(config, AgentSetup::without_tools(agent), outbound).await
+    }
+
+    /// Build an engine from the configuration and an [`AgentSetup`] (see
+    /// [`build_agent_setup`]): with its terminal tool, the runner answers
+    /// /ps, /kill, /approve and /deny, and wakeups and approval requests
+    /// reach the chats. Must be called inside a tokio runtime.
+    pub async fn open_setup(
+        config: &Config,
+        setup: AgentSetup,
+        outbound: Arc<dyn Outbound>,
+    ) -> Result<Engine, StoreError> {
         let store = open_store(&config.store).await?;
-        Ok(Engine::with_store(
+        let AgentSetup { agent, terminal } = setup;
+        let Some(TerminalSetup { tool, events }) = terminal else {
+            return Ok(Engine::with_store(
+                agent,
+                outbound,
+                store,
+                config.adapter_config(),
+                config.runner_config(),
+            ));
+        };
+        let runner = Runner::with_tools(
             agent,
-            outbound,
-            store,
-            config.adapter_config(),
+            outbound.clone(),
+            Some(store),
+            tool,
             config.runner_config(),
-        ))
+        );
+        let adapter = Adapter::new(
+            Arc::new(runner.clone()),
+            outbound.clone(),
+            config.adapter_config(),
+        );
+        tokio::spawn(forward_tool_events(
+            events,
+            adapter.downgrade(),
+            runner.downgrade(),
+            outbound,
+        ));
+        Ok(Engine { adapter, runner })
+    }
+}
+
+/// An agent and, when it has one, its terminal tool with the channel of the
+/// tool's events.
+pub struct AgentSetup {
+    /// The agent backend.
+    pub agent: Arc<dyn Agent>,
+    /// The terminal tool the agent calls, if enabled.
+    pub terminal: Option<TerminalSetup>,
+}
+
+/// The terminal tool and the receiving end of its events.
+pub struct TerminalSetup {
+    /// The tool (shared with the agent, which calls it).
+    pub tool: Arc<TerminalTool>,
+    /// Wakeups and approval notices from the tool.
+    pub events: ToolEventReceiver,
+}
+
+impl AgentSetup {
+    /// An agent without a terminal tool.
+    pub fn without_tools(agent: Arc<dyn Agent>) -> AgentSetup {
+        AgentSetup {
+            agent,
+            terminal: None,
+        }
+    }
+}
+
+/// Drain the tool events: wakeups become internal events for their owner's
+/// chat (running against the session [`crate::tools::wakeup::resolve_wakeup_target`]
+/// picks), notices go out through the outbound. Ends when every sender is
+/// gone or the engine was dropped.
+async fn forward_tool_events(
+    mut events: ToolEventReceiver,
+    adapter: WeakAdapter,
+    runner: WeakRunner,
+    outbound: Arc<dyn Outbound>,
+) {
+    while let Some(event) = events.recv().await {
+        match event {
+            ToolEvent::Notice { to, text } => {
+                if let Err(error) = outbound.deliver(&to, Reply::notice(text)).await {
+                    tracing::warn!(chat_id = to.chat_id, %error, "a tool notice could not be delivered");
+                }
+            }
+            ToolEvent::Wakeup(wakeup) => {
+                let (Some(adapter), Some(runner)) = (adapter.upgrade(), runner.upgrade()) else {
+                    tracing::warn!(process = %wakeup.process.id, "wakeup dropped: the engine is gone");
+                    return;
+                };
+                let Some(owner) = wakeup.owner() else {
+                    tracing::error!(process = %wakeup.process.id, "wakeup without an owner; nobody to wake");
+                    continue;
+                };
+                let resolved = runner.resolve_session(&owner.session_key).await;
+                let process = wakeup.process.id.clone();
+                match wakeup.into_event(resolved) {
+                    Some(event) => {
+                        tracing::info!(%process, session = ?event.session_override, "waking the owner chat");
+                        adapter.handle_message(event).await;
+                    }
+                    None => tracing::error!(%process, "wakeup without an owner; nobody to wake"),
+                }
+            }
+        }
     }
 }
 
@@ -77,14 +186,49 @@ pub async fn open_store(settings: &StoreSettings) -> Result<Store, StoreError> {
     }
 }
 
-/// The configured agent backend. Fails only for a configuration that
-/// [`Config`] validation would have refused.
-pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
-    // Secrets that no child process may inherit.
+/// Environment variables holding secrets that no child process may inherit.
+fn secret_env_names(config: &AgentConfig) -> Vec<String> {
     let mut secrets = vec![TOKEN_ENV.to_string(), WEBHOOK_SECRET_ENV.to_string()];
     if let Some(openai) = &config.openai {
         secrets.push(openai.api_key_env.clone());
     }
+    secrets
+}
+
+/// The configured agent backend with its tools: the openai backend gets the
+/// terminal tool when `[tools.terminal] enabled = true` (and no tools
+/// otherwise). Fails only for a configuration that [`Config`] validation
+/// would have refused.
+pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
+    let terminal = &config.tools.terminal;
+    if !terminal.enabled {
+        return Ok(AgentSetup::without_tools(build_agent(&config.agent)?));
+    }
+    let openai = match (&config.agent.backend, &config.agent.openai) {
+        (Backend::Openai, Some(openai)) => openai.clone(),
+        _ => return Err(
+            "tools.terminal.enabled = true needs agent.backend = \"openai\" with [agent.openai]"
+                .to_string(),
+        ),
+    };
+    let (sender, events) = tool_events();
+    let tool = Arc::new(TerminalTool::new(
+        terminal,
+        secret_env_names(&config.agent),
+        sender,
+    )?);
+    let key = openai.api_key_from_env();
+    let agent = OpenAiAgent::new(openai, key, tool.clone())?;
+    Ok(AgentSetup {
+        agent: Arc::new(agent),
+        terminal: Some(TerminalSetup { tool, events }),
+    })
+}
+
+/// The configured agent backend, without tools. Fails only for a
+/// configuration that [`Config`] validation would have refused.
+pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
+    let secrets = secret_env_names(config);
     Ok(match config.backend {
         Backend::Echo => Arc::new(EchoAgent {
             delay: Duration::from_millis(config.echo.delay_ms),

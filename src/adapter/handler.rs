@@ -22,6 +22,10 @@ pub struct DispatchContext {
     pub slot_busy: bool,
     /// Messages waiting in the slot's queue when this was dispatched.
     pub queue_depth: usize,
+    /// True for an ordinary message the handler claimed while the slot was
+    /// busy ([`MessageHandler::claims_while_busy`]): it must be answered at
+    /// once, never started as a turn.
+    pub claimed_while_busy: bool,
 }
 
 /// Handles one message and returns what to send back (nothing for a turn
@@ -35,6 +39,20 @@ pub trait MessageHandler: Send + Sync + 'static {
         event: MessageEvent,
         ctx: DispatchContext,
     ) -> BoxFuture<'static, Option<Outgoing>>;
+
+    /// Whether an ordinary message for the busy slot `key` is something the
+    /// handler answers at once instead of a follow-up (a bare "yes" or "no"
+    /// to a pending approval: the running turn is the one waiting for it, so
+    /// it must neither interrupt nor queue behind that turn). Claimed
+    /// messages are dispatched like bypass commands, with
+    /// [`DispatchContext::claimed_while_busy`] set.
+    ///
+    /// Called with the adapter's lock held: it must be quick, must not block
+    /// and must not call into the adapter. The default claims nothing.
+    fn claims_while_busy(&self, key: &SessionKey, event: &MessageEvent) -> bool {
+        let _ = (key, event);
+        false
+    }
 }
 
 impl<F, Fut> MessageHandler for F

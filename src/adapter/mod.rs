@@ -12,6 +12,9 @@
 //!   first, then cancels the old task (bounded wait), then releases the
 //!   command guard and starts the oldest follow-up exactly once;
 //! * **busy slot, other commands**: answered at once, the turn untouched;
+//!   so is an ordinary message the handler claims as an answer the running
+//!   turn waits for (a "yes" to a pending approval, see
+//!   [`MessageHandler::claims_while_busy`]);
 //! * **busy slot, ordinary message**: queued, and in `interrupt` mode the
 //!   running turn is interrupted; one rate-limited acknowledgement;
 //! * **busy slot, internal event** (wakeup): queued silently.
@@ -168,6 +171,19 @@ pub struct Adapter {
     inner: Arc<AdapterInner>,
 }
 
+/// An [`Adapter`] that may be gone (see [`Adapter::downgrade`]).
+#[derive(Clone)]
+pub struct WeakAdapter {
+    inner: std::sync::Weak<AdapterInner>,
+}
+
+impl WeakAdapter {
+    /// The adapter, if it still exists.
+    pub fn upgrade(&self) -> Option<Adapter> {
+        self.inner.upgrade().map(|inner| Adapter { inner })
+    }
+}
+
 /// What `handle_message` decided under the lock, carried out after it.
 enum Route {
     Done,
@@ -205,6 +221,14 @@ impl Adapter {
 
     fn state(&self) -> MutexGuard<'_, AdapterState> {
         self.inner.state()
+    }
+
+    /// A handle that does not keep the adapter alive (for parts of the
+    /// engine the adapter itself owns, such as the tool event forwarder).
+    pub fn downgrade(&self) -> WeakAdapter {
+        WeakAdapter {
+            inner: Arc::downgrade(&self.inner),
+        }
     }
 
     /// The slot key of `source` under this adapter's key policy.
@@ -286,12 +310,16 @@ impl Adapter {
                 queue_depth,
             });
         }
-        if command.is_some() || event.kind == MessageKind::Unsupported {
+        let claimed = command.is_none()
+            && !event.internal
+            && self.inner.handler.claims_while_busy(&key, &event);
+        if command.is_some() || event.kind == MessageKind::Unsupported || claimed {
             let ctx = DispatchContext {
                 key,
                 interrupt: CancellationToken::new(),
                 slot_busy: true,
                 queue_depth,
+                claimed_while_busy: claimed,
             };
             return Route::Bypass(event, ctx);
         }
@@ -390,6 +418,7 @@ impl Adapter {
             interrupt: guard.interrupt().clone(),
             slot_busy,
             queue_depth,
+            claimed_while_busy: false,
         };
         let handled = AssertUnwindSafe(self.inner.handler.handle(event, ctx))
             .catch_unwind()
@@ -630,6 +659,7 @@ async fn owner_task(
             interrupt: guard.interrupt().clone(),
             slot_busy: false,
             queue_depth: inner.state().pending_len(&key),
+            claimed_while_busy: false,
         };
         let handled = AssertUnwindSafe(inner.handler.handle(event, ctx)).catch_unwind();
         let outgoing = tokio::select! {

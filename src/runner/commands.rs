@@ -18,6 +18,13 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("stop", "Stop the running task"),
     ("new", "Start a fresh conversation"),
     ("reset", "Reset the conversation (same as /new)"),
+    ("ps", "List this chat's background processes"),
+    (
+        "kill",
+        "Stop a background process and all it started: /kill ID",
+    ),
+    ("approve", "Run the command waiting for your approval"),
+    ("deny", "Refuse the command waiting for your approval"),
 ];
 
 /// A command the runner recognises.
@@ -35,6 +42,14 @@ pub enum KnownCommand {
     New,
     /// /reset
     Reset,
+    /// /ps
+    Ps,
+    /// /kill ID
+    Kill,
+    /// /approve
+    Approve,
+    /// /deny
+    Deny,
 }
 
 impl KnownCommand {
@@ -47,6 +62,10 @@ impl KnownCommand {
             ("stop", KnownCommand::Stop),
             ("new", KnownCommand::New),
             ("reset", KnownCommand::Reset),
+            ("ps", KnownCommand::Ps),
+            ("kill", KnownCommand::Kill),
+            ("approve", KnownCommand::Approve),
+            ("deny", KnownCommand::Deny),
         ];
         known
             .iter()
@@ -95,6 +114,9 @@ pub struct StatusView {
     pub queue_depth: usize,
     /// The agent backend's name.
     pub backend: String,
+    /// The chat's running background processes, one line each
+    /// ([`process_line`]); `None` when the terminal tool is off.
+    pub processes: Option<Vec<String>>,
 }
 
 /// The /status text.
@@ -108,6 +130,20 @@ pub fn status_text(view: &StatusView) -> String {
         "Session: {}\nState: {}\nQueued messages: {}\nBackend: {}",
         view.session_id, state, view.queue_depth, view.backend
     );
+    if let Some(processes) = &view.processes {
+        if processes.is_empty() {
+            text.push_str("\nBackground processes: none running");
+        } else {
+            text.push_str(&format!(
+                "\nBackground processes running: {}",
+                processes.len()
+            ));
+            for line in processes {
+                text.push_str("\n  ");
+                text.push_str(line);
+            }
+        }
+    }
     if let Some(len) = view.history_len {
         text.push_str(&format!("\nHistory: {len} messages"));
         if view.history_trimmed > 0 {
@@ -119,6 +155,38 @@ pub fn status_text(view: &StatusView) -> String {
     }
     text
 }
+
+/// One process in /ps and /status: id, state, runtime, command (long
+/// commands are cut).
+pub fn process_line(id: &str, state: &str, runtime: Duration, command: &str) -> String {
+    const MAX_COMMAND_CHARS: usize = 80;
+    let command = command.split_whitespace().collect::<Vec<_>>().join(" ");
+    let shown = if command.chars().count() > MAX_COMMAND_CHARS {
+        let cut: String = command.chars().take(MAX_COMMAND_CHARS).collect();
+        format!("{cut}…")
+    } else {
+        command
+    };
+    format!("{id}  {state}  {}  {shown}", human_duration(runtime))
+}
+
+/// The /ps text, from [`process_line`]s.
+pub fn ps_text(lines: &[String]) -> String {
+    if lines.is_empty() {
+        return "No background processes in this chat.".to_string();
+    }
+    let mut text = String::from("Background processes (id, state, runtime, command):");
+    for line in lines {
+        text.push('\n');
+        text.push_str(line);
+    }
+    text.push_str("\n\nStop one with /kill ID.");
+    text
+}
+
+/// Said when a tool command is used but the terminal tool is off.
+pub const NO_TOOLS_TEXT: &str =
+    "The terminal tool is not enabled here ([tools.terminal] enabled = false), so there are no processes or approvals.";
 
 /// "4s", "2m 05s", "1h 02m".
 pub fn human_duration(d: Duration) -> String {
@@ -137,6 +205,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_listed_command_is_known() {
+        for (name, _) in COMMANDS {
+            assert!(KnownCommand::parse(name).is_some(), "/{name}");
+        }
+    }
+
+    #[test]
+    fn ps_lists_or_says_there_is_nothing() {
+        assert!(ps_text(&[]).contains("No background processes"));
+        let long = "x".repeat(200);
+        let line = process_line("p1", "exit code 0", Duration::from_secs(61), &long);
+        assert!(line.starts_with("p1  exit code 0  1m 01s  xxx"));
+        assert!(line.ends_with('…'));
+        assert!(ps_text(&[line]).contains("/kill ID"));
+    }
+
+    #[test]
     fn commands_parse_case_insensitively() {
         assert_eq!(KnownCommand::parse("STOP"), Some(KnownCommand::Stop));
         assert_eq!(KnownCommand::parse("model"), None);
@@ -152,11 +237,18 @@ mod tests {
             starting: false,
             queue_depth: 2,
             backend: "echo".into(),
+            processes: Some(vec![process_line(
+                "p1a2b",
+                "running",
+                Duration::from_secs(3),
+                "sleep  9",
+            )]),
         });
         assert!(text.contains("Session: abc"));
         assert!(text.contains("busy (running for 2m 05s)"));
         assert!(text.contains("Queued messages: 2"));
         assert!(text.contains("Backend: echo"));
         assert!(text.contains("History: 12 messages (4 oldest left out"));
+        assert!(text.contains("Background processes running: 1\n  p1a2b  running  3s  sleep 9"));
     }
 }

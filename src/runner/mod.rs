@@ -14,6 +14,16 @@
 //!
 //! /stop, /new and /reset cancel the live agent and bump the generation, so a
 //! turn that is still unwinding can never write into a newer one.
+//! They also deny whatever command waits for the chat's approval.
+//!
+//! A turn runs against the slot's current session, except an internal event
+//! carrying a session override (a background-process wakeup): it runs, with
+//! its history and transcript, against the session that started the
+//! process. /ps, /kill, /approve and /deny act on the terminal tool's
+//! process registry and approval gate; like /status they never touch the
+//! running turn, which is exactly what lets /approve reach a turn that waits
+//! for it. A bare "yes"/"no" is claimed for a pending approval the same way
+//! ([`MessageHandler::claims_while_busy`]).
 //!
 //! The runner must never send anything itself (it returns replies to the
 //! adapter, which owns delivery order) and never hold its lock across an
@@ -24,7 +34,9 @@ mod sessions;
 mod slots;
 mod watchdog;
 
-pub use commands::{help_text, status_text, KnownCommand, StatusView, COMMANDS};
+pub use commands::{
+    help_text, process_line, ps_text, status_text, KnownCommand, StatusView, COMMANDS,
+};
 pub use sessions::SessionTable;
 pub use slots::{AgentHandle, AgentSlots, InvalidateReason, RunningAgent};
 pub use watchdog::{watch_for_stall, Watched};
@@ -40,6 +52,9 @@ use crate::event::{MessageEvent, MessageKind, SessionKey};
 use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
 use crate::reply::{Outbound, Outgoing, Reply};
 use crate::store::{Store, TranscriptEntry};
+use crate::tools::approval::{approval_reply, Denial};
+use crate::tools::process::{ProcessId, ProcessMode, ProcessRecord, Scope};
+use crate::tools::TerminalTool;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
@@ -75,6 +90,8 @@ struct RunnerInner {
     agent: Arc<dyn Agent>,
     outbound: Arc<dyn Outbound>,
     store: Option<Store>,
+    /// The terminal tool's processes and approvals, when it is enabled.
+    tools: Option<Arc<TerminalTool>>,
     config: RunnerConfig,
 }
 
@@ -84,6 +101,19 @@ pub struct Runner {
     inner: Arc<RunnerInner>,
 }
 
+/// A [`Runner`] that may be gone (see [`Runner::downgrade`]).
+#[derive(Clone)]
+pub struct WeakRunner {
+    inner: std::sync::Weak<RunnerInner>,
+}
+
+impl WeakRunner {
+    /// The runner, if it still exists.
+    pub fn upgrade(&self) -> Option<Runner> {
+        self.inner.upgrade().map(|inner| Runner { inner })
+    }
+}
+
 /// The hint appended to every failure message.
 pub const RESET_HINT: &str = "If this keeps happening, send /reset to start a fresh session.";
 
@@ -91,7 +121,7 @@ impl Runner {
     /// A runner answering with `agent` and showing progress through
     /// `outbound`.
     pub fn new(agent: Arc<dyn Agent>, outbound: Arc<dyn Outbound>, config: RunnerConfig) -> Self {
-        Runner::build(agent, outbound, None, config)
+        Runner::build(agent, outbound, None, None, config)
     }
 
     /// A runner that keeps sessions and transcripts in `store`, so a restart
@@ -102,13 +132,27 @@ impl Runner {
         store: Store,
         config: RunnerConfig,
     ) -> Self {
-        Runner::build(agent, outbound, Some(store), config)
+        Runner::build(agent, outbound, Some(store), None, config)
+    }
+
+    /// A runner whose agent uses the terminal tool `tools`: /ps, /kill,
+    /// /approve and /deny work on its processes and approvals, and /stop,
+    /// /new and /reset deny the chat's pending approvals.
+    pub fn with_tools(
+        agent: Arc<dyn Agent>,
+        outbound: Arc<dyn Outbound>,
+        store: Option<Store>,
+        tools: Arc<TerminalTool>,
+        config: RunnerConfig,
+    ) -> Self {
+        Runner::build(agent, outbound, store, Some(tools), config)
     }
 
     fn build(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
         store: Option<Store>,
+        tools: Option<Arc<TerminalTool>>,
         config: RunnerConfig,
     ) -> Self {
         Runner {
@@ -117,9 +161,23 @@ impl Runner {
                 agent,
                 outbound,
                 store,
+                tools,
                 config,
             }),
         }
+    }
+
+    /// A handle that does not keep the runner alive (for parts of the
+    /// engine the runner itself owns, such as the tool event forwarder).
+    pub fn downgrade(&self) -> WeakRunner {
+        WeakRunner {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
+    /// The terminal tool, when it is enabled.
+    pub fn tools(&self) -> Option<&Arc<TerminalTool>> {
+        self.inner.tools.as_ref()
     }
 
     /// The store, if one is configured.
@@ -232,9 +290,15 @@ impl Runner {
                 .into(),
             );
         }
+        if ctx.claimed_while_busy {
+            // A bare "yes"/"no" claimed for a pending approval: answered
+            // here, never started as a turn (the slot is busy).
+            let reply = self.answer_approval(&ctx.key, approval_reply(&event.text));
+            return Some(reply.in_reply_to(event.message_id).into());
+        }
         if let Some(command) = event.command() {
             let reply = match KnownCommand::parse(command.name) {
-                Some(known) => self.command(known, &ctx).await,
+                Some(known) => self.command(known, command.args, &ctx).await,
                 None => Reply::command(commands::unknown_command_text(command.name)),
             };
             return Some(reply.in_reply_to(event.message_id).into());
@@ -242,7 +306,7 @@ impl Runner {
         self.turn(event, ctx).await
     }
 
-    async fn command(&self, command: KnownCommand, ctx: &DispatchContext) -> Reply {
+    async fn command(&self, command: KnownCommand, args: &str, ctx: &DispatchContext) -> Reply {
         let key = &ctx.key;
         match command {
             KnownCommand::Start => Reply::command(commands::start_text(self.backend_name())),
@@ -262,10 +326,16 @@ impl Runner {
                     starting: matches!(state.slots.running_agent(key), Some(RunningAgent::Pending)),
                     queue_depth: ctx.queue_depth,
                     backend: self.backend_name().to_string(),
+                    processes: self.running_process_lines(key),
                 };
                 Reply::command(status_text(&view))
             }
+            KnownCommand::Ps => Reply::command(self.ps(key)),
+            KnownCommand::Kill => Reply::command(self.kill(key, args).await),
+            KnownCommand::Approve => self.answer_approval(key, Some(true)),
+            KnownCommand::Deny => self.answer_approval(key, Some(false)),
             KnownCommand::Stop => {
+                self.deny_pending_approvals(key);
                 let stopped = self.stop_running(key, InvalidateReason::Stop);
                 match stopped {
                     StopOutcome::StoppedLive => Reply::command("⏹ Stopped."),
@@ -282,6 +352,7 @@ impl Runner {
                 } else {
                     InvalidateReason::Reset
                 };
+                self.deny_pending_approvals(key);
                 let stopped = self.stop_running(key, reason);
                 let (old, new) = {
                     let mut state = self.state();
@@ -303,6 +374,81 @@ impl Runner {
                     text.push_str(" The running task was stopped.");
                 }
                 Reply::command(text)
+            }
+        }
+    }
+
+    /// /ps: the chat's background processes.
+    fn ps(&self, key: &SessionKey) -> String {
+        let Some(tools) = self.tools() else {
+            return commands::NO_TOOLS_TEXT.to_string();
+        };
+        let lines: Vec<String> = tools
+            .registry()
+            .list(Scope::Chat(key))
+            .iter()
+            .filter(|r| matches!(r.mode, ProcessMode::Background { .. }) || r.is_running())
+            .map(line_of)
+            .collect();
+        ps_text(&lines)
+    }
+
+    /// The chat's running processes for /status (`None` without tools).
+    fn running_process_lines(&self, key: &SessionKey) -> Option<Vec<String>> {
+        let tools = self.tools()?;
+        Some(
+            tools
+                .registry()
+                .list(Scope::Chat(key))
+                .iter()
+                .filter(|r| r.is_running())
+                .map(line_of)
+                .collect(),
+        )
+    }
+
+    /// /kill ID: stop one of the chat's processes and its whole group.
+    async fn kill(&self, key: &SessionKey, args: &str) -> String {
+        let Some(tools) = self.tools() else {
+            return commands::NO_TOOLS_TEXT.to_string();
+        };
+        let Some(id) = args.split_whitespace().next().map(ProcessId::new) else {
+            return "Which one? Send /kill ID; /ps lists the ids.".to_string();
+        };
+        let Some(before) = tools.registry().get(&id, Scope::Chat(key)) else {
+            return format!("There is no process {id} in this chat. /ps lists them.");
+        };
+        if !before.is_running() {
+            return format!("{id} is not running ({}).", before.state_text());
+        }
+        match tools.registry().kill(&id, Scope::Chat(key)).await {
+            Some(after) if !after.is_running() => {
+                format!("🛑 Killed {id} ({}).", after.state_text())
+            }
+            _ => format!("🛑 Sent {id} the stop signal; it has not ended yet."),
+        }
+    }
+
+    /// /approve, /deny, or a bare yes/no (`None`: not an answer after all).
+    fn answer_approval(&self, key: &SessionKey, approve: Option<bool>) -> Reply {
+        let Some(tools) = self.tools() else {
+            return Reply::command(commands::NO_TOOLS_TEXT);
+        };
+        let Some(approve) = approve else {
+            return Reply::command("Reply /approve or /deny to the pending command.");
+        };
+        match tools.approvals().answer(key, approve) {
+            Some(command) if approve => Reply::command(format!("✅ Approved, running:\n{command}")),
+            Some(command) => Reply::command(format!("🚫 Denied, not running:\n{command}")),
+            None => Reply::command("Nothing is waiting for your approval."),
+        }
+    }
+
+    /// /stop, /new and /reset refuse whatever waits for approval.
+    fn deny_pending_approvals(&self, key: &SessionKey) {
+        if let Some(tools) = self.tools() {
+            if tools.approvals().deny_all(key, Denial::Stopped) > 0 {
+                tracing::info!(session_key = %key, "pending approval denied by a control command");
             }
         }
     }
@@ -339,7 +485,13 @@ impl Runner {
             armed: true,
             interrupted: None,
         };
-        let session_id = self.resolve_session(&key).await;
+        // A wakeup runs against the session that started its process, even
+        // if the chat has moved on (/new) since; everything else runs
+        // against the slot's current session.
+        let session_id = match event.override_session() {
+            Some(session) => session.clone(),
+            None => self.resolve_session(&key).await,
+        };
         let history = self.load_history(&session_id).await;
         self.record(&session_id, vec![user_entry(&event)]).await;
 
@@ -566,4 +718,24 @@ impl MessageHandler for Runner {
     ) -> BoxFuture<'static, Option<Outgoing>> {
         Box::pin(self.clone().dispatch(event, ctx))
     }
+
+    /// A bare yes/no while the chat's turn waits for an approval answers it.
+    fn claims_while_busy(&self, key: &SessionKey, event: &MessageEvent) -> bool {
+        self.tools().is_some_and(|tools| {
+            approval_reply(&event.text).is_some() && tools.approvals().is_pending(key)
+        })
+    }
+}
+
+/// A process as one /ps or /status line.
+fn line_of(record: &ProcessRecord) -> String {
+    let state = if record.is_running() {
+        match record.mode {
+            ProcessMode::Foreground => "running (foreground)".to_string(),
+            ProcessMode::Background { .. } => "running".to_string(),
+        }
+    } else {
+        record.state_text()
+    };
+    process_line(record.id.as_str(), &state, record.runtime, &record.command)
 }

@@ -33,7 +33,7 @@ use self::inbound::{classify, Inbound, InboundPolicy};
 use crate::agent::Agent;
 use crate::config::{Config, UpdateMode};
 use crate::delivery::{ChatTarget, Delivery, TelegramOutbound};
-use crate::engine::{build_agent, Engine};
+use crate::engine::{build_agent_setup, AgentSetup, Engine};
 use crate::reply::Reply;
 use crate::runner::COMMANDS;
 
@@ -109,14 +109,22 @@ impl TelegramBot {
     /// Connect, register commands and start receiving updates, answering
     /// with the configured agent backend.
     pub async fn start(config: &Config) -> Result<TelegramBot, StartError> {
-        let agent = build_agent(&config.agent).map_err(StartError::Config)?;
-        TelegramBot::start_with_agent(config, agent).await
+        let setup = build_agent_setup(config).map_err(StartError::Config)?;
+        TelegramBot::start_with_setup(config, setup).await
     }
 
     /// Like [`TelegramBot::start`], with a given agent (tests, embedding).
     pub async fn start_with_agent(
         config: &Config,
         agent: Arc<dyn Agent>,
+    ) -> Result<TelegramBot, StartError> {
+        TelegramBot::start_with_setup(config, AgentSetup::without_tools(agent)).await
+    }
+
+    /// Like [`TelegramBot::start`], with a given agent and its tools.
+    pub async fn start_with_setup(
+        config: &Config,
+        setup: AgentSetup,
     ) -> Result<TelegramBot, StartError> {
         let telegram = &config.telegram;
         let token = telegram
@@ -139,9 +147,9 @@ impl TelegramBot {
         sync_commands(&bot).await;
 
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
-        let engine = Engine::open(
+        let engine = Engine::open_setup(
             config,
-            agent,
+            setup,
             Arc::new(TelegramOutbound::new(delivery.clone())),
         )
         .await
