@@ -239,10 +239,17 @@ impl TelegramBot {
     }
 
     /// Stop receiving updates and wait for the dispatcher to finish.
+    ///
+    /// The dispatcher task ending is the signal waited for, not the future
+    /// `ShutdownToken::shutdown` returns: that one creates its `Notified`
+    /// only when first polled, so if the dispatcher stops before that (it
+    /// calls `notify_waiters`), the wakeup is lost and it never completes.
+    /// A shutdown asked for before the dispatcher started is repeated until
+    /// it takes.
     pub async fn shutdown(self) {
-        match self.shutdown.shutdown() {
-            Ok(done) => done.await,
-            Err(_) => tracing::debug!("dispatcher was not running"),
+        while self.shutdown.shutdown().is_err() && !self.task.is_finished() {
+            tracing::debug!("dispatcher not running yet; asking again");
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let _ = self.task.await;
     }
