@@ -2,7 +2,10 @@
 //!
 //! Each request to `POST /v1/chat/completions` takes the next [`Script`] from
 //! a queue (a short stream "ok" when the queue is empty), and its JSON body is
-//! recorded. Streamed responses are wrapped so that a client hanging up
+//! recorded. Scripts queued with [`FakeOpenAi::push_when`] only answer a
+//! request their predicate accepts (the first matching script wins), so
+//! tests with several chats talking at once stay deterministic; a
+//! [`Script::Gated`] answer waits until the test opens its [`Gate`]. Streamed responses are wrapped so that a client hanging up
 //! before the end is counted as a disconnect: that is how tests check that a
 //! cancelled turn really dropped the connection.
 #![allow(dead_code)]
@@ -58,6 +61,81 @@ pub enum Script {
     Json(Value),
     /// SSE comment lines and chunks missing fields, then [`COMMENTS_TEXT`].
     Comments,
+    /// Wait until the gate opens, then answer like the inner script.
+    Gated(Gate, Box<Script>),
+}
+
+/// A gate a [`Script::Gated`] answer waits for. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Gate(Arc<watch::Sender<bool>>);
+
+impl Gate {
+    pub fn new() -> Gate {
+        Gate(Arc::new(watch::Sender::new(false)))
+    }
+
+    /// Let every waiting (and future) answer through.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn opened(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|open| *open).await;
+    }
+}
+
+/// Which requests a script may answer.
+pub type Matcher = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
+
+/// The text content of every message of a request, in order, with roles.
+pub fn messages(request: &Value) -> Vec<(String, String)> {
+    request["messages"]
+        .as_array()
+        .map(|messages| {
+            messages
+                .iter()
+                .map(|m| {
+                    (
+                        m["role"].as_str().unwrap_or_default().to_string(),
+                        m["content"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The last message of a request is from the user and contains `needle`.
+pub fn last_user_contains(needle: &str) -> Matcher {
+    let needle = needle.to_string();
+    Arc::new(move |request| {
+        messages(request)
+            .last()
+            .is_some_and(|(role, text)| role == "user" && text.contains(&needle))
+    })
+}
+
+/// The last message is a tool result and the conversation mentions `needle`
+/// (in a user message).
+pub fn tool_result_after(needle: &str) -> Matcher {
+    let needle = needle.to_string();
+    Arc::new(move |request| {
+        let messages = messages(request);
+        messages.last().is_some_and(|(role, _)| role == "tool")
+            && messages
+                .iter()
+                .any(|(role, text)| role == "user" && text.contains(&needle))
+    })
+}
+
+/// The last tool result of a request.
+pub fn last_tool_result(request: &Value) -> Option<String> {
+    messages(request)
+        .into_iter()
+        .rev()
+        .find(|(role, _)| role == "tool")
+        .map(|(_, text)| text)
 }
 
 impl Script {
@@ -103,7 +181,7 @@ impl Script {
 }
 
 struct Shared {
-    scripts: Mutex<VecDeque<Script>>,
+    scripts: Mutex<VecDeque<(Option<Matcher>, Script)>>,
     requests: Mutex<Vec<Value>>,
     authorizations: Mutex<Vec<Option<String>>>,
     disconnects: watch::Sender<usize>,
@@ -153,7 +231,30 @@ impl FakeOpenAi {
 
     /// Queue the answer to a coming request.
     pub fn push(&self, script: Script) {
-        self.shared.scripts.lock().unwrap().push_back(script);
+        self.shared
+            .scripts
+            .lock()
+            .unwrap()
+            .push_back((None, script));
+    }
+
+    /// Queue the answer to a coming request that `matcher` accepts.
+    pub fn push_when(&self, matcher: Matcher, script: Script) {
+        self.shared
+            .scripts
+            .lock()
+            .unwrap()
+            .push_back((Some(matcher), script));
+    }
+
+    /// Every request body so far that `matcher` accepts.
+    pub fn requests_matching(&self, matcher: &Matcher) -> Vec<Value> {
+        self.requests().into_iter().filter(|r| matcher(r)).collect()
+    }
+
+    /// Scripts not used yet.
+    pub fn scripts_left(&self) -> usize {
+        self.shared.scripts.lock().unwrap().len()
     }
 
     /// Every request body so far, in order.
@@ -181,16 +282,30 @@ impl FakeOpenAi {
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    let request = serde_json::from_slice(&body)
+    let request: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-    shared.requests.lock().unwrap().push(request);
+    shared.requests.lock().unwrap().push(request.clone());
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     shared.authorizations.lock().unwrap().push(authorization);
-    let script = shared.scripts.lock().unwrap().pop_front();
-    respond(script.unwrap_or_else(|| Script::text(DEFAULT_TEXT)), shared)
+    let script = take_script(&shared, &request);
+    let mut script = script.unwrap_or_else(|| Script::text(DEFAULT_TEXT));
+    while let Script::Gated(gate, inner) = script {
+        gate.opened().await;
+        script = *inner;
+    }
+    respond(script, shared)
+}
+
+/// The first queued script whose matcher accepts `request`.
+fn take_script(shared: &Shared, request: &Value) -> Option<Script> {
+    let mut scripts = shared.scripts.lock().unwrap();
+    let index = scripts
+        .iter()
+        .position(|(matcher, _)| matcher.as_ref().is_none_or(|m| m(request)))?;
+    scripts.remove(index).map(|(_, script)| script)
 }
 
 fn respond(script: Script, shared: Arc<Shared>) -> Response {
@@ -225,6 +340,7 @@ fn respond(script: Script, shared: Arc<Shared>) -> Response {
             sse_response(timed_frames_without_done(frames), shared)
         }
         Script::Comments => sse_response(timed_frames(comment_frames()), shared),
+        Script::Gated(_, inner) => respond(*inner, shared),
     }
 }
 

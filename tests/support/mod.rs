@@ -6,3 +6,4 @@ pub mod agents;
 pub mod fake_bot;
 pub mod fake_openai;
 pub mod recorder;
+pub mod tools_bot;
