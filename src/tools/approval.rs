@@ -575,8 +575,8 @@ impl Drop for Withdraw {
 pub fn approval_reply(text: &str) -> Option<bool> {
     let word = text.trim().trim_end_matches(['.', '!']).to_lowercase();
     match word.as_str() {
-        "yes" | "y" | "ok" | "approve" | "approved" => Some(true),
-        "no" | "n" | "deny" | "denied" => Some(false),
+        "yes" | "y" | "approve" => Some(true),
+        "no" | "n" | "deny" => Some(false),
         _ => None,
     }
 }
@@ -739,6 +739,7 @@ mod tests {
         assert_eq!(approval_reply(" Yes! "), Some(true));
         assert_eq!(approval_reply("no."), Some(false));
         assert_eq!(approval_reply("yes please do it"), None);
+        assert_eq!(approval_reply("ok"), None, "too vague to approve a command");
     }
 
     #[tokio::test]
