@@ -256,6 +256,18 @@ pub struct SessionsConfig {
     /// further to its own budget).
     #[serde(default = "default_history_max_messages")]
     pub history_max_messages: usize,
+    /// After a restart, run again a message whose turn was cut short by the
+    /// restart (otherwise its sender is asked to resend it).
+    #[serde(default = "yes")]
+    pub resume_interrupted: bool,
+    /// Seconds running turns get to finish on SIGINT/SIGTERM before they are
+    /// cancelled (and resumed on the next start).
+    #[serde(default = "default_shutdown_grace_secs")]
+    pub shutdown_grace_secs: u64,
+}
+
+fn default_shutdown_grace_secs() -> u64 {
+    10
 }
 
 fn default_history_max_messages() -> usize {
@@ -272,6 +284,8 @@ impl Default for SessionsConfig {
             cancel_wait_ms: default_cancel_wait_ms(),
             group_sessions_per_user: true,
             history_max_messages: default_history_max_messages(),
+            resume_interrupted: true,
+            shutdown_grace_secs: default_shutdown_grace_secs(),
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapter::{Adapter, AdapterConfig};
+use crate::adapter::{Adapter, AdapterConfig, EventLedger};
 use crate::agent::{Agent, CommandAgent, EchoAgent, OpenAiAgent};
 use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
 use crate::reply::Outbound;
@@ -37,16 +37,19 @@ impl Engine {
         Engine { adapter, runner }
     }
 
-    /// Build an engine that keeps sessions and transcripts in `store`.
+    /// Build an engine that keeps sessions and transcripts in `store` and,
+    /// with a ledger, reports every message's outcome to it.
     pub fn with_store(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
         store: Store,
+        ledger: Option<Arc<dyn EventLedger>>,
         adapter_config: AdapterConfig,
         runner_config: RunnerConfig,
     ) -> Engine {
         let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
-        let adapter = Adapter::new(Arc::new(runner.clone()), outbound, adapter_config);
+        let adapter =
+            Adapter::with_ledger(Arc::new(runner.clone()), outbound, adapter_config, ledger);
         Engine { adapter, runner }
     }
 
@@ -62,6 +65,7 @@ impl Engine {
             agent,
             outbound,
             store,
+            None,
             config.adapter_config(),
             config.runner_config(),
         ))

@@ -331,6 +331,7 @@ async fn two_hundred_chats_share_one_store_and_every_transcript_is_whole() {
         Arc::new(EchoAgent::default()),
         sent.clone(),
         store.clone(),
+        None,
         AdapterConfig {
             busy_mode: BusyMode::Queue,
             max_pending: 100,

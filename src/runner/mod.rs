@@ -356,10 +356,10 @@ impl Runner {
         }
         slot.interrupted = Some((session_id.clone(), progress.clone()));
 
-        let live = self
-            .inner
-            .outbound
-            .turn_started(&event.source, progress.watch());
+        let live =
+            self.inner
+                .outbound
+                .turn_started(&event.source, event.message_id, progress.watch());
         let identity = TurnIdentity {
             session_key: key.clone(),
             session_id: session_id.clone(),
