@@ -72,6 +72,9 @@ pub struct Config {
     /// `[store]`: where sessions and transcripts are kept.
     #[serde(default)]
     pub store: StoreSettings,
+    /// `[metrics]`: the optional /healthz and /metrics listener.
+    #[serde(default)]
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 /// `[store]`.
@@ -540,6 +543,7 @@ impl Config {
                 Some(openai) => openai.validate().map_err(invalid)?,
             },
         }
+        self.metrics.validate().map_err(invalid)?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid(format!(
                 "log.level {:?} is not a valid filter: {e}",
@@ -607,6 +611,7 @@ impl Config {
             key_policy: KeyPolicy {
                 group_sessions_per_user: self.sessions.group_sessions_per_user,
             },
+            metrics: crate::metrics::Metrics::default(),
         }
     }
 
@@ -615,6 +620,7 @@ impl Config {
         RunnerConfig {
             stall_timeout: Duration::from_secs(self.sessions.stall_timeout_secs),
             history_max_messages: self.sessions.history_max_messages,
+            metrics: crate::metrics::Metrics::default(),
         }
     }
 

@@ -233,51 +233,14 @@ impl Histogram {
     }
 }
 
-/// The states an inbox message can be in, one label value each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum InboxState {
-    /// Accepted, not yet started.
-    Received,
-    /// Its turn is running.
-    Running,
-    /// Answered.
-    Answered,
-    /// Its turn failed.
-    Failed,
-    /// Dropped (refused, stopped or superseded) and reported to the user.
-    Dropped,
-}
+pub use crate::store::InboxState;
 
-impl InboxState {
-    /// Every state, in rendering order.
-    pub const ALL: [InboxState; 5] = [
-        InboxState::Received,
-        InboxState::Running,
-        InboxState::Answered,
-        InboxState::Failed,
-        InboxState::Dropped,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InboxState::Received => "received",
-            InboxState::Running => "running",
-            InboxState::Answered => "answered",
-            InboxState::Failed => "failed",
-            InboxState::Dropped => "dropped",
-        }
-    }
-
-    fn index(self) -> usize {
-        match self {
-            InboxState::Received => 0,
-            InboxState::Running => 1,
-            InboxState::Answered => 2,
-            InboxState::Failed => 3,
-            InboxState::Dropped => 4,
-        }
-    }
+/// The position of `state` in [`InboxState::ALL`] (the gauge index).
+fn inbox_index(state: InboxState) -> usize {
+    InboxState::ALL
+        .iter()
+        .position(|s| *s == state)
+        .unwrap_or_default()
 }
 
 /// Message counts per inbox state, as the inbox reports them.
@@ -374,7 +337,7 @@ impl Registry {
 
     /// The gauge of one inbox state.
     pub fn inbox(&self, state: InboxState) -> &Gauge {
-        &self.inbox[state.index()]
+        &self.inbox[inbox_index(state)]
     }
 
     /// Mirror the delivery engine's totals into the `telegram_*` and

@@ -49,6 +49,7 @@ use crate::event::{
     is_control_command, KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource,
 };
 use crate::memory::shrink_when_sparse;
+use crate::metrics::Metrics;
 use crate::reply::{Outbound, Outgoing, Reply, ReplyKind};
 
 /// What an ordinary message does to a busy slot.
@@ -77,6 +78,8 @@ pub struct AdapterConfig {
     pub cancel_wait: Duration,
     /// How session keys are built.
     pub key_policy: KeyPolicy,
+    /// Where stale-lock heals and refusals are counted.
+    pub metrics: Metrics,
 }
 
 impl Default for AdapterConfig {
@@ -87,6 +90,7 @@ impl Default for AdapterConfig {
             ack_interval: Duration::from_secs(3),
             cancel_wait: Duration::from_secs(2),
             key_policy: KeyPolicy::default(),
+            metrics: Metrics::default(),
         }
     }
 }
@@ -288,7 +292,9 @@ impl Adapter {
     }
 
     fn route(&self, state: &mut AdapterState, key: SessionKey, event: MessageEvent) -> Route {
-        state.heal(&key);
+        if state.heal(&key) {
+            self.inner.config.metrics.stale_lock_heals.inc();
+        }
         if !state.active_sessions.contains_key(&key) {
             // Idle. Queued follow-ups (kept across a heal) go first.
             let event = match state.pending.get_mut(&key) {
@@ -359,6 +365,7 @@ impl Adapter {
             Ok(position) => position,
             Err(refused) => {
                 tracing::warn!(session_key = %key, capacity, "queue full; message refused");
+                self.inner.config.metrics.messages_refused.inc();
                 self.inner.note(
                     &source,
                     refused.message_id,
@@ -598,6 +605,11 @@ impl Adapter {
     /// Slots with a guard installed.
     pub fn busy_count(&self) -> usize {
         self.state().active_sessions.len()
+    }
+
+    /// Follow-ups waiting, over all slots.
+    pub fn pending_total(&self) -> usize {
+        self.state().pending.values().map(PendingQueue::len).sum()
     }
 
     /// True when no slot is busy and nothing is queued or recorded.

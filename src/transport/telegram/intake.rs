@@ -23,6 +23,7 @@ use crate::adapter::{EventLedger, EventOutcome};
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::event::SessionSource;
+use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{InboxState, Store, StoreError};
 
@@ -138,6 +139,7 @@ pub struct Intake {
     policy: Arc<InboundPolicy>,
     strangers: Arc<StrangerReplies>,
     resume_interrupted: bool,
+    metrics: Metrics,
 }
 
 impl Intake {
@@ -148,6 +150,7 @@ impl Intake {
         store: Store,
         policy: InboundPolicy,
         resume_interrupted: bool,
+        metrics: Metrics,
     ) -> Self {
         Intake {
             engine,
@@ -159,6 +162,7 @@ impl Intake {
                 interval: Duration::from_secs(600),
             }),
             resume_interrupted,
+            metrics,
         }
     }
 
@@ -207,8 +211,10 @@ impl Intake {
                 update_id,
                 "update delivered again; already recorded, ignored"
             );
+            self.metrics.updates_duplicate.inc();
             return Ok(Intook::Duplicate);
         }
+        self.metrics.updates_received.inc();
         Ok(self.act(verdict).await)
     }
 

@@ -11,6 +11,7 @@
 //! This module owns talking to teloxide. It must never make session
 //! decisions (that is the adapter's job) or await an agent turn.
 
+pub mod health;
 pub mod inbound;
 pub mod intake;
 pub mod polling;
@@ -28,13 +29,18 @@ use teloxide::Bot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use self::health::{BotHealth, UpdatesHealth};
 use self::inbound::InboundPolicy;
 use self::intake::{Intake, StoreLedger};
+use crate::adapter::AdapterConfig;
 use crate::agent::Agent;
 use crate::config::{Config, UpdateMode};
 use crate::delivery::{Delivery, TelegramOutbound};
 use crate::engine::{build_agent, open_store, Engine};
+use crate::metrics::{InboxCounts, Metrics};
+use crate::runner::RunnerConfig;
 use crate::runner::COMMANDS;
+use crate::store::InboxState;
 use crate::store::Store;
 
 /// Why the bot could not start.
@@ -64,6 +70,10 @@ pub struct TelegramBot {
     pub store: Store,
     /// Where the webhook listens, in webhook mode.
     pub webhook_addr: Option<SocketAddr>,
+    /// The counters behind `/metrics`.
+    pub metrics: Metrics,
+    /// Where `/healthz` and `/metrics` are served, if configured.
+    pub metrics_addr: Option<SocketAddr>,
     ledger: StoreLedger,
     stop_intake: CancellationToken,
     intake_task: JoinHandle<()>,
@@ -124,14 +134,22 @@ impl TelegramBot {
         let store = open_store(&config.store).await?;
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
         let (ledger, _writer) = StoreLedger::spawn(store.clone());
+        let metrics = Metrics::new();
         let engine = Engine::with_store(
             agent,
             Arc::new(TelegramOutbound::new(delivery.clone(), Some(store.clone()))),
             store.clone(),
             Some(Arc::new(ledger.clone())),
-            config.adapter_config(),
-            config.runner_config(),
+            AdapterConfig {
+                metrics: metrics.clone(),
+                ..config.adapter_config()
+            },
+            RunnerConfig {
+                metrics: metrics.clone(),
+                ..config.runner_config()
+            },
         );
+        collect_gauges(&metrics, &engine, &delivery);
         let policy = InboundPolicy {
             bot_id: me.id.0,
             bot_username: Arc::from(me.username()),
@@ -146,6 +164,7 @@ impl TelegramBot {
             store.clone(),
             policy,
             config.sessions.resume_interrupted,
+            metrics.clone(),
         );
         let resumed = intake.recover().await?;
         if resumed > 0 {
@@ -156,12 +175,34 @@ impl TelegramBot {
         }
 
         let stop_intake = CancellationToken::new();
+        let updates_health = UpdatesHealth::default();
+        let metrics_addr = match config.metrics.listen_addr().map_err(StartError::Config)? {
+            Some(listen) => {
+                let health = Arc::new(BotHealth {
+                    updates: updates_health.clone(),
+                    store: store.clone(),
+                });
+                let (bound, _task) =
+                    crate::http::serve(listen, metrics.clone(), health, stop_intake.clone())
+                        .await
+                        .map_err(|e| StartError::Webhook(format!("metrics listener: {e}")))?;
+                tracing::info!(%bound, "serving /healthz and /metrics");
+                Some(bound)
+            }
+            None => None,
+        };
+        refresh_inbox_gauges(metrics.clone(), store.clone(), stop_intake.clone());
         let (intake_task, webhook_addr) = match telegram.mode {
             UpdateMode::Polling => {
                 // Polling and a webhook exclude each other; pending updates
                 // are kept.
                 bot.delete_webhook().drop_pending_updates(false).await?;
-                let task = tokio::spawn(polling::poll(bot.clone(), intake, stop_intake.clone()));
+                let task = tokio::spawn(polling::poll(
+                    bot.clone(),
+                    intake,
+                    updates_health,
+                    stop_intake.clone(),
+                ));
                 (task, None)
             }
             UpdateMode::Webhook => {
@@ -198,6 +239,8 @@ impl TelegramBot {
             delivery,
             store,
             webhook_addr,
+            metrics,
+            metrics_addr,
             ledger,
             stop_intake,
             intake_task,
@@ -224,6 +267,44 @@ impl TelegramBot {
             tracing::warn!(%error, "the store did not close cleanly");
         }
     }
+}
+
+/// Gauges and mirrored counters are read from their owners at each scrape.
+fn collect_gauges(metrics: &Metrics, engine: &Engine, delivery: &Delivery) {
+    let adapter = engine.adapter.clone();
+    let delivery = delivery.clone();
+    metrics.add_collector(move |registry| {
+        registry.busy_sessions.set(adapter.busy_count() as u64);
+        registry.queue_depth.set(adapter.pending_total() as u64);
+        registry.record_delivery(&delivery.stats());
+    });
+}
+
+/// The inbox gauges need the store (async), so a small task refreshes them.
+fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            if let Ok(counts) = store.inbox_counts().await {
+                let get = |state: InboxState| {
+                    counts
+                        .iter()
+                        .find(|(s, _)| *s == state)
+                        .map_or(0, |(_, n)| *n)
+                };
+                metrics.set_inbox(InboxCounts {
+                    received: get(InboxState::Received),
+                    running: get(InboxState::Running),
+                    answered: get(InboxState::Answered),
+                    failed: get(InboxState::Failed),
+                    dropped: get(InboxState::Dropped),
+                });
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    });
 }
 
 /// `telegate run`: start the bot and serve until SIGINT or SIGTERM.

@@ -15,13 +15,14 @@ use teloxide::types::AllowedUpdate;
 use teloxide::{Bot, RequestError};
 use tokio_util::sync::CancellationToken;
 
+use super::health::UpdatesHealth;
 use super::intake::Intake;
 
 /// How long one `getUpdates` request may wait for news (seconds).
 const POLL_TIMEOUT_SECS: u32 = 25;
 
-/// Poll until `stop` fires.
-pub async fn poll(bot: Bot, intake: Intake, stop: CancellationToken) {
+/// Poll until `stop` fires, reporting each poll's outcome to `health`.
+pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: CancellationToken) {
     let mut offset: i32 = 0;
     let mut failures: u32 = 0;
     loop {
@@ -37,6 +38,7 @@ pub async fn poll(bot: Bot, intake: Intake, stop: CancellationToken) {
         let updates = match batch {
             Ok(updates) => updates,
             Err(error) => {
+                health.set(false);
                 failures += 1;
                 let wait = backoff(&error, failures);
                 tracing::warn!(%error, ?wait, "getUpdates failed; retrying");
@@ -47,6 +49,7 @@ pub async fn poll(bot: Bot, intake: Intake, stop: CancellationToken) {
             }
         };
         failures = 0;
+        health.set(true);
         for update in updates {
             let id = update.id.0;
             let raw = match serde_json::to_value(&update) {
