@@ -7,7 +7,6 @@
 //! Prints its figures; asserts nothing about time (these machines are noisy).
 
 #[path = "../tests/support/fake_bot.rs"]
-#[allow(dead_code)]
 mod fake_bot;
 
 use std::path::Path;
