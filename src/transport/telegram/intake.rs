@@ -270,12 +270,16 @@ impl Intake {
                 continue;
             };
             let message_id = entry.message_id.unwrap_or_default();
-            if let Ok(Some(reply)) = self.store.reply_of(entry.chat_id, message_id).await {
-                if reply.delivered {
-                    self.mark(entry.chat_id, message_id, InboxState::Answered, "")
-                        .await;
-                    continue;
-                }
+            let recorded = self
+                .store
+                .reply_of(entry.chat_id, message_id)
+                .await
+                .ok()
+                .flatten();
+            if recorded.as_ref().is_some_and(|reply| reply.delivered) {
+                self.mark(entry.chat_id, message_id, InboxState::Answered, "")
+                    .await;
+                continue;
             }
             if entry.state == InboxState::Running && !self.resume_interrupted {
                 let notice = Reply::notice(
@@ -283,7 +287,10 @@ impl Intake {
                 )
                 .in_reply_to(entry.message_id);
                 let target = ChatTarget::of(&event.source);
-                if let Err(error) = self.delivery.deliver_reply(target, &notice, None).await {
+                // A half-streamed preview must not stay behind looking like
+                // the answer: the notice replaces it in place.
+                let preview = recorded.and_then(|reply| reply.reply_ids.first().copied());
+                if let Err(error) = self.delivery.deliver_reply(target, &notice, preview).await {
                     tracing::warn!(%error, "could not tell a user about a restart");
                 }
                 self.mark(

@@ -308,44 +308,94 @@ fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken)
 }
 
 /// `telegate run`: start the bot and serve until SIGINT or SIGTERM.
+///
+/// The signal handlers are installed before anything starts and stay
+/// installed: a signal that arrives while the bot starts (recovery and
+/// polling may already be running) leads to the same clean shutdown once
+/// the start is done, instead of the default action killing the process;
+/// and a second signal is never missed, whenever it comes.
 pub async fn run(config: &Config) -> anyhow::Result<()> {
+    let stop = watch_signals();
     let bot = TelegramBot::start(config)
         .await
         .context("the bot could not start")?;
-    wait_for_signal().await;
-    tracing::info!("shutting down (send the signal again to exit at once)");
-    tokio::select! {
-        () = bot.shutdown() => {
-            tracing::info!("stopped cleanly");
-            Ok(())
-        }
-        () = wait_for_signal() => {
-            // SQLite's write-ahead log keeps the database consistent; what
-            // was not finished is resumed on the next start.
-            tracing::warn!("second signal: exiting at once");
-            std::process::exit(130)
-        }
-    }
+    stop.cancelled().await;
+    bot.shutdown().await;
+    tracing::info!("stopped cleanly");
+    Ok(())
 }
 
-async fn wait_for_signal() {
+/// Listen for SIGINT and SIGTERM from now on: the first cancels the
+/// returned token, a second exits the process at once (code 130).
+fn watch_signals() -> CancellationToken {
+    let stop = CancellationToken::new();
+    let mut signals = Signals::listen();
+    let first = stop.clone();
+    tokio::spawn(async move {
+        signals.recv().await;
+        tracing::info!("shutting down (send the signal again to exit at once)");
+        first.cancel();
+        signals.recv().await;
+        // SQLite's write-ahead log keeps the database consistent; what
+        // was not finished is resumed on the next start.
+        tracing::warn!("second signal: exiting at once");
+        std::process::exit(130)
+    });
+    stop
+}
+
+/// SIGINT and SIGTERM, registered once. (A listener registered anew after
+/// each signal would miss a signal arriving in between.)
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind: SignalKind, name: &str| match signal(kind) {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for {name}");
+                    None
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+            };
+            Signals {
+                interrupt: listen(SignalKind::interrupt(), "SIGINT"),
+                terminate: listen(SignalKind::terminate(), "SIGTERM"),
             }
         }
+        #[cfg(not(unix))]
+        {
+            Signals {}
+        }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn next(listener: &mut Option<tokio::signal::unix::Signal>) {
+                let received = match listener {
+                    Some(listener) => listener.recv().await.is_some(),
+                    None => false,
+                };
+                if !received {
+                    std::future::pending::<()>().await;
+                }
+            }
+            tokio::select! {
+                () = next(&mut self.interrupt) => {}
+                () = next(&mut self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -19,7 +19,17 @@ use super::health::UpdatesHealth;
 use super::intake::Intake;
 
 /// How long one `getUpdates` request may wait for news (seconds).
-const POLL_TIMEOUT_SECS: u32 = 25;
+///
+/// It must stay below the HTTP client's whole-request timeout (teloxide's
+/// `default_reqwest_settings`: 17 s, and teloxide does not extend it for long
+/// polls): a longer poll is cut by the client in every quiet period, which
+/// reads as a failure (a warning, `/healthz` 503, a growing backoff during
+/// which no update is fetched).
+const POLL_TIMEOUT_SECS: u32 = 10;
+
+/// teloxide's client timeout, which every poll must end before.
+const CLIENT_TIMEOUT_SECS: u32 = 17;
+const _: () = assert!(POLL_TIMEOUT_SECS + 5 <= CLIENT_TIMEOUT_SECS);
 
 /// Poll until `stop` fires, reporting each poll's outcome to `health`.
 pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: CancellationToken) {
