@@ -194,6 +194,9 @@ pub struct MessageEvent {
     pub internal: bool,
     /// The bot's own username, so `/cmd@other_bot` can be told apart.
     pub bot_username: Option<Arc<str>>,
+    /// Replayed after a restart: its first attempt may already be in the
+    /// transcript.
+    pub resumed: bool,
 }
 
 impl MessageEvent {
@@ -212,6 +215,7 @@ impl MessageEvent {
             message_id: None,
             internal: false,
             bot_username: None,
+            resumed: false,
         }
     }
 
@@ -224,6 +228,7 @@ impl MessageEvent {
             message_id: None,
             internal: true,
             bot_username: None,
+            resumed: false,
         }
     }
 

@@ -575,6 +575,22 @@ async fn crash_mid_turn_with_queued_follow_ups(resume: bool) {
         assert_eq!(inbox_state(&store, update).await.0, InboxState::Answered);
     }
     assert!(store.open_inbox().await.unwrap().is_empty());
+    // The resumed message is in the transcript once, not once per attempt.
+    for session in store.list_sessions().await.unwrap() {
+        let history = store.load_history(&session.session_id, None).await.unwrap();
+        for pair in history.windows(2) {
+            assert!(
+                !(pair[0].role == telegate::store::Role::User
+                    && pair[1].role == telegate::store::Role::User
+                    && pair[0].content == pair[1].content),
+                "a user message was recorded twice in a row: {:?}",
+                history
+                    .iter()
+                    .map(|e| (e.role, &e.content))
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
-use crate::agent::{Agent, AgentError, ChatMessage, Progress, TurnRequest};
+use crate::agent::{Agent, AgentError, ChatMessage, Progress, Role, TurnRequest};
 use crate::event::{MessageEvent, MessageKind, SessionKey};
 use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
 use crate::metrics::Metrics;
@@ -344,8 +344,18 @@ impl Runner {
             interrupted: None,
         };
         let session_id = self.resolve_session(&key).await;
-        let history = self.load_history(&session_id).await;
-        self.record(&session_id, vec![user_entry(&event)]).await;
+        let mut history = self.load_history(&session_id).await;
+        // A message replayed after a crash may already be the transcript's
+        // last entry: keep it once, and not also in the history.
+        let already_recorded = event.resumed
+            && history
+                .last()
+                .is_some_and(|m| m.role == Role::User && m.content == event.text);
+        if already_recorded {
+            history.pop();
+        } else {
+            self.record(&session_id, vec![user_entry(&event)]).await;
+        }
 
         let cancel = ctx.interrupt.child_token();
         let progress = Progress::new();

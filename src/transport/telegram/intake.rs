@@ -262,7 +262,7 @@ impl Intake {
                 _ => None,
             });
             let verdict = message.as_ref().map(|m| classify(m, &self.policy));
-            let Some(Inbound::Accept(event)) = verdict else {
+            let Some(Inbound::Accept(mut event)) = verdict else {
                 if let Some(id) = entry.message_id {
                     self.mark(entry.chat_id, id, InboxState::Dropped, "not resumable")
                         .await;
@@ -308,6 +308,7 @@ impl Intake {
                 "resuming a message after a restart"
             );
             resumed += 1;
+            event.resumed = entry.state == InboxState::Running;
             self.engine.adapter.handle_message(event).await;
         }
         Ok(resumed)
