@@ -75,6 +75,9 @@ pub struct Config {
     /// `[tools]`: what the model may use (openai backend).
     #[serde(default)]
     pub tools: ToolsConfig,
+    /// `[metrics]`: the optional /healthz and /metrics listener.
+    #[serde(default)]
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 /// `[tools]`.
@@ -268,6 +271,18 @@ pub struct SessionsConfig {
     /// further to its own budget).
     #[serde(default = "default_history_max_messages")]
     pub history_max_messages: usize,
+    /// After a restart, run again a message whose turn was cut short by the
+    /// restart (otherwise its sender is asked to resend it).
+    #[serde(default = "yes")]
+    pub resume_interrupted: bool,
+    /// Seconds running turns get to finish on SIGINT/SIGTERM before they are
+    /// cancelled (and resumed on the next start).
+    #[serde(default = "default_shutdown_grace_secs")]
+    pub shutdown_grace_secs: u64,
+}
+
+fn default_shutdown_grace_secs() -> u64 {
+    10
 }
 
 fn default_history_max_messages() -> usize {
@@ -284,6 +299,8 @@ impl Default for SessionsConfig {
             cancel_wait_ms: default_cancel_wait_ms(),
             group_sessions_per_user: true,
             history_max_messages: default_history_max_messages(),
+            resume_interrupted: true,
+            shutdown_grace_secs: default_shutdown_grace_secs(),
         }
     }
 }
@@ -538,6 +555,7 @@ impl Config {
                 Some(openai) => openai.validate().map_err(invalid)?,
             },
         }
+        self.metrics.validate().map_err(invalid)?;
         if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
             return Err(invalid(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
@@ -614,6 +632,7 @@ impl Config {
             key_policy: KeyPolicy {
                 group_sessions_per_user: self.sessions.group_sessions_per_user,
             },
+            metrics: crate::metrics::Metrics::default(),
         }
     }
 
@@ -622,6 +641,7 @@ impl Config {
         RunnerConfig {
             stall_timeout: Duration::from_secs(self.sessions.stall_timeout_secs),
             history_max_messages: self.sessions.history_max_messages,
+            metrics: crate::metrics::Metrics::default(),
         }
     }
 

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapter::{Adapter, AdapterConfig, WeakAdapter};
+use crate::adapter::{Adapter, AdapterConfig, EventLedger, WeakAdapter};
 use crate::agent::{Agent, CommandAgent, EchoAgent, OpenAiAgent};
 use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
 use crate::reply::{Outbound, Reply};
@@ -45,16 +45,59 @@ impl Engine {
         Engine { adapter, runner }
     }
 
-    /// Build an engine that keeps sessions and transcripts in `store`.
+    /// Build an engine that keeps sessions and transcripts in `store` and,
+    /// with a ledger, reports every message's outcome to it.
     pub fn with_store(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
         store: Store,
+        ledger: Option<Arc<dyn EventLedger>>,
         adapter_config: AdapterConfig,
         runner_config: RunnerConfig,
     ) -> Engine {
-        let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
-        let adapter = Adapter::new(Arc::new(runner.clone()), outbound, adapter_config);
+        Engine::assemble(
+            AgentSetup::without_tools(agent),
+            outbound,
+            store,
+            ledger,
+            adapter_config,
+            runner_config,
+        )
+    }
+
+    /// [`Engine::with_store`] for an [`AgentSetup`] (see
+    /// [`build_agent_setup`]): with its terminal tool, the runner answers
+    /// /ps, /kill, /approve and /deny, and a forwarder task brings wakeups
+    /// and approval requests to the chats (so this must then be called
+    /// inside a tokio runtime).
+    pub fn assemble(
+        setup: AgentSetup,
+        outbound: Arc<dyn Outbound>,
+        store: Store,
+        ledger: Option<Arc<dyn EventLedger>>,
+        adapter_config: AdapterConfig,
+        runner_config: RunnerConfig,
+    ) -> Engine {
+        let AgentSetup { agent, terminal } = setup;
+        let Some(TerminalSetup { tool, events }) = terminal else {
+            let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
+            let adapter =
+                Adapter::with_ledger(Arc::new(runner.clone()), outbound, adapter_config, ledger);
+            return Engine { adapter, runner };
+        };
+        let runner = Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
+        let adapter = Adapter::with_ledger(
+            Arc::new(runner.clone()),
+            outbound.clone(),
+            adapter_config,
+            ledger,
+        );
+        tokio::spawn(forward_tool_events(
+            events,
+            adapter.downgrade(),
+            runner.downgrade(),
+            outbound,
+        ));
         Engine { adapter, runner }
     }
 
@@ -68,45 +111,21 @@ impl Engine {
         Engine::open_setup(config, AgentSetup::without_tools(agent), outbound).await
     }
 
-    /// Build an engine from the configuration and an [`AgentSetup`] (see
-    /// [`build_agent_setup`]): with its terminal tool, the runner answers
-    /// /ps, /kill, /approve and /deny, and wakeups and approval requests
-    /// reach the chats. Must be called inside a tokio runtime.
+    /// [`Engine::open`] for an [`AgentSetup`] (see [`Engine::assemble`]).
     pub async fn open_setup(
         config: &Config,
         setup: AgentSetup,
         outbound: Arc<dyn Outbound>,
     ) -> Result<Engine, StoreError> {
         let store = open_store(&config.store).await?;
-        let AgentSetup { agent, terminal } = setup;
-        let Some(TerminalSetup { tool, events }) = terminal else {
-            return Ok(Engine::with_store(
-                agent,
-                outbound,
-                store,
-                config.adapter_config(),
-                config.runner_config(),
-            ));
-        };
-        let runner = Runner::with_tools(
-            agent,
-            outbound.clone(),
-            Some(store),
-            tool,
-            config.runner_config(),
-        );
-        let adapter = Adapter::new(
-            Arc::new(runner.clone()),
-            outbound.clone(),
-            config.adapter_config(),
-        );
-        tokio::spawn(forward_tool_events(
-            events,
-            adapter.downgrade(),
-            runner.downgrade(),
+        Ok(Engine::assemble(
+            setup,
             outbound,
-        ));
-        Ok(Engine { adapter, runner })
+            store,
+            None,
+            config.adapter_config(),
+            config.runner_config(),
+        ))
     }
 }
 

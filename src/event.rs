@@ -201,6 +201,9 @@ pub struct MessageEvent {
     /// process, even after /new). Honoured by the runner for internal
     /// events only: a user's message always goes to the current session.
     pub session_override: Option<SessionId>,
+    /// Replayed after a restart: its first attempt may already be in the
+    /// transcript.
+    pub resumed: bool,
 }
 
 impl MessageEvent {
@@ -220,6 +223,7 @@ impl MessageEvent {
             internal: false,
             bot_username: None,
             session_override: None,
+            resumed: false,
         }
     }
 
@@ -233,6 +237,7 @@ impl MessageEvent {
             internal: true,
             bot_username: None,
             session_override: None,
+            resumed: false,
         }
     }
 

@@ -13,7 +13,9 @@
 //! * [`reply`]: the outbound port the transports implement;
 //! * [`delivery`]: Markdown to Telegram entities, splitting, pacing, retries,
 //!   streaming edits;
-//! * [`store`]: SQLite sessions and transcripts on a dedicated thread.
+//! * [`store`]: SQLite sessions and transcripts on a dedicated thread;
+//! * [`metrics`]: the explicit metrics registry every component records into;
+//! * [`http`]: the optional `/healthz` and `/metrics` listener.
 //!
 //! Everything is re-exported here for the binary, the tests and the benches.
 
@@ -23,8 +25,10 @@ pub mod config;
 pub mod delivery;
 pub mod engine;
 pub mod event;
+pub mod http;
 pub mod identity;
 mod memory;
+pub mod metrics;
 pub mod reply;
 pub mod runner;
 pub mod store;

@@ -132,14 +132,16 @@ pub trait Outbound: Send + Sync + 'static {
         reply: Reply,
     ) -> BoxFuture<'a, Result<(), DeliveryError>>;
 
-    /// A turn started in the chat of `to`: show it (typing, streamed preview
-    /// read from `progress`). The default shows nothing.
+    /// A turn answering message `answering` started in the chat of `to`:
+    /// show it (typing, streamed preview read from `progress`). The default
+    /// shows nothing.
     fn turn_started(
         &self,
         to: &SessionSource,
+        answering: Option<i64>,
         progress: ProgressWatch,
     ) -> Option<Box<dyn LiveReply>> {
-        let _ = (to, progress);
+        let _ = (to, answering, progress);
         None
     }
 }

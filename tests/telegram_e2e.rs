@@ -414,3 +414,27 @@ async fn webhook_updates_need_the_secret() {
     assert_eq!(agent.started(), 1);
     bot.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_entities_fall_back_to_plain_text_and_the_reply_still_arrives() {
+    let fake = FakeBotApi::start().await;
+    let (bot, _agent) = start(&fake, "", "").await;
+    fake.fail_next(
+        "sendMessage",
+        1,
+        Failure::BadRequest(
+            "Bad Request: can't parse entities: Can't find end of the entity".into(),
+        ),
+    );
+    fake.push_text(USER, USER, "**bold** claim");
+    assert!(wait_text(&fake, USER, "answer:").await);
+    let calls = fake.calls();
+    let sends: Vec<_> = sends_to(&calls, USER);
+    assert_eq!(sends.len(), 2, "one refused attempt, one plain-text resend");
+    assert!(
+        sends[1].body.get("entities").is_none(),
+        "the resend carries no entities"
+    );
+    assert_eq!(bot.delivery.stats().plain_fallbacks, 1);
+    bot.shutdown().await;
+}

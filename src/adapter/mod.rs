@@ -30,14 +30,17 @@
 
 mod guard;
 mod handler;
+mod ledger;
 mod pending;
 
 pub use guard::{GuardKind, OwnerTask, SessionGuard};
 pub use handler::{DispatchContext, MessageHandler};
+pub use ledger::{EventLedger, EventOutcome};
 pub use pending::PendingQueue;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -49,7 +52,8 @@ use crate::event::{
     is_control_command, KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource,
 };
 use crate::memory::shrink_when_sparse;
-use crate::reply::{Outbound, Outgoing, Reply};
+use crate::metrics::Metrics;
+use crate::reply::{Outbound, Outgoing, Reply, ReplyKind};
 
 /// What an ordinary message does to a busy slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
@@ -77,6 +81,8 @@ pub struct AdapterConfig {
     pub cancel_wait: Duration,
     /// How session keys are built.
     pub key_policy: KeyPolicy,
+    /// Where stale-lock heals and refusals are counted.
+    pub metrics: Metrics,
 }
 
 impl Default for AdapterConfig {
@@ -87,6 +93,7 @@ impl Default for AdapterConfig {
             ack_interval: Duration::from_secs(3),
             cancel_wait: Duration::from_secs(2),
             key_policy: KeyPolicy::default(),
+            metrics: Metrics::default(),
         }
     }
 }
@@ -162,7 +169,11 @@ struct AdapterInner {
     state: Mutex<AdapterState>,
     handler: Arc<dyn MessageHandler>,
     outbound: Arc<dyn Outbound>,
+    ledger: Option<Arc<dyn EventLedger>>,
     config: AdapterConfig,
+    /// Set by [`Adapter::shutdown`]: cancelled turns keep their "running"
+    /// record, so a restart resumes them.
+    shutting_down: AtomicBool,
 }
 
 /// The adapter. Cheap to clone; clones share state.
@@ -209,14 +220,52 @@ impl Adapter {
         outbound: Arc<dyn Outbound>,
         config: AdapterConfig,
     ) -> Self {
+        Adapter::with_ledger(handler, outbound, config, None)
+    }
+
+    /// An adapter that also reports every message's outcome to `ledger`.
+    pub fn with_ledger(
+        handler: Arc<dyn MessageHandler>,
+        outbound: Arc<dyn Outbound>,
+        config: AdapterConfig,
+        ledger: Option<Arc<dyn EventLedger>>,
+    ) -> Self {
         Adapter {
             inner: Arc::new(AdapterInner {
                 state: Mutex::new(AdapterState::default()),
                 handler,
                 outbound,
+                ledger,
                 config,
+                shutting_down: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Stop: wait up to `grace` for running and queued turns to finish, then
+    /// cancel what still runs. Messages cut short this way keep their
+    /// "running" (or "received") record, so a restart resumes them. Returns
+    /// how many turns had to be cancelled.
+    pub async fn shutdown(&self, grace: Duration) -> usize {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + grace;
+        while !self.is_idle() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let owners: Vec<OwnerTask> = self.state().session_tasks.values().cloned().collect();
+        let mut cancelled = 0;
+        for owner in owners {
+            if owner.is_finished() {
+                continue;
+            }
+            cancelled += 1;
+            owner.request_cancel();
+            if !owner.finished_within(self.inner.config.cancel_wait).await {
+                owner.abort();
+                owner.finished_within(Duration::from_millis(100)).await;
+            }
+        }
+        cancelled
     }
 
     fn state(&self) -> MutexGuard<'_, AdapterState> {
@@ -247,24 +296,29 @@ impl Adapter {
         };
         match route {
             Route::Done => {}
-            Route::Reply(source, reply) => self.inner.send(&source, reply.into()).await,
+            Route::Reply(source, reply) => {
+                self.inner.send(&source, reply.into()).await;
+            }
             Route::Bypass(event, ctx) => {
                 let source = event.source.clone();
+                let message_id = event.message_id;
                 let handled = AssertUnwindSafe(self.inner.handler.handle(event, ctx))
                     .catch_unwind()
                     .await;
-                match handled {
-                    Ok(Some(out)) => self.inner.send(&source, out).await,
-                    Ok(None) => {}
-                    Err(_) => self.inner.send(&source, internal_error().into()).await,
-                }
+                let out = match handled {
+                    Ok(out) => out,
+                    Err(_) => Some(internal_error().into()),
+                };
+                self.inner.answer(&source, message_id, out).await;
             }
             Route::Command(path) => self.command_path(path).await,
         }
     }
 
     fn route(&self, state: &mut AdapterState, key: SessionKey, event: MessageEvent) -> Route {
-        state.heal(&key);
+        if state.heal(&key) {
+            self.inner.config.metrics.stale_lock_heals.inc();
+        }
         if !state.active_sessions.contains_key(&key) {
             // Idle. Queued follow-ups (kept across a heal) go first.
             let event = match state.pending.get_mut(&key) {
@@ -339,6 +393,12 @@ impl Adapter {
             Ok(position) => position,
             Err(refused) => {
                 tracing::warn!(session_key = %key, capacity, "queue full; message refused");
+                self.inner.config.metrics.messages_refused.inc();
+                self.inner.note(
+                    &source,
+                    refused.message_id,
+                    EventOutcome::Dropped("queue full"),
+                );
                 return Route::Reply(
                     source,
                     Reply::notice(format!(
@@ -410,6 +470,7 @@ impl Adapter {
             queue_depth,
         } = path;
         let source = event.source.clone();
+        let message_id = event.message_id;
         // A turn that already has its answer and is only delivering it is
         // not "running" any more: /stop then has nothing to stop.
         let slot_busy = previous.as_ref().is_some_and(|g| !g.is_finishing());
@@ -446,11 +507,20 @@ impl Adapter {
                     state.forget_idle(&key);
                 }
                 tracing::error!(session_key = %key, "command handler panicked; previous guard restored");
-                self.inner.send(&source, internal_error().into()).await;
+                self.inner
+                    .answer(&source, message_id, Some(internal_error().into()))
+                    .await;
                 return;
             }
         };
 
+        for dropped in &discarded {
+            self.inner.note(
+                &dropped.source,
+                dropped.message_id,
+                EventOutcome::Dropped("a new session started"),
+            );
+        }
         if !discarded.is_empty() {
             let note = format!(
                 "{} queued message{} from the previous session {} dropped; send {} again if still needed.",
@@ -468,9 +538,7 @@ impl Adapter {
             }
         }
         // 1. The command's reply goes out first.
-        if let Some(out) = outgoing {
-            self.inner.send(&source, out).await;
-        }
+        self.inner.answer(&source, message_id, outgoing).await;
         // 2. Then the old task is cancelled, with a bounded wait.
         if let Some(owner) = &old_owner {
             owner.request_cancel();
@@ -568,6 +636,11 @@ impl Adapter {
         self.state().active_sessions.len()
     }
 
+    /// Follow-ups waiting, over all slots.
+    pub fn pending_total(&self) -> usize {
+        self.state().pending.values().map(PendingQueue::len).sum()
+    }
+
     /// True when no slot is busy and nothing is queued or recorded.
     pub fn is_idle(&self) -> bool {
         let state = self.state();
@@ -595,15 +668,51 @@ impl AdapterInner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn send(&self, to: &SessionSource, outgoing: Outgoing) {
+    /// Deliver `outgoing`. Returns whether it arrived.
+    async fn send(&self, to: &SessionSource, outgoing: Outgoing) -> bool {
         let Outgoing { reply, live } = outgoing;
         let result = match live {
             Some(live) => live.finish(reply).await,
             None => self.outbound.deliver(to, reply).await,
         };
-        if let Err(error) = result {
-            tracing::warn!(chat_id = to.chat_id, %error, "reply could not be delivered");
+        match result {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(chat_id = to.chat_id, %error, "reply could not be delivered");
+                false
+            }
         }
+    }
+
+    /// Deliver the reply to message `message_id` (if any) and record the
+    /// message's outcome.
+    async fn answer(
+        &self,
+        to: &SessionSource,
+        message_id: Option<i64>,
+        outgoing: Option<Outgoing>,
+    ) {
+        let outcome = match outgoing {
+            None => EventOutcome::Dropped("no reply"),
+            Some(out) => {
+                let failed = out.reply.kind == ReplyKind::Error;
+                match (self.send(to, out).await, failed) {
+                    (true, false) => EventOutcome::Answered,
+                    _ => EventOutcome::Failed,
+                }
+            }
+        };
+        self.note(to, message_id, outcome);
+    }
+
+    fn note(&self, to: &SessionSource, message_id: Option<i64>, outcome: EventOutcome) {
+        if let (Some(ledger), Some(id)) = (&self.ledger, message_id) {
+            ledger.record(to, id, outcome);
+        }
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
     }
 
     /// After a turn: hand the slot to the next follow-up (with a fresh
@@ -654,6 +763,8 @@ async fn owner_task(
     let _finished = done.drop_guard();
     loop {
         let source = event.source.clone();
+        let message_id = event.message_id;
+        inner.note(&source, message_id, EventOutcome::Running);
         let ctx = DispatchContext {
             key: key.clone(),
             interrupt: guard.interrupt().clone(),
@@ -674,13 +785,13 @@ async fn owner_task(
             },
         };
         guard.mark_finishing();
-        if let Some(out) = outgoing {
-            // A reply is only sent while this task still owns the slot: once
-            // a command swapped its guard, whatever the turn produced is stale.
-            let owns = !cancel.is_cancelled() && inner.state().owns(&key, &guard);
-            if owns {
-                inner.send(&source, out).await;
-            }
+        // A reply is only sent while this task still owns the slot: once a
+        // command swapped its guard, whatever the turn produced is stale.
+        let owns = !cancel.is_cancelled() && inner.state().owns(&key, &guard);
+        if owns {
+            inner.answer(&source, message_id, outgoing).await;
+        } else if !inner.shutting_down() {
+            inner.note(&source, message_id, EventOutcome::Dropped("stopped"));
         }
         if cancel.is_cancelled() {
             return;

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::entity::FormattedText;
 use super::markdown::render;
 use super::split::{split, TELEGRAM_LIMIT};
-use super::telegram::{ChatTarget, Delivery};
+use super::telegram::{deliver_answer_once, ChatTarget, Delivery, ReplyRecord};
 use crate::agent::ProgressWatch;
 use crate::reply::{DeliveryError, LiveReply, Reply};
 
@@ -26,18 +26,31 @@ use crate::reply::{DeliveryError, LiveReply, Reply};
 pub struct LiveView {
     delivery: Delivery,
     target: ChatTarget,
+    record: Option<ReplyRecord>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Option<i32>>>,
 }
 
 impl LiveView {
     /// Start showing a turn in `target`.
-    pub fn start(delivery: Delivery, target: ChatTarget, progress: ProgressWatch) -> Self {
+    pub fn start(
+        delivery: Delivery,
+        target: ChatTarget,
+        progress: ProgressWatch,
+        record: Option<ReplyRecord>,
+    ) -> Self {
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(show_progress(delivery.clone(), target, progress, stopped));
+        let task = tokio::spawn(show_progress(
+            delivery.clone(),
+            target,
+            progress,
+            stopped,
+            record.clone(),
+        ));
         LiveView {
             delivery,
             target,
+            record,
             stop: Some(stop),
             task: Some(task),
         }
@@ -66,10 +79,19 @@ async fn show_progress(
     target: ChatTarget,
     mut progress: ProgressWatch,
     mut stopped: oneshot::Receiver<()>,
+    record: Option<ReplyRecord>,
 ) -> Option<i32> {
     let typing_every = delivery.config().typing_interval;
     let edit_every = delivery.config().edit_interval;
-    let mut preview: Option<i32> = None;
+    // A turn resumed after a restart continues the preview it had.
+    let mut preview: Option<i32> = match &record {
+        Some(record) => record
+            .recorded()
+            .await
+            .filter(|entry| !entry.delivered)
+            .and_then(|entry| entry.reply_ids.first().copied()),
+        None => None,
+    };
     let mut shown = String::new();
     let mut next_typing = Instant::now();
     let mut next_edit = Instant::now() + edit_every;
@@ -105,7 +127,12 @@ async fn show_progress(
                     Some(id) => delivery.edit_chunk(target, id, &formatted).await.map(|()| None),
                 };
                 match result {
-                    Ok(Some(id)) => preview = Some(id),
+                    Ok(Some(id)) => {
+                        preview = Some(id);
+                        if let Some(record) = &record {
+                            record.save(vec![id], false).await;
+                        }
+                    }
                     Ok(None) => {}
                     Err(error) => tracing::debug!(chat_id = target.chat_id, %error, "preview update failed"),
                 }
@@ -139,9 +166,14 @@ impl LiveReply for LiveView {
         Box::pin(async move {
             // Stop the preview first, so no edit can race the final text.
             let preview = self.stop_and_join().await;
-            self.delivery
-                .deliver_reply(self.target, &reply, preview)
-                .await
+            deliver_answer_once(
+                &self.delivery,
+                self.target,
+                &reply,
+                preview,
+                self.record.as_ref(),
+            )
+            .await
         })
     }
 }

@@ -30,6 +30,7 @@ use super::split::{split, TELEGRAM_LIMIT};
 use crate::agent::ProgressWatch;
 use crate::event::SessionSource;
 use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind};
+use crate::store::{OutboxEntry, Store};
 
 /// Delivery settings.
 #[derive(Clone, Debug)]
@@ -373,13 +374,17 @@ impl Delivery {
         target: ChatTarget,
         reply: &Reply,
         first_in_place: Option<i32>,
-    ) -> Result<(), DeliveryError> {
+    ) -> Result<Vec<i32>, DeliveryError> {
         let chunks = render_chunks(reply);
         let mut reply_to = reply.reply_to;
+        let mut ids = Vec::with_capacity(chunks.len());
         for (index, chunk) in chunks.iter().enumerate() {
             let edited = match (index, first_in_place) {
                 (0, Some(preview)) => match self.edit_chunk(target, preview, chunk).await {
-                    Ok(()) => true,
+                    Ok(()) => {
+                        ids.push(preview);
+                        true
+                    }
                     // The preview is gone (deleted by the user, too old):
                     // the final text still arrives, as a new message.
                     Err(DeliveryError::Rejected(why)) => {
@@ -391,12 +396,12 @@ impl Delivery {
                 _ => false,
             };
             if !edited {
-                self.send_chunk(target, chunk, reply_to).await?;
+                ids.push(self.send_chunk(target, chunk, reply_to).await?);
             }
             // Only the first chunk quotes the user's message.
             reply_to = None;
         }
-        Ok(())
+        Ok(ids)
     }
 }
 
@@ -415,22 +420,105 @@ pub fn render_chunks(reply: &Reply) -> Vec<FormattedText> {
     }
 }
 
+/// The outbox record of one reply: which Telegram messages carry the answer
+/// to a user message, so a restart neither sends a delivered answer again
+/// nor abandons a half-streamed preview.
+#[derive(Clone)]
+pub struct ReplyRecord {
+    store: Store,
+    chat_id: i64,
+    message_id: i64,
+}
+
+impl ReplyRecord {
+    /// The record for the answer to `message_id` in `chat_id`.
+    pub fn new(store: Store, chat_id: i64, message_id: i64) -> Self {
+        ReplyRecord {
+            store,
+            chat_id,
+            message_id,
+        }
+    }
+
+    /// What was recorded before (by this process or an earlier one).
+    pub async fn recorded(&self) -> Option<OutboxEntry> {
+        match self.store.reply_of(self.chat_id, self.message_id).await {
+            Ok(entry) => entry,
+            Err(error) => {
+                tracing::warn!(chat_id = self.chat_id, %error, "outbox unavailable");
+                None
+            }
+        }
+    }
+
+    /// Record the reply's messages (`delivered` once the final text is out).
+    pub async fn save(&self, ids: Vec<i32>, delivered: bool) {
+        if let Err(error) = self
+            .store
+            .record_reply(self.chat_id, self.message_id, ids, delivered)
+            .await
+        {
+            tracing::warn!(chat_id = self.chat_id, %error, "could not record a reply in the outbox");
+        }
+    }
+}
+
+/// Deliver a final answer exactly once: skipped if the outbox says it was
+/// delivered already; a recorded preview is finished by editing it.
+pub async fn deliver_answer_once(
+    delivery: &Delivery,
+    target: ChatTarget,
+    reply: &Reply,
+    preview: Option<i32>,
+    record: Option<&ReplyRecord>,
+) -> Result<(), DeliveryError> {
+    let mut preview = preview;
+    if let Some(record) = record {
+        match record.recorded().await {
+            Some(entry) if entry.delivered => {
+                tracing::info!(
+                    chat_id = target.chat_id,
+                    "answer already delivered before; not sending it again"
+                );
+                return Ok(());
+            }
+            Some(entry) if preview.is_none() => preview = entry.reply_ids.first().copied(),
+            _ => {}
+        }
+    }
+    let ids = delivery.deliver_reply(target, reply, preview).await?;
+    if let Some(record) = record {
+        record.save(ids, true).await;
+    }
+    Ok(())
+}
+
 /// The [`Outbound`] for Telegram: deliveries go through the engine; turns
-/// get a live view (typing, streamed preview).
+/// get a live view (typing, streamed preview); answers are recorded in the
+/// outbox when a store is given.
 #[derive(Clone)]
 pub struct TelegramOutbound {
     delivery: Delivery,
+    store: Option<Store>,
 }
 
 impl TelegramOutbound {
-    /// An outbound on top of `delivery`.
-    pub fn new(delivery: Delivery) -> Self {
-        TelegramOutbound { delivery }
+    /// An outbound on top of `delivery`, recording answers in `store`.
+    pub fn new(delivery: Delivery, store: Option<Store>) -> Self {
+        TelegramOutbound { delivery, store }
     }
 
     /// The engine (for stats).
     pub fn delivery(&self) -> &Delivery {
         &self.delivery
+    }
+
+    fn record_for(&self, to: &SessionSource, answering: Option<i64>) -> Option<ReplyRecord> {
+        Some(ReplyRecord::new(
+            self.store.clone()?,
+            to.chat_id,
+            answering?,
+        ))
     }
 }
 
@@ -441,21 +529,30 @@ impl Outbound for TelegramOutbound {
         reply: Reply,
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
-            self.delivery
-                .deliver_reply(ChatTarget::of(to), &reply, None)
-                .await
+            let target = ChatTarget::of(to);
+            if reply.kind == ReplyKind::Answer {
+                let record = self.record_for(to, reply.reply_to);
+                deliver_answer_once(&self.delivery, target, &reply, None, record.as_ref()).await
+            } else {
+                self.delivery
+                    .deliver_reply(target, &reply, None)
+                    .await
+                    .map(|_| ())
+            }
         })
     }
 
     fn turn_started(
         &self,
         to: &SessionSource,
+        answering: Option<i64>,
         progress: ProgressWatch,
     ) -> Option<Box<dyn LiveReply>> {
         Some(Box::new(super::live::LiveView::start(
             self.delivery.clone(),
             ChatTarget::of(to),
             progress,
+            self.record_for(to, answering),
         )))
     }
 }

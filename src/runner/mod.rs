@@ -47,9 +47,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
-use crate::agent::{Agent, AgentError, ChatMessage, Progress, TurnRequest};
+use crate::agent::{Agent, AgentError, ChatMessage, Progress, Role, TurnRequest};
 use crate::event::{MessageEvent, MessageKind, SessionKey};
 use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
+use crate::metrics::Metrics;
 use crate::reply::{Outbound, Outgoing, Reply};
 use crate::store::{Store, TranscriptEntry};
 use crate::tools::approval::{approval_reply, Denial};
@@ -66,6 +67,8 @@ pub struct RunnerConfig {
     /// How many earlier transcript entries a turn is given (the backend may
     /// trim further to its budget).
     pub history_max_messages: usize,
+    /// Where turns are counted and timed.
+    pub metrics: Metrics,
 }
 
 impl Default for RunnerConfig {
@@ -73,6 +76,7 @@ impl Default for RunnerConfig {
         RunnerConfig {
             stall_timeout: Duration::from_secs(300),
             history_max_messages: 200,
+            metrics: Metrics::default(),
         }
     }
 }
@@ -492,8 +496,18 @@ impl Runner {
             Some(session) => session.clone(),
             None => self.resolve_session(&key).await,
         };
-        let history = self.load_history(&session_id).await;
-        self.record(&session_id, vec![user_entry(&event)]).await;
+        let mut history = self.load_history(&session_id).await;
+        // A message replayed after a crash may already be the transcript's
+        // last entry: keep it once, and not also in the history.
+        let already_recorded = event.resumed
+            && history
+                .last()
+                .is_some_and(|m| m.role == Role::User && m.content == event.text);
+        if already_recorded {
+            history.pop();
+        } else {
+            self.record(&session_id, vec![user_entry(&event)]).await;
+        }
 
         let cancel = ctx.interrupt.child_token();
         let progress = Progress::new();
@@ -507,11 +521,14 @@ impl Runner {
             return None;
         }
         slot.interrupted = Some((session_id.clone(), progress.clone()));
+        let metrics = &self.inner.config.metrics;
+        metrics.turns_started.inc();
+        let started = Instant::now();
 
-        let live = self
-            .inner
-            .outbound
-            .turn_started(&event.source, progress.watch());
+        let live =
+            self.inner
+                .outbound
+                .turn_started(&event.source, event.message_id, progress.watch());
         let identity = TurnIdentity {
             session_key: key.clone(),
             session_id: session_id.clone(),
@@ -551,13 +568,18 @@ impl Runner {
                     .await;
             }
         }
+        metrics.turn_duration.observe(started.elapsed());
         if !current {
             tracing::debug!(session_key = %key, %generation, "stale turn result discarded");
+            metrics.generation_discards.inc();
+            metrics.turns_cancelled.inc();
             return None;
         }
         let reply = match watched {
             Watched::Stalled => {
                 tracing::warn!(session_key = %key, "turn stalled; cancelled by the watchdog");
+                metrics.watchdog_cancels.inc();
+                metrics.turns_cancelled.inc();
                 Reply::error(format!(
                     "⏱ The task showed no progress for {} and was stopped. Send your message again, or /reset to start fresh.",
                     commands::human_duration(self.inner.config.stall_timeout)
@@ -565,9 +587,11 @@ impl Runner {
             }
             Watched::Finished(_) if cancel.is_cancelled() => {
                 // Interrupted (a newer message) or stopped: never answered.
+                metrics.turns_cancelled.inc();
                 return None;
             }
             Watched::Finished(Ok(Ok(answer))) => {
+                metrics.turns_finished.inc();
                 {
                     let mut state = self.state();
                     if answer.history_trimmed > 0 {
@@ -588,15 +612,20 @@ impl Runner {
                 self.record(&session_id, entries).await;
                 Reply::answer(answer.text)
             }
-            Watched::Finished(Ok(Err(AgentError::Cancelled))) => return None,
+            Watched::Finished(Ok(Err(AgentError::Cancelled))) => {
+                metrics.turns_cancelled.inc();
+                return None;
+            }
             Watched::Finished(Ok(Err(AgentError::Backend {
                 user_message,
                 detail,
             }))) => {
+                metrics.turns_failed.inc();
                 tracing::warn!(session_key = %key, %detail, "turn failed");
                 Reply::error(format!("⚠️ {user_message}\n{RESET_HINT}"))
             }
             Watched::Finished(Err(panic)) => {
+                metrics.turns_failed.inc();
                 tracing::error!(session_key = %key, panic = %panic_message(&panic), "agent panicked");
                 Reply::error(format!(
                     "⚠️ Something went wrong inside the agent.\n{RESET_HINT}"
@@ -675,6 +704,9 @@ impl Drop for SlotRelease<'_> {
                 }
             }
             state.slots.release(self.key, Some(self.generation));
+        }
+        if self.interrupted.is_some() {
+            self.runner.inner.config.metrics.turns_cancelled.inc();
         }
         if let (Some(store), Some((session_id, progress))) =
             (self.runner.inner.store.clone(), self.interrupted.take())

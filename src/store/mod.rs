@@ -57,6 +57,7 @@
 //! * Never log message contents at info level or above: transcripts are
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
+pub mod ledger;
 pub mod schema;
 pub mod sessions;
 pub mod transcript;
@@ -69,6 +70,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
+pub use ledger::{InboxEntry, InboxState, OutboxEntry};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
 pub use transcript::{Role, TranscriptEntry};

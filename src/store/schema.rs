@@ -61,6 +61,41 @@ impl Migration {
     }
 }
 
+/// Version 2: the crash-safety ledger.
+///
+/// * `inbox` has one row per Telegram update (unique `update_id`, so a
+///   redelivered update is recognised), written *before* the update is
+///   confirmed to Telegram, with its state `received → running → answered |
+///   failed | dropped` and the raw update to replay after a restart.
+/// * `outbox` records, per answered user message (chat + message id), the
+///   Telegram message ids of its reply: `streaming` while a preview exists,
+///   `delivered` once the final text went out, so a restart never sends a
+///   final reply twice and finishes a half-streamed one by editing it.
+const V2_LEDGER: &str = "
+CREATE TABLE inbox (
+    update_id   INTEGER PRIMARY KEY,
+    chat_id     INTEGER NOT NULL,
+    message_id  INTEGER,
+    payload     TEXT NOT NULL CHECK (json_valid(payload)),
+    state       TEXT NOT NULL
+                CHECK (state IN ('received', 'running', 'answered', 'failed', 'dropped')),
+    reason      TEXT,
+    received_at INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL
+) STRICT;
+CREATE INDEX inbox_by_message ON inbox (chat_id, message_id);
+CREATE INDEX inbox_open ON inbox (state) WHERE state IN ('received', 'running');
+
+CREATE TABLE outbox (
+    chat_id     INTEGER NOT NULL,
+    message_id  INTEGER NOT NULL,
+    reply_ids   TEXT NOT NULL CHECK (json_valid(reply_ids)),
+    state       TEXT NOT NULL CHECK (state IN ('streaming', 'delivered')),
+    updated_at  INTEGER NOT NULL,
+    PRIMARY KEY (chat_id, message_id)
+) STRICT;
+";
+
 /// Version 1: sessions, their history, and transcripts.
 ///
 /// * `session_history` holds every session id ever issued, current or
@@ -112,6 +147,7 @@ CREATE INDEX transcripts_by_session ON transcripts (session_id, id);
 /// The schema history, oldest first. Append only; see the module docs.
 pub const MIGRATIONS: &[Migration] = &[
     Migration::new("sessions and transcripts", V1_SESSIONS),
+    Migration::new("inbox and outbox ledger", V2_LEDGER),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

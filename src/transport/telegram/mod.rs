@@ -11,31 +11,37 @@
 //! This module owns talking to teloxide. It must never make session
 //! decisions (that is the adapter's job) or await an agent turn.
 
+pub mod health;
 pub mod inbound;
+pub mod intake;
+pub mod polling;
+pub mod webhook;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use teloxide::dispatching::{Dispatcher, ShutdownToken, UpdateFilterExt};
-use teloxide::dptree;
-use teloxide::error_handlers::LoggingErrorHandler;
+use teloxide::payloads::{DeleteWebhookSetters, SetWebhookSetters};
 use teloxide::requests::Requester;
-use teloxide::types::{BotCommand, Message, Update};
-use teloxide::update_listeners::webhooks;
+use teloxide::types::BotCommand;
 use teloxide::Bot;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use self::inbound::{classify, Inbound, InboundPolicy};
+use self::health::{BotHealth, UpdatesHealth};
+use self::inbound::InboundPolicy;
+use self::intake::{Intake, StoreLedger};
+use crate::adapter::AdapterConfig;
 use crate::agent::Agent;
 use crate::config::{Config, UpdateMode};
-use crate::delivery::{ChatTarget, Delivery, TelegramOutbound};
-use crate::engine::{build_agent_setup, AgentSetup, Engine};
-use crate::reply::Reply;
+use crate::delivery::{Delivery, TelegramOutbound};
+use crate::engine::{build_agent_setup, open_store, AgentSetup, Engine};
+use crate::metrics::{InboxCounts, Metrics};
+use crate::runner::RunnerConfig;
 use crate::runner::COMMANDS;
+use crate::store::InboxState;
+use crate::store::Store;
 
 /// Why the bot could not start.
 #[derive(Debug, thiserror::Error)]
@@ -60,31 +66,18 @@ pub struct TelegramBot {
     pub engine: Engine,
     /// The delivery engine (stats).
     pub delivery: Delivery,
-    shutdown: ShutdownToken,
-    task: JoinHandle<()>,
-}
-
-/// Answers strangers (once per user per interval) with their user id.
-struct StrangerReplies {
-    last: Mutex<HashMap<u64, Instant>>,
-    interval: Duration,
-}
-
-impl StrangerReplies {
-    fn due(&self, user: u64) -> bool {
-        let now = Instant::now();
-        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.len() > 10_000 {
-            last.retain(|_, t| now.duration_since(*t) < self.interval);
-        }
-        match last.get(&user) {
-            Some(t) if now.duration_since(*t) < self.interval => false,
-            _ => {
-                last.insert(user, now);
-                true
-            }
-        }
-    }
+    /// The store (sessions, transcripts, inbox, outbox).
+    pub store: Store,
+    /// Where the webhook listens, in webhook mode.
+    pub webhook_addr: Option<SocketAddr>,
+    /// The counters behind `/metrics`.
+    pub metrics: Metrics,
+    /// Where `/healthz` and `/metrics` are served, if configured.
+    pub metrics_addr: Option<SocketAddr>,
+    ledger: StoreLedger,
+    stop_intake: CancellationToken,
+    intake_task: JoinHandle<()>,
+    shutdown_grace: Duration,
 }
 
 /// Register the command menu, only when it differs from what Telegram has.
@@ -106,8 +99,8 @@ async fn sync_commands(bot: &Bot) {
 }
 
 impl TelegramBot {
-    /// Connect, register commands and start receiving updates, answering
-    /// with the configured agent backend.
+    /// Connect, register commands, resume unfinished work and start
+    /// receiving updates, answering with the configured agent backend.
     pub async fn start(config: &Config) -> Result<TelegramBot, StartError> {
         let setup = build_agent_setup(config).map_err(StartError::Config)?;
         TelegramBot::start_with_setup(config, setup).await
@@ -146,59 +139,79 @@ impl TelegramBot {
         tracing::info!(username = %me.username(), "connected to Telegram");
         sync_commands(&bot).await;
 
+        let store = open_store(&config.store).await?;
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
-        let engine = Engine::open_setup(
-            config,
+        let (ledger, _writer) = StoreLedger::spawn(store.clone());
+        let metrics = Metrics::new();
+        let engine = Engine::assemble(
             setup,
-            Arc::new(TelegramOutbound::new(delivery.clone())),
-        )
-        .await
-        .map_err(StartError::Store)?;
-        let policy = Arc::new(InboundPolicy {
+            Arc::new(TelegramOutbound::new(delivery.clone(), Some(store.clone()))),
+            store.clone(),
+            Some(Arc::new(ledger.clone())),
+            AdapterConfig {
+                metrics: metrics.clone(),
+                ..config.adapter_config()
+            },
+            RunnerConfig {
+                metrics: metrics.clone(),
+                ..config.runner_config()
+            },
+        );
+        collect_gauges(&metrics, &engine, &delivery);
+        let policy = InboundPolicy {
             bot_id: me.id.0,
             bot_username: Arc::from(me.username()),
             allowed_users: telegram.allowed_users.clone(),
             allowed_chats: telegram.allowed_chats.clone(),
             allow_all_users: telegram.allow_all_users,
             require_mention: telegram.require_mention,
-        });
-        let strangers = Arc::new(StrangerReplies {
-            last: Mutex::new(HashMap::new()),
-            interval: Duration::from_secs(600),
-        });
+        };
+        let intake = Intake::new(
+            engine.clone(),
+            delivery.clone(),
+            store.clone(),
+            policy,
+            config.sessions.resume_interrupted,
+            metrics.clone(),
+        );
+        let resumed = intake.recover().await?;
+        if resumed > 0 {
+            tracing::info!(
+                resumed,
+                "resumed unfinished messages from before the restart"
+            );
+        }
 
-        let handler = Update::filter_message().endpoint({
-            let engine = engine.clone();
-            let delivery = delivery.clone();
-            move |message: Message| {
-                let (engine, delivery, policy, strangers) = (
-                    engine.clone(),
-                    delivery.clone(),
-                    policy.clone(),
-                    strangers.clone(),
-                );
-                async move {
-                    on_message(&engine, &delivery, &policy, &strangers, message).await;
-                    Ok::<(), std::convert::Infallible>(())
-                }
+        let stop_intake = CancellationToken::new();
+        let updates_health = UpdatesHealth::default();
+        let metrics_addr = match config.metrics.listen_addr().map_err(StartError::Config)? {
+            Some(listen) => {
+                let health = Arc::new(BotHealth {
+                    updates: updates_health.clone(),
+                    store: store.clone(),
+                });
+                let (bound, _task) =
+                    crate::http::serve(listen, metrics.clone(), health, stop_intake.clone())
+                        .await
+                        .map_err(|e| StartError::Webhook(format!("metrics listener: {e}")))?;
+                tracing::info!(%bound, "serving /healthz and /metrics");
+                Some(bound)
             }
-        });
-        let mut dispatcher = Dispatcher::builder(bot.clone(), handler)
-            .dependencies(dptree::deps![])
-            .default_handler(|update| async move {
-                tracing::debug!(update_id = update.id.0, "update ignored");
-            })
-            .error_handler(LoggingErrorHandler::with_custom_text(
-                "update handler failed",
-            ))
-            .build();
-        let shutdown = dispatcher.shutdown_token();
-
-        let task = match telegram.mode {
+            None => None,
+        };
+        refresh_inbox_gauges(metrics.clone(), store.clone(), stop_intake.clone());
+        let (intake_task, webhook_addr) = match telegram.mode {
             UpdateMode::Polling => {
-                // Updates that arrived while the bot was down are kept: the
-                // default polling listener does not drop pending updates.
-                tokio::spawn(async move { dispatcher.dispatch().await })
+                // Polling and a webhook exclude each other; pending updates
+                // are kept.
+                bot.delete_webhook().drop_pending_updates(false).await?;
+                let task = tokio::spawn(polling::poll(
+                    bot.clone(),
+                    intake,
+                    updates_health,
+                    stop_intake.clone(),
+                ));
+                (task, None)
             }
             UpdateMode::Webhook => {
                 let webhook = telegram.webhook.as_ref().ok_or_else(|| {
@@ -206,116 +219,191 @@ impl TelegramBot {
                         "telegram.mode = \"webhook\" needs [telegram.webhook]".into(),
                     )
                 })?;
-                let address: SocketAddr = webhook
+                let listen: SocketAddr = webhook
                     .listen
                     .parse()
                     .map_err(|e| StartError::Config(format!("telegram.webhook.listen: {e}")))?;
                 let url = url::Url::parse(&webhook.public_url)
                     .map_err(|e| StartError::Config(format!("telegram.webhook.public_url: {e}")))?;
-                let secret = webhook.secret_token.as_ref().ok_or_else(|| {
+                let secret = webhook.secret_token.clone().ok_or_else(|| {
                     StartError::Config("telegram.webhook.secret_token is required".into())
                 })?;
-                let options =
-                    webhooks::Options::new(address, url).secret_token(secret.expose().to_string());
-                let listener = webhooks::axum(bot.clone(), options)
-                    .await
-                    .map_err(|e| StartError::Webhook(e.to_string()))?;
-                tokio::spawn(async move {
-                    dispatcher
-                        .dispatch_with_listener(
-                            listener,
-                            LoggingErrorHandler::with_custom_text("webhook listener failed"),
-                        )
+                let path = match url.path() {
+                    "" => "/".to_string(),
+                    path => path.to_string(),
+                };
+                let (bound, task) =
+                    webhook::serve(listen, &path, secret.clone(), intake, stop_intake.clone())
                         .await
-                })
+                        .map_err(|e| StartError::Webhook(e.to_string()))?;
+                bot.set_webhook(url)
+                    .secret_token(secret.expose().to_string())
+                    .await?;
+                (task, Some(bound))
             }
         };
         Ok(TelegramBot {
             engine,
             delivery,
-            shutdown,
-            task,
+            store,
+            webhook_addr,
+            metrics,
+            metrics_addr,
+            ledger,
+            stop_intake,
+            intake_task,
+            shutdown_grace: Duration::from_secs(config.sessions.shutdown_grace_secs),
         })
     }
 
-    /// Stop receiving updates and wait for the dispatcher to finish.
-    ///
-    /// The dispatcher task ending is the signal waited for, not the future
-    /// `ShutdownToken::shutdown` returns: that one creates its `Notified`
-    /// only when first polled, so if the dispatcher stops before that (it
-    /// calls `notify_waiters`), the wakeup is lost and it never completes.
-    /// A shutdown asked for before the dispatcher started is repeated until
-    /// it takes.
+    /// Stop taking updates, let running turns finish (up to the configured
+    /// grace), cancel the rest (their messages are resumed on the next
+    /// start), write every record, close the store.
     pub async fn shutdown(self) {
-        while self.shutdown.shutdown().is_err() && !self.task.is_finished() {
-            tracing::debug!("dispatcher not running yet; asking again");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        self.stop_intake.cancel();
+        let _ = self.intake_task.await;
+        let cancelled = self.engine.adapter.shutdown(self.shutdown_grace).await;
+        if cancelled > 0 {
+            tracing::info!(
+                cancelled,
+                "turns cut short by the shutdown will be resumed on the next start"
+            );
         }
-        let _ = self.task.await;
+        self.ledger.flush().await;
+        drop(self.engine);
+        if let Err(error) = self.store.close().await {
+            tracing::warn!(%error, "the store did not close cleanly");
+        }
     }
 }
 
-async fn on_message(
-    engine: &Engine,
-    delivery: &Delivery,
-    policy: &InboundPolicy,
-    strangers: &StrangerReplies,
-    message: Message,
-) {
-    match classify(&message, policy) {
-        Inbound::Accept(event) => engine.adapter.handle_message(event).await,
-        Inbound::Stranger { chat_id, user_id } => {
-            tracing::info!(user_id, "message from a user who is not allowed");
-            if strangers.due(user_id) {
-                let reply = Reply::notice(format!(
-                    "Sorry, this bot is private. Your user id is {user_id}; \
-                     ask the owner to add it to telegram.allowed_users."
-                ));
-                let target = ChatTarget {
-                    chat_id,
-                    thread_id: None,
-                    is_group: false,
+/// Gauges and mirrored counters are read from their owners at each scrape.
+fn collect_gauges(metrics: &Metrics, engine: &Engine, delivery: &Delivery) {
+    let adapter = engine.adapter.clone();
+    let delivery = delivery.clone();
+    metrics.add_collector(move |registry| {
+        registry.busy_sessions.set(adapter.busy_count() as u64);
+        registry.queue_depth.set(adapter.pending_total() as u64);
+        registry.record_delivery(&delivery.stats());
+    });
+}
+
+/// The inbox gauges need the store (async), so a small task refreshes them.
+fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            if let Ok(counts) = store.inbox_counts().await {
+                let get = |state: InboxState| {
+                    counts
+                        .iter()
+                        .find(|(s, _)| *s == state)
+                        .map_or(0, |(_, n)| *n)
                 };
-                if let Err(error) = delivery.deliver_reply(target, &reply, None).await {
-                    tracing::debug!(%error, "could not answer a stranger");
-                }
+                metrics.set_inbox(InboxCounts {
+                    received: get(InboxState::Received),
+                    running: get(InboxState::Running),
+                    answered: get(InboxState::Answered),
+                    failed: get(InboxState::Failed),
+                    dropped: get(InboxState::Dropped),
+                });
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
         }
-        Inbound::Ignore(reason) => {
-            tracing::debug!(chat_id = message.chat.id.0, reason, "message ignored");
-        }
-    }
+    });
 }
 
 /// `telegate run`: start the bot and serve until SIGINT or SIGTERM.
+///
+/// The signal handlers are installed before anything starts and stay
+/// installed: a signal that arrives while the bot starts (recovery and
+/// polling may already be running) leads to the same clean shutdown once
+/// the start is done, instead of the default action killing the process;
+/// and a second signal is never missed, whenever it comes.
 pub async fn run(config: &Config) -> anyhow::Result<()> {
+    let stop = watch_signals();
     let bot = TelegramBot::start(config)
         .await
         .context("the bot could not start")?;
-    wait_for_signal().await;
-    tracing::info!("shutting down");
+    stop.cancelled().await;
     bot.shutdown().await;
+    tracing::info!("stopped cleanly");
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// Listen for SIGINT and SIGTERM from now on: the first cancels the
+/// returned token, a second exits the process at once (code 130).
+fn watch_signals() -> CancellationToken {
+    let stop = CancellationToken::new();
+    let mut signals = Signals::listen();
+    let first = stop.clone();
+    tokio::spawn(async move {
+        signals.recv().await;
+        tracing::info!("shutting down (send the signal again to exit at once)");
+        first.cancel();
+        signals.recv().await;
+        // SQLite's write-ahead log keeps the database consistent; what
+        // was not finished is resumed on the next start.
+        tracing::warn!("second signal: exiting at once");
+        std::process::exit(130)
+    });
+    stop
+}
+
+/// SIGINT and SIGTERM, registered once. (A listener registered anew after
+/// each signal would miss a signal arriving in between.)
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind: SignalKind, name: &str| match signal(kind) {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for {name}");
+                    None
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+            };
+            Signals {
+                interrupt: listen(SignalKind::interrupt(), "SIGINT"),
+                terminate: listen(SignalKind::terminate(), "SIGTERM"),
             }
         }
+        #[cfg(not(unix))]
+        {
+            Signals {}
+        }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn next(listener: &mut Option<tokio::signal::unix::Signal>) {
+                let received = match listener {
+                    Some(listener) => listener.recv().await.is_some(),
+                    None => false,
+                };
+                if !received {
+                    std::future::pending::<()>().await;
+                }
+            }
+            tokio::select! {
+                () = next(&mut self.interrupt) => {}
+                () = next(&mut self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

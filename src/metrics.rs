@@ -1,0 +1,951 @@
+//! The metrics registry: counters, gauges and one histogram, rendered in the
+//! Prometheus text format for `GET /metrics` (see [`crate::http`]).
+//!
+//! Why explicit instead of a global recorder: every component that counts
+//! something is handed a [`Metrics`] (a cheap `Arc` clone), so tests build a
+//! fresh registry each and can assert exact totals, two engines in one
+//! process never mix their numbers, and the list of what telegate measures
+//! is this file's [`Registry`] struct, not strings scattered over the code.
+//! Every metric is a named, documented field; recording is a lock-free
+//! atomic operation, so it may be called from any task or thread, in hot
+//! paths, and never blocks.
+//!
+//! This module must never install anything process-global (no `static`
+//! registry, no `metrics`-crate recorder), never hold a lock while a caller
+//! records, and never carry anything user-supplied (message text, chat ids,
+//! names, secrets) into a metric or a label: labels are fixed enums.
+//!
+//! The `[metrics]` config table ([`MetricsConfig`]) lives here too, so the
+//! listener's settings and the registry stay in one place.
+
+use std::fmt::{self, Write as _};
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::delivery::DeliveryStats;
+
+/// Prefix of every metric name.
+const PREFIX: &str = "telegate_";
+
+/// `[metrics]`: the optional health and metrics HTTP listener.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address the `/healthz` and `/metrics` listener binds, e.g.
+    /// `listen = "127.0.0.1:9464"`. Absent: no listener is started. The
+    /// endpoints have no authentication; keep them on a private address.
+    pub listen: Option<String>,
+}
+
+impl MetricsConfig {
+    /// Check the table without binding anything.
+    pub fn validate(&self) -> Result<(), String> {
+        self.listen_addr().map(|_| ())
+    }
+
+    /// The address to listen on, or `None` when no listener is configured.
+    pub fn listen_addr(&self) -> Result<Option<SocketAddr>, String> {
+        let Some(listen) = &self.listen else {
+            return Ok(None);
+        };
+        listen.trim().parse::<SocketAddr>().map(Some).map_err(|_| {
+            format!("metrics.listen {listen:?} is not an address like \"127.0.0.1:9464\"")
+        })
+    }
+}
+
+/// A handle to one registry; cheap to clone, shared by every component.
+///
+/// It dereferences to the [`Registry`], so recording reads
+/// `metrics.turns_started.inc()`.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    inner: Arc<Registry>,
+}
+
+impl Metrics {
+    /// A fresh registry with every metric at zero.
+    pub fn new() -> Self {
+        Metrics::default()
+    }
+
+    /// Whether two handles share one registry.
+    pub fn same_registry(&self, other: &Metrics) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Deref for Metrics {
+    type Target = Registry;
+
+    fn deref(&self) -> &Registry {
+        &self.inner
+    }
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics")
+            .field("turns_started", &self.turns_started.get())
+            .field("turns_finished", &self.turns_finished.get())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A monotonically increasing count.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Add one.
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    /// Add `n` (wraps only after 2^64 increments).
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Raise the count to `total` if it is lower: for mirroring a total kept
+    /// elsewhere (a snapshot never moves the counter backwards).
+    pub fn raise_to(&self, total: u64) {
+        self.0.fetch_max(total, Ordering::Relaxed);
+    }
+
+    /// The current count.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that goes up and down, usually set by its owner.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    /// Set the value.
+    pub fn set(&self, value: u64) {
+        self.0.store(value, Ordering::Relaxed);
+    }
+
+    /// Add one.
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Subtract one; stays at zero rather than wrapping.
+    pub fn dec(&self) {
+        // The closure never returns `None`, so this cannot fail.
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(1))
+            });
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Upper bounds (inclusive, in seconds) of the turn-duration buckets; the
+/// `+Inf` bucket follows implicitly.
+pub const TURN_DURATION_BUCKETS: [f64; 10] =
+    [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+/// The bucket bounds in microseconds, matching [`TURN_DURATION_BUCKETS`].
+const BUCKET_BOUNDS_MICROS: [u64; 10] = [
+    100_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    30_000_000,
+    60_000_000,
+    120_000_000,
+    300_000_000,
+];
+
+/// A histogram of durations with the fixed [`TURN_DURATION_BUCKETS`].
+///
+/// Each observation increments exactly one (non-cumulative) slot; the count
+/// is the sum of the slots, so a scrape always shows `+Inf` bucket == count
+/// even while observations race with it. The sum is kept in whole
+/// microseconds so it can be added atomically and exactly.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// One slot per bound, then the overflow (`+Inf` only) slot.
+    slots: [AtomicU64; BUCKET_BOUNDS_MICROS.len() + 1],
+    sum_micros: AtomicU64,
+}
+
+/// A consistent-enough copy of a [`Histogram`] for rendering and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// Cumulative counts per bound of [`TURN_DURATION_BUCKETS`], then `+Inf`.
+    pub cumulative: Vec<u64>,
+    /// Sum of all observations, in microseconds.
+    pub sum_micros: u64,
+}
+
+impl HistogramSnapshot {
+    /// Number of observations (the `+Inf` bucket).
+    pub fn count(&self) -> u64 {
+        self.cumulative.last().copied().unwrap_or(0)
+    }
+}
+
+impl Histogram {
+    /// Record one duration.
+    pub fn observe(&self, duration: Duration) {
+        let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
+        let slot = BUCKET_BOUNDS_MICROS
+            .iter()
+            .position(|&bound| micros <= bound)
+            .unwrap_or(BUCKET_BOUNDS_MICROS.len());
+        self.slots[slot].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Read the buckets (cumulated) and the sum.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut running = 0u64;
+        let cumulative = self
+            .slots
+            .iter()
+            .map(|slot| {
+                running = running.wrapping_add(slot.load(Ordering::Relaxed));
+                running
+            })
+            .collect();
+        HistogramSnapshot {
+            cumulative,
+            sum_micros: self.sum_micros.load(Ordering::Relaxed),
+        }
+    }
+}
+
+pub use crate::store::InboxState;
+
+/// The position of `state` in [`InboxState::ALL`] (the gauge index).
+fn inbox_index(state: InboxState) -> usize {
+    InboxState::ALL
+        .iter()
+        .position(|s| *s == state)
+        .unwrap_or_default()
+}
+
+/// Message counts per inbox state, as the inbox reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InboxCounts {
+    /// Messages accepted but not started.
+    pub received: u64,
+    /// Messages whose turn is running.
+    pub running: u64,
+    /// Messages answered.
+    pub answered: u64,
+    /// Messages whose turn failed.
+    pub failed: u64,
+    /// Messages dropped.
+    pub dropped: u64,
+}
+
+impl InboxCounts {
+    /// The count for one state.
+    pub fn get(&self, state: InboxState) -> u64 {
+        match state {
+            InboxState::Received => self.received,
+            InboxState::Running => self.running,
+            InboxState::Answered => self.answered,
+            InboxState::Failed => self.failed,
+            InboxState::Dropped => self.dropped,
+        }
+    }
+}
+
+/// A function run before each render to refresh mirrored values (e.g. the
+/// delivery engine's [`DeliveryStats`]).
+type Collector = Arc<dyn Fn(&Registry) + Send + Sync>;
+
+/// Everything telegate measures. Reach it through a [`Metrics`] handle.
+#[derive(Default)]
+pub struct Registry {
+    /// Turns that began running.
+    pub turns_started: Counter,
+    /// Turns that finished with an answer.
+    pub turns_finished: Counter,
+    /// Turns that ended with an error reported to the user.
+    pub turns_failed: Counter,
+    /// Turns cancelled (/stop, /new, /reset, an interrupting message).
+    pub turns_cancelled: Counter,
+    /// Stale session guards (owner task gone) healed by a later message.
+    pub stale_lock_heals: Counter,
+    /// Turns cancelled by the stall watchdog.
+    pub watchdog_cancels: Counter,
+    /// Outputs discarded because their turn's generation was no longer current.
+    pub generation_discards: Counter,
+    /// 429 `retry_after` answers from Telegram.
+    pub telegram_retry_after: Counter,
+    /// Total wait Telegram asked for in 429 answers, in milliseconds
+    /// (rendered in seconds). Use [`Registry::add_retry_after_wait`].
+    pub telegram_retry_after_wait_ms: Counter,
+    /// Telegram requests that failed for good.
+    pub delivery_failures: Counter,
+    /// Messages resent as plain text after Telegram refused their entities.
+    pub delivery_plain_fallbacks: Counter,
+    /// Internal wakeup events delivered to a session.
+    pub wakeups: Counter,
+    /// Updates received from Telegram.
+    pub updates_received: Counter,
+    /// Updates Telegram redelivered that were recognised and ignored.
+    pub updates_duplicate: Counter,
+    /// Messages refused (queue full, not allowed) and reported to the user.
+    pub messages_refused: Counter,
+    /// Sessions with a running turn (set by the adapter).
+    pub busy_sessions: Gauge,
+    /// Follow-ups waiting in all queues (set by the adapter).
+    pub queue_depth: Gauge,
+    /// How long turns took, from start to answer, failure or cancellation.
+    pub turn_duration: Histogram,
+    /// Inbox messages per state, indexed by [`InboxState`].
+    inbox: [Gauge; 5],
+    /// Refreshers run before each render.
+    collectors: RwLock<Vec<Collector>>,
+}
+
+impl Registry {
+    /// Add to the total `retry_after` wait.
+    pub fn add_retry_after_wait(&self, wait: Duration) {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.telegram_retry_after_wait_ms.add(ms);
+    }
+
+    /// Set the inbox gauges from counts the inbox computed.
+    pub fn set_inbox(&self, counts: InboxCounts) {
+        for state in InboxState::ALL {
+            self.inbox(state).set(counts.get(state));
+        }
+    }
+
+    /// The gauge of one inbox state.
+    pub fn inbox(&self, state: InboxState) -> &Gauge {
+        &self.inbox[inbox_index(state)]
+    }
+
+    /// Mirror the delivery engine's totals into the `telegram_*` and
+    /// `delivery_*` counters; a snapshot never moves them backwards. Feed
+    /// those counters either through this mirror or by direct increments,
+    /// not both, or the mirror hides the increments.
+    pub fn record_delivery(&self, stats: &DeliveryStats) {
+        self.telegram_retry_after.raise_to(stats.retry_after_hits);
+        self.telegram_retry_after_wait_ms
+            .raise_to(stats.retry_after_wait_ms);
+        self.delivery_failures.raise_to(stats.failures);
+        self.delivery_plain_fallbacks
+            .raise_to(stats.plain_fallbacks);
+    }
+
+    /// Run `collect` before every render, e.g.
+    /// `metrics.add_collector(move |m| m.record_delivery(&delivery.stats()))`.
+    /// It must be quick, must not render (that would recurse) and should not
+    /// capture a [`Metrics`] handle (it gets the registry as its argument;
+    /// a captured handle would keep the registry alive forever).
+    pub fn add_collector(&self, collect: impl Fn(&Registry) + Send + Sync + 'static) {
+        self.collectors
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::new(collect));
+    }
+
+    fn run_collectors(&self) {
+        // Copied out so no lock is held while a collector runs.
+        let collectors: Vec<Collector> = self
+            .collectors
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for collect in collectors {
+            collect(self);
+        }
+    }
+
+    /// Every metric in the Prometheus text exposition format 0.0.4.
+    pub fn render_prometheus(&self) -> String {
+        self.run_collectors();
+        let mut out = String::with_capacity(4096);
+        for (name, help, counter) in self.counters() {
+            let name = format!("{name}_total");
+            header(&mut out, &name, help, "counter");
+            sample(&mut out, &name, "", &counter.get().to_string());
+        }
+        let wait = "telegram_retry_after_wait_seconds_total";
+        header(
+            &mut out,
+            wait,
+            "Total seconds Telegram asked telegate to wait in 429 answers.",
+            "counter",
+        );
+        let wait_ms = self.telegram_retry_after_wait_ms.get();
+        sample(&mut out, wait, "", &millis_as_seconds(wait_ms));
+        for (name, help, gauge) in self.gauges() {
+            header(&mut out, name, help, "gauge");
+            sample(&mut out, name, "", &gauge.get().to_string());
+        }
+        self.render_inbox(&mut out);
+        self.render_turn_duration(&mut out);
+        out
+    }
+
+    fn counters(&self) -> [(&'static str, &'static str, &Counter); 14] {
+        [
+            (
+                "turns_started",
+                "Turns that began running.",
+                &self.turns_started,
+            ),
+            (
+                "turns_finished",
+                "Turns that finished with an answer.",
+                &self.turns_finished,
+            ),
+            (
+                "turns_failed",
+                "Turns that ended with an error.",
+                &self.turns_failed,
+            ),
+            (
+                "turns_cancelled",
+                "Turns cancelled by a command or an interrupting message.",
+                &self.turns_cancelled,
+            ),
+            (
+                "stale_lock_heals",
+                "Stale session guards healed by a later message.",
+                &self.stale_lock_heals,
+            ),
+            (
+                "watchdog_cancels",
+                "Turns cancelled by the stall watchdog.",
+                &self.watchdog_cancels,
+            ),
+            (
+                "generation_discards",
+                "Outputs discarded because their generation was no longer current.",
+                &self.generation_discards,
+            ),
+            (
+                "telegram_retry_after",
+                "429 retry_after answers from Telegram.",
+                &self.telegram_retry_after,
+            ),
+            (
+                "delivery_failures",
+                "Telegram requests that failed for good.",
+                &self.delivery_failures,
+            ),
+            (
+                "delivery_plain_fallbacks",
+                "Messages resent as plain text after an entity error.",
+                &self.delivery_plain_fallbacks,
+            ),
+            (
+                "wakeups",
+                "Internal wakeup events delivered to a session.",
+                &self.wakeups,
+            ),
+            (
+                "updates_received",
+                "Updates received from Telegram.",
+                &self.updates_received,
+            ),
+            (
+                "updates_duplicate",
+                "Redelivered updates recognised and ignored.",
+                &self.updates_duplicate,
+            ),
+            (
+                "messages_refused",
+                "Messages refused and reported to the user.",
+                &self.messages_refused,
+            ),
+        ]
+    }
+
+    fn gauges(&self) -> [(&'static str, &'static str, &Gauge); 2] {
+        [
+            (
+                "busy_sessions",
+                "Sessions with a running turn.",
+                &self.busy_sessions,
+            ),
+            (
+                "queue_depth",
+                "Follow-up messages waiting in all queues.",
+                &self.queue_depth,
+            ),
+        ]
+    }
+
+    fn render_inbox(&self, out: &mut String) {
+        let name = "inbox_messages";
+        header(out, name, "Inbox messages per state.", "gauge");
+        for state in InboxState::ALL {
+            let labels = format!("state=\"{}\"", state.as_str());
+            sample(out, name, &labels, &self.inbox(state).get().to_string());
+        }
+    }
+
+    fn render_turn_duration(&self, out: &mut String) {
+        let name = "turn_duration_seconds";
+        let help = "Turn duration from start to answer, failure or cancellation.";
+        header(out, name, help, "histogram");
+        let snapshot = self.turn_duration.snapshot();
+        let bounds = TURN_DURATION_BUCKETS.iter().map(|b| b.to_string());
+        let les = bounds.chain(std::iter::once("+Inf".to_string()));
+        let bucket = format!("{name}_bucket");
+        for (le, count) in les.zip(&snapshot.cumulative) {
+            sample(out, &bucket, &format!("le=\"{le}\""), &count.to_string());
+        }
+        let sum = micros_as_seconds(snapshot.sum_micros);
+        sample(out, &format!("{name}_sum"), "", &sum);
+        let count = snapshot.count().to_string();
+        sample(out, &format!("{name}_count"), "", &count);
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry").finish_non_exhaustive()
+    }
+}
+
+/// `# HELP` and `# TYPE` lines for one metric family.
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "# HELP {PREFIX}{name} {}", escape_help(help));
+    let _ = writeln!(out, "# TYPE {PREFIX}{name} {kind}");
+}
+
+/// One sample line; `labels` is `k="v",…` without braces, or empty.
+fn sample(out: &mut String, name: &str, labels: &str, value: &str) {
+    let _ = if labels.is_empty() {
+        writeln!(out, "{PREFIX}{name} {value}")
+    } else {
+        writeln!(out, "{PREFIX}{name}{{{labels}}} {value}")
+    };
+}
+
+/// HELP text escaping of the 0.0.4 format: backslash and newline.
+fn escape_help(help: &str) -> String {
+    help.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+fn millis_as_seconds(ms: u64) -> String {
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+fn micros_as_seconds(micros: u64) -> String {
+    format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+    use std::thread;
+
+    use super::*;
+
+    /// One parsed sample line.
+    #[derive(Debug)]
+    struct Sample {
+        name: String,
+        labels: Vec<(String, String)>,
+        value: f64,
+    }
+
+    /// What a tiny 0.0.4 parser makes of a rendering.
+    #[derive(Debug, Default)]
+    struct Parsed {
+        help: HashMap<String, String>,
+        kind: HashMap<String, String>,
+        samples: Vec<Sample>,
+    }
+
+    impl Parsed {
+        fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+            self.samples
+                .iter()
+                .find(|s| {
+                    s.name == name
+                        && s.labels.len() == labels.len()
+                        && labels
+                            .iter()
+                            .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
+                })
+                .map(|s| s.value)
+        }
+    }
+
+    fn is_metric_name(name: &str) -> bool {
+        let mut chars = name.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+
+    fn parse_labels(text: &str) -> Result<Vec<(String, String)>, String> {
+        let mut labels = Vec::new();
+        for pair in text.split(',').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').ok_or(format!("label {pair:?}"))?;
+            let value = value
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .ok_or(format!("unquoted label value {value:?}"))?;
+            if !is_metric_name(key) {
+                return Err(format!("label name {key:?}"));
+            }
+            labels.push((key.to_string(), value.to_string()));
+        }
+        Ok(labels)
+    }
+
+    fn parse_sample(line: &str) -> Result<Sample, String> {
+        let (series, value) = line.rsplit_once(' ').ok_or(format!("no value: {line:?}"))?;
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().map_err(|_| format!("bad value in {line:?}"))?,
+        };
+        let (name, labels) = match series.split_once('{') {
+            None => (series, Vec::new()),
+            Some((name, rest)) => {
+                let inner = rest.strip_suffix('}').ok_or(format!("labels: {line:?}"))?;
+                (name, parse_labels(inner)?)
+            }
+        };
+        if !is_metric_name(name) {
+            return Err(format!("bad name in {line:?}"));
+        }
+        Ok(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        })
+    }
+
+    /// The family a sample belongs to (histogram samples carry a suffix).
+    fn family<'a>(parsed: &Parsed, name: &'a str) -> &'a str {
+        for suffix in ["_bucket", "_sum", "_count"] {
+            if let Some(base) = name.strip_suffix(suffix) {
+                if parsed.kind.get(base).map(String::as_str) == Some("histogram") {
+                    return base;
+                }
+            }
+        }
+        name
+    }
+
+    /// Parse a rendering, checking the structural rules along the way: HELP
+    /// then TYPE once per family, before its samples; every sample declared.
+    fn parse(text: &str) -> Result<Parsed, String> {
+        let mut parsed = Parsed::default();
+        if !text.ends_with('\n') {
+            return Err("the last line has no newline".into());
+        }
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').ok_or(format!("HELP: {line:?}"))?;
+                if parsed.help.insert(name.into(), help.into()).is_some() {
+                    return Err(format!("second HELP for {name}"));
+                }
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').ok_or(format!("TYPE: {line:?}"))?;
+                if !["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind) {
+                    return Err(format!("unknown type {kind}"));
+                }
+                if parsed.kind.insert(name.into(), kind.into()).is_some() {
+                    return Err(format!("second TYPE for {name}"));
+                }
+            } else if line.starts_with('#') || line.trim().is_empty() {
+                return Err(format!("unexpected line {line:?}"));
+            } else {
+                let sample = parse_sample(line)?;
+                let family = family(&parsed, &sample.name).to_string();
+                if !parsed.help.contains_key(&family) || !parsed.kind.contains_key(&family) {
+                    return Err(format!("{} has no HELP/TYPE before it", sample.name));
+                }
+                parsed.samples.push(sample);
+            }
+        }
+        Ok(parsed)
+    }
+
+    fn check_histogram(parsed: &Parsed, name: &str) -> Result<(), String> {
+        let bucket = format!("{name}_bucket");
+        let buckets: Vec<(f64, f64)> = parsed
+            .samples
+            .iter()
+            .filter(|s| s.name == bucket)
+            .map(|s| {
+                let le = s.labels.iter().find(|(k, _)| k == "le").ok_or("no le")?;
+                let bound = match le.1.as_str() {
+                    "+Inf" => f64::INFINITY,
+                    b => b.parse().map_err(|_| "bad le")?,
+                };
+                Ok((bound, s.value))
+            })
+            .collect::<Result<_, &str>>()?;
+        if buckets
+            .windows(2)
+            .any(|w| w[0].0 >= w[1].0 || w[0].1 > w[1].1)
+        {
+            return Err(format!("{name}: buckets not increasing: {buckets:?}"));
+        }
+        let last = buckets.last().ok_or("no buckets")?;
+        let count = parsed
+            .value(&format!("{name}_count"), &[])
+            .ok_or("no _count")?;
+        parsed.value(&format!("{name}_sum"), &[]).ok_or("no _sum")?;
+        if last.0 != f64::INFINITY || last.1 != count {
+            return Err(format!("{name}: +Inf bucket {last:?} != count {count}"));
+        }
+        Ok(())
+    }
+
+    fn busy_registry() -> Metrics {
+        let metrics = Metrics::new();
+        metrics.turns_started.add(5);
+        metrics.turns_finished.add(3);
+        metrics.turns_failed.inc();
+        metrics.turns_cancelled.inc();
+        metrics.add_retry_after_wait(Duration::from_millis(2_500));
+        metrics.busy_sessions.set(2);
+        metrics.queue_depth.set(7);
+        metrics.set_inbox(InboxCounts {
+            received: 1,
+            running: 2,
+            answered: 3,
+            failed: 4,
+            dropped: 5,
+        });
+        for ms in [50, 100, 101, 700, 3_000, 3_000, 400_000] {
+            metrics.turn_duration.observe(Duration::from_millis(ms));
+        }
+        metrics
+    }
+
+    #[test]
+    fn the_metrics_rendering_is_valid_exposition_format() {
+        let text = busy_registry().render_prometheus();
+        let parsed = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        for name in parsed.kind.keys() {
+            assert!(name.starts_with(PREFIX), "{name}");
+            assert!(
+                parsed.help.contains_key(name),
+                "{name} has TYPE but no HELP"
+            );
+        }
+        for (name, kind) in &parsed.kind {
+            assert_eq!(
+                kind == "counter",
+                name.ends_with("_total"),
+                "{name}: {kind}"
+            );
+        }
+        for (name, _) in parsed.kind.iter().filter(|(_, k)| *k == "histogram") {
+            check_histogram(&parsed, name).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        }
+    }
+
+    #[test]
+    fn every_named_metric_is_rendered() {
+        let parsed = parse(&Metrics::new().render_prometheus()).unwrap();
+        let names: HashSet<&str> = parsed.kind.keys().map(String::as_str).collect();
+        for name in [
+            "turns_started_total",
+            "turns_finished_total",
+            "turns_failed_total",
+            "turns_cancelled_total",
+            "stale_lock_heals_total",
+            "watchdog_cancels_total",
+            "generation_discards_total",
+            "telegram_retry_after_total",
+            "telegram_retry_after_wait_seconds_total",
+            "delivery_failures_total",
+            "wakeups_total",
+            "updates_received_total",
+            "updates_duplicate_total",
+            "messages_refused_total",
+            "busy_sessions",
+            "queue_depth",
+            "inbox_messages",
+            "turn_duration_seconds",
+        ] {
+            assert!(names.contains(format!("{PREFIX}{name}").as_str()), "{name}");
+        }
+    }
+
+    #[test]
+    fn rendered_metrics_values_match_what_was_recorded() {
+        let parsed = parse(&busy_registry().render_prometheus()).unwrap();
+        let v = |name: &str, labels: &[(&str, &str)]| {
+            parsed.value(&format!("{PREFIX}{name}"), labels).unwrap()
+        };
+        assert_eq!(v("turns_started_total", &[]), 5.0);
+        assert_eq!(v("turns_finished_total", &[]), 3.0);
+        assert_eq!(v("telegram_retry_after_wait_seconds_total", &[]), 2.5);
+        assert_eq!(v("busy_sessions", &[]), 2.0);
+        assert_eq!(v("queue_depth", &[]), 7.0);
+        for (state, n) in [("received", 1.0), ("running", 2.0), ("dropped", 5.0)] {
+            assert_eq!(v("inbox_messages", &[("state", state)]), n);
+        }
+        let bucket = |le: &str| v("turn_duration_seconds_bucket", &[("le", le)]);
+        assert_eq!(bucket("0.1"), 2.0, "le is inclusive");
+        assert_eq!(bucket("0.5"), 3.0);
+        assert_eq!(bucket("1"), 4.0);
+        assert_eq!(bucket("5"), 6.0);
+        assert_eq!(bucket("300"), 6.0);
+        assert_eq!(bucket("+Inf"), 7.0);
+        assert_eq!(v("turn_duration_seconds_count", &[]), 7.0);
+        assert_eq!(v("turn_duration_seconds_sum", &[]), 406.951);
+    }
+
+    #[test]
+    fn metrics_from_many_threads_add_up_exactly() {
+        const THREADS: u64 = 8;
+        const PER_THREAD: u64 = 10_000;
+        let metrics = Metrics::new();
+        let workers: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let metrics = metrics.clone();
+                thread::spawn(move || {
+                    for n in 0..PER_THREAD {
+                        metrics.turns_started.inc();
+                        metrics.updates_received.add(2);
+                        metrics.busy_sessions.inc();
+                        metrics
+                            .turn_duration
+                            .observe(Duration::from_millis(n % 1000 + i));
+                        metrics.busy_sessions.dec();
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        let total = THREADS * PER_THREAD;
+        assert_eq!(metrics.turns_started.get(), total);
+        assert_eq!(metrics.updates_received.get(), 2 * total);
+        assert_eq!(metrics.busy_sessions.get(), 0);
+        let snapshot = metrics.turn_duration.snapshot();
+        assert_eq!(snapshot.count(), total);
+        let expected_sum: u64 = (0..THREADS)
+            .flat_map(|i| (0..PER_THREAD).map(move |n| (n % 1000 + i) * 1000))
+            .sum();
+        assert_eq!(snapshot.sum_micros, expected_sum);
+    }
+
+    #[test]
+    fn renders_racing_with_recording_stay_valid() {
+        let metrics = Metrics::new();
+        let writer = {
+            let metrics = metrics.clone();
+            thread::spawn(move || {
+                for n in 0..20_000u64 {
+                    metrics
+                        .turn_duration
+                        .observe(Duration::from_millis(n % 400_000));
+                }
+            })
+        };
+        for _ in 0..50 {
+            let text = metrics.render_prometheus();
+            let parsed = parse(&text).unwrap();
+            check_histogram(&parsed, "telegate_turn_duration_seconds").unwrap();
+        }
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn handles_share_one_registry_and_fresh_ones_do_not() {
+        let a = Metrics::new();
+        let b = a.clone();
+        b.wakeups.inc();
+        assert_eq!(a.wakeups.get(), 1);
+        assert!(a.same_registry(&b));
+        let other = Metrics::new();
+        assert_eq!(other.wakeups.get(), 0);
+        assert!(!a.same_registry(&other));
+    }
+
+    #[test]
+    fn gauges_never_wrap_below_zero() {
+        let metrics = Metrics::new();
+        metrics.queue_depth.dec();
+        assert_eq!(metrics.queue_depth.get(), 0);
+    }
+
+    #[test]
+    fn huge_durations_land_in_the_inf_bucket() {
+        let metrics = Metrics::new();
+        metrics.turn_duration.observe(Duration::MAX);
+        let snapshot = metrics.turn_duration.snapshot();
+        assert_eq!(snapshot.cumulative[TURN_DURATION_BUCKETS.len() - 1], 0);
+        assert_eq!(snapshot.count(), 1);
+    }
+
+    #[test]
+    fn delivery_stats_are_mirrored_by_a_collector_and_never_go_back() {
+        let metrics = Metrics::new();
+        let stats = Arc::new(std::sync::Mutex::new(DeliveryStats {
+            retry_after_hits: 2,
+            retry_after_wait_ms: 31_250,
+            failures: 1,
+            plain_fallbacks: 4,
+        }));
+        let source = Arc::clone(&stats);
+        metrics.add_collector(move |m| {
+            m.record_delivery(&source.lock().unwrap_or_else(PoisonError::into_inner))
+        });
+        let parsed = parse(&metrics.render_prometheus()).unwrap();
+        let v = |p: &Parsed, name: &str| p.value(&format!("{PREFIX}{name}"), &[]).unwrap();
+        assert_eq!(v(&parsed, "telegram_retry_after_total"), 2.0);
+        assert_eq!(v(&parsed, "telegram_retry_after_wait_seconds_total"), 31.25);
+        assert_eq!(v(&parsed, "delivery_failures_total"), 1.0);
+        assert_eq!(v(&parsed, "delivery_plain_fallbacks_total"), 4.0);
+        *stats.lock().unwrap() = DeliveryStats::default();
+        let parsed = parse(&metrics.render_prometheus()).unwrap();
+        assert_eq!(v(&parsed, "telegram_retry_after_total"), 2.0);
+    }
+
+    #[test]
+    fn help_text_is_escaped() {
+        assert_eq!(escape_help("a\\b\nc"), "a\\\\b\\nc");
+    }
+
+    #[test]
+    fn the_metrics_config_parses_and_validates() {
+        let config: MetricsConfig = toml::from_str("listen = \"127.0.0.1:9464\"").unwrap();
+        assert_eq!(
+            config.listen_addr().unwrap(),
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        let none: MetricsConfig = toml::from_str("").unwrap();
+        assert_eq!(none.listen_addr().unwrap(), None);
+        assert!(none.validate().is_ok());
+        let bad: MetricsConfig = toml::from_str("listen = \"localhost\"").unwrap();
+        let error = bad.validate().unwrap_err();
+        assert!(error.contains("metrics.listen"), "{error}");
+        assert!(toml::from_str::<MetricsConfig>("lisen = \"x\"").is_err());
+    }
+}

@@ -1,0 +1,363 @@
+//! The crash-safety ledger: every accepted update (inbox) and every final
+//! reply (outbox).
+//!
+//! The transport writes an update to the inbox *before* it confirms the
+//! update to Telegram, so a crash can lose nothing Telegram will not send
+//! again; a redelivered update finds its row and is ignored. The state of a
+//! row follows the message (`received → running → answered | failed |
+//! dropped`), so a restart knows what is unfinished. The outbox remembers
+//! which Telegram messages carry each reply, so a restart neither duplicates
+//! a delivered reply nor abandons a half-streamed preview.
+//!
+//! Contents are user data: this module logs ids and states, never text.
+
+use rusqlite::{params, OptionalExtension};
+use serde_json::Value;
+
+use super::{now_ms, Store, StoreError};
+
+/// Where a message stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InboxState {
+    /// Recorded, not started yet (queued or just arrived).
+    Received,
+    /// Its turn runs.
+    Running,
+    /// Its answer (or command reply) was delivered.
+    Answered,
+    /// Its turn failed and the user was told.
+    Failed,
+    /// It will not be answered (ignored, stopped, refused…); `reason` says why.
+    Dropped,
+}
+
+impl InboxState {
+    /// All states, in order.
+    pub const ALL: [InboxState; 5] = [
+        InboxState::Received,
+        InboxState::Running,
+        InboxState::Answered,
+        InboxState::Failed,
+        InboxState::Dropped,
+    ];
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InboxState::Received => "received",
+            InboxState::Running => "running",
+            InboxState::Answered => "answered",
+            InboxState::Failed => "failed",
+            InboxState::Dropped => "dropped",
+        }
+    }
+
+    fn parse(s: &str) -> Option<InboxState> {
+        InboxState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+    }
+
+    /// True for the states a message never leaves.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            InboxState::Answered | InboxState::Failed | InboxState::Dropped
+        )
+    }
+}
+
+/// One inbox row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InboxEntry {
+    /// Telegram's update id.
+    pub update_id: i64,
+    /// The chat.
+    pub chat_id: i64,
+    /// The user's message id, if the update carried a message.
+    pub message_id: Option<i64>,
+    /// The raw update, to replay after a restart.
+    pub payload: Value,
+    /// Where it stands.
+    pub state: InboxState,
+    /// Why it was dropped or failed.
+    pub reason: Option<String>,
+}
+
+/// One outbox row: the reply to a user message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxEntry {
+    /// Telegram message ids carrying the reply, in order.
+    pub reply_ids: Vec<i32>,
+    /// True once the final text went out.
+    pub delivered: bool,
+}
+
+impl Store {
+    /// Record an update. Returns `false` if it was already recorded (a
+    /// redelivery), in which case nothing changes.
+    pub async fn record_update(
+        &self,
+        update_id: i64,
+        chat_id: i64,
+        message_id: Option<i64>,
+        payload: Value,
+        state: InboxState,
+        reason: Option<String>,
+    ) -> Result<bool, StoreError> {
+        self.call(move |conn| {
+            let now = now_ms();
+            let inserted = conn.execute(
+                "INSERT OR IGNORE INTO inbox
+                 (update_id, chat_id, message_id, payload, state, reason, received_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                params![
+                    update_id,
+                    chat_id,
+                    message_id,
+                    payload.to_string(),
+                    state.as_str(),
+                    reason,
+                    now
+                ],
+            )?;
+            Ok(inserted == 1)
+        })
+        .await
+    }
+
+    /// Move the message `message_id` of `chat_id` to `state`. Terminal states
+    /// are final: a later update never moves a message out of one.
+    pub async fn set_message_state(
+        &self,
+        chat_id: i64,
+        message_id: i64,
+        state: InboxState,
+        reason: Option<String>,
+    ) -> Result<bool, StoreError> {
+        self.call(move |conn| {
+            let changed = conn.execute(
+                "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
+                 WHERE chat_id = ?1 AND message_id = ?2
+                   AND state NOT IN ('answered', 'failed', 'dropped')",
+                params![chat_id, message_id, state.as_str(), reason, now_ms()],
+            )?;
+            Ok(changed > 0)
+        })
+        .await
+    }
+
+    /// Messages not finished yet (received or running), oldest first.
+    pub async fn open_inbox(&self) -> Result<Vec<InboxEntry>, StoreError> {
+        self.call(|conn| {
+            let mut statement = conn.prepare(
+                "SELECT update_id, chat_id, message_id, payload, state, reason FROM inbox
+                 WHERE state IN ('received', 'running') ORDER BY update_id",
+            )?;
+            let rows = statement.query_map([], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, Option<i64>>(2)?,
+                    row.get::<_, String>(3)?,
+                    row.get::<_, String>(4)?,
+                    row.get::<_, Option<String>>(5)?,
+                ))
+            })?;
+            let mut entries = Vec::new();
+            for row in rows {
+                let (update_id, chat_id, message_id, payload, state, reason) = row?;
+                entries.push(InboxEntry {
+                    update_id,
+                    chat_id,
+                    message_id,
+                    payload: serde_json::from_str(&payload)?,
+                    state: InboxState::parse(&state).unwrap_or(InboxState::Received),
+                    reason,
+                });
+            }
+            Ok(entries)
+        })
+        .await
+    }
+
+    /// How many inbox rows are in each state.
+    pub async fn inbox_counts(&self) -> Result<Vec<(InboxState, u64)>, StoreError> {
+        self.call(|conn| {
+            let mut counts: Vec<(InboxState, u64)> =
+                InboxState::ALL.iter().map(|s| (*s, 0)).collect();
+            let mut statement = conn.prepare("SELECT state, COUNT(*) FROM inbox GROUP BY state")?;
+            let rows = statement.query_map([], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+            })?;
+            for row in rows {
+                let (state, count) = row?;
+                if let Some(slot) = counts
+                    .iter_mut()
+                    .find(|(s, _)| Some(*s) == InboxState::parse(&state))
+                {
+                    slot.1 = count.max(0) as u64;
+                }
+            }
+            Ok(counts)
+        })
+        .await
+    }
+
+    /// The inbox row of an update.
+    pub async fn inbox_entry(&self, update_id: i64) -> Result<Option<InboxEntry>, StoreError> {
+        self.call(move |conn| {
+            let row = conn
+                .query_row(
+                    "SELECT chat_id, message_id, payload, state, reason FROM inbox WHERE update_id = ?1",
+                    params![update_id],
+                    |row| {
+                        Ok((
+                            row.get::<_, i64>(0)?,
+                            row.get::<_, Option<i64>>(1)?,
+                            row.get::<_, String>(2)?,
+                            row.get::<_, String>(3)?,
+                            row.get::<_, Option<String>>(4)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            match row {
+                None => Ok(None),
+                Some((chat_id, message_id, payload, state, reason)) => Ok(Some(InboxEntry {
+                    update_id,
+                    chat_id,
+                    message_id,
+                    payload: serde_json::from_str(&payload)?,
+                    state: InboxState::parse(&state).unwrap_or(InboxState::Received),
+                    reason,
+                })),
+            }
+        })
+        .await
+    }
+
+    /// Record the reply messages of user message `message_id` in `chat_id`.
+    pub async fn record_reply(
+        &self,
+        chat_id: i64,
+        message_id: i64,
+        reply_ids: Vec<i32>,
+        delivered: bool,
+    ) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            let ids = serde_json::to_string(&reply_ids)?;
+            conn.execute(
+                "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (chat_id, message_id) DO UPDATE
+                 SET reply_ids = excluded.reply_ids, state = excluded.state,
+                     updated_at = excluded.updated_at",
+                params![
+                    chat_id,
+                    message_id,
+                    ids,
+                    if delivered { "delivered" } else { "streaming" },
+                    now_ms()
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The recorded reply of user message `message_id` in `chat_id`.
+    pub async fn reply_of(
+        &self,
+        chat_id: i64,
+        message_id: i64,
+    ) -> Result<Option<OutboxEntry>, StoreError> {
+        self.call(move |conn| {
+            let row = conn
+                .query_row(
+                    "SELECT reply_ids, state FROM outbox WHERE chat_id = ?1 AND message_id = ?2",
+                    params![chat_id, message_id],
+                    |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+                )
+                .optional()?;
+            match row {
+                None => Ok(None),
+                Some((ids, state)) => Ok(Some(OutboxEntry {
+                    reply_ids: serde_json::from_str(&ids)?,
+                    delivered: state == "delivered",
+                })),
+            }
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_redelivered_update_is_recognised() {
+        let store = Store::open_in_memory().unwrap();
+        let payload = json!({"update_id": 7});
+        assert!(store
+            .record_update(7, 1, Some(10), payload.clone(), InboxState::Received, None)
+            .await
+            .unwrap());
+        assert!(!store
+            .record_update(7, 1, Some(10), payload, InboxState::Received, None)
+            .await
+            .unwrap());
+    }
+
+    #[tokio::test]
+    async fn states_move_forward_and_terminal_states_stick() {
+        let store = Store::open_in_memory().unwrap();
+        store
+            .record_update(1, 5, Some(100), json!({}), InboxState::Received, None)
+            .await
+            .unwrap();
+        store
+            .record_update(2, 5, Some(101), json!({}), InboxState::Received, None)
+            .await
+            .unwrap();
+        assert!(store
+            .set_message_state(5, 100, InboxState::Running, None)
+            .await
+            .unwrap());
+        let open = store.open_inbox().await.unwrap();
+        assert_eq!(open.len(), 2);
+        assert_eq!(open[0].state, InboxState::Running);
+        assert!(store
+            .set_message_state(5, 100, InboxState::Answered, None)
+            .await
+            .unwrap());
+        assert!(!store
+            .set_message_state(5, 100, InboxState::Running, None)
+            .await
+            .unwrap());
+        let counts = store.inbox_counts().await.unwrap();
+        assert!(counts.contains(&(InboxState::Answered, 1)));
+        assert!(counts.contains(&(InboxState::Received, 1)));
+        assert_eq!(store.open_inbox().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn replies_are_recorded_per_user_message() {
+        let store = Store::open_in_memory().unwrap();
+        assert_eq!(store.reply_of(5, 100).await.unwrap(), None);
+        store.record_reply(5, 100, vec![77], false).await.unwrap();
+        store
+            .record_reply(5, 100, vec![77, 78], true)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.reply_of(5, 100).await.unwrap(),
+            Some(OutboxEntry {
+                reply_ids: vec![77, 78],
+                delivered: true
+            })
+        );
+    }
+}

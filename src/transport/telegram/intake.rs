@@ -1,0 +1,327 @@
+//! Intake: every update is written to the inbox, then handed on.
+//!
+//! The one rule that makes restarts safe: an update is recorded in the store
+//! *before* it is confirmed to Telegram (the next `getUpdates` offset, or the
+//! webhook's 200). A crash after that point loses nothing: the restart finds
+//! the row and resumes it. A redelivered update finds its row and is ignored,
+//! so it can never start a second turn.
+//!
+//! This module owns recording, classification and recovery. It must never
+//! confirm an update it could not record, and never await a turn.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde_json::Value;
+use teloxide::types::{Update, UpdateKind};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::inbound::{classify, Inbound, InboundPolicy};
+use crate::adapter::{EventLedger, EventOutcome};
+use crate::delivery::{ChatTarget, Delivery};
+use crate::engine::Engine;
+use crate::event::SessionSource;
+use crate::metrics::Metrics;
+use crate::reply::Reply;
+use crate::store::{InboxState, Store, StoreError};
+
+/// Parse an update. (teloxide's types deserialize reliably from text, not
+/// from a `serde_json::Value`, hence the detour through a string.)
+fn parse_update(raw: &Value) -> Option<Update> {
+    serde_json::from_str(&raw.to_string()).ok()
+}
+
+/// The [`EventLedger`] backed by the store: outcomes go, in order, to one
+/// writer task (the adapter never waits for the disk).
+#[derive(Clone)]
+pub struct StoreLedger {
+    tx: mpsc::UnboundedSender<LedgerOp>,
+}
+
+enum LedgerOp {
+    Record(i64, i64, EventOutcome),
+    Flush(oneshot::Sender<()>),
+}
+
+impl StoreLedger {
+    /// Start the writer task for `store`.
+    pub fn spawn(store: Store) -> (StoreLedger, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(async move {
+            while let Some(op) = rx.recv().await {
+                match op {
+                    LedgerOp::Record(chat_id, message_id, outcome) => {
+                        let (state, reason) = inbox_state(outcome);
+                        if let Err(error) = store
+                            .set_message_state(chat_id, message_id, state, reason)
+                            .await
+                        {
+                            tracing::error!(chat_id, message_id, %error, "could not record a message state");
+                        }
+                    }
+                    LedgerOp::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
+            }
+        });
+        (StoreLedger { tx }, writer)
+    }
+
+    /// Wait until every outcome recorded so far is written.
+    pub async fn flush(&self) {
+        let (done, written) = oneshot::channel();
+        if self.tx.send(LedgerOp::Flush(done)).is_ok() {
+            let _ = written.await;
+        }
+    }
+}
+
+fn inbox_state(outcome: EventOutcome) -> (InboxState, Option<String>) {
+    match outcome {
+        EventOutcome::Running => (InboxState::Running, None),
+        EventOutcome::Answered => (InboxState::Answered, None),
+        EventOutcome::Failed => (InboxState::Failed, None),
+        EventOutcome::Dropped(reason) => (InboxState::Dropped, Some(reason.to_string())),
+    }
+}
+
+impl EventLedger for StoreLedger {
+    fn record(&self, source: &SessionSource, message_id: i64, outcome: EventOutcome) {
+        let _ = self
+            .tx
+            .send(LedgerOp::Record(source.chat_id, message_id, outcome));
+    }
+}
+
+/// Answers strangers (once per user per interval) with their user id.
+struct StrangerReplies {
+    last: Mutex<HashMap<u64, Instant>>,
+    interval: Duration,
+}
+
+impl StrangerReplies {
+    fn due(&self, user: u64) -> bool {
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.len() > 10_000 {
+            last.retain(|_, t| now.duration_since(*t) < self.interval);
+        }
+        match last.get(&user) {
+            Some(t) if now.duration_since(*t) < self.interval => false,
+            _ => {
+                last.insert(user, now);
+                true
+            }
+        }
+    }
+}
+
+/// What happened to one update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Intook {
+    /// Recorded and handed to the adapter.
+    Accepted,
+    /// Recorded as not for us (ignored, stranger, malformed).
+    Ignored,
+    /// Already recorded before: a redelivery, ignored.
+    Duplicate,
+}
+
+/// Records updates and hands them to the engine.
+#[derive(Clone)]
+pub struct Intake {
+    engine: Engine,
+    delivery: Delivery,
+    store: Store,
+    policy: Arc<InboundPolicy>,
+    strangers: Arc<StrangerReplies>,
+    resume_interrupted: bool,
+    metrics: Metrics,
+}
+
+impl Intake {
+    /// An intake feeding `engine`.
+    pub fn new(
+        engine: Engine,
+        delivery: Delivery,
+        store: Store,
+        policy: InboundPolicy,
+        resume_interrupted: bool,
+        metrics: Metrics,
+    ) -> Self {
+        Intake {
+            engine,
+            delivery,
+            store,
+            policy: Arc::new(policy),
+            strangers: Arc::new(StrangerReplies {
+                last: Mutex::new(HashMap::new()),
+                interval: Duration::from_secs(600),
+            }),
+            resume_interrupted,
+            metrics,
+        }
+    }
+
+    /// Record one raw update and hand it on. An error means the update was
+    /// NOT recorded and must not be confirmed to Telegram.
+    pub async fn take(&self, raw: Value) -> Result<Intook, StoreError> {
+        let Some(update_id) = raw.get("update_id").and_then(Value::as_i64) else {
+            tracing::warn!("an update without update_id was ignored");
+            return Ok(Intook::Ignored);
+        };
+        let update = parse_update(&raw);
+        let message = update.as_ref().and_then(|u| match &u.kind {
+            UpdateKind::Message(message) => Some(message),
+            _ => None,
+        });
+        let chat_id = update
+            .as_ref()
+            .and_then(Update::chat)
+            .map_or(0, |chat| chat.id.0);
+        let message_id = message.map(|m| i64::from(m.id.0));
+        let verdict = match message {
+            Some(message) => classify(message, &self.policy),
+            None => Inbound::Ignore(match update.as_ref().map(|u| &u.kind) {
+                None | Some(UpdateKind::Error(_)) => "malformed or unknown update",
+                Some(_) => "update kind not handled",
+            }),
+        };
+        let (state, reason) = match &verdict {
+            Inbound::Accept(_) => (InboxState::Received, None),
+            Inbound::Stranger { .. } => (InboxState::Dropped, Some("sender not allowed")),
+            Inbound::Ignore(reason) => (InboxState::Dropped, Some(*reason)),
+        };
+        let new = self
+            .store
+            .record_update(
+                update_id,
+                chat_id,
+                message_id,
+                raw,
+                state,
+                reason.map(str::to_string),
+            )
+            .await?;
+        if !new {
+            tracing::info!(
+                update_id,
+                "update delivered again; already recorded, ignored"
+            );
+            self.metrics.updates_duplicate.inc();
+            return Ok(Intook::Duplicate);
+        }
+        self.metrics.updates_received.inc();
+        Ok(self.act(verdict).await)
+    }
+
+    async fn act(&self, verdict: Inbound) -> Intook {
+        match verdict {
+            Inbound::Accept(event) => {
+                self.engine.adapter.handle_message(event).await;
+                Intook::Accepted
+            }
+            Inbound::Stranger { chat_id, user_id } => {
+                tracing::info!(user_id, "message from a user who is not allowed");
+                if self.strangers.due(user_id) {
+                    let reply = Reply::notice(format!(
+                        "Sorry, this bot is private. Your user id is {user_id}; \
+                         ask the owner to add it to telegram.allowed_users."
+                    ));
+                    let target = ChatTarget {
+                        chat_id,
+                        thread_id: None,
+                        is_group: false,
+                    };
+                    if let Err(error) = self.delivery.deliver_reply(target, &reply, None).await {
+                        tracing::debug!(%error, "could not answer a stranger");
+                    }
+                }
+                Intook::Ignored
+            }
+            Inbound::Ignore(reason) => {
+                tracing::debug!(reason, "update ignored");
+                Intook::Ignored
+            }
+        }
+    }
+
+    /// After a restart: resume every recorded message that was not finished,
+    /// in its original order. A message whose turn was running when the
+    /// process died is run again (`resume_interrupted`) or its sender is
+    /// told to resend it; one whose answer already went out is only marked.
+    pub async fn recover(&self) -> Result<usize, StoreError> {
+        let open = self.store.open_inbox().await?;
+        let mut resumed = 0;
+        for entry in open {
+            let message = parse_update(&entry.payload).and_then(|u| match u.kind {
+                UpdateKind::Message(message) => Some(message),
+                _ => None,
+            });
+            let verdict = message.as_ref().map(|m| classify(m, &self.policy));
+            let Some(Inbound::Accept(mut event)) = verdict else {
+                if let Some(id) = entry.message_id {
+                    self.mark(entry.chat_id, id, InboxState::Dropped, "not resumable")
+                        .await;
+                }
+                continue;
+            };
+            let message_id = entry.message_id.unwrap_or_default();
+            let recorded = self
+                .store
+                .reply_of(entry.chat_id, message_id)
+                .await
+                .ok()
+                .flatten();
+            if recorded.as_ref().is_some_and(|reply| reply.delivered) {
+                self.mark(entry.chat_id, message_id, InboxState::Answered, "")
+                    .await;
+                continue;
+            }
+            if entry.state == InboxState::Running && !self.resume_interrupted {
+                let notice = Reply::notice(
+                    "⚠️ telegate restarted while working on this message; please send it again.",
+                )
+                .in_reply_to(entry.message_id);
+                let target = ChatTarget::of(&event.source);
+                // A half-streamed preview must not stay behind looking like
+                // the answer: the notice replaces it in place.
+                let preview = recorded.and_then(|reply| reply.reply_ids.first().copied());
+                if let Err(error) = self.delivery.deliver_reply(target, &notice, preview).await {
+                    tracing::warn!(%error, "could not tell a user about a restart");
+                }
+                self.mark(
+                    entry.chat_id,
+                    message_id,
+                    InboxState::Dropped,
+                    "interrupted by a restart",
+                )
+                .await;
+                continue;
+            }
+            tracing::info!(
+                update_id = entry.update_id,
+                state = entry.state.as_str(),
+                "resuming a message after a restart"
+            );
+            resumed += 1;
+            event.resumed = entry.state == InboxState::Running;
+            self.engine.adapter.handle_message(event).await;
+        }
+        Ok(resumed)
+    }
+
+    async fn mark(&self, chat_id: i64, message_id: i64, state: InboxState, reason: &str) {
+        let reason = (!reason.is_empty()).then(|| reason.to_string());
+        if let Err(error) = self
+            .store
+            .set_message_state(chat_id, message_id, state, reason)
+            .await
+        {
+            tracing::error!(%error, "could not record a message state");
+        }
+    }
+}

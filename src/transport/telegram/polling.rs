@@ -1,0 +1,96 @@
+//! Long polling, with the offset moved only past recorded updates.
+//!
+//! teloxide's dispatcher confirms a batch as soon as it has read it; a crash
+//! between that and our handler would lose the batch. This loop asks for
+//! updates with teloxide's `getUpdates` request, records and hands on each
+//! update in order, and only then asks for the next batch with an offset
+//! past it. Updates that were pending while the bot was down are fetched
+//! normally: nothing is dropped at start.
+
+use std::time::Duration;
+
+use teloxide::payloads::GetUpdatesSetters;
+use teloxide::requests::{Request, Requester};
+use teloxide::types::AllowedUpdate;
+use teloxide::{Bot, RequestError};
+use tokio_util::sync::CancellationToken;
+
+use super::health::UpdatesHealth;
+use super::intake::Intake;
+
+/// How long one `getUpdates` request may wait for news (seconds).
+///
+/// It must stay below the HTTP client's whole-request timeout (teloxide's
+/// `default_reqwest_settings`: 17 s, and teloxide does not extend it for long
+/// polls): a longer poll is cut by the client in every quiet period, which
+/// reads as a failure (a warning, `/healthz` 503, a growing backoff during
+/// which no update is fetched).
+const POLL_TIMEOUT_SECS: u32 = 10;
+
+/// teloxide's client timeout, which every poll must end before.
+const CLIENT_TIMEOUT_SECS: u32 = 17;
+const _: () = assert!(POLL_TIMEOUT_SECS + 5 <= CLIENT_TIMEOUT_SECS);
+
+/// Poll until `stop` fires, reporting each poll's outcome to `health`.
+pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: CancellationToken) {
+    let mut offset: i32 = 0;
+    let mut failures: u32 = 0;
+    loop {
+        let request = bot
+            .get_updates()
+            .offset(offset)
+            .timeout(POLL_TIMEOUT_SECS)
+            .allowed_updates(vec![AllowedUpdate::Message]);
+        let batch = tokio::select! {
+            _ = stop.cancelled() => return,
+            batch = request.send() => batch,
+        };
+        let updates = match batch {
+            Ok(updates) => updates,
+            Err(error) => {
+                health.set(false);
+                failures += 1;
+                let wait = backoff(&error, failures);
+                tracing::warn!(%error, ?wait, "getUpdates failed; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => continue,
+                }
+            }
+        };
+        failures = 0;
+        health.set(true);
+        for update in updates {
+            let id = update.id.0;
+            let raw = match serde_json::to_value(&update) {
+                Ok(raw) => raw,
+                Err(error) => {
+                    tracing::warn!(update_id = id, %error, "update could not be re-encoded; skipped");
+                    offset = offset.max(id as i32 + 1);
+                    continue;
+                }
+            };
+            // Record first; confirm (move the offset) only after that.
+            loop {
+                match intake.take(raw.clone()).await {
+                    Ok(_) => break,
+                    Err(error) => {
+                        tracing::error!(update_id = id, %error, "could not record an update; retrying before confirming it");
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                }
+            }
+            offset = offset.max(id as i32 + 1);
+        }
+    }
+}
+
+fn backoff(error: &RequestError, failures: u32) -> Duration {
+    match error {
+        RequestError::RetryAfter(seconds) => seconds.duration(),
+        _ => Duration::from_millis(500 * 2u64.pow(failures.min(6))).min(Duration::from_secs(30)),
+    }
+}
