@@ -8,10 +8,17 @@
 //! down), retries transient failures with backoff, and never blindly resends
 //! a message whose request may already have reached Telegram.
 //!
+//! Requests to one chat go out one at a time: a request waits until the
+//! previous one to the same chat has its answer. Otherwise a notice sent
+//! while a turn's edit is in flight could reach Telegram just after that
+//! edit was answered with 429, i.e. inside the `retry_after` window the
+//! bot had not heard of yet. Chats never wait for each other.
+//!
 //! This module owns pacing and retries. It must never decide whether a reply
 //! should be sent (the adapter and runner did that) and never log message
 //! text above debug level.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -87,6 +94,30 @@ struct DeliveryInner {
     limiter: Mutex<RateLimiter>,
     stats: Mutex<DeliveryStats>,
     config: DeliveryConfig,
+    /// One lock per chat with a request in flight or waiting (see the
+    /// module docs); an entry is removed when nobody holds or waits for it.
+    chat_locks: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// The right to send the next request to one chat; released on drop.
+struct ChatTurn<'a> {
+    locks: &'a Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
+    chat_id: i64,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for ChatTurn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        // Only the map holds it: nobody holds or waits for this chat.
+        if locks
+            .get(&self.chat_id)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            locks.remove(&self.chat_id);
+        }
+    }
 }
 
 /// The delivery engine (cheap to clone).
@@ -158,6 +189,7 @@ impl Delivery {
                 limiter: Mutex::new(RateLimiter::new(config.limits)),
                 stats: Mutex::new(DeliveryStats::default()),
                 config,
+                chat_locks: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -189,6 +221,26 @@ impl Delivery {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         );
+    }
+
+    /// Wait until no other request to `chat_id` is in flight.
+    async fn chat_turn(&self, chat_id: i64) -> ChatTurn<'_> {
+        let lock = self
+            .inner
+            .chat_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(chat_id)
+            .or_default()
+            .clone();
+        // Built before the wait, so a cancelled wait still cleans up.
+        let mut turn = ChatTurn {
+            locks: &self.inner.chat_locks,
+            chat_id,
+            guard: None,
+        };
+        turn.guard = Some(lock.lock_owned().await);
+        turn
     }
 
     async fn pace(&self, target: ChatTarget) {
@@ -228,13 +280,20 @@ impl Delivery {
         let mut plain = false;
         let mut attempts = 0u32;
         loop {
+            let turn = self.chat_turn(target.chat_id).await;
             self.pace(target).await;
             let error = match op(plain).await {
                 Ok(value) => return Ok(Some(value)),
                 Err(error) => error,
             };
+            let failure = classify(error);
+            if let Failure::RetryAfter(wait) = &failure {
+                // Booked before the next request to this chat may go.
+                self.hold_chat(target, *wait);
+            }
+            drop(turn);
             attempts += 1;
-            match classify(error) {
+            match failure {
                 Failure::NotModified => return Ok(None),
                 Failure::RetryAfter(wait) => {
                     self.note(|s| {
@@ -251,7 +310,6 @@ impl Delivery {
                     // 429s never count as attempts: the message waits, it is
                     // not dropped.
                     attempts -= 1;
-                    self.hold_chat(target, wait);
                 }
                 Failure::Entities(why) if !plain => {
                     tracing::warn!(chat_id = target.chat_id, %why, "entities refused; resending as plain text");
