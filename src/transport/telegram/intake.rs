@@ -6,6 +6,12 @@
 //! the row and resumes it. A redelivered update finds its row and is ignored,
 //! so it can never start a second turn.
 //!
+//! Recorded messages are handed to the adapter by one small worker per chat:
+//! in arrival order within a chat, concurrently across chats. The adapter
+//! may have to deliver something before it returns (a "Queued" notice, a
+//! command's reply, which can wait out a `retry_after`); one chat's wait
+//! must never hold up the updates of every other chat.
+//!
 //! This module owns recording, classification and recovery. It must never
 //! confirm an update it could not record, and never await a turn.
 
@@ -22,7 +28,7 @@ use super::inbound::{classify, Inbound, InboundPolicy};
 use crate::adapter::{EventLedger, EventOutcome};
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::SessionSource;
+use crate::event::{MessageEvent, SessionSource};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{InboxState, Store, StoreError};
@@ -31,6 +37,30 @@ use crate::store::{InboxState, Store, StoreError};
 /// from a `serde_json::Value`, hence the detour through a string.)
 fn parse_update(raw: &Value) -> Option<Update> {
     serde_json::from_str(&raw.to_string()).ok()
+}
+
+/// Hand one chat's messages to the adapter, in order; leave when none is
+/// waiting.
+async fn chat_worker(
+    engine: Engine,
+    workers: ChatWorkers,
+    chat_id: i64,
+    mut queue: mpsc::UnboundedReceiver<MessageEvent>,
+) {
+    loop {
+        let next = {
+            let mut workers = workers.lock().unwrap_or_else(PoisonError::into_inner);
+            let next = queue.try_recv().ok();
+            if next.is_none() {
+                workers.remove(&chat_id);
+            }
+            next
+        };
+        match next {
+            Some(event) => engine.adapter.handle_message(event).await,
+            None => return,
+        }
+    }
 }
 
 /// The [`EventLedger`] backed by the store: outcomes go, in order, to one
@@ -130,6 +160,9 @@ pub enum Intook {
     Duplicate,
 }
 
+/// The per-chat workers handing recorded messages to the adapter.
+type ChatWorkers = Arc<Mutex<HashMap<i64, mpsc::UnboundedSender<MessageEvent>>>>;
+
 /// Records updates and hands them to the engine.
 #[derive(Clone)]
 pub struct Intake {
@@ -140,6 +173,7 @@ pub struct Intake {
     strangers: Arc<StrangerReplies>,
     resume_interrupted: bool,
     metrics: Metrics,
+    workers: ChatWorkers,
 }
 
 impl Intake {
@@ -163,6 +197,7 @@ impl Intake {
             }),
             resume_interrupted,
             metrics,
+            workers: Arc::default(),
         }
     }
 
@@ -221,7 +256,7 @@ impl Intake {
     async fn act(&self, verdict: Inbound) -> Intook {
         match verdict {
             Inbound::Accept(event) => {
-                self.engine.adapter.handle_message(event).await;
+                self.hand_on(event);
                 Intook::Accepted
             }
             Inbound::Stranger { chat_id, user_id } => {
@@ -236,9 +271,13 @@ impl Intake {
                         thread_id: None,
                         is_group: false,
                     };
-                    if let Err(error) = self.delivery.deliver_reply(target, &reply, None).await {
-                        tracing::debug!(%error, "could not answer a stranger");
-                    }
+                    // Best effort, and never in the way of the next update.
+                    let delivery = self.delivery.clone();
+                    tokio::spawn(async move {
+                        if let Err(error) = delivery.deliver_reply(target, &reply, None).await {
+                            tracing::debug!(%error, "could not answer a stranger");
+                        }
+                    });
                 }
                 Intook::Ignored
             }
@@ -247,6 +286,31 @@ impl Intake {
                 Intook::Ignored
             }
         }
+    }
+
+    /// Queue `event` on its chat's worker, starting one if the chat has none.
+    fn hand_on(&self, event: MessageEvent) {
+        let chat_id = event.source.chat_id;
+        let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
+        // A worker in the map takes its queue under this lock before it
+        // leaves, so a send that succeeds here is always handled.
+        let event = match workers.get(&chat_id) {
+            Some(worker) => match worker.send(event) {
+                Ok(()) => return,
+                // The worker died (a panic); a new one takes over.
+                Err(mpsc::error::SendError(event)) => event,
+            },
+            None => event,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(event);
+        workers.insert(chat_id, tx);
+        tokio::spawn(chat_worker(
+            self.engine.clone(),
+            self.workers.clone(),
+            chat_id,
+            rx,
+        ));
     }
 
     /// After a restart: resume every recorded message that was not finished,
