@@ -12,7 +12,9 @@
 //! previous one to the same chat has its answer. Otherwise a notice sent
 //! while a turn's edit is in flight could reach Telegram just after that
 //! edit was answered with 429, i.e. inside the `retry_after` window the
-//! bot had not heard of yet. Chats never wait for each other.
+//! bot had not heard of yet. For the same reason a request, once sent, runs
+//! to its answer even if the turn that sent it is cancelled meanwhile.
+//! Chats never wait for each other.
 //!
 //! This module owns pacing and retries. It must never decide whether a reply
 //! should be sent (the adapter and runner did that) and never log message
@@ -100,16 +102,20 @@ struct DeliveryInner {
 }
 
 /// The right to send the next request to one chat; released on drop.
-struct ChatTurn<'a> {
-    locks: &'a Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
+struct ChatTurn {
+    inner: Arc<DeliveryInner>,
     chat_id: i64,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
-impl Drop for ChatTurn<'_> {
+impl Drop for ChatTurn {
     fn drop(&mut self) {
         drop(self.guard.take());
-        let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut locks = self
+            .inner
+            .chat_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // Only the map holds it: nobody holds or waits for this chat.
         if locks
             .get(&self.chat_id)
@@ -224,7 +230,7 @@ impl Delivery {
     }
 
     /// Wait until no other request to `chat_id` is in flight.
-    async fn chat_turn(&self, chat_id: i64) -> ChatTurn<'_> {
+    async fn chat_turn(&self, chat_id: i64) -> ChatTurn {
         let lock = self
             .inner
             .chat_locks
@@ -235,7 +241,7 @@ impl Delivery {
             .clone();
         // Built before the wait, so a cancelled wait still cleans up.
         let mut turn = ChatTurn {
-            locks: &self.inner.chat_locks,
+            inner: self.inner.clone(),
             chat_id,
             guard: None,
         };
@@ -267,6 +273,10 @@ impl Delivery {
     /// Run one request with pacing and retries. `op(plain)` builds the
     /// request; `plain` is true after Telegram refused the entities.
     /// Returns `Ok(None)` for "not modified".
+    ///
+    /// Once sent, a request runs to its answer even if this call is dropped
+    /// (a turn cancelled mid-request): a 429 it gets is still booked before
+    /// the chat's next request may go.
     pub async fn call<T, F, Fut>(
         &self,
         target: ChatTarget,
@@ -275,23 +285,35 @@ impl Delivery {
     ) -> Result<Option<T>, DeliveryError>
     where
         F: Fn(bool) -> Fut,
-        Fut: Future<Output = Result<T, RequestError>>,
+        Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
+        T: Send + 'static,
     {
         let mut plain = false;
         let mut attempts = 0u32;
         loop {
             let turn = self.chat_turn(target.chat_id).await;
             self.pace(target).await;
-            let error = match op(plain).await {
-                Ok(value) => return Ok(Some(value)),
-                Err(error) => error,
+            let request = op(plain);
+            let delivery = self.clone();
+            let attempt = tokio::spawn(async move {
+                let result = request.await;
+                if let Err(RequestError::RetryAfter(seconds)) = &result {
+                    delivery.hold_chat(target, seconds.duration());
+                }
+                drop(turn);
+                result
+            });
+            let error = match attempt.await {
+                Ok(Ok(value)) => return Ok(Some(value)),
+                Ok(Err(error)) => error,
+                Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+                Err(_) => {
+                    return Err(DeliveryError::Unavailable(
+                        "the runtime is shutting down".into(),
+                    ))
+                }
             };
             let failure = classify(error);
-            if let Failure::RetryAfter(wait) = &failure {
-                // Booked before the next request to this chat may go.
-                self.hold_chat(target, *wait);
-            }
-            drop(turn);
             attempts += 1;
             match failure {
                 Failure::NotModified => return Ok(None),
