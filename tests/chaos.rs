@@ -52,7 +52,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use support::fake_bot::{Failure, FakeBotApi, Outcome, RecordedCall};
+use support::fake_bot::{Failure, FakeBotApi, Outcome, RecordedCall, RetryScope};
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::config::{Config, Purpose};
 use telegate::store::InboxState;
@@ -735,6 +735,16 @@ async fn run(scenario: Scenario) {
         problems.len(),
         &problems[..problems.len().min(10)]
     );
+    if let Some(first) = violations.first() {
+        let chat_id = match &first.scope {
+            RetryScope::Chat(chat_id) => *chat_id,
+            RetryScope::Method(_) => 0,
+        };
+        println!(
+            "{}",
+            chat_story(&bot, &fake, &pushed, chat_id, scenario.seed).await
+        );
+    }
     assert!(
         violations.is_empty(),
         "[{}] {} calls ignored a retry_after, first: {:?}",
