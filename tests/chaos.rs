@@ -30,7 +30,8 @@
 //!   request, so such an answer is not visible either.);
 //! * every `failed` message is explained: its agent failed (error, hang cut
 //!   by the watchdog, panic), or a request carrying its reply met an
-//!   injected dropped connection or 400;
+//!   injected dropped connection or 400 (or, on a starved machine, the
+//!   watchdog stopped a slow turn and said so: counted separately);
 //! * every 429 was honoured (`violations_of_retry_after()` is empty);
 //! * the intake keeps up: one chat's flood wait never holds up the others
 //!   (the `getUpdates` backlog stays within a few waves);
@@ -495,14 +496,15 @@ fn texts_hit_by_failures(calls: &[RecordedCall]) -> HashSet<(i64, String)> {
         .collect()
 }
 
-/// (chat, user message id) of every error notice that reached the chat.
-fn error_notices(calls: &[RecordedCall]) -> HashSet<(i64, i64)> {
+/// (chat, user message id) of every notice starting with one of
+/// `prefixes` that reached the chat.
+fn notices(calls: &[RecordedCall], prefixes: &[&str]) -> HashSet<(i64, i64)> {
     calls
         .iter()
         .filter(|c| c.method == "sendMessage" && c.outcome.is_ok())
         .filter(|c| {
             c.text()
-                .is_some_and(|t| t.starts_with("⚠️") || t.starts_with("⏱"))
+                .is_some_and(|t| prefixes.iter().any(|p| t.starts_with(p)))
         })
         .filter_map(|c| {
             Some((
@@ -585,7 +587,8 @@ async fn run(scenario: Scenario) {
     let calls = fake.calls();
     let views = chat_views(&fake, &pushed);
     let hit = texts_hit_by_failures(&calls);
-    let notices = error_notices(&calls);
+    let error_notices = notices(&calls, &["⚠️", "⏱"]);
+    let stall_notices = notices(&calls, &["⏱"]);
     let mut tally = Tally::default();
     let mut problems = Vec::new();
     for message in &pushed {
@@ -633,12 +636,18 @@ async fn run(scenario: Scenario) {
                         act_for(scenario.seed, &message.text),
                         Act::Fail | Act::Hang | Act::Panic
                     );
+                let told = |set: &HashSet<(i64, i64)>| {
+                    user_message_id.is_some_and(|id| set.contains(&(message.chat_id, id)))
+                };
                 let cause = if agent_failed {
-                    match user_message_id.is_some_and(|id| notices.contains(&(message.chat_id, id)))
-                    {
+                    match told(&error_notices) {
                         true => "agent error, user told",
                         false => "agent error, notice lost in delivery",
                     }
+                } else if told(&stall_notices) {
+                    // A turn that pings every 100 ms can only stall if the
+                    // machine starves it for a whole second: allowed, shown.
+                    "stalled (starved), user told"
                 } else {
                     // The answer (or command reply) never arrived: only an
                     // injected failure may explain that.
