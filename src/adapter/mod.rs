@@ -539,13 +539,21 @@ impl Adapter {
         }
         // 1. The command's reply goes out first.
         self.inner.answer(&source, message_id, outgoing).await;
-        // 2. Then the old task is cancelled, with a bounded wait.
+        // 2. Then the old task is cancelled, with a bounded wait. A task
+        //    that is only delivering its finished answer is not aborted:
+        //    cutting a delivery short would leave the answer half sent and
+        //    its message without an outcome. It ends on its own and never
+        //    touches the slot again (its guard is gone).
         if let Some(owner) = &old_owner {
             owner.request_cancel();
             if !owner.finished_within(self.inner.config.cancel_wait).await {
-                tracing::warn!(session_key = %key, "old task ignored cancellation; aborting it");
-                owner.abort();
-                owner.finished_within(Duration::from_millis(100)).await;
+                if previous.as_ref().is_some_and(SessionGuard::is_finishing) {
+                    tracing::debug!(session_key = %key, "old task is delivering its answer; left to finish");
+                } else {
+                    tracing::warn!(session_key = %key, "old task ignored cancellation; aborting it");
+                    owner.abort();
+                    owner.finished_within(Duration::from_millis(100)).await;
+                }
             }
         }
         // 3. Then the command guard is released and the oldest follow-up

@@ -8,10 +8,19 @@
 //! down), retries transient failures with backoff, and never blindly resends
 //! a message whose request may already have reached Telegram.
 //!
+//! Requests to one chat go out one at a time: a request waits until the
+//! previous one to the same chat has its answer. Otherwise a notice sent
+//! while a turn's edit is in flight could reach Telegram just after that
+//! edit was answered with 429, i.e. inside the `retry_after` window the
+//! bot had not heard of yet. For the same reason a request, once sent, runs
+//! to its answer even if the turn that sent it is cancelled meanwhile.
+//! Chats never wait for each other.
+//!
 //! This module owns pacing and retries. It must never decide whether a reply
 //! should be sent (the adapter and runner did that) and never log message
 //! text above debug level.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -87,6 +96,34 @@ struct DeliveryInner {
     limiter: Mutex<RateLimiter>,
     stats: Mutex<DeliveryStats>,
     config: DeliveryConfig,
+    /// One lock per chat with a request in flight or waiting (see the
+    /// module docs); an entry is removed when nobody holds or waits for it.
+    chat_locks: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// The right to send the next request to one chat; released on drop.
+struct ChatTurn {
+    inner: Arc<DeliveryInner>,
+    chat_id: i64,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for ChatTurn {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = self
+            .inner
+            .chat_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Only the map holds it: nobody holds or waits for this chat.
+        if locks
+            .get(&self.chat_id)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            locks.remove(&self.chat_id);
+        }
+    }
 }
 
 /// The delivery engine (cheap to clone).
@@ -158,6 +195,7 @@ impl Delivery {
                 limiter: Mutex::new(RateLimiter::new(config.limits)),
                 stats: Mutex::new(DeliveryStats::default()),
                 config,
+                chat_locks: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -191,6 +229,26 @@ impl Delivery {
         );
     }
 
+    /// Wait until no other request to `chat_id` is in flight.
+    async fn chat_turn(&self, chat_id: i64) -> ChatTurn {
+        let lock = self
+            .inner
+            .chat_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(chat_id)
+            .or_default()
+            .clone();
+        // Built before the wait, so a cancelled wait still cleans up.
+        let mut turn = ChatTurn {
+            inner: self.inner.clone(),
+            chat_id,
+            guard: None,
+        };
+        turn.guard = Some(lock.lock_owned().await);
+        turn
+    }
+
     async fn pace(&self, target: ChatTarget) {
         let at = {
             let mut limiter = self
@@ -215,6 +273,10 @@ impl Delivery {
     /// Run one request with pacing and retries. `op(plain)` builds the
     /// request; `plain` is true after Telegram refused the entities.
     /// Returns `Ok(None)` for "not modified".
+    ///
+    /// Once sent, a request runs to its answer even if this call is dropped
+    /// (a turn cancelled mid-request): a 429 it gets is still booked before
+    /// the chat's next request may go.
     pub async fn call<T, F, Fut>(
         &self,
         target: ChatTarget,
@@ -223,18 +285,37 @@ impl Delivery {
     ) -> Result<Option<T>, DeliveryError>
     where
         F: Fn(bool) -> Fut,
-        Fut: Future<Output = Result<T, RequestError>>,
+        Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
+        T: Send + 'static,
     {
         let mut plain = false;
         let mut attempts = 0u32;
         loop {
+            let turn = self.chat_turn(target.chat_id).await;
             self.pace(target).await;
-            let error = match op(plain).await {
-                Ok(value) => return Ok(Some(value)),
-                Err(error) => error,
+            let request = op(plain);
+            let delivery = self.clone();
+            let attempt = tokio::spawn(async move {
+                let result = request.await;
+                if let Err(RequestError::RetryAfter(seconds)) = &result {
+                    delivery.hold_chat(target, seconds.duration());
+                }
+                drop(turn);
+                result
+            });
+            let error = match attempt.await {
+                Ok(Ok(value)) => return Ok(Some(value)),
+                Ok(Err(error)) => error,
+                Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+                Err(_) => {
+                    return Err(DeliveryError::Unavailable(
+                        "the runtime is shutting down".into(),
+                    ))
+                }
             };
+            let failure = classify(error);
             attempts += 1;
-            match classify(error) {
+            match failure {
                 Failure::NotModified => return Ok(None),
                 Failure::RetryAfter(wait) => {
                     self.note(|s| {
@@ -251,7 +332,6 @@ impl Delivery {
                     // 429s never count as attempts: the message waits, it is
                     // not dropped.
                     attempts -= 1;
-                    self.hold_chat(target, wait);
                 }
                 Failure::Entities(why) if !plain => {
                     tracing::warn!(chat_id = target.chat_id, %why, "entities refused; resending as plain text");

@@ -77,20 +77,52 @@ fn content(message: &Message) -> Option<(&str, bool)> {
     Some((text, unsupported))
 }
 
+/// The part of `text` an entity covers, by its UTF-16 `offset` and
+/// `length`; `None` if that range does not fit the text (outside it, or
+/// splitting a character). Telegram's own entities always fit, but a
+/// malformed update must not take the intake down: teloxide's
+/// `parse_entities` panics on such ranges.
+fn entity_text(text: &str, offset: usize, length: usize) -> Option<&str> {
+    let end = offset.checked_add(length)?;
+    let (mut start_byte, mut end_byte) = (None, None);
+    let mut units = 0usize;
+    let sentinel = std::iter::once((text.len(), '\0'));
+    for (byte, c) in text.char_indices().chain(sentinel) {
+        if units == offset {
+            start_byte = Some(byte);
+        }
+        if units == end {
+            end_byte = Some(byte);
+            break;
+        }
+        if units > end {
+            break;
+        }
+        units += c.len_utf16();
+    }
+    text.get(start_byte?..end_byte?)
+}
+
 /// True if the message mentions `@username` (by entity or, for robustness,
 /// by text).
 fn mentions(message: &Message, text: &str, username: &str) -> bool {
-    let by_entity = message
-        .parse_entities()
-        .or_else(|| message.parse_caption_entities())
-        .is_some_and(|entities| {
-            entities.iter().any(|e| {
-                matches!(e.kind(), MessageEntityKind::Mention)
-                    && e.text()
+    let spans = [
+        (message.text(), message.entities()),
+        (message.caption(), message.caption_entities()),
+    ];
+    let by_entity = spans.into_iter().any(|(text, entities)| {
+        let (Some(text), Some(entities)) = (text, entities) else {
+            return false;
+        };
+        entities.iter().any(|e| {
+            matches!(e.kind, MessageEntityKind::Mention)
+                && entity_text(text, e.offset, e.length).is_some_and(|mention| {
+                    mention
                         .trim_start_matches('@')
                         .eq_ignore_ascii_case(username)
-            })
-        });
+                })
+        })
+    });
     by_entity || {
         let needle = format!("@{}", username.to_ascii_lowercase());
         text.to_ascii_lowercase().contains(&needle)
@@ -322,6 +354,28 @@ mod tests {
         let event = accepted(classify(&captioned, &policy()));
         assert!(event.text.starts_with("look at this"));
         assert_eq!(event.kind, MessageKind::Text);
+    }
+
+    #[test]
+    fn entities_that_do_not_fit_the_text_are_ignored_without_panicking() {
+        // Out of range, past the end, splitting the surrogate pair of 😀,
+        // overflowing: found by tests/inbound_fuzz.rs (teloxide's
+        // `parse_entities` panicked on each).
+        for (offset, length) in [(0, 1), (3, 2), (1, 1), (0, usize::MAX), (usize::MAX, 1)] {
+            let entities =
+                json!({"entities": [{"type": "mention", "offset": offset, "length": length}]});
+            let m = group(if offset == 1 { "😀" } else { "" }, entities);
+            assert!(matches!(classify(&m, &policy()), Inbound::Ignore(_)));
+        }
+        assert_eq!(entity_text("a😀b", 1, 2), Some("😀"));
+        assert_eq!(entity_text("a😀b", 2, 1), None);
+        assert_eq!(entity_text("ab", 0, 2), Some("ab"));
+        assert_eq!(entity_text("ab", 2, 0), Some(""));
+        assert_eq!(entity_text("ab", 1, 2), None);
+        // A well-formed mention entity still addresses the bot.
+        let text = "hey 😀 @telegate_test_bot";
+        let entities = json!({"entities": [{"type": "mention", "offset": 7, "length": 18}]});
+        accepted(classify(&group(text, entities), &policy()));
     }
 
     #[test]

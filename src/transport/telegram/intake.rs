@@ -6,6 +6,12 @@
 //! the row and resumes it. A redelivered update finds its row and is ignored,
 //! so it can never start a second turn.
 //!
+//! Recorded messages are handed to the adapter by one small worker per chat:
+//! in arrival order within a chat, concurrently across chats. The adapter
+//! may have to deliver something before it returns (a "Queued" notice, a
+//! command's reply, which can wait out a `retry_after`); one chat's wait
+//! must never hold up the updates of every other chat.
+//!
 //! This module owns recording, classification and recovery. It must never
 //! confirm an update it could not record, and never await a turn.
 
@@ -22,15 +28,84 @@ use super::inbound::{classify, Inbound, InboundPolicy};
 use crate::adapter::{EventLedger, EventOutcome};
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::SessionSource;
+use crate::event::{MessageEvent, SessionSource};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{InboxState, Store, StoreError};
 
+/// Updates nested at most this deep (objects and arrays) are parsed in
+/// place; deeper ones on a thread with a stack sized for them. teloxide's
+/// `Message` deserializer recurses once per nested message
+/// (`reply_to_message`, `pinned_message`) with large frames: a chain of a
+/// dozen nested messages overflows a 2 MiB task stack (debug build) and
+/// aborts the whole process. Telegram nests messages at most a level or
+/// two, so only malformed or hostile updates take the slow path.
+const PARSE_IN_PLACE_DEPTH: usize = 8;
+/// Stack reserved per level of nesting on that thread (committed lazily).
+const PARSE_STACK_PER_LEVEL: usize = 512 * 1024;
+
 /// Parse an update. (teloxide's types deserialize reliably from text, not
 /// from a `serde_json::Value`, hence the detour through a string.)
 fn parse_update(raw: &Value) -> Option<Update> {
-    serde_json::from_str(&raw.to_string()).ok()
+    let text = raw.to_string();
+    let depth = nesting_depth(raw);
+    if depth <= PARSE_IN_PLACE_DEPTH {
+        return serde_json::from_str(&text).ok();
+    }
+    let stack = depth
+        .saturating_add(4)
+        .saturating_mul(PARSE_STACK_PER_LEVEL);
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("telegate-parse".into())
+            .stack_size(stack)
+            .spawn_scoped(scope, || serde_json::from_str::<Update>(&text).ok())
+            .ok()?
+            .join()
+            .ok()
+            .flatten()
+    })
+}
+
+/// How deep objects and arrays nest in `value` (0 for a scalar), found
+/// without recursion.
+fn nesting_depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut todo = vec![(value, 0usize)];
+    while let Some((value, depth)) = todo.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(fields) => Box::new(fields.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(depth + 1);
+        todo.extend(children.map(|child| (child, depth + 1)));
+    }
+    deepest
+}
+
+/// Hand one chat's messages to the adapter, in order; leave when none is
+/// waiting.
+async fn chat_worker(
+    engine: Engine,
+    workers: ChatWorkers,
+    chat_id: i64,
+    mut queue: mpsc::UnboundedReceiver<MessageEvent>,
+) {
+    loop {
+        let next = {
+            let mut workers = workers.lock().unwrap_or_else(PoisonError::into_inner);
+            let next = queue.try_recv().ok();
+            if next.is_none() {
+                workers.remove(&chat_id);
+            }
+            next
+        };
+        match next {
+            Some(event) => engine.adapter.handle_message(event).await,
+            None => return,
+        }
+    }
 }
 
 /// The [`EventLedger`] backed by the store: outcomes go, in order, to one
@@ -130,6 +205,9 @@ pub enum Intook {
     Duplicate,
 }
 
+/// The per-chat workers handing recorded messages to the adapter.
+type ChatWorkers = Arc<Mutex<HashMap<i64, mpsc::UnboundedSender<MessageEvent>>>>;
+
 /// Records updates and hands them to the engine.
 #[derive(Clone)]
 pub struct Intake {
@@ -140,6 +218,7 @@ pub struct Intake {
     strangers: Arc<StrangerReplies>,
     resume_interrupted: bool,
     metrics: Metrics,
+    workers: ChatWorkers,
 }
 
 impl Intake {
@@ -163,6 +242,7 @@ impl Intake {
             }),
             resume_interrupted,
             metrics,
+            workers: Arc::default(),
         }
     }
 
@@ -221,7 +301,7 @@ impl Intake {
     async fn act(&self, verdict: Inbound) -> Intook {
         match verdict {
             Inbound::Accept(event) => {
-                self.engine.adapter.handle_message(event).await;
+                self.hand_on(event);
                 Intook::Accepted
             }
             Inbound::Stranger { chat_id, user_id } => {
@@ -236,9 +316,13 @@ impl Intake {
                         thread_id: None,
                         is_group: false,
                     };
-                    if let Err(error) = self.delivery.deliver_reply(target, &reply, None).await {
-                        tracing::debug!(%error, "could not answer a stranger");
-                    }
+                    // Best effort, and never in the way of the next update.
+                    let delivery = self.delivery.clone();
+                    tokio::spawn(async move {
+                        if let Err(error) = delivery.deliver_reply(target, &reply, None).await {
+                            tracing::debug!(%error, "could not answer a stranger");
+                        }
+                    });
                 }
                 Intook::Ignored
             }
@@ -247,6 +331,31 @@ impl Intake {
                 Intook::Ignored
             }
         }
+    }
+
+    /// Queue `event` on its chat's worker, starting one if the chat has none.
+    fn hand_on(&self, event: MessageEvent) {
+        let chat_id = event.source.chat_id;
+        let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
+        // A worker in the map takes its queue under this lock before it
+        // leaves, so a send that succeeds here is always handled.
+        let event = match workers.get(&chat_id) {
+            Some(worker) => match worker.send(event) {
+                Ok(()) => return,
+                // The worker died (a panic); a new one takes over.
+                Err(mpsc::error::SendError(event)) => event,
+            },
+            None => event,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(event);
+        workers.insert(chat_id, tx);
+        tokio::spawn(chat_worker(
+            self.engine.clone(),
+            self.workers.clone(),
+            chat_id,
+            rx,
+        ));
     }
 
     /// After a restart: resume every recorded message that was not finished,
@@ -323,5 +432,37 @@ impl Intake {
         {
             tracing::error!(%error, "could not record a message state");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nesting_depth_counts_objects_and_arrays() {
+        assert_eq!(nesting_depth(&json!(1)), 0);
+        assert_eq!(nesting_depth(&json!({"a": 1})), 1);
+        assert_eq!(nesting_depth(&json!({"a": [1, {"b": []}], "c": {}})), 4);
+    }
+
+    #[test]
+    fn a_deep_reply_chain_is_parsed_without_overflowing_the_stack() {
+        // Found by tests/inbound_fuzz.rs: a dozen nested `reply_to_message`
+        // overflowed the stack inside teloxide and aborted the process.
+        let base = json!({
+            "message_id": 1, "date": 1, "text": "hi",
+            "chat": {"id": 1, "type": "private", "first_name": "A"},
+        });
+        let mut message = base.clone();
+        for _ in 0..100 {
+            let mut outer = base.clone();
+            outer["reply_to_message"] = message;
+            message = outer;
+        }
+        let raw = json!({"update_id": 5, "message": message});
+        let update = parse_update(&raw).expect("a deep but valid update parses");
+        assert!(matches!(update.kind, UpdateKind::Message(_)));
     }
 }
