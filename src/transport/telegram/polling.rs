@@ -66,7 +66,7 @@ pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: Cancell
                 Ok(raw) => raw,
                 Err(error) => {
                     tracing::warn!(update_id = id, %error, "update could not be re-encoded; skipped");
-                    offset = offset.max(id as i32 + 1);
+                    offset = offset.max(next_offset(id));
                     continue;
                 }
             };
@@ -83,14 +83,34 @@ pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: Cancell
                     }
                 }
             }
-            offset = offset.max(id as i32 + 1);
+            offset = offset.max(next_offset(id));
         }
     }
+}
+
+/// The offset that confirms update `id` (Telegram's offsets are 32-bit
+/// signed; ids beyond that saturate instead of wrapping to a negative offset,
+/// which would mean "the last updates" and replay them).
+fn next_offset(id: u32) -> i32 {
+    i32::try_from(id).map_or(i32::MAX, |id| id.saturating_add(1))
 }
 
 fn backoff(error: &RequestError, failures: u32) -> Duration {
     match error {
         RequestError::RetryAfter(seconds) => seconds.duration(),
         _ => Duration::from_millis(500 * 2u64.pow(failures.min(6))).min(Duration::from_secs(30)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_offset;
+
+    #[test]
+    fn offsets_never_wrap() {
+        assert_eq!(next_offset(0), 1);
+        assert_eq!(next_offset(41), 42);
+        assert_eq!(next_offset(i32::MAX as u32), i32::MAX);
+        assert_eq!(next_offset(u32::MAX), i32::MAX);
     }
 }
