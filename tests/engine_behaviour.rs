@@ -285,3 +285,51 @@ async fn one_chats_long_turn_never_delays_other_chats() {
     settle(&engine).await;
     assert!(sent.texts_for(1).contains(&"⏹ Stopped.".to_string()));
 }
+
+/// A `MakeWriter` collecting log output in memory.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn every_log_line_of_a_turn_names_its_slot_session_and_generation() {
+    let logs = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let (engine, _agent, sent) = engine(BusyMode::Interrupt);
+    send(&engine, 1, "fail").await;
+    settle(&engine).await;
+    assert_eq!(sent.len(), 1);
+    let session = engine.runner.current_session(&session_key(1)).unwrap();
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("turn failed"))
+        .unwrap_or_else(|| panic!("no 'turn failed' line in:\n{text}"));
+    assert!(
+        line.contains("turn{session_key=agent:main:telegram:dm:1"),
+        "{line}"
+    );
+    assert!(line.contains(&format!("session_id={session}")), "{line}");
+    assert!(line.contains("generation=g"), "{line}");
+}

@@ -58,6 +58,7 @@ use crate::tools::process::{ProcessId, ProcessMode, ProcessRecord, Scope};
 use crate::tools::TerminalTool;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use tracing::Instrument;
 
 /// Runner settings.
 #[derive(Clone, Debug)]
@@ -307,7 +308,15 @@ impl Runner {
             };
             return Some(reply.in_reply_to(event.message_id).into());
         }
-        self.turn(event, ctx).await
+        // One span per turn: every log line of the turn (and of the agent and
+        // tools below it) carries the slot, the session and the generation.
+        let span = tracing::info_span!(
+            "turn",
+            session_key = %ctx.key,
+            session_id = tracing::field::Empty,
+            generation = tracing::field::Empty,
+        );
+        self.turn(event, ctx).instrument(span).await
     }
 
     async fn command(&self, command: KnownCommand, args: &str, ctx: &DispatchContext) -> Reply {
@@ -480,6 +489,7 @@ impl Runner {
             state.slots.install_pending(&key, Instant::now());
             generation
         };
+        tracing::Span::current().record("generation", tracing::field::display(generation));
         // Set-up may await the store; whatever happens, the pending sentinel
         // must not outlive this future.
         let mut slot = SlotRelease {
@@ -496,6 +506,7 @@ impl Runner {
             Some(session) => session.clone(),
             None => self.resolve_session(&key).await,
         };
+        tracing::Span::current().record("session_id", tracing::field::display(&session_id));
         let mut history = self.load_history(&session_id).await;
         // A message replayed after a crash may already be the transcript's
         // last entry: keep it once, and not also in the history.
