@@ -187,7 +187,7 @@ async fn forward_tool_events(
                 match wakeup.into_event(resolved) {
                     Some(event) => {
                         tracing::info!(%process, session = ?event.session_override, "waking the owner chat");
-                        adapter.handle_message(event).await;
+                        adapter.wake(event).await;
                     }
                     None => tracing::error!(%process, "wakeup without an owner; nobody to wake"),
                 }

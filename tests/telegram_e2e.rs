@@ -438,3 +438,59 @@ async fn rejected_entities_fall_back_to_plain_text_and_the_reply_still_arrives()
     assert_eq!(bot.delivery.stats().plain_fallbacks, 1);
     bot.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
+    use telegate::event::{MessageEvent, Platform, SessionSource};
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let text = config_text(&fake, "", "[sessions]\nshutdown_grace_secs = 0\n").replace(
+        "[store]\nin_memory = true\n",
+        &format!("[store]\ndata_dir = \"{}\"\n", data.path().display()),
+    );
+    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap();
+
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+        .await
+        .unwrap();
+    fake.push_text(USER, USER, "slow:400");
+    assert!(fake.wait_for(|_| agent.started() == 1, WAIT).await);
+    // A background job finishes while the chat is busy: its wakeup waits.
+    let wakeup = MessageEvent::internal(
+        SessionSource::dm(Platform::Telegram, USER),
+        "wakeup: job 7 done",
+    );
+    bot.engine.adapter.wake(wakeup).await;
+    // The bot stops before either turn could answer.
+    bot.shutdown().await;
+    assert!(!fake
+        .sent_texts(USER)
+        .iter()
+        .any(|t| t.starts_with("answer:")));
+
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+        .await
+        .unwrap();
+    assert!(wait_text(&fake, USER, "answer:wakeup: job 7 done").await);
+    let texts = fake.sent_texts(USER);
+    let count = |needle: &str| texts.iter().filter(|t| t.as_str() == needle).count();
+    assert_eq!(count("answer:slow:400"), 1, "{texts:?}");
+    assert_eq!(count("answer:wakeup: job 7 done"), 1, "{texts:?}");
+    // The resumed turn ran first, then the wakeup, as they were queued.
+    assert_eq!(agent.turn_texts(), vec!["slow:400", "wakeup: job 7 done"]);
+    let mut settled = false;
+    for _ in 0..200 {
+        if bot.store.open_inbox().await.unwrap().is_empty() {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        settled,
+        "every recorded message and wakeup ends in a final state"
+    );
+    bot.shutdown().await;
+}

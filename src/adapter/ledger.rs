@@ -6,7 +6,9 @@
 //! [`EventLedger`] to keep those outcomes across restarts; without one,
 //! nothing is recorded.
 
-use crate::event::SessionSource;
+use futures::future::BoxFuture;
+
+use crate::event::{MessageEvent, SessionSource};
 
 /// The fate of one message (identified by its chat and message id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,4 +30,13 @@ pub enum EventOutcome {
 pub trait EventLedger: Send + Sync + 'static {
     /// Record that message `message_id` of `source`'s chat reached `outcome`.
     fn record(&self, source: &SessionSource, message_id: i64, outcome: EventOutcome);
+
+    /// Make an internal event (a wakeup) durable before it enters the
+    /// adapter, so a restart still delivers it. Returns the message id the
+    /// event is tracked under from now on (`None`: not journaled; the
+    /// default).
+    fn journal<'a>(&'a self, event: &'a MessageEvent) -> BoxFuture<'a, Option<i64>> {
+        let _ = event;
+        Box::pin(async { None })
+    }
 }

@@ -285,6 +285,19 @@ impl Adapter {
         SessionKey::for_source(source, self.inner.config.key_policy)
     }
 
+    /// Hand on an internal event (a background-process wakeup): journaled
+    /// first when the adapter keeps a ledger, so a restart between now and
+    /// its turn still delivers it; then routed like any event (queued
+    /// silently behind a busy slot).
+    pub async fn wake(&self, mut event: MessageEvent) {
+        if let Some(ledger) = &self.inner.ledger {
+            if let Some(id) = ledger.journal(&event).await {
+                event.message_id = Some(id);
+            }
+        }
+        self.handle_message(event).await;
+    }
+
     /// Take one inbound event. Returns as soon as the event is routed; it
     /// never awaits a turn. On the command path it returns once the command
     /// has been answered, the old turn cancelled and the slot handed on.

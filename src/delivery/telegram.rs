@@ -389,7 +389,11 @@ impl Delivery {
                 if let Some(thread) = target.thread_id {
                     request = request.message_thread_id(ThreadId(MessageId(thread)));
                 }
-                if let Some(id) = reply_to.and_then(|id| i32::try_from(id).ok()) {
+                // Journaled internal events carry negative ids: nothing to quote.
+                if let Some(id) = reply_to
+                    .filter(|id| *id > 0)
+                    .and_then(|id| i32::try_from(id).ok())
+                {
                     request = request.reply_parameters(
                         ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
                     );

@@ -147,12 +147,14 @@ impl Store {
         .await
     }
 
-    /// Messages not finished yet (received or running), oldest first.
+    /// Messages not finished yet (received or running), in the order they
+    /// were recorded (journaled wakeups have negative ids, so the id alone
+    /// does not give the order).
     pub async fn open_inbox(&self) -> Result<Vec<InboxEntry>, StoreError> {
         self.call(|conn| {
             let mut statement = conn.prepare(
                 "SELECT update_id, chat_id, message_id, payload, state, reason FROM inbox
-                 WHERE state IN ('received', 'running') ORDER BY update_id",
+                 WHERE state IN ('received', 'running') ORDER BY received_at, update_id",
             )?;
             let rows = statement.query_map([], |row| {
                 Ok((

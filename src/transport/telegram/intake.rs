@@ -16,7 +16,10 @@
 //! confirm an update it could not record, and never await a turn.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::future::BoxFuture;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -28,7 +31,8 @@ use super::inbound::{classify, Inbound, InboundPolicy};
 use crate::adapter::{EventLedger, EventOutcome};
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::{MessageEvent, SessionSource};
+use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
+use crate::identity::SessionId;
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{InboxState, Store, StoreError};
@@ -113,6 +117,7 @@ async fn chat_worker(
 #[derive(Clone)]
 pub struct StoreLedger {
     tx: mpsc::UnboundedSender<LedgerOp>,
+    store: Store,
 }
 
 enum LedgerOp {
@@ -124,6 +129,10 @@ impl StoreLedger {
     /// Start the writer task for `store`.
     pub fn spawn(store: Store) -> (StoreLedger, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::unbounded_channel();
+        let ledger = StoreLedger {
+            tx,
+            store: store.clone(),
+        };
         let writer = tokio::spawn(async move {
             while let Some(op) = rx.recv().await {
                 match op {
@@ -142,7 +151,7 @@ impl StoreLedger {
                 }
             }
         });
-        (StoreLedger { tx }, writer)
+        (ledger, writer)
     }
 
     /// Wait until every outcome recorded so far is written.
@@ -169,6 +178,86 @@ impl EventLedger for StoreLedger {
             .tx
             .send(LedgerOp::Record(source.chat_id, message_id, outcome));
     }
+
+    fn journal<'a>(&'a self, event: &'a MessageEvent) -> BoxFuture<'a, Option<i64>> {
+        Box::pin(async move {
+            let id = synthetic_id();
+            let recorded = self
+                .store
+                .record_update(
+                    id,
+                    event.source.chat_id,
+                    Some(id),
+                    wakeup_payload(event),
+                    InboxState::Received,
+                    None,
+                )
+                .await;
+            match recorded {
+                Ok(_) => Some(id),
+                Err(error) => {
+                    tracing::error!(%error, "could not journal a wakeup; it is delivered but not kept across a restart");
+                    None
+                }
+            }
+        })
+    }
+}
+
+/// A negative id for a journaled internal event: never a Telegram update or
+/// message id (those are positive), unique across restarts (time-based).
+fn synthetic_id() -> i64 {
+    static COUNTER: AtomicI64 = AtomicI64::new(0);
+    let millis = crate::store::now_ms().max(1);
+    let sequence = COUNTER.fetch_add(1, Ordering::Relaxed).rem_euclid(1000);
+    -(millis.saturating_mul(1000) + sequence)
+}
+
+/// The inbox payload of a journaled wakeup: enough to rebuild the event.
+fn wakeup_payload(event: &MessageEvent) -> Value {
+    let source = &event.source;
+    serde_json::json!({
+        "telegate_wakeup": {
+            "text": event.text,
+            "chat_id": source.chat_id,
+            "chat_type": source.chat_type.as_str(),
+            "thread_id": source.thread_id,
+            "user_id": source.user_id,
+            "user_name": source.user_name,
+            "session_id": event.session_override.as_ref().map(|s| s.as_str().to_string()),
+        }
+    })
+}
+
+/// The wakeup event a journaled payload describes.
+fn wakeup_from_payload(payload: &Value) -> Option<MessageEvent> {
+    let wakeup = payload.get("telegate_wakeup")?;
+    let chat_type = match wakeup.get("chat_type")?.as_str()? {
+        "dm" => ChatType::Dm,
+        "group" => ChatType::Group,
+        "supergroup" => ChatType::Supergroup,
+        _ => ChatType::Channel,
+    };
+    let source = SessionSource {
+        platform: Platform::Telegram,
+        chat_id: wakeup.get("chat_id")?.as_i64()?,
+        chat_type,
+        thread_id: wakeup
+            .get("thread_id")
+            .and_then(Value::as_i64)
+            .and_then(|t| i32::try_from(t).ok()),
+        user_id: wakeup.get("user_id").and_then(Value::as_u64),
+        user_name: wakeup
+            .get("user_name")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    };
+    let text = wakeup.get("text")?.as_str()?;
+    let mut event = MessageEvent::internal(source, text);
+    if let Some(session) = wakeup.get("session_id").and_then(Value::as_str) {
+        event = event.with_session_override(SessionId::new(session));
+    }
+    Some(event)
 }
 
 /// Answers strangers (once per user per interval) with their user id.
@@ -366,6 +455,27 @@ impl Intake {
         let open = self.store.open_inbox().await?;
         let mut resumed = 0;
         for entry in open {
+            if let Some(mut wakeup) = wakeup_from_payload(&entry.payload) {
+                // A background job's result: always delivered (nobody could
+                // "send it again"), exactly once thanks to the outbox.
+                let message_id = entry.message_id.unwrap_or(entry.update_id);
+                if let Ok(Some(reply)) = self.store.reply_of(entry.chat_id, message_id).await {
+                    if reply.delivered {
+                        self.mark(entry.chat_id, message_id, InboxState::Answered, "")
+                            .await;
+                        continue;
+                    }
+                }
+                wakeup.message_id = Some(message_id);
+                wakeup.resumed = entry.state == InboxState::Running;
+                tracing::info!(
+                    update_id = entry.update_id,
+                    "delivering a wakeup recorded before the restart"
+                );
+                resumed += 1;
+                self.engine.adapter.handle_message(wakeup).await;
+                continue;
+            }
             let message = parse_update(&entry.payload).and_then(|u| match u.kind {
                 UpdateKind::Message(message) => Some(message),
                 _ => None,
