@@ -60,7 +60,11 @@ pub fn split(text: &FormattedText, limit: usize) -> Vec<FormattedText> {
         } else {
             utf16_len(&source[start..chunk_end])
         };
-        if chunk_end > start {
+        // A later chunk that would be only whitespace (indentation kept at the
+        // start of a code block's tail) is not sent: Telegram refuses a
+        // message with nothing visible in it.
+        let visible = start == 0 || !source[start..chunk_end].trim().is_empty();
+        if chunk_end > start && visible {
             chunks.push(FormattedText {
                 text: source[start..chunk_end].to_string(),
                 entities: clip_entities(&text.entities, start_units, start_units + chunk_units),
@@ -546,6 +550,25 @@ mod tests {
         let text = FormattedText::plain(format!("a{}b", " ".repeat(30)));
         assert_eq!(texts(&split(&text, 8)), vec!["a", "b"]);
         assert!(split(&FormattedText::plain("\t".repeat(20)), 8).is_empty());
+    }
+
+    #[test]
+    fn a_code_block_tail_of_only_indentation_is_not_a_chunk() {
+        // The cut lands before the last line, which is only indentation
+        // inside the code block: Telegram would refuse it as empty.
+        let text = FormattedText {
+            text: "abcd\n    ".to_string(),
+            entities: vec![TextEntity::new(
+                EntityKind::Pre {
+                    language: Some("rust".into()),
+                },
+                0,
+                9,
+            )],
+        };
+        let chunks = split(&text, 5);
+        assert_eq!(texts(&chunks), vec!["abcd"]);
+        assert_valid_split(&text, &chunks, 5);
     }
 
     /// A long agent reply: prose with emoji, lists and several code blocks.
