@@ -17,9 +17,10 @@ use std::time::Duration;
 use crate::adapter::{Adapter, AdapterConfig, EventLedger, WeakAdapter};
 use crate::agent::{Agent, CommandAgent, EchoAgent, OpenAiAgent};
 use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
+use crate::event::{ChatType, Platform, SessionSource};
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
-use crate::store::{Store, StoreError};
+use crate::store::{RunningProcess, Store, StoreError};
 use crate::tools::{tool_events, NoTools, TerminalTool, ToolEvent, ToolEventReceiver};
 
 /// The session engine: the adapter that transports feed, and the runner
@@ -173,6 +174,26 @@ async fn forward_tool_events(
                     tracing::warn!(chat_id = to.chat_id, %error, "a tool notice could not be delivered");
                 }
             }
+            ToolEvent::BackgroundStarted { id, owner, command } => {
+                if let Some(store) = runner.upgrade().and_then(|r| r.store().cloned()) {
+                    let process = RunningProcess {
+                        process_id: id,
+                        chat_id: owner.chat_id,
+                        thread_id: owner.thread_id,
+                        command,
+                    };
+                    if let Err(error) = store.process_started(process).await {
+                        tracing::warn!(%error, "could not record a background process");
+                    }
+                }
+            }
+            ToolEvent::BackgroundEnded { id } => {
+                if let Some(store) = runner.upgrade().and_then(|r| r.store().cloned()) {
+                    if let Err(error) = store.process_ended(id).await {
+                        tracing::warn!(%error, "could not record the end of a background process");
+                    }
+                }
+            }
             ToolEvent::Wakeup(wakeup) => {
                 let (Some(adapter), Some(runner)) = (adapter.upgrade(), runner.upgrade()) else {
                     tracing::warn!(process = %wakeup.process.id, "wakeup dropped: the engine is gone");
@@ -194,6 +215,39 @@ async fn forward_tool_events(
             }
         }
     }
+}
+
+/// At start: tell the owners of background processes that were still
+/// running when telegate last stopped that those processes are gone (they
+/// do not survive a restart). Returns how many were reported.
+pub async fn report_lost_processes(store: &Store, outbound: &dyn Outbound) -> usize {
+    let lost = match store.take_lost_processes().await {
+        Ok(lost) => lost,
+        Err(error) => {
+            tracing::warn!(%error, "could not read the background processes of the last run");
+            return 0;
+        }
+    };
+    for process in &lost {
+        let to = SessionSource {
+            chat_type: if process.chat_id < 0 {
+                ChatType::Group
+            } else {
+                ChatType::Dm
+            },
+            thread_id: process.thread_id,
+            ..SessionSource::dm(Platform::Telegram, process.chat_id)
+        };
+        let text = format!(
+            "⚠️ The background process {} (`{}`) was stopped when telegate restarted; \
+             its result is lost. Start it again if you still need it.",
+            process.process_id, process.command
+        );
+        if let Err(error) = outbound.deliver(&to, Reply::notice(text)).await {
+            tracing::warn!(chat_id = process.chat_id, %error, "could not report a lost background process");
+        }
+    }
+    lost.len()
 }
 
 /// Open the configured store (creating its directory on first run).

@@ -158,7 +158,7 @@ async fn killing_a_background_process_kills_its_whole_group() {
     );
     // A kill on request sends no wakeup: the exit was recorded before kill
     // returned, and no event is waiting.
-    assert!(events.try_recv().is_none());
+    assert!(try_next_signal(&mut events).is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,7 +291,10 @@ async fn a_wait_that_saw_the_exit_consumes_the_wakeup_and_an_abandoned_one_does_
         .await
         .unwrap();
     assert!(matches!(outcome, WaitOutcome::Exited(_)));
-    assert!(events.try_recv().is_none(), "the wait consumed the wakeup");
+    assert!(
+        try_next_signal(&mut events).is_none(),
+        "the wait consumed the wakeup"
+    );
 
     // 2. A wait that times out leaves the wakeup to come.
     let gate = tempfile::tempdir().unwrap();
@@ -309,7 +312,9 @@ async fn a_wait_that_saw_the_exit_consumes_the_wakeup_and_an_abandoned_one_does_
         .unwrap();
     assert!(matches!(outcome, WaitOutcome::StillRunning(_)));
     std::fs::write(&go, "").unwrap();
-    let event = tokio::time::timeout(WAIT, events.recv()).await.unwrap();
+    let event = tokio::time::timeout(WAIT, next_signal(&mut events))
+        .await
+        .unwrap();
     let Some(ToolEvent::Wakeup(wakeup)) = event else {
         panic!("expected a wakeup");
     };
@@ -335,13 +340,16 @@ async fn a_wait_that_saw_the_exit_consumes_the_wakeup_and_an_abandoned_one_does_
             .is_running())
         .await
     );
-    assert!(events.try_recv().is_none(), "held back for the waiter");
+    assert!(
+        try_next_signal(&mut events).is_none(),
+        "held back for the waiter"
+    );
     drop(waiting);
-    let Some(ToolEvent::Wakeup(wakeup)) = events.try_recv() else {
+    let Some(ToolEvent::Wakeup(wakeup)) = try_next_signal(&mut events) else {
         panic!("the abandoned wait handed the wakeup back");
     };
     assert_eq!(wakeup.process.id, record.id);
-    assert!(events.try_recv().is_none(), "exactly once");
+    assert!(try_next_signal(&mut events).is_none(), "exactly once");
 }
 
 fn turn(chat_id: i64) -> TurnIdentity {
@@ -420,4 +428,32 @@ async fn the_process_tool_lists_polls_waits_and_kills_within_its_chat_only() {
         missing.to_string().contains("needs the process id"),
         "{missing}"
     );
+}
+
+/// The next wakeup or notice already waiting, skipping the bookkeeping
+/// events (a background process started / ended) the registry also sends.
+fn try_next_signal(events: &mut ToolEventReceiver) -> Option<ToolEvent> {
+    while let Some(event) = events.try_recv() {
+        if !is_bookkeeping(&event) {
+            return Some(event);
+        }
+    }
+    None
+}
+
+/// The next wakeup or notice, skipping bookkeeping events.
+async fn next_signal(events: &mut ToolEventReceiver) -> Option<ToolEvent> {
+    loop {
+        match events.recv().await {
+            Some(event) if is_bookkeeping(&event) => continue,
+            other => return other,
+        }
+    }
+}
+
+fn is_bookkeeping(event: &ToolEvent) -> bool {
+    matches!(
+        event,
+        ToolEvent::BackgroundStarted { .. } | ToolEvent::BackgroundEnded { .. }
+    )
 }

@@ -494,3 +494,51 @@ async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
     );
     bot.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_of_background_processes_lost_in_a_restart_are_told() {
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let text = config_text(&fake, "", "").replace(
+        "[store]\nin_memory = true\n",
+        &format!("[store]\ndata_dir = \"{}\"\n", data.path().display()),
+    );
+    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap();
+    // The previous run died while chat 42's job was still running.
+    let store = telegate::engine::open_store(&config.store).await.unwrap();
+    store
+        .process_started(telegate::store::RunningProcess {
+            process_id: "p1a2b".into(),
+            chat_id: USER,
+            thread_id: None,
+            command: "make release".into(),
+        })
+        .await
+        .unwrap();
+    store.close().await.unwrap();
+
+    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
+        .await
+        .unwrap();
+    assert!(wait_text(&fake, USER, "p1a2b").await);
+    let notice = fake
+        .sent_texts(USER)
+        .into_iter()
+        .find(|t| t.contains("p1a2b"))
+        .unwrap();
+    assert!(
+        notice.contains("make release") && notice.contains("restarted"),
+        "{notice}"
+    );
+    bot.shutdown().await;
+
+    // Told once: the next start says nothing more.
+    let before = fake.sent_texts(USER).len();
+    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
+        .await
+        .unwrap();
+    fake.push_text(USER, USER, "ping");
+    assert!(wait_text(&fake, USER, "answer:ping").await);
+    assert_eq!(fake.sent_texts(USER).len(), before + 1);
+    bot.shutdown().await;
+}

@@ -363,3 +363,45 @@ async fn ps_status_and_kill_manage_background_processes_without_a_wakeup() {
         .is_empty());
     t.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_background_processes_are_recorded_until_they_end() {
+    let t = ToolsBot::start("").await;
+    t.llm.push_when(
+        last_user_contains("start both"),
+        terminal_call(json!({"command": "sleep 30", "background": true})),
+    );
+    t.llm.push_when(
+        tool_result_after("start both"),
+        terminal_call(json!({"command": "sleep 0.1", "background": true})),
+    );
+    t.llm.push(Script::text("both started"));
+    t.send(CHAT_A, "start both");
+    assert!(t.wait_text(CHAT_A, "both started").await);
+    // The short one ends; only the long one is still recorded as running,
+    // which is what a restart would report to chat A as lost.
+    assert!(
+        t.until(|| t
+            .processes(CHAT_A)
+            .iter()
+            .any(|p| p.command == "sleep 0.1" && !matches!(p.state, ProcessState::Running)))
+            .await
+    );
+    let store = t.bot.store.clone();
+    let mut lost = Vec::new();
+    for _ in 0..200 {
+        lost = store.take_lost_processes().await.unwrap();
+        if lost.len() == 1 {
+            break;
+        }
+        // Put them back and look again once the end was recorded.
+        for process in lost.drain(..) {
+            store.process_started(process).await.unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0].command, "sleep 30");
+    assert_eq!(lost[0].chat_id, CHAT_A);
+    t.shutdown().await;
+}

@@ -294,6 +294,80 @@ impl Store {
     }
 }
 
+/// A background process recorded as running.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningProcess {
+    /// The registry's process id.
+    pub process_id: String,
+    /// The chat that started it.
+    pub chat_id: i64,
+    /// Its forum topic, if any.
+    pub thread_id: Option<i32>,
+    /// The command.
+    pub command: String,
+}
+
+impl Store {
+    /// Record a background process as running.
+    pub async fn process_started(&self, process: RunningProcess) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            conn.execute(
+                "INSERT OR REPLACE INTO background_processes
+                 (process_id, chat_id, thread_id, command, started_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    process.process_id,
+                    process.chat_id,
+                    process.thread_id,
+                    process.command,
+                    now_ms()
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Forget a background process (it ended and its owner was told, or
+    /// will be by its wakeup).
+    pub async fn process_ended(&self, process_id: String) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            conn.execute(
+                "DELETE FROM background_processes WHERE process_id = ?1",
+                params![process_id],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Take every process still recorded as running (at start: they died
+    /// with the previous process), removing them.
+    pub async fn take_lost_processes(&self) -> Result<Vec<RunningProcess>, StoreError> {
+        self.call(|conn| {
+            let tx = conn.transaction()?;
+            let lost = {
+                let mut statement = tx.prepare(
+                    "SELECT process_id, chat_id, thread_id, command FROM background_processes
+                     ORDER BY started_at",
+                )?;
+                let rows = statement.query_map([], |row| {
+                    Ok(RunningProcess {
+                        process_id: row.get(0)?,
+                        chat_id: row.get(1)?,
+                        thread_id: row.get(2)?,
+                        command: row.get(3)?,
+                    })
+                })?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            };
+            tx.execute("DELETE FROM background_processes", [])?;
+            tx.commit()?;
+            Ok(lost)
+        })
+        .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,6 +417,25 @@ mod tests {
         assert!(counts.contains(&(InboxState::Answered, 1)));
         assert!(counts.contains(&(InboxState::Received, 1)));
         assert_eq!(store.open_inbox().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn processes_still_recorded_at_start_are_taken_once() {
+        let store = Store::open_in_memory().unwrap();
+        let process = |id: &str| RunningProcess {
+            process_id: id.to_string(),
+            chat_id: 5,
+            thread_id: None,
+            command: "sleep 100".to_string(),
+        };
+        store.process_started(process("p1")).await.unwrap();
+        store.process_started(process("p2")).await.unwrap();
+        store.process_ended("p1".to_string()).await.unwrap();
+        assert_eq!(
+            store.take_lost_processes().await.unwrap(),
+            vec![process("p2")]
+        );
+        assert!(store.take_lost_processes().await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -70,7 +70,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
-pub use ledger::{InboxEntry, InboxState, OutboxEntry};
+pub use ledger::{InboxEntry, InboxState, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
 pub use transcript::{Role, TranscriptEntry};

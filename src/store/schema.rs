@@ -61,6 +61,20 @@ impl Migration {
     }
 }
 
+/// Version 3: background processes that are running, with the chat that
+/// started them. Processes do not survive a restart of telegate; a row still
+/// here at start means its owner was never told how the job ended, so the
+/// start tells them.
+const V3_PROCESSES: &str = "
+CREATE TABLE background_processes (
+    process_id  TEXT PRIMARY KEY,
+    chat_id     INTEGER NOT NULL,
+    thread_id   INTEGER,
+    command     TEXT NOT NULL,
+    started_at  INTEGER NOT NULL
+) STRICT;
+";
+
 /// Version 2: the crash-safety ledger.
 ///
 /// * `inbox` has one row per Telegram update (unique `update_id`, so a
@@ -148,6 +162,7 @@ CREATE INDEX transcripts_by_session ON transcripts (session_id, id);
 pub const MIGRATIONS: &[Migration] = &[
     Migration::new("sessions and transcripts", V1_SESSIONS),
     Migration::new("inbox and outbox ledger", V2_LEDGER),
+    Migration::new("running background processes", V3_PROCESSES),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

@@ -31,6 +31,21 @@ pub enum ToolEvent {
         /// Plain text.
         text: String,
     },
+    /// A background process started for the chat of `owner`: recorded, so
+    /// that if telegate dies before it ends, the next start tells the owner.
+    BackgroundStarted {
+        /// The process id.
+        id: String,
+        /// The chat that started it.
+        owner: SessionSource,
+        /// The command.
+        command: String,
+    },
+    /// A background process ended (its wakeup, if any, was sent before).
+    BackgroundEnded {
+        /// The process id.
+        id: String,
+    },
 }
 
 /// Where tools put their events. Cheap to clone; sending never blocks.

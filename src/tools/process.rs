@@ -760,6 +760,13 @@ impl ProcessRegistry {
             owner = ?entry.owner.as_ref().map(|o| o.session_key.as_str()),
             "process started"
         );
+        if let (true, Some(owner)) = (entry.is_background(), &entry.owner) {
+            self.inner.events.send(ToolEvent::BackgroundStarted {
+                id: entry.id.to_string(),
+                owner: owner.source.clone(),
+                command: entry.command.clone(),
+            });
+        }
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         tokio::spawn(supervise(
             entry.clone(),
@@ -1140,6 +1147,11 @@ async fn supervise(
     group.disarm();
     if let Some(wakeup) = entry.finish(status) {
         events.send(ToolEvent::Wakeup(Box::new(wakeup)));
+    }
+    if entry.is_background() && entry.owner.is_some() {
+        events.send(ToolEvent::BackgroundEnded {
+            id: entry.id.to_string(),
+        });
     }
     tracing::info!(process = %entry.id, state = %entry.record().state_text(), "process ended");
 }

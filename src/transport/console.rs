@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::config::Config;
-use crate::engine::{build_agent_setup, Engine};
+use crate::engine::{build_agent_setup, report_lost_processes, Engine};
 use crate::event::{MessageEvent, Platform, SessionSource};
 use crate::reply::{DeliveryError, Outbound, Reply, ReplyKind};
 
@@ -62,7 +62,10 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
     let interactive = std::io::stdin().is_terminal();
     let outbound = Arc::new(ConsoleOutbound::new(Box::new(std::io::stdout())));
     let setup = build_agent_setup(config).map_err(anyhow::Error::msg)?;
-    let engine = Engine::open_setup(config, setup, outbound).await?;
+    let engine = Engine::open_setup(config, setup, outbound.clone()).await?;
+    if let Some(store) = engine.runner.store() {
+        report_lost_processes(store, outbound.as_ref()).await;
+    }
     if interactive {
         eprintln!(
             "telegate console — backend {}. Type a message; /help for commands, /quit or Ctrl-D to leave.",

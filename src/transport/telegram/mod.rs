@@ -36,7 +36,7 @@ use crate::adapter::AdapterConfig;
 use crate::agent::Agent;
 use crate::config::{Config, UpdateMode};
 use crate::delivery::{Delivery, TelegramOutbound};
-use crate::engine::{build_agent_setup, open_store, AgentSetup, Engine};
+use crate::engine::{build_agent_setup, open_store, report_lost_processes, AgentSetup, Engine};
 use crate::metrics::{InboxCounts, Metrics};
 use crate::runner::RunnerConfig;
 use crate::runner::COMMANDS;
@@ -175,6 +175,14 @@ impl TelegramBot {
             metrics.clone(),
         );
         let resumed = intake.recover().await?;
+        let outbound = TelegramOutbound::new(delivery.clone(), None);
+        let lost = report_lost_processes(&store, &outbound).await;
+        if lost > 0 {
+            tracing::info!(
+                lost,
+                "told the owners of background processes lost in the restart"
+            );
+        }
         if resumed > 0 {
             tracing::info!(
                 resumed,
