@@ -239,8 +239,9 @@ pub async fn report_lost_processes(store: &Store, outbound: &dyn Outbound) -> us
             ..SessionSource::dm(Platform::Telegram, process.chat_id)
         };
         let text = format!(
-            "⚠️ The background process {} (`{}`) was stopped when telegate restarted; \
-             its result is lost. Start it again if you still need it.",
+            "⚠️ telegate restarted while the background process {} (`{}`) was running: \
+             it is no longer tracked and its result will not be reported. Start it again \
+             if you still need it.",
             process.process_id, process.command
         );
         if let Err(error) = outbound.deliver(&to, Reply::notice(text)).await {
