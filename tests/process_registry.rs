@@ -2,12 +2,15 @@
 //! kills (checked in /proc), limits, working directory and secrets, chat
 //! isolation, and the wakeup bookkeeping around `process wait`.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::FutureExt;
 use serde_json::json;
+use support::tools_bot::live_group_members;
 use telegate::agent::Progress;
 use telegate::event::{Platform, SessionKey, SessionSource};
 use telegate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
@@ -45,36 +48,6 @@ fn background(command: &str, chat_id: i64, notify: bool) -> SpawnSpec {
             notify_on_complete: notify,
         },
     }
-}
-
-/// Pids in process group `pgid` that are not zombies, read from /proc
-/// independently of the code under test.
-fn live_group_members(pgid: i32) -> Vec<u32> {
-    let mut members = Vec::new();
-    for entry in std::fs::read_dir("/proc")
-        .expect("/proc is readable")
-        .flatten()
-    {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(after_name) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        let fields: Vec<&str> = after_name.split_whitespace().collect();
-        let (state, group) = (fields.first().copied(), fields.get(2).copied());
-        if group == Some(&pgid.to_string()) && !matches!(state, Some("Z" | "X")) {
-            members.push(pid);
-        }
-    }
-    members
 }
 
 async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
