@@ -99,6 +99,13 @@ pub struct StoreSettings {
     /// Keep everything in memory only (lost on restart): for trials and tests.
     #[serde(default)]
     pub in_memory: bool,
+    /// Days a finished inbox row (answered, failed, dropped) is kept before
+    /// it is pruned (transcripts are never pruned).
+    #[serde(default = "default_inbox_retention_days")]
+    pub inbox_retention_days: u64,
+    /// `normal` (survives a crash of telegate) or `full` (also a power loss).
+    #[serde(default)]
+    pub synchronous: crate::store::Synchronous,
 }
 
 impl Default for StoreSettings {
@@ -106,6 +113,8 @@ impl Default for StoreSettings {
         StoreSettings {
             data_dir: default_data_dir(),
             in_memory: false,
+            inbox_retention_days: default_inbox_retention_days(),
+            synchronous: crate::store::Synchronous::default(),
         }
     }
 }
@@ -116,6 +125,13 @@ impl StoreSettings {
         self.data_dir.join("telegate.db")
     }
 }
+
+fn default_inbox_retention_days() -> u64 {
+    7
+}
+
+/// The longest `inbox_retention_days` accepted (ten years).
+const MAX_INBOX_RETENTION_DAYS: u64 = 3650;
 
 fn default_data_dir() -> PathBuf {
     PathBuf::from("telegate-data")
@@ -217,6 +233,10 @@ pub struct TelegramConfig {
     /// Chat ids where anyone may talk to the bot (optional).
     #[serde(default)]
     pub allowed_chats: Vec<i64>,
+    /// Users who may approve or deny any turn's dangerous command (besides
+    /// the user whose message started the turn).
+    #[serde(default)]
+    pub approvers: Vec<u64>,
     /// Let everyone use the bot. Required when both allowlists are empty.
     #[serde(default)]
     pub allow_all_users: bool,
@@ -237,6 +257,7 @@ impl Default for TelegramConfig {
             api_url: default_api_url(),
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
+            approvers: Vec::new(),
             allow_all_users: false,
             require_mention: true,
             mode: UpdateMode::Polling,
@@ -556,6 +577,14 @@ impl Config {
             },
         }
         self.metrics.validate().map_err(invalid)?;
+        if !(1..=MAX_INBOX_RETENTION_DAYS).contains(&self.store.inbox_retention_days) {
+            // Telegram redelivers an unconfirmed update for up to a day; a
+            // row pruned sooner could let a redelivery run twice.
+            return Err(invalid(format!(
+                "store.inbox_retention_days must be between 1 and {MAX_INBOX_RETENTION_DAYS} (it is {})",
+                self.store.inbox_retention_days
+            )));
+        }
         if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
             return Err(invalid(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
@@ -608,6 +637,18 @@ impl Config {
                     )));
                 }
             }
+            if telegram.allowed_chats.is_empty() && !telegram.allow_all_users {
+                if let Some(stranger) = telegram
+                    .approvers
+                    .iter()
+                    .find(|a| !telegram.allowed_users.contains(a))
+                {
+                    return Err(invalid(format!(
+                        "telegram.approvers lists {stranger}, who is not in telegram.allowed_users \
+                         and so could never reach the bot to approve anything"
+                    )));
+                }
+            }
             if telegram.allowed_users.is_empty()
                 && telegram.allowed_chats.is_empty()
                 && !telegram.allow_all_users
@@ -642,6 +683,7 @@ impl Config {
             stall_timeout: Duration::from_secs(self.sessions.stall_timeout_secs),
             history_max_messages: self.sessions.history_max_messages,
             metrics: crate::metrics::Metrics::default(),
+            approvers: self.telegram.approvers.clone(),
         }
     }
 
@@ -674,7 +716,7 @@ impl Config {
             )
         };
         format!(
-            "telegram: token {}, api {}, {:?} mode, access: {}, require_mention {}\n\
+            "telegram: token {}, api {}, {:?} mode, access: {}, require_mention {}, {} approver(s)\n\
              sessions: busy_mode {:?}, max_pending {}, stall_timeout {}s\n\
              agent: {}\n\
              tools: {}\n\
@@ -684,6 +726,7 @@ impl Config {
             t.mode,
             access,
             t.require_mention,
+            t.approvers.len(),
             self.sessions.busy_mode,
             self.sessions.max_pending,
             self.sessions.stall_timeout_secs,

@@ -203,7 +203,18 @@ async fn forward_tool_events(
                     tracing::error!(process = %wakeup.process.id, "wakeup without an owner; nobody to wake");
                     continue;
                 };
-                let resolved = runner.resolve_session(&owner.session_key).await;
+                let resolved = match runner.resolve_session(&owner.session_key).await {
+                    Ok(resolved) => resolved,
+                    // The store is failing: the wakeup still runs, against
+                    // the session that started the process if known.
+                    Err(error) => match owner.known_spawn_session() {
+                        Some(spawned) => spawned.clone(),
+                        None => {
+                            tracing::error!(process = %wakeup.process.id, %error, "wakeup dropped: its chat has no session and the store is failing");
+                            continue;
+                        }
+                    },
+                };
                 let process = wakeup.process.id.clone();
                 match wakeup.into_event(resolved) {
                     Some(event) => {
@@ -256,7 +267,7 @@ pub async fn open_store(settings: &StoreSettings) -> Result<Store, StoreError> {
     if settings.in_memory {
         Store::open_in_memory()
     } else {
-        Store::open_async(settings.database_path()).await
+        Store::open_with(settings.database_path(), settings.synchronous).await
     }
 }
 

@@ -33,21 +33,12 @@ impl SessionId {
         SessionId(Arc::from(id.as_ref()))
     }
 
-    /// A fresh, unique id: the creation time in seconds (hex) followed by 24
-    /// random bits, e.g. `6935b2c1-4f2a9e`. Sortable by creation time.
+    /// A fresh, unique id: a random (version 4) UUID, 122 random bits, e.g.
+    /// `0b5f7c1e-9d2a-4e4b-8f0e-3c6a1d2b4e5f`. Collisions are not a
+    /// practical concern at any number of chats (an earlier scheme of
+    /// seconds plus 24 random bits collided within 10,000 new chats).
     pub fn generate() -> SessionId {
-        use std::hash::{BuildHasher, Hasher};
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default();
-        // RandomState is seeded randomly per process; mixing in a counter makes
-        // ids from the same process distinct too.
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        let random = hasher.finish() & 0xff_ffff;
-        SessionId::new(format!("{secs:x}-{random:06x}"))
+        SessionId::new(uuid::Uuid::new_v4().to_string())
     }
 
     /// The id as text.
@@ -136,6 +127,20 @@ mod tests {
         let a = TurnGeneration::next();
         let b = TurnGeneration::next();
         assert!(b > a);
+    }
+
+    #[test]
+    fn session_ids_are_128_bit_uuids_that_do_not_collide_in_a_burst() {
+        // The old scheme (seconds + 24 random bits) collided about once per
+        // 10,000 ids created in the same second.
+        let ids: std::collections::HashSet<String> = (0..50_000)
+            .map(|_| SessionId::generate().to_string())
+            .collect();
+        assert_eq!(ids.len(), 50_000);
+        for id in ids.iter().take(10) {
+            let parsed = uuid::Uuid::parse_str(id).expect("a UUID");
+            assert_eq!(parsed.get_version_num(), 4, "{id}");
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod engine;
 pub mod event;
 pub mod http;
 pub mod identity;
+pub mod instance_lock;
 mod memory;
 pub mod metrics;
 pub mod reply;

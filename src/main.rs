@@ -26,6 +26,10 @@ enum Command {
         /// The configuration file.
         #[arg(long, short, default_value = "telegate.toml")]
         config: PathBuf,
+        /// If another telegate holds the data directory, wait and take over
+        /// when it exits (instead of exiting with an error).
+        #[arg(long)]
+        standby: bool,
     },
     /// Chat with the agent in this terminal (no Telegram needed).
     Console {
@@ -57,7 +61,9 @@ fn init_logging(config: &Config) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (path, purpose) = match &cli.command {
-        Command::Run { config } | Command::CheckConfig { config } => (config, Purpose::Telegram),
+        Command::Run { config, .. } | Command::CheckConfig { config } => {
+            (config, Purpose::Telegram)
+        }
         Command::Console { config } => (config, Purpose::Console),
     };
     let config = match Config::load(path, purpose) {
@@ -82,7 +88,9 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Console { .. } => telegate::transport::console::run(&config).await,
-            Command::Run { .. } => telegate::transport::telegram::run(&config).await,
+            Command::Run { standby, .. } => {
+                telegate::transport::telegram::run_with(&config, standby).await
+            }
             Command::CheckConfig { .. } => Ok(()),
         }
     });

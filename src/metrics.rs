@@ -309,6 +309,8 @@ pub struct Registry {
     pub updates_duplicate: Counter,
     /// Messages refused (queue full, not allowed) and reported to the user.
     pub messages_refused: Counter,
+    /// getUpdates answered 409 Conflict: another poller uses the token.
+    pub getupdates_conflicts: Counter,
     /// Sessions with a running turn (set by the adapter).
     pub busy_sessions: Gauge,
     /// Follow-ups waiting in all queues (set by the adapter).
@@ -404,7 +406,7 @@ impl Registry {
         out
     }
 
-    fn counters(&self) -> [(&'static str, &'static str, &Counter); 14] {
+    fn counters(&self) -> [(&'static str, &'static str, &Counter); 15] {
         [
             (
                 "turns_started",
@@ -475,6 +477,11 @@ impl Registry {
                 "messages_refused",
                 "Messages refused and reported to the user.",
                 &self.messages_refused,
+            ),
+            (
+                "getupdates_conflicts",
+                "getUpdates answered 409 Conflict (another poller uses the bot token).",
+                &self.getupdates_conflicts,
             ),
         ]
     }
@@ -785,6 +792,7 @@ mod tests {
             "updates_received_total",
             "updates_duplicate_total",
             "messages_refused_total",
+            "getupdates_conflicts_total",
             "busy_sessions",
             "queue_depth",
             "inbox_messages",

@@ -323,6 +323,7 @@ async fn two_hundred_chats_share_one_store_and_every_transcript_is_whole() {
     let store = open_store(&telegate::config::StoreSettings {
         data_dir: dir.path().to_path_buf(),
         in_memory: false,
+        ..Default::default()
     })
     .await
     .unwrap();

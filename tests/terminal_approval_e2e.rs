@@ -9,7 +9,7 @@ use serde_json::json;
 use support::fake_openai::{last_tool_result, last_user_contains, tool_result_after, Script};
 use support::tools_bot::{ToolsBot, CHAT_A};
 
-const ASKED: &str = "Reply /approve to run it or /deny";
+const ASKED: &str = "wants to run this command";
 
 /// The model asks to run `command` when it sees `trigger`, then answers
 /// `answer` after the tool result.

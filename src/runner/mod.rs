@@ -53,7 +53,9 @@ use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentit
 use crate::metrics::Metrics;
 use crate::reply::{Outbound, Outgoing, Reply};
 use crate::store::{Store, TranscriptEntry};
-use crate::tools::approval::{approval_reply, Denial};
+use crate::tools::approval::{approval_reply, Denial, Lookup};
+use crate::tools::approval_prompt::preview;
+use crate::tools::authority::{may_decide, who_may_decide};
 use crate::tools::process::{ProcessId, ProcessMode, ProcessRecord, Scope};
 use crate::tools::TerminalTool;
 use futures::future::BoxFuture;
@@ -70,6 +72,9 @@ pub struct RunnerConfig {
     pub history_max_messages: usize,
     /// Where turns are counted and timed.
     pub metrics: Metrics,
+    /// Users who may approve or deny any turn's command (besides the user
+    /// whose message started the turn): `[telegram] approvers`.
+    pub approvers: Vec<u64>,
 }
 
 impl Default for RunnerConfig {
@@ -78,6 +83,7 @@ impl Default for RunnerConfig {
             stall_timeout: Duration::from_secs(300),
             history_max_messages: 200,
             metrics: Metrics::default(),
+            approvers: Vec::new(),
         }
     }
 }
@@ -118,6 +124,20 @@ impl WeakRunner {
         self.inner.upgrade().map(|inner| Runner { inner })
     }
 }
+
+/// How often a session is tried in the store before the turn gives up.
+const SESSION_WRITE_ATTEMPTS: u32 = 3;
+/// The pause before the n-th retry is n times this.
+const SESSION_RETRY_DELAY: Duration = Duration::from_millis(250);
+
+/// The store could not create or load a chat's session (after retries).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the session store is failing: {0}")]
+pub struct SessionUnavailable(pub String);
+
+/// What the chat is told when its session cannot be stored.
+pub const STORE_DOWN_TEXT: &str = "⚠️ I cannot save this conversation right now: the session store is failing \
+     (the operator sees this in the logs and on /healthz). Your message was not run; please send it again later.";
 
 /// The hint appended to every failure message.
 pub const RESET_HINT: &str = "If this keeps happening, send /reset to start a fresh session.";
@@ -192,32 +212,45 @@ impl Runner {
 
     /// The current session of `key`: from memory, else from the store, else
     /// a new one (recorded in the store).
-    pub async fn resolve_session(&self, key: &SessionKey) -> SessionId {
+    pub async fn resolve_session(&self, key: &SessionKey) -> Result<SessionId, SessionUnavailable> {
         if let Some(id) = self.state().sessions.get(key) {
-            return id.clone();
+            return Ok(id.clone());
         }
-        let loaded = match &self.inner.store {
-            Some(store) => match store
+        let Some(store) = &self.inner.store else {
+            // No store configured: sessions are memory-only by design.
+            return Ok(self.state().sessions.get_or_create(key).0);
+        };
+        // A session that exists only in memory would lose its history at
+        // the next restart without anyone noticing: retry, then give up
+        // loudly instead (the caller tells the user; /healthz shows it).
+        let mut attempt = 0;
+        let id = loop {
+            match store
                 .get_or_create_session(key.as_str(), SessionId::generate().to_string())
                 .await
             {
-                Ok(record) => Some(SessionId::new(record.session_id)),
-                Err(error) => {
-                    tracing::error!(session_key = %key, %error, "store unavailable; using a session kept in memory only");
-                    None
+                Ok(record) => {
+                    store.write_health().succeeded();
+                    break SessionId::new(record.session_id);
                 }
-            },
-            None => None,
+                Err(error) => {
+                    store.write_health().failed(&error);
+                    attempt += 1;
+                    if attempt >= SESSION_WRITE_ATTEMPTS {
+                        tracing::error!(session_key = %key, %error, attempts = attempt, "cannot create or load the session: the store is failing");
+                        return Err(SessionUnavailable(error.to_string()));
+                    }
+                    tracing::warn!(session_key = %key, %error, attempt, "could not create or load the session; retrying");
+                    tokio::time::sleep(SESSION_RETRY_DELAY * attempt).await;
+                }
+            }
         };
         let mut state = self.state();
-        match loaded {
-            // Whoever filled the table first (a concurrent /new) wins.
-            Some(id) => state.sessions.get(key).cloned().unwrap_or_else(|| {
-                state.sessions.set(key, id.clone());
-                id
-            }),
-            None => state.sessions.get_or_create(key).0,
-        }
+        // Whoever filled the table first (a concurrent /new) wins.
+        Ok(state.sessions.get(key).cloned().unwrap_or_else(|| {
+            state.sessions.set(key, id.clone());
+            id
+        }))
     }
 
     fn state(&self) -> MutexGuard<'_, RunnerState> {
@@ -298,11 +331,19 @@ impl Runner {
         if ctx.claimed_while_busy {
             // A bare "yes"/"no" claimed for a pending approval: answered
             // here, never started as a turn (the slot is busy).
-            let reply = self.answer_approval(&ctx.key, approval_reply(&event.text));
+            let reply =
+                self.answer_approval(&ctx.key, &event.source, approval_reply(&event.text), "");
             return Some(reply.in_reply_to(event.message_id).into());
         }
         if let Some(command) = event.command() {
             let reply = match KnownCommand::parse(command.name) {
+                // Answers need to know who sends them (see `authority`).
+                Some(known @ (KnownCommand::Approve | KnownCommand::Deny)) => self.answer_approval(
+                    &ctx.key,
+                    &event.source,
+                    Some(known == KnownCommand::Approve),
+                    command.args,
+                ),
                 Some(known) => self.command(known, command.args, &ctx).await,
                 None => Reply::command(commands::unknown_command_text(command.name)),
             };
@@ -325,7 +366,10 @@ impl Runner {
             KnownCommand::Start => Reply::command(commands::start_text(self.backend_name())),
             KnownCommand::Help => Reply::command(help_text()),
             KnownCommand::Status => {
-                let session_id = self.resolve_session(key).await;
+                let session_id = match self.resolve_session(key).await {
+                    Ok(id) => id,
+                    Err(_) => return Reply::error(STORE_DOWN_TEXT),
+                };
                 let history_len = match &self.inner.store {
                     Some(store) => store.transcript_len(session_id.as_str()).await.ok(),
                     None => None,
@@ -345,8 +389,10 @@ impl Runner {
             }
             KnownCommand::Ps => Reply::command(self.ps(key)),
             KnownCommand::Kill => Reply::command(self.kill(key, args).await),
-            KnownCommand::Approve => self.answer_approval(key, Some(true)),
-            KnownCommand::Deny => self.answer_approval(key, Some(false)),
+            // Answered in `dispatch`, which knows the sender; never here.
+            KnownCommand::Approve | KnownCommand::Deny => {
+                Reply::command("Reply /approve or /deny in the chat that asked.")
+            }
             KnownCommand::Stop => {
                 self.deny_pending_approvals(key);
                 let stopped = self.stop_running(key, InvalidateReason::Stop);
@@ -442,18 +488,73 @@ impl Runner {
         }
     }
 
-    /// /approve, /deny, or a bare yes/no (`None`: not an answer after all).
-    fn answer_approval(&self, key: &SessionKey, approve: Option<bool>) -> Reply {
+    /// /approve, /deny (with an optional one-time id in `args`), or a bare
+    /// yes/no (`None`: not an answer after all), sent by `actor` in `slot`.
+    /// Only the user who started the waiting turn, or an approver, decides.
+    fn answer_approval(
+        &self,
+        slot: &SessionKey,
+        actor: &crate::event::SessionSource,
+        approve: Option<bool>,
+        args: &str,
+    ) -> Reply {
         let Some(tools) = self.tools() else {
             return Reply::command(commands::NO_TOOLS_TEXT);
         };
         let Some(approve) = approve else {
             return Reply::command("Reply /approve or /deny to the pending command.");
         };
-        match tools.approvals().answer(key, approve) {
-            Some(command) if approve => Reply::command(format!("✅ Approved, running:\n{command}")),
-            Some(command) => Reply::command(format!("🚫 Denied, not running:\n{command}")),
-            None => Reply::command("Nothing is waiting for your approval."),
+        let ticket = args.split_whitespace().next();
+        let pending = match tools.approvals().lookup(slot, actor.chat_id, ticket) {
+            Lookup::Found(pending) => pending,
+            Lookup::Nothing => return Reply::command("Nothing is waiting for your approval."),
+            Lookup::NoSuchTicket => {
+                return Reply::command(format!(
+                    "Approval {} is not waiting (it was answered, timed out or replaced); nothing was run.",
+                    ticket.unwrap_or_default()
+                ))
+            }
+            Lookup::Several(tickets) => {
+                return Reply::command(format!(
+                    "Several commands wait for approval here; name one: {}.",
+                    tickets
+                        .iter()
+                        .map(|t| format!("/approve {t}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            }
+        };
+        if !may_decide(
+            pending.started_by,
+            actor.user_id,
+            &self.inner.config.approvers,
+        ) {
+            tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval answer refused: not the turn's user nor an approver");
+            return Reply::command(format!(
+                "🔒 You cannot answer approval {}. {}",
+                pending.ticket,
+                who_may_decide(pending.started_by_name.as_deref(), pending.started_by)
+            ));
+        }
+        match tools
+            .approvals()
+            .answer_ticket(&pending.key, &pending.ticket, approve)
+        {
+            Some(command) if approve => Reply::command(format!(
+                "✅ Approved {}, running:\n{}",
+                pending.ticket,
+                preview(&command)
+            )),
+            Some(command) => Reply::command(format!(
+                "🚫 Denied {}, not running:\n{}",
+                pending.ticket,
+                preview(&command)
+            )),
+            None => Reply::command(format!(
+                "Approval {} is not waiting any more; nothing was run.",
+                pending.ticket
+            )),
         }
     }
 
@@ -504,7 +605,16 @@ impl Runner {
         // against the slot's current session.
         let session_id = match event.override_session() {
             Some(session) => session.clone(),
-            None => self.resolve_session(&key).await,
+            None => match self.resolve_session(&key).await {
+                Ok(id) => id,
+                Err(_) => {
+                    return Some(
+                        Reply::error(STORE_DOWN_TEXT)
+                            .in_reply_to(event.message_id)
+                            .into(),
+                    )
+                }
+            },
         };
         tracing::Span::current().record("session_id", tracing::field::display(&session_id));
         let mut history = self.load_history(&session_id).await;
@@ -665,8 +775,12 @@ impl Runner {
 
     async fn record(&self, session_id: &SessionId, entries: Vec<TranscriptEntry>) {
         if let Some(store) = &self.inner.store {
-            if let Err(error) = store.append_many(session_id.as_str(), entries).await {
-                tracing::error!(%session_id, %error, "could not record the transcript");
+            match store.append_many(session_id.as_str(), entries).await {
+                Ok(_) => store.write_health().succeeded(),
+                Err(error) => {
+                    store.write_health().failed(&error);
+                    tracing::error!(%session_id, %error, "could not record the transcript");
+                }
             }
         }
     }
@@ -763,9 +877,18 @@ impl MessageHandler for Runner {
     }
 
     /// A bare yes/no while the chat's turn waits for an approval answers it.
+    /// Only from a user who may answer it: anyone else's "yes" is an
+    /// ordinary message.
     fn claims_while_busy(&self, key: &SessionKey, event: &MessageEvent) -> bool {
         self.tools().is_some_and(|tools| {
-            approval_reply(&event.text).is_some() && tools.approvals().is_pending(key)
+            approval_reply(&event.text).is_some()
+                && tools.approvals().pending_view(key).is_some_and(|pending| {
+                    may_decide(
+                        pending.started_by,
+                        event.source.user_id,
+                        &self.inner.config.approvers,
+                    )
+                })
         })
     }
 }

@@ -40,9 +40,13 @@
 //!
 //! # Durability
 //!
-//! The database uses WAL with `synchronous=NORMAL`: a committed transaction
-//! survives a crash of the process; a power loss or OS crash may roll back
-//! the last few commits but never corrupts the file. Foreign keys are on and
+//! The database uses WAL with `synchronous=NORMAL` by default: a committed
+//! transaction survives a crash of the process; a power loss or OS crash may
+//! roll back the last few commits but never corrupts the file
+//! (`[store] synchronous = "full"` survives those too, see [`Synchronous`]).
+//! A file database is checked at open (`PRAGMA quick_check`, and a marker
+//! that tells a truncated database from a fresh data directory; see
+//! [`integrity`]): a damaged one is refused, never used. Foreign keys are on and
 //! a busy timeout covers other processes (e.g. a backup tool) touching the
 //! file. When the last [`Store`] clone is dropped, the thread drains the
 //! queue, checkpoints the WAL and closes; [`Store::close`] does the same and
@@ -57,10 +61,13 @@
 //! * Never log message contents at info level or above: transcripts are
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
+mod integrity;
 pub mod ledger;
+mod retention;
 pub mod schema;
 pub mod sessions;
 pub mod transcript;
+mod write_health;
 
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
@@ -70,10 +77,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
+pub use integrity::marker_path;
 pub use ledger::{InboxEntry, InboxState, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
 pub use transcript::{Role, TranscriptEntry};
+pub use write_health::WriteHealth;
 
 /// How long SQLite retries when another process holds the write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -114,6 +123,39 @@ pub enum StoreError {
     /// A JSON column (overrides, tool calls) could not be encoded or decoded.
     #[error("store json: {0}")]
     Serde(#[from] serde_json::Error),
+    /// `PRAGMA quick_check` found damage (or SQLite says the file is not a
+    /// database): the file is left untouched and the store does not open.
+    #[error(
+        "the database {} is damaged ({detail}). Stop telegate and keep a copy of the file; \
+         then restore a backup, or try `sqlite3 {} .recover | sqlite3 recovered.db` and put \
+         recovered.db in its place, or move the file away to start with an empty store",
+        path.display(), path.display()
+    )]
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// What SQLite reported.
+        detail: String,
+    },
+    /// The database is missing or 0 bytes long, but its marker says
+    /// telegate created one there: refused instead of starting empty.
+    #[error(
+        "the database {} is {}, but {} says telegate created it earlier: it was probably \
+         truncated or deleted by accident. Restore it from a backup; to really start with an \
+         empty store, delete {} as well",
+        path.display(),
+        if *empty { "empty (0 bytes)" } else { "missing" },
+        marker.display(),
+        marker.display()
+    )]
+    Vanished {
+        /// The database file.
+        path: PathBuf,
+        /// The marker written when it was created.
+        marker: PathBuf,
+        /// True for a 0-byte file, false for a missing one.
+        empty: bool,
+    },
     /// The operation needs a current session for this key and there is none.
     #[error("no session for key {key:?}")]
     NoSuchSession {
@@ -136,8 +178,31 @@ enum Msg {
 /// Which database to open.
 #[derive(Debug, Clone)]
 enum Target {
-    File(PathBuf),
+    File(PathBuf, Synchronous),
     Memory,
+}
+
+/// `[store] synchronous`: when SQLite waits for the disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// A committed write survives a crash of telegate (WAL with
+    /// `synchronous=NORMAL`); a power loss or OS crash may lose the last
+    /// commits, never the file.
+    #[default]
+    Normal,
+    /// Also survives a power loss or OS crash (`synchronous=FULL`: every
+    /// commit waits for the disk), at the cost of slower writes.
+    Full,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Normal => "NORMAL",
+            Synchronous::Full => "FULL",
+        }
+    }
 }
 
 /// Handle to the store. Cheap to clone (a channel sender inside); all clones
@@ -145,6 +210,7 @@ enum Target {
 #[derive(Clone)]
 pub struct Store {
     tx: mpsc::Sender<Msg>,
+    write_health: WriteHealth,
 }
 
 impl fmt::Debug for Store {
@@ -162,14 +228,22 @@ impl Store {
     /// This blocks the calling thread until the database is ready; call it
     /// at startup or from `spawn_blocking`, or use [`Store::open_async`].
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        Self::open_blocking(Target::File(path.to_path_buf()))
+        Self::open_blocking(Target::File(path.to_path_buf(), Synchronous::default()))
     }
 
     /// Like [`Store::open`], but waits asynchronously: the file is opened
     /// and migrated on the store thread, not on the caller's.
     pub async fn open_async(path: impl Into<PathBuf>) -> Result<Store, StoreError> {
+        Self::open_with(path, Synchronous::default()).await
+    }
+
+    /// Like [`Store::open_async`], with the given `synchronous` setting.
+    pub async fn open_with(
+        path: impl Into<PathBuf>,
+        synchronous: Synchronous,
+    ) -> Result<Store, StoreError> {
         let (ready_tx, ready_rx) = oneshot::channel();
-        let store = Self::spawn(Target::File(path.into()), move |r| {
+        let store = Self::spawn(Target::File(path.into(), synchronous), move |r| {
             let _ = ready_tx.send(r);
         })?;
         ready_rx.await.map_err(|_| StoreError::Closed)??;
@@ -206,7 +280,16 @@ impl Store {
                 }
                 Err(e) => ready(Err(e)),
             })?;
-        Ok(Store { tx })
+        Ok(Store {
+            tx,
+            write_health: WriteHealth::default(),
+        })
+    }
+
+    /// Whether writes work, as reported by the writers (see
+    /// [`WriteHealth`]); shared by all clones.
+    pub fn write_health(&self) -> &WriteHealth {
+        &self.write_health
     }
 
     /// Runs `f` on the store thread with exclusive use of the connection and
@@ -257,17 +340,28 @@ impl Store {
 
 /// Opens and configures the connection, then migrates it.
 fn open_connection(target: &Target) -> Result<Connection, StoreError> {
-    let mut conn = match target {
-        Target::File(path) => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)?;
-            }
-            Connection::open(path)?
-        }
-        Target::Memory => Connection::open_in_memory()?,
+    let Target::File(path, _) = target else {
+        let mut conn = Connection::open_in_memory()?;
+        configure(&mut conn, target)?;
+        schema::migrate(&mut conn)?;
+        return Ok(conn);
     };
-    configure(&mut conn, target)?;
-    schema::migrate(&mut conn)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    integrity::check_before_open(path)?;
+    let corrupt = |e| integrity::as_corrupt(e, path);
+    let mut conn = Connection::open(path).map_err(corrupt)?;
+    configure(&mut conn, target).map_err(|e| match e {
+        StoreError::Sqlite(e) => corrupt(e),
+        other => other,
+    })?;
+    integrity::quick_check(&conn, path)?;
+    schema::migrate(&mut conn).map_err(|e| match e {
+        StoreError::Sqlite(e) => corrupt(e),
+        other => other,
+    })?;
+    integrity::write_marker(path)?;
     Ok(conn)
 }
 
@@ -275,10 +369,14 @@ fn open_connection(target: &Target) -> Result<Connection, StoreError> {
 fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-    if matches!(target, Target::File(_)) && !mode.eq_ignore_ascii_case("wal") {
+    if matches!(target, Target::File(..)) && !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(mode, "store could not enable WAL; continuing");
     }
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    let synchronous = match target {
+        Target::File(_, synchronous) => *synchronous,
+        Target::Memory => Synchronous::default(),
+    };
+    conn.pragma_update(None, "synchronous", synchronous.pragma())?;
     conn.pragma_update(None, "foreign_keys", true)?;
     // Every write transaction takes the write lock up front, so it can wait
     // on the busy timeout instead of failing when upgrading a read lock.

@@ -43,10 +43,11 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::approval_prompt::{request_text, timeout_text_for};
 use super::events::{ToolEvent, ToolEventSender};
 use super::process::ProcessOwner;
 use crate::agent::Progress;
-use crate::event::SessionKey;
+use crate::event::{SessionKey, SessionSource};
 
 /// The dangerous patterns used unless the config replaces them.
 pub const DEFAULT_DANGEROUS_PATTERNS: &[&str] = &[
@@ -192,6 +193,15 @@ impl DangerPatterns {
         Ok(DangerPatterns(patterns))
     }
 
+    /// Every pattern `command` matches, in list order.
+    pub fn matching_all(&self, command: &str) -> Vec<&DangerPattern> {
+        let segments = tokenize(command, false);
+        self.0
+            .iter()
+            .filter(|pattern| segments.iter().any(|s| pattern.matches_segment(s)))
+            .collect()
+    }
+
     /// The first pattern `command` matches, if any.
     pub fn matching(&self, command: &str) -> Option<&DangerPattern> {
         let segments = tokenize(command, false);
@@ -226,10 +236,21 @@ impl ApprovalPolicy {
         match self.mode {
             ApprovalMode::Never => None,
             ApprovalMode::Always => Some("every command needs approval here".to_string()),
-            ApprovalMode::Dangerous => self
-                .patterns
-                .matching(command)
-                .map(|p| format!("it matches the dangerous pattern \"{}\"", p.as_str())),
+            ApprovalMode::Dangerous => {
+                let matched = self.patterns.matching_all(command);
+                let quoted: Vec<String> = matched
+                    .iter()
+                    .map(|p| format!("\"{}\"", p.as_str()))
+                    .collect();
+                match quoted.len() {
+                    0 => None,
+                    1 => Some(format!("it matches the dangerous pattern {}", quoted[0])),
+                    _ => Some(format!(
+                        "it matches the dangerous patterns {}",
+                        quoted.join(", ")
+                    )),
+                }
+            }
         }
     }
 }
@@ -409,8 +430,41 @@ pub enum Verdict {
 
 struct PendingApproval {
     id: u64,
+    /// The one-time id shown in the request (`/approve <ticket>`).
+    ticket: String,
     command: String,
+    /// Who started the turn that asks, and where.
+    owner: SessionSource,
     answer: oneshot::Sender<Verdict>,
+}
+
+/// A pending request as the runner sees it (to check who may answer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingView {
+    /// The slot whose turn waits.
+    pub key: SessionKey,
+    /// The one-time id.
+    pub ticket: String,
+    /// The command, in full.
+    pub command: String,
+    /// The user whose message started the turn.
+    pub started_by: Option<u64>,
+    /// Their display name, if known.
+    pub started_by_name: Option<String>,
+}
+
+/// What an answer in a chat refers to (see [`ApprovalGate::lookup`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// This request.
+    Found(PendingView),
+    /// The id names no request waiting in this chat (answered, timed out,
+    /// or replaced).
+    NoSuchTicket,
+    /// A bare answer, but several requests wait in this chat: their ids.
+    Several(Vec<String>),
+    /// Nothing waits in this chat.
+    Nothing,
 }
 
 struct GateInner {
@@ -473,14 +527,21 @@ impl ApprovalGate {
         let (answer, mut answered) = oneshot::channel();
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let key = owner.session_key.clone();
-        let replaced = self.pending().insert(
-            key.clone(),
-            PendingApproval {
-                id,
-                command: command.to_string(),
-                answer,
-            },
-        );
+        let ticket;
+        let replaced = {
+            let mut pending = self.pending();
+            ticket = new_ticket(|t| pending.values().any(|p| p.ticket == t));
+            pending.insert(
+                key.clone(),
+                PendingApproval {
+                    id,
+                    ticket: ticket.clone(),
+                    command: command.to_string(),
+                    owner: owner.source.clone(),
+                    answer,
+                },
+            )
+        };
         if let Some(old) = replaced {
             let _ = old.answer.send(Verdict::Denied(Denial::Superseded));
         }
@@ -489,10 +550,10 @@ impl ApprovalGate {
             key: key.clone(),
             id,
         };
-        tracing::info!(session_key = %key, "a command waits for the user's approval");
+        tracing::info!(session_key = %key, %ticket, "a command waits for the user's approval");
         self.inner.events.send(ToolEvent::Notice {
             to: owner.source.clone(),
-            text: request_text(command, reason, self.inner.timeout),
+            text: request_text(&ticket, command, reason, self.inner.timeout),
         });
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         loop {
@@ -506,7 +567,7 @@ impl ApprovalGate {
                     tracing::info!(session_key = %key, "approval timed out");
                     self.inner.events.send(ToolEvent::Notice {
                         to: owner.source.clone(),
-                        text: format!("⌛ No answer in time, so this was not run:\n{}", shown(command)),
+                        text: timeout_text_for(&ticket, command),
                     });
                     return Verdict::Denied(Denial::TimedOut);
                 }
@@ -528,6 +589,63 @@ impl ApprovalGate {
         // The waiting call may have just been dropped: then nothing runs.
         let _ = pending.answer.send(verdict);
         Some(pending.command)
+    }
+
+    /// Answer the request `ticket` pending for `key`, and only that one: a
+    /// request that replaced it in the meantime is left waiting. Returns
+    /// the command decided, or `None` if `ticket` no longer waits there.
+    pub fn answer_ticket(&self, key: &SessionKey, ticket: &str, approve: bool) -> Option<String> {
+        let pending = {
+            let mut pending = self.pending();
+            if !pending.get(key).is_some_and(|p| p.ticket == ticket) {
+                return None;
+            }
+            pending.remove(key)?
+        };
+        let verdict = if approve {
+            Verdict::Approved
+        } else {
+            Verdict::Denied(Denial::ByUser)
+        };
+        tracing::info!(session_key = %key, ticket, ?verdict, "approval answered");
+        let _ = pending.answer.send(verdict);
+        Some(pending.command)
+    }
+
+    /// The request waiting for `key`'s turn, if any.
+    pub fn pending_view(&self, key: &SessionKey) -> Option<PendingView> {
+        self.pending().get(key).map(|p| view(key, p))
+    }
+
+    /// Which request an answer sent in `slot` (of chat `chat_id`) refers
+    /// to: the one named by `ticket` among the chat's requests; without a
+    /// ticket, the slot's own request, else the chat's only one.
+    pub fn lookup(&self, slot: &SessionKey, chat_id: i64, ticket: Option<&str>) -> Lookup {
+        let pending = self.pending();
+        let mut in_chat = pending
+            .iter()
+            .filter(|(_, p)| p.owner.chat_id == chat_id)
+            .map(|(key, p)| view(key, p));
+        match ticket {
+            Some(ticket) => in_chat
+                .find(|v| v.ticket.eq_ignore_ascii_case(ticket))
+                .map_or(Lookup::NoSuchTicket, Lookup::Found),
+            None => {
+                if let Some(own) = pending.get(slot) {
+                    return Lookup::Found(view(slot, own));
+                }
+                let mut all: Vec<PendingView> = in_chat.collect();
+                match all.len() {
+                    0 => Lookup::Nothing,
+                    1 => Lookup::Found(all.remove(0)),
+                    _ => {
+                        let mut tickets: Vec<String> = all.into_iter().map(|v| v.ticket).collect();
+                        tickets.sort();
+                        Lookup::Several(tickets)
+                    }
+                }
+            }
+        }
     }
 
     /// Deny whatever is pending for `key` (/stop, /new, /reset). Returns
@@ -581,32 +699,23 @@ pub fn approval_reply(text: &str) -> Option<bool> {
     }
 }
 
-/// A command as it appears in notices (long ones are cut).
-fn shown(command: &str) -> String {
-    const MAX: usize = 1500;
-    if command.chars().count() <= MAX {
-        return command.to_string();
+fn view(key: &SessionKey, pending: &PendingApproval) -> PendingView {
+    PendingView {
+        key: key.clone(),
+        ticket: pending.ticket.clone(),
+        command: pending.command.clone(),
+        started_by: pending.owner.user_id,
+        started_by_name: pending.owner.user_name.clone(),
     }
-    let cut: String = command.chars().take(MAX).collect();
-    format!("{cut}… (cut)")
 }
 
-fn request_text(command: &str, reason: &str, timeout: Duration) -> String {
-    format!(
-        "⚠️ The agent wants to run this command, and {reason}:\n\n{}\n\n\
-         Reply /approve to run it or /deny to refuse (yes / no work too). \
-         Without an answer within {} it is refused.",
-        shown(command),
-        timeout_text(timeout)
-    )
-}
-
-fn timeout_text(timeout: Duration) -> String {
-    let secs = timeout.as_secs();
-    match secs {
-        s if s >= 60 && s % 60 == 0 => format!("{} min", s / 60),
-        s if s >= 60 => format!("{} min {} s", s / 60, s % 60),
-        s => format!("{s} s"),
+/// A fresh one-time id: six hex digits, not `taken` by a waiting request.
+fn new_ticket(taken: impl Fn(&str) -> bool) -> String {
+    loop {
+        let ticket = uuid::Uuid::new_v4().simple().to_string()[..6].to_string();
+        if !taken(&ticket) {
+            return ticket;
+        }
     }
 }
 

@@ -33,10 +33,14 @@
 //! * [`process`]: the process registry (owners, bounded output, limits);
 //! * [`wakeup`]: wakeups for finished background processes and their routing;
 //! * [`approval`]: dangerous-command patterns and pending approvals;
+//! * [`approval_prompt`]: the request's wording (the whole command, every match);
+//! * [`authority`]: who may approve, deny or stop somebody's turn;
 //! * [`events`]: the channel through which wakeups and notices leave the tools;
 //! * [`procgroup`]: process groups, shared with the command backend.
 
 pub mod approval;
+pub mod approval_prompt;
+pub mod authority;
 pub mod events;
 pub mod process;
 pub mod procgroup;

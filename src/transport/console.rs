@@ -59,6 +59,13 @@ impl Outbound for ConsoleOutbound {
 
 /// Run the console until end of input (or `/quit`).
 pub async fn run(config: &Config) -> anyhow::Result<()> {
+    // One process per data directory (see `instance_lock`).
+    let _lock = match config.store.in_memory {
+        true => None,
+        false => Some(crate::instance_lock::InstanceLock::acquire(
+            &config.store.data_dir,
+        )?),
+    };
     let interactive = std::io::stdin().is_terminal();
     let outbound = Arc::new(ConsoleOutbound::new(Box::new(std::io::stdout())));
     let setup = build_agent_setup(config).map_err(anyhow::Error::msg)?;

@@ -34,11 +34,22 @@ impl ToolsBot {
     /// Start with `[tools.terminal] enabled = true`, the workdir a fresh
     /// temporary directory, and `terminal_extra` added to that table.
     pub async fn start(terminal_extra: &str) -> ToolsBot {
+        ToolsBot::start_with("", "", terminal_extra).await
+    }
+
+    /// Like [`ToolsBot::start`], with `telegram_extra` added to `[telegram]`
+    /// and `sessions_extra` as the `[sessions]` table.
+    pub async fn start_with(
+        telegram_extra: &str,
+        sessions_extra: &str,
+        terminal_extra: &str,
+    ) -> ToolsBot {
         let fake = FakeBotApi::start().await;
         let llm = FakeOpenAi::start().await;
         let workdir = tempfile::tempdir().expect("temporary workdir");
         let text = format!(
-            "[telegram]\ntoken = \"{token}\"\napi_url = \"{api}\"\nallowed_users = [{CHAT_A}, {CHAT_B}]\n\n\
+            "[telegram]\ntoken = \"{token}\"\napi_url = \"{api}\"\nallowed_users = [{CHAT_A}, {CHAT_B}]\n{telegram_extra}\n\n\
+             [sessions]\n{sessions_extra}\n\n\
              [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
              global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\n\
              [store]\nin_memory = true\n\n\

@@ -58,7 +58,10 @@ impl HealthCheck for BotHealth {
                 .call(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
                 .await
             {
-                Ok(()) => report.ok("store"),
+                Ok(()) => match self.store.write_health().failure() {
+                    None => report.ok("store"),
+                    Some(error) => report.failing("store", format!("writes are failing: {error}")),
+                },
                 Err(error) => report.failing("store", error.to_string()),
             }
         })

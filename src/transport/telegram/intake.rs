@@ -335,6 +335,11 @@ impl Intake {
         }
     }
 
+    /// The counters this intake records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Record one raw update and hand it on. An error means the update was
     /// NOT recorded and must not be confirmed to Telegram.
     pub async fn take(&self, raw: Value) -> Result<Intook, StoreError> {

@@ -208,6 +208,11 @@ impl TelegramBot {
             None => None,
         };
         refresh_inbox_gauges(metrics.clone(), store.clone(), stop_intake.clone());
+        prune_inbox_regularly(
+            store.clone(),
+            config.store.inbox_retention_days,
+            stop_intake.clone(),
+        );
         let (intake_task, webhook_addr) = match telegram.mode {
             UpdateMode::Polling => {
                 // Polling and a webhook exclude each other; pending updates
@@ -323,6 +328,23 @@ fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken)
     });
 }
 
+/// Prune finished inbox rows older than `days` at start, then hourly.
+fn prune_inbox_regularly(store: Store, days: u64, stop: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            match store.prune_inbox(days).await {
+                Ok(0) => {}
+                Ok(pruned) => tracing::info!(pruned, days, "pruned finished inbox rows"),
+                Err(error) => tracing::warn!(%error, "could not prune the inbox"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+            }
+        }
+    });
+}
+
 /// `telegate run`: start the bot and serve until SIGINT or SIGTERM.
 ///
 /// The signal handlers are installed before anything starts and stay
@@ -331,7 +353,26 @@ fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken)
 /// the start is done, instead of the default action killing the process;
 /// and a second signal is never missed, whenever it comes.
 pub async fn run(config: &Config) -> anyhow::Result<()> {
+    run_with(config, false).await
+}
+
+/// `telegate run [--standby]`: like [`run`]; first takes the data
+/// directory's lock ([`crate::instance_lock`]): fails at once naming the
+/// holder, or with `standby` waits until the holder exits.
+pub async fn run_with(config: &Config, standby: bool) -> anyhow::Result<()> {
+    use crate::instance_lock::{InstanceLock, LockError};
     let stop = watch_signals();
+    let _lock = if config.store.in_memory {
+        None
+    } else if standby {
+        match InstanceLock::acquire_standby(&config.store.data_dir, &stop).await {
+            Ok(lock) => Some(lock),
+            Err(LockError::Cancelled) => return Ok(()),
+            Err(error) => return Err(error.into()),
+        }
+    } else {
+        Some(InstanceLock::acquire(&config.store.data_dir)?)
+    };
     let bot = TelegramBot::start(config)
         .await
         .context("the bot could not start")?;

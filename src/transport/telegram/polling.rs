@@ -6,13 +6,21 @@
 //! update in order, and only then asks for the next batch with an offset
 //! past it. Updates that were pending while the bot was down are fetched
 //! normally: nothing is dropped at start.
+//!
+//! A 409 Conflict ("terminated by other getUpdates request") means another
+//! process polls with the same token (a second instance elsewhere; on the
+//! same data directory the instance lock prevents it). It is counted in
+//! `/metrics` (`getupdates_conflicts_total`), logged at most once a minute
+//! ([`ConflictLog`]) and backed off like any failure. It cannot make an
+//! update run twice here: the offset still moves only past recorded
+//! updates, and a recorded update id never runs again.
 
 use std::time::Duration;
 
 use teloxide::payloads::GetUpdatesSetters;
 use teloxide::requests::{Request, Requester};
 use teloxide::types::AllowedUpdate;
-use teloxide::{Bot, RequestError};
+use teloxide::{ApiError, Bot, RequestError};
 use tokio_util::sync::CancellationToken;
 
 use super::health::UpdatesHealth;
@@ -35,6 +43,7 @@ const _: () = assert!(POLL_TIMEOUT_SECS + 5 <= CLIENT_TIMEOUT_SECS);
 pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: CancellationToken) {
     let mut offset: i32 = 0;
     let mut failures: u32 = 0;
+    let mut conflicts = ConflictLog::default();
     loop {
         let request = bot
             .get_updates()
@@ -51,7 +60,20 @@ pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: Cancell
                 health.set(false);
                 failures += 1;
                 let wait = backoff(&error, failures);
-                tracing::warn!(%error, ?wait, "getUpdates failed; retrying");
+                if is_conflict(&error) {
+                    intake.metrics().getupdates_conflicts.inc();
+                    if let Some(since) = conflicts.should_log(tokio::time::Instant::now()) {
+                        tracing::error!(
+                            conflicts_since_last_log = since,
+                            ?wait,
+                            "getUpdates answered 409 Conflict: another process is polling with this bot token \
+                             (a second telegate or another bot program). Only one may poll; stop the other one. \
+                             Backing off; no update is answered twice here."
+                        );
+                    }
+                } else {
+                    tracing::warn!(%error, ?wait, "getUpdates failed; retrying");
+                }
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(wait) => continue,
@@ -95,6 +117,40 @@ fn next_offset(id: u32) -> i32 {
     i32::try_from(id).map_or(i32::MAX, |id| id.saturating_add(1))
 }
 
+/// 409 Conflict from getUpdates: another poller (or a webhook) is active.
+fn is_conflict(error: &RequestError) -> bool {
+    matches!(
+        error,
+        RequestError::Api(ApiError::TerminatedByOtherGetUpdates | ApiError::CantGetUpdates)
+    )
+}
+
+/// How often a 409 Conflict may be logged.
+const CONFLICT_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Logs conflicts at most once per [`CONFLICT_LOG_INTERVAL`] (they repeat
+/// every poll while the other poller runs), counting the ones in between.
+#[derive(Debug, Default)]
+pub struct ConflictLog {
+    last: Option<tokio::time::Instant>,
+    unlogged: u64,
+}
+
+impl ConflictLog {
+    /// A conflict happened at `now`: `Some(n)` if it should be logged
+    /// (`n` conflicts happened since the last log line, this one included).
+    pub fn should_log(&mut self, now: tokio::time::Instant) -> Option<u64> {
+        self.unlogged += 1;
+        match self.last {
+            Some(last) if now.duration_since(last) < CONFLICT_LOG_INTERVAL => None,
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.unlogged))
+            }
+        }
+    }
+}
+
 fn backoff(error: &RequestError, failures: u32) -> Duration {
     match error {
         RequestError::RetryAfter(seconds) => seconds.duration(),
@@ -104,7 +160,20 @@ fn backoff(error: &RequestError, failures: u32) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use super::next_offset;
+    use super::{next_offset, ConflictLog};
+    use std::time::Duration;
+
+    #[test]
+    fn conflicts_are_logged_at_most_once_a_minute() {
+        let start = tokio::time::Instant::now();
+        let mut log = ConflictLog::default();
+        assert_eq!(log.should_log(start), Some(1));
+        for s in 1..60 {
+            assert_eq!(log.should_log(start + Duration::from_secs(s)), None);
+        }
+        assert_eq!(log.should_log(start + Duration::from_secs(60)), Some(60));
+        assert_eq!(log.should_log(start + Duration::from_secs(61)), None);
+    }
 
     #[test]
     fn offsets_never_wrap() {

@@ -1,0 +1,86 @@
+//! Pruning the inbox: finished rows older than the retention are deleted.
+//!
+//! The inbox keeps one row per update (strangers' included) so that a
+//! redelivered update is recognised and an unfinished one resumed. A
+//! finished row (answered, failed, dropped) is only needed while Telegram
+//! might deliver its update again, which it does for at most a day; after
+//! `[store] inbox_retention_days` (default 7) it is deleted.
+//!
+//! This module owns that one delete. It must never touch rows that are not
+//! finished (received, running: they are still to be answered) nor the
+//! transcripts, which are the conversations themselves.
+
+use rusqlite::params;
+
+use super::{now_ms, Store, StoreError};
+
+const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+impl Store {
+    /// Delete finished inbox rows last updated more than `days` days ago.
+    /// Returns how many were deleted.
+    pub async fn prune_inbox(&self, days: u64) -> Result<usize, StoreError> {
+        let age = i64::try_from(days)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(DAY_MS);
+        self.call(move |conn| {
+            let cutoff = now_ms().saturating_sub(age);
+            let deleted = conn.execute(
+                "DELETE FROM inbox
+                 WHERE state IN ('answered', 'failed', 'dropped') AND updated_at < ?1",
+                params![cutoff],
+            )?;
+            Ok(deleted)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{InboxState, TranscriptEntry};
+
+    #[tokio::test]
+    async fn only_old_finished_rows_go_and_transcripts_stay() {
+        let store = Store::open_in_memory().unwrap();
+        for (id, state) in [
+            (1, InboxState::Answered),
+            (2, InboxState::Dropped),
+            (3, InboxState::Failed),
+            (4, InboxState::Received),
+            (5, InboxState::Running),
+            (6, InboxState::Answered),
+        ] {
+            store
+                .record_update(id, 7, Some(id), serde_json::json!({}), state, None)
+                .await
+                .unwrap();
+        }
+        store
+            .append_many("s", vec![TranscriptEntry::user("hi")])
+            .await
+            .unwrap();
+        // Rows 1-5 are eight days old; row 6 is new.
+        store
+            .call(|c| {
+                Ok(c.execute(
+                    "UPDATE inbox SET updated_at = updated_at - 8 * 86400000 WHERE update_id < 6",
+                    [],
+                )?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(store.prune_inbox(7).await.unwrap(), 3);
+        let left: Vec<i64> = store
+            .call(|c| {
+                let mut s = c.prepare("SELECT update_id FROM inbox ORDER BY update_id")?;
+                let rows = s.query_map([], |r| r.get(0))?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(left, vec![4, 5, 6]);
+        assert_eq!(store.transcript_len("s").await.unwrap(), 1);
+    }
+}
