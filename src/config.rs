@@ -78,6 +78,9 @@ pub struct Config {
     /// `[metrics]`: the optional /healthz and /metrics listener.
     #[serde(default)]
     pub metrics: crate::metrics::MetricsConfig,
+    /// Where this configuration came from (not a key of the file).
+    #[serde(skip)]
+    pub source: crate::zero_config::ConfigSource,
 }
 
 /// `[tools]`.
@@ -205,6 +208,13 @@ pub struct WebhookConfig {
     /// The secret Telegram sends in `X-Telegram-Bot-Api-Secret-Token`.
     /// Required (or set `TELEGRAM_WEBHOOK_SECRET`).
     pub secret_token: Option<Secret>,
+    /// Simultaneous HTTPS connections Telegram may open (1-100).
+    #[serde(default = "default_webhook_max_connections")]
+    pub max_connections: u8,
+}
+
+fn default_webhook_max_connections() -> u8 {
+    40
 }
 
 /// How updates arrive from Telegram.
@@ -543,8 +553,21 @@ impl Config {
                     .map(Secret);
             }
         }
+        config.source = crate::zero_config::ConfigSource::File(path.to_path_buf());
         config.validate(path, purpose)?;
         Ok(config)
+    }
+
+    /// Validate a configuration built without a file (zero-config).
+    pub(crate) fn validate_as(&self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
+        self.validate(path, purpose)
+    }
+
+    /// Whether the bot may start with both allowlists empty and
+    /// `allow_all_users` off: only a file-less start may (it answers nobody
+    /// but tells each sender their id, so they can be added).
+    pub fn may_start_locked(&self) -> bool {
+        self.source == crate::zero_config::ConfigSource::Environment
     }
 
     fn validate(&self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
@@ -631,6 +654,12 @@ impl Config {
                         webhook.public_url
                     )));
                 }
+                if !(1..=100).contains(&webhook.max_connections) {
+                    return Err(invalid(format!(
+                        "telegram.webhook.max_connections {} is out of range: use 1 to 100",
+                        webhook.max_connections
+                    )));
+                }
                 if webhook.secret_token.is_none() {
                     return Err(invalid(format!(
                         "telegram.webhook.secret_token is missing: set it in the file or in {WEBHOOK_SECRET_ENV}"
@@ -652,6 +681,7 @@ impl Config {
             if telegram.allowed_users.is_empty()
                 && telegram.allowed_chats.is_empty()
                 && !telegram.allow_all_users
+                && !self.may_start_locked()
             {
                 return Err(invalid(
                     "nobody may use the bot: list user ids in telegram.allowed_users \

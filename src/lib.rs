@@ -33,5 +33,7 @@ pub mod metrics;
 pub mod reply;
 pub mod runner;
 pub mod store;
+pub mod systemd;
 pub mod tools;
 pub mod transport;
+pub mod zero_config;

@@ -1,4 +1,4 @@
-//! The `telegate` binary: `run`, `console` and `check-config`.
+//! The `telegate` binary: `run`, `console`, `check-config` and `init`.
 //!
 //! This is the edge where errors become `anyhow` and exit codes.
 
@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use telegate::config::{Config, LogFormat, Purpose};
+use telegate::zero_config;
 
 #[derive(Parser)]
 #[command(
@@ -23,9 +24,10 @@ struct Cli {
 enum Command {
     /// Run the Telegram bot.
     Run {
-        /// The configuration file.
-        #[arg(long, short, default_value = "telegate.toml")]
-        config: PathBuf,
+        /// The configuration file (default: telegate.toml if it exists,
+        /// else built-in defaults plus the environment).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
         /// If another telegate holds the data directory, wait and take over
         /// when it exits (instead of exiting with an error).
         #[arg(long)]
@@ -33,14 +35,22 @@ enum Command {
     },
     /// Chat with the agent in this terminal (no Telegram needed).
     Console {
-        /// The configuration file.
-        #[arg(long, short, default_value = "telegate.toml")]
-        config: PathBuf,
+        /// The configuration file (default: telegate.toml if it exists,
+        /// else built-in defaults plus the environment).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
     },
     /// Validate the configuration without connecting anywhere.
     CheckConfig {
-        /// The configuration file.
-        #[arg(long, short, default_value = "telegate.toml")]
+        /// The configuration file (default: telegate.toml if it exists,
+        /// else built-in defaults plus the environment).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Write a commented example configuration (never over an existing file).
+    Init {
+        /// Where to write it.
+        #[arg(long, short, default_value = zero_config::DEFAULT_CONFIG_FILE)]
         config: PathBuf,
     },
 }
@@ -65,8 +75,24 @@ fn main() -> ExitCode {
             (config, Purpose::Telegram)
         }
         Command::Console { config } => (config, Purpose::Console),
+        Command::Init { config } => {
+            return match zero_config::init(config) {
+                Ok(()) => {
+                    println!(
+                        "wrote {}: edit it, then `telegate run --config {}`",
+                        config.display(),
+                        config.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    ExitCode::from(2)
+                }
+            };
+        }
     };
-    let config = match Config::load(path, purpose) {
+    let config = match zero_config::load(path.as_deref(), purpose) {
         Ok(config) => config,
         Err(error) => {
             eprintln!("error: {error}");
@@ -74,10 +100,18 @@ fn main() -> ExitCode {
         }
     };
     if let Command::CheckConfig { .. } = cli.command {
-        println!("{}: OK\n{}", path.display(), config.summary());
+        println!(
+            "{}: OK\n{}",
+            match &config.source {
+                zero_config::ConfigSource::File(path) => path.display().to_string(),
+                zero_config::ConfigSource::Environment => "(environment)".to_string(),
+            },
+            config.summary()
+        );
         return ExitCode::SUCCESS;
     }
     init_logging(&config);
+    tracing::info!("{}", config.source.describe(&config));
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -91,7 +125,7 @@ fn main() -> ExitCode {
             Command::Run { standby, .. } => {
                 telegate::transport::telegram::run_with(&config, standby).await
             }
-            Command::CheckConfig { .. } => Ok(()),
+            Command::CheckConfig { .. } | Command::Init { .. } => Ok(()),
         }
     });
     match result {

@@ -15,6 +15,8 @@
 //! message starting with blank lines looks broken, except the indentation
 //! of a code line, which is content.
 
+use unicode_segmentation::GraphemeCursor;
+
 use super::entity::{utf16_len, EntityKind, FormattedText, TextEntity};
 
 /// Maximum length of a Telegram text message, in UTF-16 code units.
@@ -22,9 +24,6 @@ pub const TELEGRAM_LIMIT: usize = 4096;
 
 /// Smallest usable limit: one character may need two UTF-16 units.
 const MIN_LIMIT: usize = 2;
-
-/// Zero-width joiner, glue inside emoji sequences such as 👨‍👩‍👧.
-const ZWJ: char = '\u{200D}';
 
 /// Splits `text` into chunks of at most `limit` UTF-16 code units each.
 ///
@@ -138,65 +137,22 @@ fn hard_cut(source: &str, start: usize, window_end: usize) -> usize {
         .unwrap_or(window_end)
 }
 
-/// A conservative check that cutting `text` at byte `index` does not split
-/// what a reader sees as one symbol. Covers the cases common in chat:
-/// CR LF, emoji ZWJ sequences, variation selectors, combining marks, skin
-/// tone modifiers, tag sequences (subdivision flags) and regional-indicator
-/// pairs (country flags). Returns false for an index that is not even a
-/// character boundary.
+/// Whether cutting `text` at byte `index` keeps every user-perceived
+/// character whole: an extended grapheme cluster boundary of Unicode's
+/// UAX #29 (CR LF, emoji ZWJ sequences, variation selectors, combining
+/// marks, skin tones, tag sequences, flag pairs, Hangul syllables, Indic
+/// conjuncts...), as computed by `unicode-segmentation`. Returns false for
+/// an index that is not even a character boundary.
 fn is_grapheme_boundary(text: &str, index: usize) -> bool {
-    let (Some(before), Some(after)) = (text.get(..index), text.get(index..)) else {
-        return false;
-    };
-    let (Some(previous), Some(next)) = (before.chars().next_back(), after.chars().next()) else {
-        return true;
-    };
-    if previous == '\r' && next == '\n' {
+    if !text.is_char_boundary(index) {
         return false;
     }
-    if previous == ZWJ || next == ZWJ || extends_previous(next) {
-        return false;
-    }
-    if is_regional_indicator(previous) && is_regional_indicator(next) {
-        // Indicators pair up from the start of their run: a cut is fine
-        // only after an even number of them.
-        let run = before
-            .chars()
-            .rev()
-            .take_while(|&character| is_regional_indicator(character))
-            .count();
-        return run % 2 == 0;
-    }
-    true
-}
-
-/// Code points that attach to the character before them, as inclusive
-/// ranges: variation selectors (text vs emoji style), combining diacritical
-/// marks, their extended block, combining marks for symbols (including the
-/// keycap mark U+20E3), combining half marks, emoji skin-tone modifiers,
-/// tag characters (subdivision flags such as Scotland's) and the variation
-/// selectors supplement.
-const EXTENDING_RANGES: [(char, char); 8] = [
-    ('\u{FE00}', '\u{FE0F}'),
-    ('\u{0300}', '\u{036F}'),
-    ('\u{1AB0}', '\u{1AFF}'),
-    ('\u{20D0}', '\u{20FF}'),
-    ('\u{FE20}', '\u{FE2F}'),
-    ('\u{1F3FB}', '\u{1F3FF}'),
-    ('\u{E0020}', '\u{E007F}'),
-    ('\u{E0100}', '\u{E01EF}'),
-];
-
-/// Whether `character` attaches to the one before it.
-fn extends_previous(character: char) -> bool {
-    EXTENDING_RANGES
-        .iter()
-        .any(|&(first, last)| (first..=last).contains(&character))
-}
-
-/// Whether `character` is one half of a country flag.
-fn is_regional_indicator(character: char) -> bool {
-    ('\u{1F1E6}'..='\u{1F1FF}').contains(&character)
+    // The whole text is one chunk starting at 0, so the cursor never asks
+    // for more context; if it ever did, "not a boundary" is the safe answer
+    // (hard_cut then falls back to a character boundary).
+    GraphemeCursor::new(index, text.len(), true)
+        .is_boundary(text, 0)
+        .unwrap_or(false)
 }
 
 /// UTF-16 ranges covered by code blocks, whose indentation must survive.
@@ -441,6 +397,12 @@ mod tests {
                 "🏴\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E007F}",
                 16,
             ),
+            // Beyond the old hand-written rules (UAX #29 via
+            // unicode-segmentation): a Hangul syllable from conjoining
+            // jamo, a Devanagari conjunct, a ZWJ sequence with a skin tone.
+            ("\u{1100}\u{1161}\u{11A8}", 4),
+            ("\u{0915}\u{094D}\u{0937}\u{093F}", 6),
+            ("👩🏽\u{200D}💻", 8),
         ] {
             let text = FormattedText::plain(symbol.repeat(7));
             let chunks = split(&text, limit);

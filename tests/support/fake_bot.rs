@@ -538,6 +538,11 @@ impl FakeBotApi {
         self.shared.lock().webhook_url.clone()
     }
 
+    /// What the last `setWebhook` asked for besides its URL.
+    pub fn webhook_settings(&self) -> WebhookSettings {
+        self.shared.lock().webhook_settings.clone()
+    }
+
     /// The `drop_pending_updates` flag of every `deleteWebhook` call.
     pub fn delete_webhook_requests(&self) -> Vec<bool> {
         self.shared.lock().delete_webhook_drops.clone()
@@ -769,12 +774,25 @@ struct Inner {
     poll_generation: u64,
     webhook_url: Option<String>,
     delete_webhook_drops: Vec<bool>,
+    /// What the last `setWebhook` asked for besides the URL.
+    webhook_settings: WebhookSettings,
     commands: HashMap<String, Value>,
     scripted: HashMap<String, VecDeque<(usize, Failure)>>,
     rates: HashMap<String, RateRule>,
     retry_windows: HashMap<RetryScope, RetryWindow>,
     violations: Vec<RetryAfterViolation>,
     next_callback_id: u64,
+}
+
+/// The parameters of the last `setWebhook`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WebhookSettings {
+    /// `allowed_updates`, if given.
+    pub allowed_updates: Option<Vec<String>>,
+    /// `max_connections`, if given.
+    pub max_connections: Option<i64>,
+    /// `secret_token`, if given (never shown by `getWebhookInfo`).
+    pub secret_token: Option<String>,
 }
 
 #[derive(Default)]
@@ -1263,11 +1281,20 @@ impl Inner {
     // -- webhook -----------------------------------------------------------
 
     fn webhook_info(&self) -> Value {
-        json!({
+        let mut info = json!({
             "url": self.webhook_url.clone().unwrap_or_default(),
             "has_custom_certificate": false,
             "pending_update_count": self.updates.len(),
-        })
+        });
+        // Like Telegram: the settings are shown while a webhook is set; the
+        // secret token never is.
+        if self.webhook_url.is_some() {
+            info["max_connections"] = json!(self.webhook_settings.max_connections.unwrap_or(40));
+            if let Some(allowed) = &self.webhook_settings.allowed_updates {
+                info["allowed_updates"] = json!(allowed);
+            }
+        }
+        info
     }
 
     fn set_webhook(&mut self, body: &Value) -> Result<Value, ApiFailure> {
@@ -1275,6 +1302,38 @@ impl Inner {
         if bool_param(body, "drop_pending_updates")? {
             self.updates.clear();
         }
+        let max_connections = int_param(body, "max_connections")?;
+        if let Some(n) = max_connections {
+            if !(1..=100).contains(&n) {
+                return Err(ApiFailure::bad_request(
+                    "Bad Request: bad webhook: max_connections must be between 1 and 100",
+                ));
+            }
+        }
+        let allowed_updates = match body.get("allowed_updates") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(kinds)) => Some(
+                kinds
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>(),
+            ),
+            Some(_) => {
+                return Err(ApiFailure::bad_request(
+                    "Bad Request: can't parse allowed updates",
+                ))
+            }
+        };
+        // Telegram keeps one allowed_updates setting for both ways.
+        if allowed_updates.is_some() {
+            self.allowed_updates = allowed_updates.clone();
+        }
+        self.webhook_settings = WebhookSettings {
+            allowed_updates,
+            max_connections,
+            secret_token: str_param(body, "secret_token")?,
+        };
         // An empty URL removes the webhook, as in the real API.
         // A poll already being held runs to its timeout; the next one gets 409.
         self.webhook_url = (!url.is_empty()).then_some(url);

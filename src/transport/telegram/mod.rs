@@ -15,6 +15,7 @@ pub mod health;
 pub mod inbound;
 pub mod intake;
 pub mod polling;
+pub mod registration;
 pub mod webhook;
 
 use std::net::SocketAddr;
@@ -22,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use teloxide::payloads::{DeleteWebhookSetters, SetWebhookSetters};
 use teloxide::requests::Requester;
 use teloxide::types::BotCommand;
 use teloxide::Bot;
@@ -55,6 +55,9 @@ pub enum StartError {
     /// The webhook listener could not start.
     #[error("cannot start the webhook: {0}")]
     Webhook(String),
+    /// Registering (or, for polling, removing) the webhook at Telegram failed.
+    #[error("{0}")]
+    Registration(#[from] registration::RegistrationError),
     /// The session store could not be opened.
     #[error("cannot open the session store: {0}")]
     Store(#[from] crate::store::StoreError),
@@ -129,10 +132,21 @@ impl TelegramBot {
         if telegram.allowed_users.is_empty()
             && telegram.allowed_chats.is_empty()
             && !telegram.allow_all_users
+            && !config.may_start_locked()
         {
             return Err(StartError::Config(
                 "nobody may use the bot: set telegram.allowed_users or telegram.allow_all_users = true".into(),
             ));
+        }
+        if telegram.allowed_users.is_empty()
+            && telegram.allowed_chats.is_empty()
+            && !telegram.allow_all_users
+        {
+            tracing::warn!(
+                "nobody may use the bot yet: each sender is told their user id; \
+                 put the ids in {} and restart",
+                crate::zero_config::ALLOWED_USERS_ENV
+            );
         }
         let bot = Bot::new(token.expose()).set_api_url(api_url);
         let me = bot.get_me().await?;
@@ -217,7 +231,7 @@ impl TelegramBot {
             UpdateMode::Polling => {
                 // Polling and a webhook exclude each other; pending updates
                 // are kept.
-                bot.delete_webhook().drop_pending_updates(false).await?;
+                registration::remove_leftover_webhook(&bot).await?;
                 let task = tokio::spawn(polling::poll(
                     bot.clone(),
                     intake,
@@ -249,9 +263,17 @@ impl TelegramBot {
                     webhook::serve(listen, &path, secret.clone(), intake, stop_intake.clone())
                         .await
                         .map_err(|e| StartError::Webhook(e.to_string()))?;
-                bot.set_webhook(url)
-                    .secret_token(secret.expose().to_string())
-                    .await?;
+                let wanted = registration::WantedWebhook {
+                    url: &url,
+                    secret: &secret,
+                    max_connections: webhook.max_connections,
+                    state_dir: (!config.store.in_memory).then_some(config.store.data_dir.as_path()),
+                };
+                if let Err(error) = registration::ensure_webhook(&bot, &wanted).await {
+                    stop_intake.cancel();
+                    let _ = task.await;
+                    return Err(error.into());
+                }
                 (task, Some(bound))
             }
         };
@@ -376,7 +398,13 @@ pub async fn run_with(config: &Config, standby: bool) -> anyhow::Result<()> {
     let bot = TelegramBot::start(config)
         .await
         .context("the bot could not start")?;
+    crate::systemd::ready();
+    let watchdog = crate::systemd::spawn_watchdog(bot.store.clone(), stop.clone());
     stop.cancelled().await;
+    crate::systemd::stopping();
+    if let Some(watchdog) = watchdog {
+        let _ = watchdog.await;
+    }
     bot.shutdown().await;
     tracing::info!("stopped cleanly");
     Ok(())

@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use teloxide::payloads::GetUpdatesSetters;
 use teloxide::requests::{Request, Requester};
-use teloxide::types::AllowedUpdate;
 use teloxide::{ApiError, Bot, RequestError};
 use tokio_util::sync::CancellationToken;
 
 use super::health::UpdatesHealth;
 use super::intake::Intake;
+use super::registration::ALLOWED_UPDATES;
 
 /// How long one `getUpdates` request may wait for news (seconds).
 ///
@@ -49,7 +49,7 @@ pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: Cancell
             .get_updates()
             .offset(offset)
             .timeout(POLL_TIMEOUT_SECS)
-            .allowed_updates(vec![AllowedUpdate::Message]);
+            .allowed_updates(ALLOWED_UPDATES.to_vec());
         let batch = tokio::select! {
             _ = stop.cancelled() => return,
             batch = request.send() => batch,
