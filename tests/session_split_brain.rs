@@ -510,3 +510,291 @@ fn is_session_run_current_tracks_bumps() {
     assert!(gen2 > gen1);
     assert!(runner.is_current(&sk, gen2));
 }
+
+// ===========================================================================
+// Invariant 4's order: the command's reply goes out, then the old task is
+// cancelled
+// ===========================================================================
+
+/// An outbound that writes "reply:<text>" into the shared order log once a
+/// delivery has completed (after a few scheduler turns, like a real send).
+struct OrderedOutbound {
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl telegate::reply::Outbound for OrderedOutbound {
+    fn deliver<'a>(
+        &'a self,
+        _to: &'a telegate::event::SessionSource,
+        reply: Reply,
+    ) -> futures::future::BoxFuture<'a, Result<(), telegate::reply::DeliveryError>> {
+        Box::pin(async move {
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("reply:{}", reply.text));
+            Ok(())
+        })
+    }
+}
+
+/// Records `label` into a `String` log when dropped (the turn's future was
+/// cancelled).
+struct LogOnDrop {
+    log: Arc<Mutex<Vec<String>>>,
+    label: &'static str,
+}
+
+impl Drop for LogOnDrop {
+    fn drop(&mut self) {
+        self.log.lock().unwrap().push(self.label.to_string());
+    }
+}
+
+async fn command_reply_goes_out_before_the_old_task_is_cancelled(command_text: &str) {
+    let log: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let started = Arc::new(Notify::new());
+    let (l, s) = (log.clone(), started.clone());
+    let adapter = Adapter::new(
+        Arc::new(
+            move |event: MessageEvent,
+                  _ctx: DispatchContext|
+                  -> futures::future::BoxFuture<'static, Option<Outgoing>> {
+                let (l, s) = (l.clone(), s.clone());
+                Box::pin(async move {
+                    if let Some(cmd) = command_name(&event) {
+                        return handled(format!("handled:{cmd}"));
+                    }
+                    let _cancelled = LogOnDrop {
+                        log: l,
+                        label: "old:cancelled",
+                    };
+                    s.notify_one();
+                    std::future::pending::<()>().await;
+                    None
+                })
+            },
+        ),
+        Arc::new(OrderedOutbound { log: log.clone() }),
+        AdapterConfig::default(),
+    );
+    adapter.handle_message(make_event("long turn", 12345)).await;
+    tokio::time::timeout(WAIT, started.notified())
+        .await
+        .expect("the turn started");
+
+    adapter
+        .handle_message(make_event(command_text, 12345))
+        .await;
+
+    let name = command_text.trim_start_matches('/');
+    let order = log.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        vec![format!("reply:handled:{name}"), "old:cancelled".to_string()],
+        "{command_text}: the reply must be delivered before the old task is cancelled"
+    );
+    assert!(!adapter.is_active(&session_key(12345)));
+}
+
+#[tokio::test]
+async fn stop_reply_is_delivered_before_the_old_task_is_cancelled() {
+    command_reply_goes_out_before_the_old_task_is_cancelled("/stop").await;
+}
+
+#[tokio::test]
+async fn new_reply_is_delivered_before_the_old_task_is_cancelled() {
+    command_reply_goes_out_before_the_old_task_is_cancelled("/new").await;
+}
+
+#[tokio::test]
+async fn reset_reply_is_delivered_before_the_old_task_is_cancelled() {
+    command_reply_goes_out_before_the_old_task_is_cancelled("/reset").await;
+}
+
+// ===========================================================================
+// Layer 3 at engine level: a stale turn that resumes after /stop
+// ===========================================================================
+
+/// An agent whose turns wait for the test (ignoring their cancellation
+/// token, as a misbehaving backend would) and then answer.
+#[derive(Default)]
+struct StubbornAgent {
+    started: Mutex<Vec<String>>,
+    gates: Mutex<std::collections::HashMap<String, Arc<Notify>>>,
+}
+
+impl StubbornAgent {
+    fn gate(&self, text: &str) -> Arc<Notify> {
+        self.gates
+            .lock()
+            .unwrap()
+            .entry(text.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn started(&self) -> Vec<String> {
+        self.started.lock().unwrap().clone()
+    }
+}
+
+impl Agent for StubbornAgent {
+    fn name(&self) -> &str {
+        "stubborn"
+    }
+    fn run(
+        &self,
+        turn: TurnRequest,
+    ) -> futures::future::BoxFuture<'_, Result<AgentReply, AgentError>> {
+        Box::pin(async move {
+            self.started.lock().unwrap().push(turn.text.clone());
+            let gate = self.gate(&turn.text);
+            gate.notified().await;
+            Ok(AgentReply::new(format!("answer:{}", turn.text)))
+        })
+    }
+}
+
+fn dispatch_ctx(slot_busy: bool) -> DispatchContext {
+    DispatchContext {
+        key: session_key(12345),
+        interrupt: CancellationToken::new(),
+        slot_busy,
+        queue_depth: 0,
+        claimed_while_busy: false,
+    }
+}
+
+fn reply_text(out: Option<Outgoing>) -> Option<String> {
+    out.map(|o| o.reply.text)
+}
+
+#[tokio::test]
+async fn a_stale_turn_resuming_after_stop_cannot_release_the_newer_turn_or_answer() {
+    use telegate::adapter::MessageHandler;
+    let agent = Arc::new(StubbornAgent::default());
+    let metrics = telegate::metrics::Metrics::default();
+    let runner = Runner::new(
+        agent.clone(),
+        Recorder::new(),
+        RunnerConfig {
+            metrics: metrics.clone(),
+            ..RunnerConfig::default()
+        },
+    );
+    let sk = session_key(12345);
+
+    // Turn A runs (live), and keeps running after /stop: its future was not
+    // dropped and its agent ignores the cancellation token.
+    let old_gate = agent.gate("old");
+    let old = tokio::spawn(runner.handle(make_event("old", 12345), dispatch_ctx(false)));
+    assert!(eventually(WAIT, || agent.started() == vec!["old"]).await);
+    let stopped = runner
+        .handle(make_event("/stop", 12345), dispatch_ctx(true))
+        .await;
+    assert_eq!(reply_text(stopped).as_deref(), Some("⏹ Stopped."));
+    assert!(runner.running_agent(&sk).is_none());
+
+    // Turn B takes the slot and is live.
+    let new_gate = agent.gate("new");
+    let new = tokio::spawn(runner.handle(make_event("new", 12345), dispatch_ctx(false)));
+    assert!(eventually(WAIT, || agent.started() == vec!["old", "new"]).await);
+    let new_since = runner.running_since(&sk).expect("B is running");
+    let new_generation = match runner.running_agent(&sk) {
+        Some(RunningAgent::Live(handle)) => handle.generation,
+        other => panic!("B should be live, got {other:?}"),
+    };
+
+    // A resumes and finishes with an answer: it must neither release B's
+    // slot nor answer.
+    old_gate.notify_one();
+    let old_out = tokio::time::timeout(WAIT, old).await.unwrap().unwrap();
+    assert_eq!(reply_text(old_out), None, "a stale turn answered");
+    assert_eq!(metrics.generation_discards.get(), 1);
+    match runner.running_agent(&sk) {
+        Some(RunningAgent::Live(handle)) => assert_eq!(handle.generation, new_generation),
+        other => panic!("the stale turn released the newer turn's slot: {other:?}"),
+    }
+    assert_eq!(runner.running_since(&sk), Some(new_since));
+    assert!(runner.is_current(&sk, new_generation));
+
+    // B is unaffected: it answers, and then the slot is idle.
+    new_gate.notify_one();
+    let new_out = tokio::time::timeout(WAIT, new).await.unwrap().unwrap();
+    assert_eq!(reply_text(new_out).as_deref(), Some("answer:new"));
+    assert!(runner.running_agent(&sk).is_none());
+    assert_eq!(runner.generation_entries(), 0);
+}
+
+#[tokio::test]
+async fn a_stale_turn_resuming_after_stop_in_set_up_cannot_install() {
+    use telegate::adapter::MessageHandler;
+    let agent = Arc::new(StubbornAgent::default());
+    let store = telegate::store::Store::open_in_memory().unwrap();
+    let runner = Runner::with_store(
+        agent.clone(),
+        Recorder::new(),
+        store.clone(),
+        RunnerConfig::default(),
+    );
+    let sk = session_key(12345);
+
+    // Hold the store thread, so turn A's set-up (which loads its session)
+    // waits with only the pending sentinel installed.
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let blocker = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .call(move |_| {
+                    entered_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok(())
+                })
+                .await
+        })
+    };
+    tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
+        .await
+        .unwrap();
+    let old = tokio::spawn(runner.handle(make_event("old", 12345), dispatch_ctx(false)));
+    assert!(
+        eventually(WAIT, || matches!(
+            runner.running_agent(&sk),
+            Some(RunningAgent::Pending)
+        ))
+        .await
+    );
+
+    let stopped = runner
+        .handle(make_event("/stop", 12345), dispatch_ctx(true))
+        .await;
+    assert_eq!(
+        reply_text(stopped).as_deref(),
+        Some("⏹ Stopped (the task was still starting).")
+    );
+    assert!(runner.running_agent(&sk).is_none());
+
+    // A resumes its set-up: it must not install itself, run its agent or
+    // answer.
+    release_tx.send(()).unwrap();
+    blocker.await.unwrap().unwrap();
+    let old_out = tokio::time::timeout(WAIT, old).await.unwrap().unwrap();
+    assert_eq!(reply_text(old_out), None, "a stale turn answered");
+    assert!(agent.started().is_empty(), "a stale turn ran its agent");
+    assert!(runner.running_agent(&sk).is_none());
+    assert_eq!(runner.generation_entries(), 0);
+
+    // The slot works normally afterwards.
+    let gate = agent.gate("next");
+    gate.notify_one();
+    let next = runner
+        .handle(make_event("next", 12345), dispatch_ctx(false))
+        .await;
+    assert_eq!(reply_text(next).as_deref(), Some("answer:next"));
+}

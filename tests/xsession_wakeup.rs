@@ -11,21 +11,30 @@
 //!   cross-checks the session the chat key resolves to against the owner
 //!   recorded at spawn time and re-routes on a positive mismatch.
 //!
-//! The reference's "module exposes X" tests are compile-time facts here: this
-//! file only compiles because `telegate::identity::bind_turn_identity` and
-//! `telegate::tools::wakeup::resolve_wakeup_target` exist with these
-//! signatures (see the two `*_is_exposed` tests).
+//! The race test drives both turns through the real engine: nothing here
+//! binds an identity in place of the runner, so it fails if the runner stops
+//! binding one. The reference's two "module exposes X" tests are folded into
+//! tests that assert behaviour (the binder test and the resolver tests use
+//! the public items with their exact shapes).
+
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use serde_json::json;
-use telegate::agent::Progress;
-use telegate::event::{Platform, SessionKey, SessionSource};
+use support::recorder::{eventually, Recorder};
+use telegate::adapter::AdapterConfig;
+use telegate::agent::{Agent, AgentError, AgentReply, Progress, TurnRequest};
+use telegate::engine::{AgentSetup, Engine, TerminalSetup};
+use telegate::event::{MessageEvent, Platform, SessionKey, SessionSource};
 use telegate::identity::{
     bind_turn_identity, current_identity, current_session_id, SessionId, TurnGeneration,
     TurnIdentity,
 };
+use telegate::runner::RunnerConfig;
+use telegate::store::Store;
 use telegate::tools::process::{ProcessId, ProcessOwner, ProcessRecord, Scope};
 use telegate::tools::wakeup::resolve_wakeup_target;
 use telegate::tools::{tool_events, TerminalConfig, TerminalTool, ToolContext, ToolRegistry};
@@ -88,45 +97,61 @@ fn tool_context() -> ToolContext {
 // Root fix: task-local identity makes per-turn capture race-immune
 // ---------------------------------------------------------------------------
 
-#[test]
-fn the_turn_identity_binder_is_exposed() {
-    // Compiles only while the binder is public and takes an identity and a
-    // future; `current_identity` is its reader.
-    let _binder = bind_turn_identity::<std::future::Ready<()>>;
-    let _reader: fn() -> Option<TurnIdentity> = current_identity;
+/// The agent of the race test: each user turn stamps the process-global
+/// slot, meets the other turn at a barrier, then captures its owner and
+/// starts a background process through the real terminal tool, all inside
+/// the identity the *runner* bound. Wakeup turns are only recorded.
+struct RaceAgent {
+    tool: Arc<TerminalTool>,
+    barrier: Barrier,
+    b_stamped: Notify,
+    /// (chat, session the runner gave the turn, generation, identity seen
+    /// inside the turn, owner captured, tool answer) per user turn.
+    turns: Mutex<Vec<RaceTurn>>,
+    /// (chat, session) of every wakeup turn.
+    wakeups: Mutex<Vec<(i64, String)>>,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_turns_capture_their_own_session_under_a_global_race() {
-    let saved_global = std::mem::take(&mut *GLOBAL_SESSION.lock().unwrap());
-    let (tool, mut wakeups) = terminal_tool();
-    let barrier = Arc::new(Barrier::new(2));
-    let b_stamped = Arc::new(Notify::new());
+#[derive(Clone, Debug)]
+struct RaceTurn {
+    chat: i64,
+    session: String,
+    generation: TurnGeneration,
+    seen: Option<TurnIdentity>,
+    captured: Option<ProcessOwner>,
+    global_at_capture: String,
+    started: String,
+}
 
-    // Each turn stamps the global slot (as a fallback writer would), then
-    // performs the exact capture the terminal tool makes for a background
-    // spawn, once directly and once through a real tool call.
-    let turn = |session: &'static str, chat: i64, is_b: bool| {
-        let (tool, barrier, b_stamped) = (tool.clone(), barrier.clone(), b_stamped.clone());
-        tokio::spawn(bind_turn_identity(identity(session, chat), async move {
-            *GLOBAL_SESSION.lock().unwrap() = session.to_string();
-            barrier.wait().await;
-            if is_b {
+impl Agent for RaceAgent {
+    fn name(&self) -> &str {
+        "race"
+    }
+
+    fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>> {
+        Box::pin(async move {
+            let chat = turn.source.chat_id;
+            let session = turn.session_id.to_string();
+            if turn.internal {
+                self.wakeups.lock().unwrap().push((chat, session));
+                return Ok(AgentReply::new("woken"));
+            }
+            *GLOBAL_SESSION.lock().unwrap() = session.clone();
+            self.barrier.wait().await;
+            if chat == 2 {
                 // B stamps last, while A is still mid-turn.
-                *GLOBAL_SESSION.lock().unwrap() = session.to_string();
-                b_stamped.notify_one();
+                *GLOBAL_SESSION.lock().unwrap() = session.clone();
+                self.b_stamped.notify_one();
             } else {
-                tokio::time::timeout(Duration::from_secs(5), b_stamped.notified())
+                tokio::time::timeout(Duration::from_secs(10), self.b_stamped.notified())
                     .await
                     .expect("B never stamped the global session");
-                assert_eq!(
-                    *GLOBAL_SESSION.lock().unwrap(),
-                    SESS_B,
-                    "the race is set up"
-                );
             }
-            let captured = ProcessOwner::capture().expect("inside a turn");
-            let started = tool
+            let global_at_capture = GLOBAL_SESSION.lock().unwrap().clone();
+            let seen = current_identity();
+            let captured = ProcessOwner::capture();
+            let started = self
+                .tool
                 .call(
                     "terminal",
                     &json!({"command": "true", "background": true, "notify_on_complete": true})
@@ -134,36 +159,119 @@ async fn concurrent_turns_capture_their_own_session_under_a_global_race() {
                     tool_context(),
                 )
                 .await
-                .expect("background spawn");
-            (captured, started)
-        }))
-    };
-    let a = turn(SESS_A, 1, false);
-    let b = turn(SESS_B, 2, true);
-    let joined = tokio::time::timeout(Duration::from_secs(10), async { (a.await, b.await) })
-        .await
-        .expect("both turns finished (no deadlock)");
-    let ((captured_a, started_a), (captured_b, started_b)) = (
-        joined.0.expect("turn A did not panic"),
-        joined.1.expect("turn B did not panic"),
+                .unwrap_or_else(|e| format!("refused: {e}"));
+            self.turns.lock().unwrap().push(RaceTurn {
+                chat,
+                session,
+                generation: turn.generation,
+                seen,
+                captured,
+                global_at_capture,
+                started,
+            });
+            Ok(AgentReply::new("spawned"))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_capture_their_own_session_under_a_global_race() {
+    // Two chats' turns run at once through the real engine (adapter, runner,
+    // terminal tool, wakeup forwarder). Nothing in this test binds a turn
+    // identity: whatever the turns see inside, the runner bound.
+    let saved_global = std::mem::take(&mut *GLOBAL_SESSION.lock().unwrap());
+    let (tool, events) = terminal_tool();
+    let agent = Arc::new(RaceAgent {
+        tool: tool.clone(),
+        barrier: Barrier::new(2),
+        b_stamped: Notify::new(),
+        turns: Mutex::new(Vec::new()),
+        wakeups: Mutex::new(Vec::new()),
+    });
+    let sent = Recorder::new();
+    let engine = Engine::assemble(
+        AgentSetup {
+            agent: agent.clone(),
+            terminal: Some(TerminalSetup {
+                tool: tool.clone(),
+                events,
+            }),
+        },
+        sent.clone(),
+        Store::open_in_memory().unwrap(),
+        None,
+        AdapterConfig::default(),
+        RunnerConfig::default(),
+    );
+    let a_source = SessionSource::dm(Platform::Telegram, 1);
+    let b_source = SessionSource::dm(Platform::Telegram, 2);
+    engine
+        .adapter
+        .handle_message(MessageEvent::text(a_source.clone(), "spawn").with_message_id(10))
+        .await;
+    engine
+        .adapter
+        .handle_message(MessageEvent::text(b_source.clone(), "spawn").with_message_id(20))
+        .await;
+    assert!(
+        eventually(Duration::from_secs(20), || agent
+            .turns
+            .lock()
+            .unwrap()
+            .len()
+            == 2
+            && agent.wakeups.lock().unwrap().len() == 2)
+        .await,
+        "both turns spawned and both wakeups ran: {:?} / {:?}",
+        agent.turns.lock().unwrap(),
+        agent.wakeups.lock().unwrap()
     );
 
     // No residue: outside the turns there is no identity.
     assert!(current_identity().is_none());
     assert!(current_session_id().is_none());
 
-    assert_eq!(
-        captured_a.spawn_session_id.as_ref().map(SessionId::as_str),
-        Some(SESS_A),
-        "MISROUTE: turn A captured another session"
-    );
-    assert_eq!(
-        captured_b.spawn_session_id.as_ref().map(SessionId::as_str),
-        Some(SESS_B),
-        "MISROUTE: turn B captured another session"
-    );
-    // The registry recorded each process with its own turn's owner.
-    let owners: Vec<(i64, String)> = tool
+    let session_of = |source: &SessionSource| {
+        engine
+            .runner
+            .current_session(&engine.adapter.session_key(source))
+            .expect("the runner resolved a session")
+            .to_string()
+    };
+    let (sess_a, sess_b) = (session_of(&a_source), session_of(&b_source));
+    assert_ne!(sess_a, sess_b);
+    let turns = agent.turns.lock().unwrap().clone();
+    for (source, own) in [(&a_source, &sess_a), (&b_source, &sess_b)] {
+        let turn = turns
+            .iter()
+            .find(|t| t.chat == source.chat_id)
+            .expect("a turn per chat");
+        assert_eq!(&turn.session, own);
+        let seen = turn.seen.as_ref().expect("the runner bound an identity");
+        assert_eq!(seen.session_key, engine.adapter.session_key(source));
+        assert_eq!(seen.session_id.as_str(), own.as_str());
+        assert_eq!(seen.generation, turn.generation);
+        assert_eq!(seen.source.chat_id, source.chat_id);
+        let captured = turn.captured.as_ref().expect("inside a turn");
+        assert_eq!(
+            captured.spawn_session_id.as_ref().map(SessionId::as_str),
+            Some(own.as_str()),
+            "MISROUTE: chat {} captured another session",
+            source.chat_id
+        );
+        assert_eq!(captured.source.chat_id, source.chat_id);
+        assert!(
+            turn.started.contains("Started background process"),
+            "{}",
+            turn.started
+        );
+    }
+    // The race was really set up: A captured while the global said B.
+    let a_turn = turns.iter().find(|t| t.chat == 1).unwrap();
+    assert_eq!(a_turn.global_at_capture, sess_b, "the race is set up");
+
+    // The registry recorded each process with its own turn's owner...
+    let mut owners: Vec<(i64, String)> = tool
         .registry()
         .list_all()
         .iter()
@@ -177,37 +285,12 @@ async fn concurrent_turns_capture_their_own_session_under_a_global_race() {
             )
         })
         .collect();
-    assert!(owners.contains(&(1, SESS_A.to_string())), "{owners:?}");
-    assert!(owners.contains(&(2, SESS_B.to_string())), "{owners:?}");
-    assert!(
-        started_a.contains("Started background process"),
-        "{started_a}"
-    );
-    assert!(
-        started_b.contains("Started background process"),
-        "{started_b}"
-    );
-
-    // Both wakeups name their own owner.
-    let mut woken = Vec::new();
-    while woken.len() < 2 {
-        let event = tokio::time::timeout(Duration::from_secs(5), wakeups.recv())
-            .await
-            .expect("a wakeup for each process")
-            .expect("the channel is open");
-        if let telegate::tools::ToolEvent::Wakeup(wakeup) = event {
-            let owner = wakeup.owner().expect("owner").clone();
-            woken.push((
-                owner.source.chat_id,
-                owner.spawn_session_id.unwrap().to_string(),
-            ));
-        }
-    }
+    owners.sort();
+    assert_eq!(owners, vec![(1, sess_a.clone()), (2, sess_b.clone())]);
+    // ...and each wakeup ran in its own chat, against its own session.
+    let mut woken = agent.wakeups.lock().unwrap().clone();
     woken.sort();
-    assert_eq!(
-        woken,
-        vec![(1, SESS_A.to_string()), (2, SESS_B.to_string())]
-    );
+    assert_eq!(woken, vec![(1, sess_a), (2, sess_b)]);
 
     *GLOBAL_SESSION.lock().unwrap() = saved_global;
 }
@@ -273,16 +356,13 @@ async fn outside_a_turn_there_is_no_owner_and_the_tool_says_so() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn the_wakeup_target_resolver_is_exposed() {
-    // Compiles only while the resolver is public with this shape.
-    let _: fn(&ProcessId, SessionId, Option<&ProcessRecord>) -> SessionId = resolve_wakeup_target;
-}
-
-#[test]
 fn the_resolver_reroutes_to_the_owner_on_a_positive_mismatch() {
     // The key resolved to B (contaminated), but A spawned the process.
+    // (The resolver is public with exactly this shape.)
+    let resolve: fn(&ProcessId, SessionId, Option<&ProcessRecord>) -> SessionId =
+        resolve_wakeup_target;
     let process = record(SESS_B, SESS_A);
-    let target = resolve_wakeup_target(
+    let target = resolve(
         &ProcessId::new("proc_f377e2f552cd"),
         SessionId::new(SESS_B),
         Some(&process),
