@@ -57,6 +57,7 @@
 //! * Never log message contents at info level or above: transcripts are
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
+pub mod agent_sessions;
 pub mod ledger;
 pub mod schema;
 pub mod sessions;
@@ -70,6 +71,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
+pub use agent_sessions::AgentUsage;
 pub use ledger::{InboxEntry, InboxState, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
