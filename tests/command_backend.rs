@@ -373,3 +373,74 @@ async fn configuration_problems_are_reported_per_turn() {
     let result = agent(sh(&path, &[])).run(turn).await;
     assert!(matches!(result, Err(AgentError::Cancelled)), "{result:?}");
 }
+
+fn history_turn(text: &str) -> TurnRequest {
+    use telegate::agent::{ChatMessage, Role};
+    let mut turn = turn(text);
+    turn.history = vec![
+        ChatMessage::new(Role::User, "my name is Ann"),
+        ChatMessage::new(Role::Assistant, "Hi Ann"),
+    ];
+    turn
+}
+
+#[tokio::test]
+async fn history_env_file_names_a_private_json_file_that_is_removed_afterwards() {
+    use telegate::agent::HistoryMode;
+    let (_dir, path) = script(
+        "stat -c %a \"$TELEGATE_HISTORY_FILE\"\ncat \"$TELEGATE_HISTORY_FILE\"\necho\necho \"$TELEGATE_HISTORY_FILE\"\n",
+    );
+    let mut config = sh(&path, &["{message}"]);
+    config.history = HistoryMode::EnvFile;
+    let reply = agent(config).run(history_turn("who am I?")).await.unwrap();
+    let lines: Vec<&str> = reply.text.lines().collect();
+    assert_eq!(lines[0], "600");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(lines[1]).unwrap(),
+        serde_json::json!([
+            {"role": "user", "content": "my name is Ann"},
+            {"role": "assistant", "content": "Hi Ann"}
+        ])
+    );
+    assert!(!Path::new(lines[2]).exists(), "the history file is removed");
+}
+
+#[tokio::test]
+async fn history_stdin_json_sends_the_message_and_the_history() {
+    use telegate::agent::HistoryMode;
+    let (_dir, path) = script("cat\n");
+    let mut config = sh(&path, &[]);
+    config.history = HistoryMode::StdinJson;
+    let reply = agent(config).run(history_turn("who am I?")).await.unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&reply.text).unwrap();
+    assert_eq!(doc["message"], "who am I?");
+    assert_eq!(doc["history"][0]["content"], "my name is Ann");
+    assert_eq!(doc["history"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn the_history_example_script_reads_both_modes() {
+    use telegate::agent::HistoryMode;
+    if std::process::Command::new("python3")
+        .arg("-c")
+        .arg("1")
+        .output()
+        .is_err()
+    {
+        eprintln!("python3 not available; skipping the example script test");
+        return;
+    }
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/history-agent.py");
+    for mode in [HistoryMode::StdinJson, HistoryMode::EnvFile] {
+        let mut config =
+            CommandConfig::new(vec!["python3".to_string(), example.display().to_string()]);
+        config.history = mode;
+        config.stdin = mode == HistoryMode::EnvFile;
+        let reply = agent(config).run(history_turn("who am I?")).await.unwrap();
+        assert_eq!(
+            reply.text,
+            "You said 1 thing(s) before this.\nLast time: my name is Ann\nNow: who am I?",
+            "{mode:?}"
+        );
+    }
+}

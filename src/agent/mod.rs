@@ -18,7 +18,7 @@ mod message;
 pub mod openai;
 mod progress;
 
-pub use command::{CommandAgent, CommandConfig};
+pub use command::{CommandAgent, CommandConfig, HistoryMode, Preset, Protocol};
 pub use echo::EchoAgent;
 pub use message::{ChatMessage, Role};
 pub use openai::{OpenAiAgent, OpenAiConfig};
@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::event::{SessionKey, SessionSource};
 use crate::identity::{SessionId, TurnGeneration};
+use crate::store::Store;
 
 /// One turn's input.
 #[derive(Debug)]
@@ -121,4 +122,10 @@ pub trait Agent: Send + Sync + 'static {
     /// the turn owns outside its future (child processes, connections) must
     /// be released by a drop guard, not by code after an `.await`.
     fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>>;
+
+    /// The store the runner keeps sessions in, handed over once when the
+    /// runner is built. A backend that remembers something per session
+    /// (a CLI agent's own session id, its usage) keeps it there, keyed by
+    /// the turn's session id. Default: not needed.
+    fn attach_store(&self, _store: &Store) {}
 }

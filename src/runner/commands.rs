@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use crate::store::AgentUsage;
+
 /// The commands telegate knows, with a one-line description (also used for
 /// Telegram's command menu).
 pub const COMMANDS: &[(&str, &str)] = &[
@@ -117,6 +119,8 @@ pub struct StatusView {
     /// The chat's running background processes, one line each
     /// ([`process_line`]); `None` when the terminal tool is off.
     pub processes: Option<Vec<String>>,
+    /// The CLI agent's usage and cost ([`usage_text`]), when any is recorded.
+    pub agent_usage: Option<String>,
 }
 
 /// The /status text.
@@ -144,6 +148,10 @@ pub fn status_text(view: &StatusView) -> String {
             }
         }
     }
+    if let Some(usage) = &view.agent_usage {
+        text.push('\n');
+        text.push_str(usage);
+    }
     if let Some(len) = view.history_len {
         text.push_str(&format!("\nHistory: {len} messages"));
         if view.history_trimmed > 0 {
@@ -154,6 +162,38 @@ pub fn status_text(view: &StatusView) -> String {
         }
     }
     text
+}
+
+/// The agent's usage for /status: this session's and the total.
+pub fn usage_text(session: Option<&AgentUsage>, total: &AgentUsage) -> String {
+    fn one(u: &AgentUsage) -> String {
+        let turns = if u.turns == 1 { "turn" } else { "turns" };
+        let mut text = format!(
+            "{} {turns}, {} tokens in ({} cached), {} out",
+            u.turns,
+            human_count(u.input_tokens + u.cached_input_tokens),
+            human_count(u.cached_input_tokens),
+            human_count(u.output_tokens)
+        );
+        if u.cost_usd > 0.0 {
+            text.push_str(&format!(", ${:.4}", u.cost_usd));
+        }
+        text
+    }
+    let this = session.map_or_else(|| "nothing yet".to_string(), one);
+    format!(
+        "Agent usage: this session {this}\nAgent usage, all sessions: {}",
+        one(total)
+    )
+}
+
+/// 950, 12.3k, 4.5M.
+fn human_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}k", n as f64 / 1e3),
+        n => n.to_string(),
+    }
 }
 
 /// One process in /ps and /status: id, state, runtime, command (long
@@ -243,6 +283,20 @@ mod tests {
                 Duration::from_secs(3),
                 "sleep  9",
             )]),
+            agent_usage: Some(usage_text(
+                Some(&AgentUsage {
+                    turns: 2,
+                    input_tokens: 1200,
+                    cached_input_tokens: 300,
+                    output_tokens: 45,
+                    cost_usd: 0.0123,
+                }),
+                &AgentUsage {
+                    turns: 5,
+                    cost_usd: 0.5,
+                    ..AgentUsage::default()
+                },
+            )),
         });
         assert!(text.contains("Session: abc"));
         assert!(text.contains("busy (running for 2m 05s)"));
@@ -250,5 +304,12 @@ mod tests {
         assert!(text.contains("Backend: echo"));
         assert!(text.contains("History: 12 messages (4 oldest left out"));
         assert!(text.contains("Background processes running: 1\n  p1a2b  running  3s  sleep 9"));
+        assert!(
+            text.contains(
+                "Agent usage: this session 2 turns, 1.5k tokens in (300 cached), 45 out, $0.0123"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("all sessions: 5 turns, 0 tokens in (0 cached), 0 out, $0.5000"));
     }
 }

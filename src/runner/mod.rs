@@ -180,6 +180,9 @@ impl Runner {
         tools: Option<Arc<TerminalTool>>,
         config: RunnerConfig,
     ) -> Self {
+        if let Some(store) = &store {
+            agent.attach_store(store);
+        }
         Runner {
             inner: Arc::new(RunnerInner {
                 state: Mutex::new(RunnerState::default()),
@@ -374,6 +377,7 @@ impl Runner {
                     Some(store) => store.transcript_len(session_id.as_str()).await.ok(),
                     None => None,
                 };
+                let agent_usage = self.agent_usage_line(&session_id).await;
                 let state = self.state();
                 let view = StatusView {
                     session_id: session_id.to_string(),
@@ -384,6 +388,7 @@ impl Runner {
                     queue_depth: ctx.queue_depth,
                     backend: self.backend_name().to_string(),
                     processes: self.running_process_lines(key),
+                    agent_usage,
                 };
                 Reply::command(status_text(&view))
             }
@@ -435,6 +440,17 @@ impl Runner {
                 Reply::command(text)
             }
         }
+    }
+
+    /// The CLI agent's usage for /status, once any is recorded.
+    async fn agent_usage_line(&self, session_id: &SessionId) -> Option<String> {
+        let store = self.inner.store.as_ref()?;
+        let total = store.agent_usage_total().await.ok()?;
+        if total.turns == 0 {
+            return None;
+        }
+        let session = store.agent_usage(session_id.as_str()).await.ok().flatten();
+        Some(commands::usage_text(session.as_ref(), &total))
     }
 
     /// /ps: the chat's background processes.

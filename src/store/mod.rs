@@ -62,6 +62,7 @@
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
 mod integrity;
+pub mod agent_sessions;
 pub mod ledger;
 mod retention;
 pub mod schema;
@@ -78,6 +79,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 pub use integrity::marker_path;
+pub use agent_sessions::AgentUsage;
 pub use ledger::{InboxEntry, InboxState, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};

@@ -61,6 +61,24 @@ impl Migration {
     }
 }
 
+/// Version 4: the CLI agent's own session per telegate session (what the
+/// next turn resumes) and the usage and cost it reported. Keyed by the
+/// telegate session id, so a rotated session keeps its figures and /new
+/// starts the agent afresh.
+const V4_AGENT_SESSIONS: &str = "
+CREATE TABLE agent_sessions (
+    session_id          TEXT PRIMARY KEY,
+    backend             TEXT NOT NULL,
+    agent_session_id    TEXT,
+    turns               INTEGER NOT NULL DEFAULT 0,
+    input_tokens        INTEGER NOT NULL DEFAULT 0,
+    cached_input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens       INTEGER NOT NULL DEFAULT 0,
+    cost_usd            REAL NOT NULL DEFAULT 0,
+    updated_at          INTEGER NOT NULL
+) STRICT;
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -163,6 +181,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new("sessions and transcripts", V1_SESSIONS),
     Migration::new("inbox and outbox ledger", V2_LEDGER),
     Migration::new("running background processes", V3_PROCESSES),
+    Migration::new("CLI agent sessions and usage", V4_AGENT_SESSIONS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

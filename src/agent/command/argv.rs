@@ -1,0 +1,155 @@
+//! Argv placeholders: `{message}`, `{session_id}`, `{chat_id}` substituted
+//! inside single argv elements, never parsed by a shell. A substituted value
+//! is never scanned again.
+
+/// The placeholders `argv` elements may contain.
+pub(super) const PLACEHOLDERS: &str = "{message}, {session_id}, {chat_id}";
+
+/// A placeholder in an argv element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Field {
+    Message,
+    SessionId,
+    ChatId,
+}
+
+/// A piece of an argv element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Token<'a> {
+    Text(&'a str),
+    Field(Field),
+}
+
+/// Split an argv element into text and placeholders.
+///
+/// `{name}` (an ASCII identifier in braces) is a placeholder and must be a
+/// known one; `{{name}}` is the literal text `{name}`; every other brace is
+/// plain text, so JSON or `awk '{print $1}'` need no escaping.
+pub(super) fn tokenize(element: &str) -> Result<Vec<Token<'_>>, String> {
+    let bytes = element.as_bytes();
+    let mut tokens = Vec::new();
+    let mut text_start = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'{' {
+            i += 1;
+            continue;
+        }
+        // `{{name}}`: a literal `{name}`.
+        if bytes.get(i + 1) == Some(&b'{') {
+            if let Some(end) = identifier_end(bytes, i + 2) {
+                if bytes.get(end) == Some(&b'}') && bytes.get(end + 1) == Some(&b'}') {
+                    push_text(&mut tokens, &element[text_start..i]);
+                    push_text(&mut tokens, &element[i + 1..end + 1]);
+                    i = end + 2;
+                    text_start = i;
+                    continue;
+                }
+            }
+        }
+        // `{name}`: a placeholder.
+        if let Some(end) = identifier_end(bytes, i + 1) {
+            if bytes.get(end) == Some(&b'}') {
+                let field = match &element[i + 1..end] {
+                    "message" => Field::Message,
+                    "session_id" => Field::SessionId,
+                    "chat_id" => Field::ChatId,
+                    other => {
+                        return Err(format!(
+                            "unknown placeholder {{{other}}} (known: {PLACEHOLDERS}; \
+                             write {{{{{other}}}}} for the literal text)"
+                        ))
+                    }
+                };
+                push_text(&mut tokens, &element[text_start..i]);
+                tokens.push(Token::Field(field));
+                i = end + 1;
+                text_start = i;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    push_text(&mut tokens, &element[text_start..]);
+    Ok(tokens)
+}
+
+fn push_text<'a>(tokens: &mut Vec<Token<'a>>, text: &'a str) {
+    if !text.is_empty() {
+        tokens.push(Token::Text(text));
+    }
+}
+
+/// Where the ASCII identifier starting at `start` ends, if there is one.
+fn identifier_end(bytes: &[u8], start: usize) -> Option<usize> {
+    let first = *bytes.get(start)?;
+    if !(first.is_ascii_alphabetic() || first == b'_') {
+        return None;
+    }
+    let len = bytes[start..]
+        .iter()
+        .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+        .count();
+    Some(start + len)
+}
+
+/// The values placeholders are replaced with.
+pub(super) struct Substitutions<'a> {
+    pub(super) message: &'a str,
+    pub(super) session_id: &'a str,
+    pub(super) chat_id: String,
+}
+
+impl Substitutions<'_> {
+    fn value(&self, field: Field) -> &str {
+        match field {
+            Field::Message => self.message,
+            Field::SessionId => self.session_id,
+            Field::ChatId => &self.chat_id,
+        }
+    }
+
+    /// Expand one argv element. Substituted values are never scanned again,
+    /// so a message containing `{session_id}` stays as it is.
+    pub(super) fn expand(&self, element: &str) -> Result<String, String> {
+        let mut out = String::with_capacity(element.len());
+        for token in tokenize(element)? {
+            match token {
+                Token::Text(text) => out.push_str(text),
+                Token::Field(field) => out.push_str(self.value(field)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values() -> Substitutions<'static> {
+        Substitutions {
+            message: "hi {session_id}",
+            session_id: "s1",
+            chat_id: "-42".to_string(),
+        }
+    }
+
+    #[test]
+    fn placeholders_are_substituted_inside_elements_only() {
+        let v = values();
+        assert_eq!(v.expand("{message}").unwrap(), "hi {session_id}");
+        assert_eq!(
+            v.expand("--prompt={message}@{chat_id}/{session_id}")
+                .unwrap(),
+            "--prompt=hi {session_id}@-42/s1"
+        );
+        assert_eq!(v.expand("{{message}}").unwrap(), "{message}");
+        assert_eq!(v.expand("{\"a\":{\"b\":1}}").unwrap(), "{\"a\":{\"b\":1}}");
+        assert_eq!(v.expand("{print $1}").unwrap(), "{print $1}");
+        assert_eq!(v.expand("{{.Name}}").unwrap(), "{{.Name}}");
+        assert_eq!(v.expand("{ message }").unwrap(), "{ message }");
+        assert_eq!(v.expand("é{chat_id}é{").unwrap(), "é-42é{");
+        assert!(v.expand("{foo}").unwrap_err().contains("{foo}"));
+    }
+}

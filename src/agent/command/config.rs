@@ -1,0 +1,406 @@
+//! `[agent.command]`: the settings of the command backend and their
+//! validation. Pure: reads the file system only to check `workdir`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::argv::{tokenize, Token};
+use super::presets::Preset;
+use super::protocol::Protocol;
+use super::workdir;
+
+/// `[agent.command]`: which program to run per turn, and how.
+///
+/// ```toml
+/// [agent.command]
+/// argv = ["claude", "-p", "--", "{message}"]
+/// workdir = "/srv/bot-workspace"
+/// timeout_secs = 600
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandConfig {
+    /// The program and its arguments, run directly (never through a shell).
+    /// Elements may contain `{message}` (the user's text), `{session_id}`
+    /// and `{chat_id}`, substituted inside that element only; write
+    /// `{{name}}` for a literal `{name}`. The program (the first element)
+    /// may not contain placeholders. Put `--` before `{message}` if the
+    /// program supports it, so a message starting with `-` is not taken for
+    /// an option (or use `stdin = true`).
+    ///
+    /// Leave it out when `preset` is set: the preset builds the argv.
+    #[serde(default)]
+    pub argv: Vec<String>,
+    /// `"claude"` or `"codex"`: run Claude Code or Codex with their JSONL
+    /// output, continuing the agent's own session from turn to turn. The
+    /// keys below (`program`, `model`, `permission_mode`, `allowed_tools`,
+    /// `extra_args`, `protocol`, `workdir`) adjust what the preset sets.
+    #[serde(default)]
+    pub preset: Option<Preset>,
+    /// What the program prints: `"text"` (stdout is the answer; the
+    /// default without a preset), `"claude-stream-json"` or `"codex-json"`
+    /// (the presets' JSONL events).
+    #[serde(default)]
+    pub protocol: Option<Protocol>,
+    /// With a preset: the executable to run instead of `claude` / `codex`
+    /// (a path, or a name looked up in `PATH`).
+    #[serde(default)]
+    pub program: Option<String>,
+    /// With a preset: the model (`--model`).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// With a preset: Claude's `--permission-mode` (e.g. `"acceptEdits"`),
+    /// or Codex's `--sandbox` (e.g. `"workspace-write"`).
+    #[serde(default)]
+    pub permission_mode: Option<String>,
+    /// With the claude preset: tools allowed without asking
+    /// (`--allowedTools`, e.g. `["Read", "Bash(git diff:*)"]`).
+    #[serde(default)]
+    pub allowed_tools: Vec<String>,
+    /// With a preset: more arguments, passed before the resume arguments.
+    #[serde(default)]
+    pub extra_args: Vec<String>,
+    /// For programs without sessions of their own: `"none"` (default),
+    /// `"env-file"` (a JSON file of the session's earlier messages, its
+    /// path in `TELEGATE_HISTORY_FILE`) or `"stdin-json"` (the message and
+    /// the history as one JSON document on stdin).
+    #[serde(default)]
+    pub history: HistoryMode,
+    /// Write the message to the program's stdin (then close it) instead of,
+    /// or as well as, passing it in `argv`. Off: stdin is `/dev/null`.
+    #[serde(default)]
+    pub stdin: bool,
+    /// The working directory (default: the bot's own). May contain
+    /// `{chat_id}` or `{session_key}`: a directory per chat, created on
+    /// first use with mode 0700.
+    #[serde(default)]
+    pub workdir: Option<PathBuf>,
+    /// Extra environment variables for the program (these win over
+    /// inherited ones, and over `remove_env`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// More inherited variables to remove, besides the bot token and the LLM
+    /// API keys, which are always removed.
+    #[serde(default)]
+    pub remove_env: Vec<String>,
+    /// Stop the program after this many seconds (0: no limit; the stall
+    /// watchdog still stops a program that shows no output for too long).
+    #[serde(default)]
+    pub timeout_secs: u64,
+    /// Keep at most this many bytes of output; the rest is discarded and
+    /// the reply says it was truncated.
+    #[serde(default = "default_output_cap_bytes")]
+    pub output_cap_bytes: usize,
+    /// Milliseconds between SIGTERM and SIGKILL when the program (and
+    /// anything it started) must stop.
+    #[serde(default = "default_kill_grace_ms")]
+    pub kill_grace_ms: u64,
+}
+
+/// `[agent.command] history`: how a program without sessions of its own
+/// gets the conversation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HistoryMode {
+    /// Only the message.
+    #[default]
+    None,
+    /// A JSON file of the earlier messages; its path in
+    /// `TELEGATE_HISTORY_FILE`.
+    EnvFile,
+    /// `{"message": …, "history": […]}` on stdin.
+    StdinJson,
+}
+
+fn default_output_cap_bytes() -> usize {
+    64 * 1024
+}
+
+fn default_kill_grace_ms() -> u64 {
+    2000
+}
+
+impl CommandConfig {
+    /// A configuration running `argv` with every other setting at its
+    /// default.
+    pub fn new(argv: Vec<String>) -> Self {
+        CommandConfig {
+            argv,
+            preset: None,
+            protocol: None,
+            program: None,
+            model: None,
+            permission_mode: None,
+            allowed_tools: Vec::new(),
+            extra_args: Vec::new(),
+            history: HistoryMode::None,
+            stdin: false,
+            workdir: None,
+            env: BTreeMap::new(),
+            remove_env: Vec::new(),
+            timeout_secs: 0,
+            output_cap_bytes: default_output_cap_bytes(),
+            kill_grace_ms: default_kill_grace_ms(),
+        }
+    }
+
+    /// Check the settings; the error is one line naming the key
+    /// (`agent.command.…`) and what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        self.check_values()?;
+        if let Some(dir) = self.workdir.as_ref().filter(|d| !workdir::is_template(d)) {
+            if !dir.is_dir() {
+                return Err(format!(
+                    "agent.command.workdir {} is not a directory",
+                    dir.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Everything [`CommandConfig::validate`] checks except the file system.
+    pub(super) fn check_values(&self) -> Result<(), String> {
+        if let Some(dir) = &self.workdir {
+            workdir::check_template(dir)?;
+        }
+        if self.history != HistoryMode::None && self.protocol() != Protocol::Text {
+            return Err(
+                "agent.command.history is for programs without sessions of their own (protocol = \"text\"); \
+                 the claude and codex presets continue their own sessions"
+                    .to_string(),
+            );
+        }
+        if self.history == HistoryMode::StdinJson && self.stdin {
+            return Err(
+                "agent.command: history = \"stdin-json\" already writes the message to stdin; leave stdin out"
+                    .to_string(),
+            );
+        }
+        for (name, value) in [
+            ("program", &self.program),
+            ("model", &self.model),
+            ("permission_mode", &self.permission_mode),
+        ] {
+            if value
+                .as_deref()
+                .is_some_and(|v| v.is_empty() || v.contains('\0'))
+            {
+                return Err(format!(
+                    "agent.command.{name} is empty or contains a NUL byte"
+                ));
+            }
+        }
+        for (name, list) in [
+            ("allowed_tools", &self.allowed_tools),
+            ("extra_args", &self.extra_args),
+        ] {
+            if list.iter().any(|v| v.contains('\0')) {
+                return Err(format!("agent.command.{name} contains a NUL byte"));
+            }
+        }
+        if let Some(preset) = self.preset {
+            return self.check_preset(preset);
+        }
+        let preset_only = [
+            ("program", self.program.is_some()),
+            ("model", self.model.is_some()),
+            ("permission_mode", self.permission_mode.is_some()),
+            ("allowed_tools", !self.allowed_tools.is_empty()),
+            ("extra_args", !self.extra_args.is_empty()),
+        ];
+        if let Some((name, _)) = preset_only.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "agent.command.{name} only applies with a preset (preset = \"claude\" or \"codex\"); \
+                 without one, put it in argv"
+            ));
+        }
+        let Some(program) = self.argv.first() else {
+            return Err(
+                "agent.command.argv is empty: give the program to run, e.g. [\"llm\", \"{message}\"]"
+                    .to_string(),
+            );
+        };
+        if program.is_empty() {
+            return Err("agent.command.argv[0] (the program) is empty".to_string());
+        }
+        for (i, element) in self.argv.iter().enumerate() {
+            let tokens = tokenize(element).map_err(|e| format!("agent.command.argv[{i}]: {e}"))?;
+            if element.contains('\0') {
+                return Err(format!("agent.command.argv[{i}] contains a NUL byte"));
+            }
+            if i == 0 && tokens.iter().any(|t| matches!(t, Token::Field(_))) {
+                return Err(
+                    "agent.command.argv[0] (the program) may not contain placeholders: \
+                     a message must never choose what runs"
+                        .to_string(),
+                );
+            }
+        }
+        for (name, value) in &self.env {
+            check_env_name("agent.command.env", name)?;
+            if value.contains('\0') {
+                return Err(format!(
+                    "agent.command.env: the value of {name} contains a NUL byte"
+                ));
+            }
+        }
+        for name in &self.remove_env {
+            check_env_name("agent.command.remove_env", name)?;
+        }
+        if self.output_cap_bytes == 0 {
+            return Err("agent.command.output_cap_bytes must be at least 1".to_string());
+        }
+        Ok(())
+    }
+
+    fn check_preset(&self, preset: Preset) -> Result<(), String> {
+        if !self.argv.is_empty() {
+            return Err(format!(
+                "agent.command: set either preset = \"{}\" or argv, not both \
+                 (use program, extra_args and the other preset keys to adjust the preset)",
+                preset.as_str()
+            ));
+        }
+        if self.stdin {
+            return Err(
+                "agent.command.stdin: the presets always write the message to stdin; leave it out"
+                    .to_string(),
+            );
+        }
+        if preset == Preset::Codex && !self.allowed_tools.is_empty() {
+            return Err(
+                "agent.command.allowed_tools only applies to preset = \"claude\" (Codex has no such flag; use permission_mode for its sandbox)"
+                    .to_string(),
+            );
+        }
+        if self.output_cap_bytes == 0 {
+            return Err("agent.command.output_cap_bytes must be at least 1".to_string());
+        }
+        for (name, value) in &self.env {
+            check_env_name("agent.command.env", name)?;
+            if value.contains('\0') {
+                return Err(format!(
+                    "agent.command.env: the value of {name} contains a NUL byte"
+                ));
+            }
+        }
+        for name in &self.remove_env {
+            check_env_name("agent.command.remove_env", name)?;
+        }
+        Ok(())
+    }
+
+    /// The output protocol: as configured, else the preset's, else text.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+            .or(self.preset.map(Preset::protocol))
+            .unwrap_or_default()
+    }
+
+    pub(super) fn timeout(&self) -> Option<Duration> {
+        (self.timeout_secs > 0).then(|| Duration::from_secs(self.timeout_secs))
+    }
+
+    pub(super) fn kill_grace(&self) -> Duration {
+        Duration::from_millis(self.kill_grace_ms)
+    }
+}
+
+fn check_env_name(key: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains('=') || name.contains('\0') {
+        return Err(format!(
+            "{key}: {name:?} is not a valid variable name (empty, or contains '=' or a NUL byte)"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(argv: &[&str]) -> CommandConfig {
+        CommandConfig::new(argv.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        assert!(config(&[]).validate().unwrap_err().contains("empty"));
+        assert!(config(&["llm", "{model}"])
+            .validate()
+            .unwrap_err()
+            .contains("argv[1]: unknown placeholder {model}"));
+        assert!(config(&["{message}"])
+            .validate()
+            .unwrap_err()
+            .contains("argv[0]"));
+        assert!(config(&["llm", "{{model}}", "--", "{message}"])
+            .validate()
+            .is_ok());
+
+        let mut c = config(&["llm"]);
+        c.workdir = Some(PathBuf::from("/definitely/not/a/dir"));
+        assert!(c.validate().unwrap_err().contains("workdir"));
+
+        let mut c = config(&["llm"]);
+        c.env.insert("A=B".to_string(), "x".to_string());
+        assert!(c.validate().unwrap_err().contains("agent.command.env"));
+
+        let mut c = config(&["llm"]);
+        c.output_cap_bytes = 0;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn presets_and_their_overrides_are_checked() {
+        let c: CommandConfig =
+            toml::from_str("preset = \"claude\"\nmodel = \"opus\"\nallowed_tools = [\"Read\"]")
+                .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.protocol(), Protocol::ClaudeStreamJson);
+        let c: CommandConfig = toml::from_str("preset = \"codex\"\nprotocol = \"text\"").unwrap();
+        assert_eq!(c.protocol(), Protocol::Text);
+        let bad = [
+            ("preset = \"claude\"\nargv = [\"x\"]", "not both"),
+            (
+                "preset = \"codex\"\nallowed_tools = [\"Read\"]",
+                "allowed_tools",
+            ),
+            (
+                "argv = [\"x\"]\nmodel = \"m\"",
+                "only applies with a preset",
+            ),
+            ("preset = \"claude\"\nhistory = \"env-file\"", "history"),
+            (
+                "argv = [\"x\"]\nhistory = \"stdin-json\"\nstdin = true",
+                "stdin",
+            ),
+            ("argv = [\"x\"]\nworkdir = \"/tmp/{user}\"", "workdir"),
+        ];
+        for (text, needle) in bad {
+            let c: CommandConfig = toml::from_str(text).unwrap();
+            let err = c.validate().unwrap_err();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+        assert!(toml::from_str::<CommandConfig>("preset = \"gemini\"").is_err());
+        // A workdir template is not checked for existence.
+        let c: CommandConfig =
+            toml::from_str("argv = [\"x\"]\nworkdir = \"/nonexistent/{chat_id}\"").unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn toml_defaults_and_unknown_keys() {
+        let c: CommandConfig = toml::from_str("argv = [\"llm\", \"{message}\"]").unwrap();
+        assert_eq!(c, config(&["llm", "{message}"]));
+        assert_eq!(c.output_cap_bytes, 65536);
+        assert_eq!(c.kill_grace_ms, 2000);
+        assert!(toml::from_str::<CommandConfig>("argv = [\"x\"]\ntimeout = 3").is_err());
+        let c: CommandConfig = toml::from_str("stdin = true").unwrap();
+        assert!(c.validate().unwrap_err().contains("argv is empty"));
+    }
+}

@@ -1,0 +1,125 @@
+//! The conversation for programs without sessions of their own
+//! (`history = "env-file" | "stdin-json"`).
+//!
+//! Both give the session's earlier messages, oldest first, as the runner
+//! handed them to the turn: `[{"role": "user", "content": "…"}, …]`
+//! (assistant tool calls and tool results keep their `tool_calls`,
+//! `tool_call_id` and `name` fields).
+//!
+//! * env-file: that array in a private file (0600, removed when the turn
+//!   ends) whose path is in `TELEGATE_HISTORY_FILE`;
+//! * stdin-json: `{"message": "…", "history": […]}` on stdin.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::agent::ChatMessage;
+
+/// Set for the program with `history = "env-file"`.
+pub const HISTORY_FILE_ENV: &str = "TELEGATE_HISTORY_FILE";
+
+/// The stdin document of `history = "stdin-json"`.
+#[derive(Serialize)]
+struct StdinDocument<'a> {
+    message: &'a str,
+    history: &'a [ChatMessage],
+}
+
+/// `{"message": …, "history": […]}`.
+pub fn stdin_json(message: &str, history: &[ChatMessage]) -> String {
+    serde_json::to_string(&StdinDocument { message, history }).unwrap_or_else(|_| "{}".to_string())
+}
+
+/// A history file that is removed when dropped.
+#[derive(Debug)]
+pub struct HistoryFile {
+    path: PathBuf,
+}
+
+impl HistoryFile {
+    /// Write `history` to a new private file in `dir`.
+    pub fn write(dir: &Path, history: &[ChatMessage]) -> std::io::Result<HistoryFile> {
+        let json = serde_json::to_vec(history).map_err(std::io::Error::other)?;
+        let mut attempt = 0u32;
+        loop {
+            let name = format!(
+                "telegate-history-{}-{}-{attempt}.json",
+                std::process::id(),
+                unique()
+            );
+            let path = dir.join(name);
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+            {
+                Ok(mut file) => {
+                    let file_guard = HistoryFile { path };
+                    file.write_all(&json)?;
+                    return Ok(file_guard);
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists && attempt < 5 => {
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for HistoryFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0);
+    (NEXT.fetch_add(1, Ordering::Relaxed) << 32) | nanos
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::Role;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_file_is_private_json_and_removed_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let history = vec![
+            ChatMessage::new(Role::User, "hi"),
+            ChatMessage::new(Role::Assistant, "hello"),
+        ];
+        let file = HistoryFile::write(dir.path(), &history).unwrap();
+        let path = file.path().to_path_buf();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let read: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(
+            read,
+            serde_json::json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+        );
+        drop(file);
+        assert!(!path.exists());
+        assert_eq!(
+            stdin_json("now", &history[..1]),
+            r#"{"message":"now","history":[{"role":"user","content":"hi"}]}"#
+        );
+    }
+}

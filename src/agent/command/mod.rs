@@ -1,0 +1,498 @@
+//! The `command` backend: runs a configured program once per turn.
+//!
+//! This is how Claude Code, Codex CLI, `llm` or a user's own script go behind
+//! the bot. Each turn spawns `argv` with the message substituted into it (or
+//! written to stdin), streams the program's stdout into the turn's
+//! [`Progress`], and answers with that output once the program exits.
+//!
+//! Why it looks the way it does:
+//!
+//! * **No shell.** Placeholders (`{message}`, `{session_id}`, `{chat_id}`)
+//!   are substituted *inside individual argv elements* and the program is
+//!   executed directly. A message like `$(rm -rf ~)` arrives as one literal
+//!   argument; it is never parsed by anything. Users who want a shell write
+//!   `argv = ["sh", "-c", "...", "sh", "{message}"]` and take that
+//!   responsibility (the message is then `$1`, still not shell syntax).
+//!   The program itself (`argv[0]`) may not contain placeholders: a message
+//!   must never choose what runs.
+//! * **Its own process group.** CLIs such as Claude Code start children of
+//!   their own (tools, MCP servers, shells). Killing only the process we
+//!   spawned would orphan those, and an orphan that keeps our stdout pipe
+//!   open would also keep the turn from ever seeing end-of-file. So the child
+//!   is made leader of a new process group, and every stop signal goes to the
+//!   whole group (`killpg`, see [`crate::tools::procgroup`], shared with the
+//!   terminal tool): SIGTERM, then SIGKILL after `kill_grace_ms`.
+//!   The same happens to anything the program leaves running after it exits
+//!   normally, so turns never leak processes. A guard SIGKILLs the group if
+//!   the turn's future is dropped mid-run (the runner aborts a turn that does
+//!   not stop in time); `kill_on_drop` on the child is only a last resort,
+//!   because it reaches the leader alone. A program that really wants to
+//!   outlive the turn has to leave the group itself (`setsid`).
+//! * **Bounded memory.** Stdout is kept up to `output_cap_bytes` (the rest is
+//!   read and discarded, so the program never blocks on a full pipe) and
+//!   stderr only as a small tail for error messages and the debug log.
+//! * **Secrets stay home.** The child inherits the bot's environment minus
+//!   the bot token and LLM keys, so a script (or whatever a coding agent
+//!   decides to run) cannot read them.
+//!
+//! Output on stderr counts as a sign of life for the stall watchdog (some
+//! CLIs report progress there); a program that is silent on both streams for
+//! the stall timeout is treated as hung.
+//!
+//! This module owns the command backend and its `[agent.command]` settings.
+//! It must never run anything through a shell, and never signal a process
+//! group it did not create.
+
+mod argv;
+mod config;
+mod history;
+mod output;
+mod presets;
+mod process;
+pub mod protocol;
+mod sessions;
+mod workdir;
+
+pub use config::{CommandConfig, HistoryMode};
+pub use history::HISTORY_FILE_ENV;
+pub use presets::Preset;
+pub use protocol::Protocol;
+
+use std::collections::BTreeSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio::process::{Child, Command};
+
+use super::{Agent, AgentError, AgentReply, TurnRequest};
+use crate::store::Store;
+use crate::tools::procgroup::ProcessGroup;
+use argv::Substitutions;
+use history::HistoryFile;
+use output::StdoutCollector;
+use process::{pump, StderrTail};
+use protocol::{JsonlCollector, OutputCollector};
+use sessions::AgentSessions;
+
+/// Environment variables never passed to the program, whatever the config
+/// says in `remove_env`.
+pub const ALWAYS_STRIPPED_ENV: &[&str] =
+    &["TELEGRAM_BOT_TOKEN", "TELOXIDE_TOKEN", "OPENAI_API_KEY"];
+
+/// Set for the program: the conversation's session id.
+pub const SESSION_ID_ENV: &str = "TELEGATE_SESSION_ID";
+/// Set for the program: the chat id the message came from.
+pub const CHAT_ID_ENV: &str = "TELEGATE_CHAT_ID";
+
+/// The one line a user sees when the agent's session could not be resumed.
+pub const RESUME_LOST_NOTICE: &str =
+    "ℹ️ The agent's previous session could not be resumed (unknown or expired), so this answer starts a fresh one.";
+
+/// Runs a configured program once per turn. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct CommandAgent {
+    config: CommandConfig,
+    /// Every variable name removed from the child's environment.
+    stripped_env: BTreeSet<String>,
+    /// The agent's own session per telegate session, and usage.
+    sessions: Arc<AgentSessions>,
+    /// `command`, or the preset's name.
+    name: &'static str,
+}
+
+/// Why one run of the program gave no answer.
+enum RunFailure {
+    /// Anything that ends the turn.
+    Agent(AgentError),
+    /// The agent does not know the session it was asked to resume.
+    ResumeRejected(String),
+}
+
+impl From<AgentError> for RunFailure {
+    fn from(error: AgentError) -> Self {
+        RunFailure::Agent(error)
+    }
+}
+
+impl RunFailure {
+    fn into_agent_error(self) -> AgentError {
+        match self {
+            RunFailure::Agent(error) => error,
+            RunFailure::ResumeRejected(detail) => AgentError::Backend {
+                user_message: "The agent could not start a session.".to_string(),
+                detail,
+            },
+        }
+    }
+}
+
+impl CommandAgent {
+    /// An agent running `config`. `secrets_to_strip` names environment
+    /// variables holding secrets the program must not see (the variable the
+    /// LLM key came from, say); [`ALWAYS_STRIPPED_ENV`] and
+    /// `config.remove_env` are removed as well.
+    ///
+    /// Call [`CommandConfig::validate`] first: an invalid configuration is
+    /// reported as an error on every turn.
+    pub fn new(config: CommandConfig, secrets_to_strip: Vec<String>) -> Self {
+        let stripped_env = ALWAYS_STRIPPED_ENV
+            .iter()
+            .map(|name| name.to_string())
+            .chain(secrets_to_strip)
+            .chain(config.remove_env.iter().cloned())
+            .filter(|name| !name.is_empty())
+            .collect();
+        let name = config.preset.map_or("command", Preset::as_str);
+        CommandAgent {
+            config,
+            stripped_env,
+            sessions: Arc::new(AgentSessions::default()),
+            name,
+        }
+    }
+
+    /// The program as configured, for messages.
+    fn program(&self) -> &str {
+        match self.config.preset {
+            Some(preset) => self
+                .config
+                .program
+                .as_deref()
+                .unwrap_or(preset.default_program()),
+            None => self.config.argv.first().map_or("", String::as_str),
+        }
+    }
+
+    /// The config key that names the program, for messages.
+    fn program_key(&self) -> &'static str {
+        if self.config.preset.is_some() {
+            "agent.command.program (or PATH)"
+        } else {
+            "agent.command.argv"
+        }
+    }
+
+    /// The argv for this turn, placeholders substituted.
+    fn argv_for(&self, turn: &TurnRequest) -> Result<Vec<String>, AgentError> {
+        let values = Substitutions {
+            message: &turn.text,
+            session_id: turn.session_id.as_str(),
+            chat_id: turn.source.chat_id.to_string(),
+        };
+        let mut argv = Vec::with_capacity(self.config.argv.len());
+        for element in &self.config.argv {
+            let arg = values.expand(element).map_err(AgentError::backend)?;
+            if arg.contains('\0') {
+                return Err(AgentError::backend(
+                    "The message contains a NUL character, which cannot be passed to a command.",
+                ));
+            }
+            argv.push(arg);
+        }
+        Ok(argv)
+    }
+
+    /// The process to start: no shell, own process group, scrubbed
+    /// environment.
+    fn command(&self, argv: &[String], turn: &TurnRequest, launch: &Launch) -> Command {
+        let mut command = Command::new(&argv[0]);
+        command
+            .args(&argv[1..])
+            .stdin(if launch.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(dir) = &launch.workdir {
+            command.current_dir(dir);
+        }
+        for name in &self.stripped_env {
+            command.env_remove(name);
+        }
+        command
+            .envs(&self.config.env)
+            .env(SESSION_ID_ENV, turn.session_id.as_str())
+            .env(CHAT_ID_ENV, turn.source.chat_id.to_string());
+        if let Some(file) = &launch.history_file {
+            command.env(HISTORY_FILE_ENV, file.path());
+        }
+        command
+    }
+
+    /// The working directory for this turn (a per-chat one is created).
+    fn workdir_for(&self, turn: &TurnRequest) -> Result<Option<PathBuf>, AgentError> {
+        let Some(dir) = &self.config.workdir else {
+            return Ok(None);
+        };
+        workdir::resolve(dir, turn.source.chat_id, turn.session_key.as_str())
+            .map(Some)
+            .map_err(|error| AgentError::Backend {
+                user_message:
+                    "Could not create this chat's working directory. Check agent.command.workdir."
+                        .to_string(),
+                detail: format!(
+                    "creating the workdir from {} failed: {error}",
+                    dir.display()
+                ),
+            })
+    }
+
+    /// Start the process, turning failures into messages that say what to
+    /// fix.
+    fn spawn(&self, command: &mut Command, workdir: Option<&Path>) -> Result<Child, AgentError> {
+        if let Some(dir) = workdir {
+            // Checked here too: a missing directory and a missing program
+            // both fail with ENOENT.
+            if !dir.is_dir() {
+                return Err(AgentError::Backend {
+                    user_message: format!(
+                        "The command's working directory does not exist. Check agent.command.workdir ({}).",
+                        dir.display()
+                    ),
+                    detail: format!("workdir {} is not a directory", dir.display()),
+                });
+            }
+        }
+        command.spawn().map_err(|error| {
+            let program = self.program();
+            let key = self.program_key();
+            let user_message = match error.kind() {
+                io::ErrorKind::NotFound => {
+                    format!("Could not start `{program}`: not found. Check {key}.")
+                }
+                io::ErrorKind::PermissionDenied => format!(
+                    "Could not start `{program}`: permission denied (is it executable?). Check {key}."
+                ),
+                _ => format!("Could not start `{program}`: {error}."),
+            };
+            AgentError::Backend {
+                user_message,
+                detail: format!("spawning {program:?} failed: {error:?}"),
+            }
+        })
+    }
+
+    async fn run_turn(&self, turn: TurnRequest) -> Result<AgentReply, AgentError> {
+        if turn.cancel.is_cancelled() {
+            return Err(AgentError::Cancelled);
+        }
+        // The messages name config keys and placeholders, never values.
+        self.config.check_values().map_err(|problem| {
+            AgentError::backend(format!("The command backend is misconfigured: {problem}"))
+        })?;
+        let workdir = self.workdir_for(&turn)?;
+        let Some(preset) = self.config.preset else {
+            return self
+                .run_once(&turn, None, None, workdir)
+                .await
+                .map_err(RunFailure::into_agent_error);
+        };
+        let session = turn.session_id.as_str();
+        let resume = self.sessions.resume_id(session).await;
+        match self
+            .run_once(&turn, Some(preset), resume.as_deref(), workdir.clone())
+            .await
+        {
+            Ok(reply) => Ok(reply),
+            Err(RunFailure::ResumeRejected(detail)) => {
+                tracing::warn!(
+                    session_id = session,
+                    agent_session = resume.as_deref().unwrap_or_default(),
+                    %detail,
+                    "the agent does not know the session to resume; starting a fresh one"
+                );
+                self.sessions.forget(session, preset.as_str()).await;
+                turn.progress.set_text("");
+                let mut reply = self
+                    .run_once(&turn, Some(preset), None, workdir)
+                    .await
+                    .map_err(RunFailure::into_agent_error)?;
+                reply.text = format!("{RESUME_LOST_NOTICE}\n\n{}", reply.text);
+                Ok(reply)
+            }
+            Err(failure) => Err(failure.into_agent_error()),
+        }
+    }
+
+    /// What one run gets besides its argv.
+    fn launch(&self, turn: &TurnRequest, workdir: Option<PathBuf>) -> Result<Launch, AgentError> {
+        let stdin = if self.config.preset.is_some() || self.config.stdin {
+            Some(turn.text.clone())
+        } else if self.config.history == HistoryMode::StdinJson {
+            Some(history::stdin_json(&turn.text, &turn.history))
+        } else {
+            None
+        };
+        let history_file = if self.config.history == HistoryMode::EnvFile {
+            let file =
+                HistoryFile::write(&std::env::temp_dir(), &turn.history).map_err(|error| {
+                    AgentError::Backend {
+                        user_message: "Could not write the conversation history for the command."
+                            .to_string(),
+                        detail: format!("writing the history file failed: {error}"),
+                    }
+                })?;
+            Some(file)
+        } else {
+            None
+        };
+        Ok(Launch {
+            stdin,
+            workdir,
+            history_file,
+        })
+    }
+
+    /// Run the program once: `resume` continues that agent session.
+    async fn run_once(
+        &self,
+        turn: &TurnRequest,
+        preset: Option<Preset>,
+        resume: Option<&str>,
+        workdir: Option<PathBuf>,
+    ) -> Result<AgentReply, RunFailure> {
+        let argv = match preset {
+            Some(preset) => preset.argv(&self.config, resume),
+            None => self.argv_for(turn)?,
+        };
+        let launch = self.launch(turn, workdir)?;
+        let mut command = self.command(&argv, turn, &launch);
+        let mut child = self.spawn(&mut command, launch.workdir.as_deref())?;
+        let Some(group) = child.id().and_then(ProcessGroup::of_leader) else {
+            return Err(AgentError::backend(format!(
+                "Could not start `{}`: it has no process id.",
+                self.program()
+            ))
+            .into());
+        };
+        tracing::debug!(
+            program = self.program(),
+            pid = group.id().raw(),
+            resume,
+            "command started"
+        );
+
+        let stdin = match (launch.stdin.clone(), child.stdin.take()) {
+            (Some(text), Some(pipe)) => Some((pipe, text)),
+            _ => None,
+        };
+        let protocol = self.config.protocol();
+        let cap = self.config.output_cap_bytes;
+        let mut stdout = match protocol {
+            Protocol::Text => {
+                OutputCollector::Text(StdoutCollector::new(turn.progress.clone(), cap))
+            }
+            _ => OutputCollector::Jsonl(Box::new(JsonlCollector::new(
+                protocol,
+                turn.progress.clone(),
+                cap,
+                self.session_sink(turn, preset),
+            ))),
+        };
+        let mut stderr = StderrTail::new(turn.progress.clone());
+        let io = pump(
+            stdin,
+            child.stdout.take(),
+            child.stderr.take(),
+            &mut stdout,
+            &mut stderr,
+        );
+        let outcome = self.supervise(&mut child, group, io, turn).await;
+        stdout.finish();
+        drop(launch);
+        tracing::debug!(
+            program = self.program(),
+            stderr = %stderr.text(),
+            "command stderr (tail)"
+        );
+        let status = outcome?;
+        let collector = match stdout {
+            OutputCollector::Text(collector) => {
+                return match status {
+                    status if status.success() => Ok(collector.into_reply()),
+                    status => Err(self.failure(status, &stderr).into()),
+                };
+            }
+            OutputCollector::Jsonl(collector) => collector,
+        };
+        let outcome = collector.into_outcome();
+        let backend = preset.map_or(protocol.as_str(), Preset::as_str);
+        if let Some(usage) = outcome.usage {
+            self.sessions
+                .record_usage(turn.session_id.as_str(), backend, usage)
+                .await;
+        }
+        if outcome.skipped > 0 {
+            tracing::info!(skipped = outcome.skipped, "event lines skipped this turn");
+        }
+        let rejected = |said: &str| resume.is_some() && presets::says_session_is_unknown(said);
+        if let Some(message) = outcome.failure {
+            if rejected(&message) || rejected(&stderr.text()) {
+                return Err(RunFailure::ResumeRejected(message));
+            }
+            return Err(AgentError::Backend {
+                user_message: format!(
+                    "`{}` reported an error: {}",
+                    self.program(),
+                    protocol::one_line(&message, 600)
+                ),
+                detail: format!("agent error: {message:?}; stderr tail: {:?}", stderr.text()),
+            }
+            .into());
+        }
+        if !status.success() {
+            if rejected(&stderr.text()) {
+                return Err(RunFailure::ResumeRejected(stderr.text()));
+            }
+            return Err(self.failure(status, &stderr).into());
+        }
+        let answer = outcome
+            .answer
+            .unwrap_or_else(|| "(the agent gave no answer)".to_string());
+        Ok(AgentReply::new(answer))
+    }
+
+    /// Where the agent session id read from the output goes: remembered at
+    /// once for presets (so even a stopped turn can be continued).
+    fn session_sink(
+        &self,
+        turn: &TurnRequest,
+        preset: Option<Preset>,
+    ) -> Box<dyn FnMut(&str) + Send> {
+        let Some(preset) = preset else {
+            return Box::new(|_| {});
+        };
+        let sessions = self.sessions.clone();
+        let session = turn.session_id.as_str().to_string();
+        Box::new(move |id| sessions.remember(&session, preset.as_str(), id))
+    }
+}
+
+/// What a run gets besides its argv; the history file lives as long as
+/// this does.
+struct Launch {
+    stdin: Option<String>,
+    workdir: Option<PathBuf>,
+    history_file: Option<HistoryFile>,
+}
+
+impl Agent for CommandAgent {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>> {
+        Box::pin(self.run_turn(turn))
+    }
+
+    fn attach_store(&self, store: &Store) {
+        self.sessions.attach(store);
+    }
+}

@@ -1,0 +1,201 @@
+//! The CLI agent's own session per telegate session, and what it cost.
+//!
+//! Claude Code and Codex keep their conversations themselves; telegate
+//! keeps, per telegate session id, the agent's session (or thread) id that
+//! the next turn resumes, plus the usage and cost the agent reported. The
+//! row belongs to the telegate session, so /new and /reset (a new session
+//! id) start the agent afresh by construction, and a restart of telegate
+//! finds the id again.
+//!
+//! This module never decides when to resume; it only remembers.
+
+use rusqlite::{params, OptionalExtension};
+
+use super::{now_ms, Store, StoreError};
+
+/// Tokens and cost, of one turn or summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AgentUsage {
+    /// Turns counted.
+    pub turns: u64,
+    /// Input tokens not read from the cache (cache writes included).
+    pub input_tokens: u64,
+    /// Input tokens read from the prompt cache.
+    pub cached_input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Cost in US dollars, as the agent reported it (0 if it does not).
+    pub cost_usd: f64,
+}
+
+impl AgentUsage {
+    /// Add `other` to this one.
+    pub fn add(&mut self, other: &AgentUsage) {
+        self.turns += other.turns;
+        self.input_tokens += other.input_tokens;
+        self.cached_input_tokens += other.cached_input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cost_usd += other.cost_usd;
+    }
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl Store {
+    /// The agent session that `session_id`'s next turn resumes, if any.
+    pub async fn agent_resume_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+        let session_id = session_id.to_owned();
+        self.call(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT agent_session_id FROM agent_sessions WHERE session_id = ?1",
+                )?
+                .query_row([session_id], |r| r.get::<_, Option<String>>(0))
+                .optional()?
+                .flatten())
+        })
+        .await
+    }
+
+    /// Remember (or, with `None`, forget) the agent session of `session_id`.
+    pub async fn set_agent_resume_id(
+        &self,
+        session_id: &str,
+        backend: &str,
+        agent_session_id: Option<String>,
+    ) -> Result<(), StoreError> {
+        let (session_id, backend) = (session_id.to_owned(), backend.to_owned());
+        self.call(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO agent_sessions (session_id, backend, agent_session_id, updated_at)
+                 VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (session_id) DO UPDATE SET
+                     backend = excluded.backend,
+                     agent_session_id = excluded.agent_session_id,
+                     updated_at = excluded.updated_at",
+            )?
+            .execute(params![session_id, backend, agent_session_id, now_ms()])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Add one turn's usage to `session_id`'s.
+    pub async fn add_agent_usage(
+        &self,
+        session_id: &str,
+        backend: &str,
+        usage: AgentUsage,
+    ) -> Result<(), StoreError> {
+        let (session_id, backend) = (session_id.to_owned(), backend.to_owned());
+        self.call(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO agent_sessions (session_id, backend, turns, input_tokens,
+                     cached_input_tokens, output_tokens, cost_usd, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT (session_id) DO UPDATE SET
+                     turns = turns + excluded.turns,
+                     input_tokens = input_tokens + excluded.input_tokens,
+                     cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens,
+                     output_tokens = output_tokens + excluded.output_tokens,
+                     cost_usd = cost_usd + excluded.cost_usd,
+                     updated_at = excluded.updated_at",
+            )?
+            .execute(params![
+                session_id,
+                backend,
+                to_i64(usage.turns),
+                to_i64(usage.input_tokens),
+                to_i64(usage.cached_input_tokens),
+                to_i64(usage.output_tokens),
+                usage.cost_usd,
+                now_ms()
+            ])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The usage recorded for `session_id` (`None`: nothing recorded).
+    pub async fn agent_usage(&self, session_id: &str) -> Result<Option<AgentUsage>, StoreError> {
+        let session_id = session_id.to_owned();
+        self.call(move |conn| {
+            Ok(conn
+                .prepare_cached(&format!("{SELECT_USAGE} WHERE session_id = ?1"))?
+                .query_row([session_id], usage_row)
+                .optional()?
+                .filter(|u| u.turns > 0))
+        })
+        .await
+    }
+
+    /// The usage of every session together.
+    pub async fn agent_usage_total(&self) -> Result<AgentUsage, StoreError> {
+        self.call(|conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT coalesce(sum(turns), 0), coalesce(sum(input_tokens), 0),
+                            coalesce(sum(cached_input_tokens), 0), coalesce(sum(output_tokens), 0),
+                            coalesce(sum(cost_usd), 0.0)
+                     FROM agent_sessions",
+                )?
+                .query_row([], usage_row)?)
+        })
+        .await
+    }
+}
+
+const SELECT_USAGE: &str =
+    "SELECT turns, input_tokens, cached_input_tokens, output_tokens, cost_usd FROM agent_sessions";
+
+fn usage_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AgentUsage> {
+    Ok(AgentUsage {
+        turns: to_u64(r.get(0)?),
+        input_tokens: to_u64(r.get(1)?),
+        cached_input_tokens: to_u64(r.get(2)?),
+        output_tokens: to_u64(r.get(3)?),
+        cost_usd: r.get(4)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn resume_ids_and_usage_per_session() {
+        let s = Store::open_in_memory().unwrap();
+        assert_eq!(s.agent_resume_id("a").await.unwrap(), None);
+        s.set_agent_resume_id("a", "claude", Some("c1".into()))
+            .await
+            .unwrap();
+        assert_eq!(s.agent_resume_id("a").await.unwrap().as_deref(), Some("c1"));
+        let turn = AgentUsage {
+            turns: 1,
+            input_tokens: 10,
+            cached_input_tokens: 5,
+            output_tokens: 3,
+            cost_usd: 0.25,
+        };
+        s.add_agent_usage("a", "claude", turn).await.unwrap();
+        s.add_agent_usage("a", "claude", turn).await.unwrap();
+        s.add_agent_usage("b", "codex", turn).await.unwrap();
+        // Usage does not touch the resume id, and forgetting it keeps usage.
+        assert_eq!(s.agent_resume_id("a").await.unwrap().as_deref(), Some("c1"));
+        s.set_agent_resume_id("a", "claude", None).await.unwrap();
+        assert_eq!(s.agent_resume_id("a").await.unwrap(), None);
+        let a = s.agent_usage("a").await.unwrap().unwrap();
+        assert_eq!((a.turns, a.input_tokens, a.output_tokens), (2, 20, 6));
+        assert!((a.cost_usd - 0.5).abs() < 1e-9);
+        let total = s.agent_usage_total().await.unwrap();
+        assert_eq!(total.turns, 3);
+        assert!((total.cost_usd - 0.75).abs() < 1e-9);
+        assert_eq!(s.agent_usage("none").await.unwrap(), None);
+    }
+}
