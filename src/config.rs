@@ -78,6 +78,9 @@ pub struct Config {
     /// `[metrics]`: the optional /healthz and /metrics listener.
     #[serde(default)]
     pub metrics: crate::metrics::MetricsConfig,
+    /// `[media]`: photos, voice, documents in; files out.
+    #[serde(default)]
+    pub media: crate::media::MediaConfig,
 }
 
 /// `[tools]`.
@@ -556,6 +559,7 @@ impl Config {
             },
         }
         self.metrics.validate().map_err(invalid)?;
+        self.media.validate().map_err(invalid)?;
         if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
             return Err(invalid(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
@@ -642,6 +646,7 @@ impl Config {
             stall_timeout: Duration::from_secs(self.sessions.stall_timeout_secs),
             history_max_messages: self.sessions.history_max_messages,
             metrics: crate::metrics::Metrics::default(),
+            files: None,
         }
     }
 

@@ -27,6 +27,7 @@ pub mod engine;
 pub mod event;
 pub mod http;
 pub mod identity;
+pub mod media;
 mod memory;
 pub mod metrics;
 pub mod reply;

@@ -7,8 +7,8 @@
 //!
 //! Why it looks the way it does:
 //!
-//! * **No shell.** Placeholders (`{message}`, `{session_id}`, `{chat_id}`)
-//!   are substituted *inside individual argv elements* and the program is
+//! * **No shell.** Placeholders (`{message}`, `{session_id}`, `{chat_id}`,
+//!   `{files}`: see [`crate::media::command_files`]) are substituted *inside individual argv elements* and the program is
 //!   executed directly. A message like `$(rm -rf ~)` arrives as one literal
 //!   argument; it is never parsed by anything. Users who want a shell write
 //!   `argv = ["sh", "-c", "...", "sh", "{message}"]` and take that
@@ -71,7 +71,7 @@ pub const SESSION_ID_ENV: &str = "TELEGATE_SESSION_ID";
 pub const CHAT_ID_ENV: &str = "TELEGATE_CHAT_ID";
 
 /// The placeholders `argv` elements may contain.
-const PLACEHOLDERS: &str = "{message}, {session_id}, {chat_id}";
+const PLACEHOLDERS: &str = "{message}, {session_id}, {chat_id}, {files}";
 /// How much of stderr is kept (the tail).
 const STDERR_TAIL_BYTES: usize = 4096;
 /// How much of the stderr tail goes into a chat error message.
@@ -236,6 +236,8 @@ enum Field {
     Message,
     SessionId,
     ChatId,
+    /// The turn's inbound files (see [`crate::media::command_files`]).
+    Files,
 }
 
 /// A piece of an argv element.
@@ -279,6 +281,7 @@ fn tokenize(element: &str) -> Result<Vec<Token<'_>>, String> {
                     "message" => Field::Message,
                     "session_id" => Field::SessionId,
                     "chat_id" => Field::ChatId,
+                    "files" => Field::Files,
                     other => {
                         return Err(format!(
                             "unknown placeholder {{{other}}} (known: {PLACEHOLDERS}; \
@@ -323,6 +326,7 @@ struct Substitutions<'a> {
     message: &'a str,
     session_id: &'a str,
     chat_id: String,
+    files: String,
 }
 
 impl Substitutions<'_> {
@@ -331,6 +335,7 @@ impl Substitutions<'_> {
             Field::Message => self.message,
             Field::SessionId => self.session_id,
             Field::ChatId => &self.chat_id,
+            Field::Files => &self.files,
         }
     }
 
@@ -393,9 +398,14 @@ impl CommandAgent {
             message: &turn.text,
             session_id: turn.session_id.as_str(),
             chat_id: turn.source.chat_id.to_string(),
+            files: crate::media::command_files::joined_paths(),
         };
         let mut argv = Vec::with_capacity(self.config.argv.len());
         for element in &self.config.argv {
+            if element == crate::media::command_files::FILES_PLACEHOLDER {
+                argv.extend(crate::media::command_files::file_paths());
+                continue;
+            }
             let arg = values.expand(element).map_err(AgentError::backend)?;
             if arg.contains('\0') {
                 return Err(AgentError::backend(
@@ -432,6 +442,7 @@ impl CommandAgent {
             .envs(&self.config.env)
             .env(SESSION_ID_ENV, turn.session_id.as_str())
             .env(CHAT_ID_ENV, turn.source.chat_id.to_string());
+        crate::media::command_files::apply_env(&mut command);
         command
     }
 
@@ -934,6 +945,7 @@ mod tests {
             message: "hi {session_id}",
             session_id: "s1",
             chat_id: "-42".to_string(),
+            files: String::new(),
         }
     }
 

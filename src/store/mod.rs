@@ -57,6 +57,7 @@
 //! * Never log message contents at info level or above: transcripts are
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
+mod files;
 pub mod ledger;
 pub mod schema;
 pub mod sessions;

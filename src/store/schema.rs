@@ -61,6 +61,19 @@ impl Migration {
     }
 }
 
+/// Issue 12 (migration 6): files sent to chats, per answered message, so a
+/// replayed turn never sends a file twice.
+const V6_OUTBOX_FILES: &str = "
+CREATE TABLE outbox_files (
+    chat_id         INTEGER NOT NULL,
+    answering_id    INTEGER NOT NULL,
+    file_key        TEXT NOT NULL,
+    sent_message_id INTEGER NOT NULL,
+    sent_at         INTEGER NOT NULL,
+    PRIMARY KEY (chat_id, answering_id, file_key)
+);
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -164,6 +177,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new("inbox and outbox ledger", V2_LEDGER),
     Migration::new("running background processes", V3_PROCESSES),
     // Append new migrations here, one line each; never edit the ones above.
+    Migration::new("outbox files", V6_OUTBOX_FILES), // issue 12: migration 6
 ];
 
 /// The schema version this build writes and understands.
