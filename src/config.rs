@@ -81,6 +81,9 @@ pub struct Config {
     /// Where this configuration came from (not a key of the file).
     #[serde(skip)]
     pub source: crate::zero_config::ConfigSource,
+    /// `[media]`: photos, voice, documents in; files out.
+    #[serde(default)]
+    pub media: crate::media::MediaConfig,
 }
 
 /// `[tools]`.
@@ -608,6 +611,7 @@ impl Config {
                 self.store.inbox_retention_days
             )));
         }
+        self.media.validate().map_err(invalid)?;
         if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
             return Err(invalid(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
@@ -714,6 +718,7 @@ impl Config {
             history_max_messages: self.sessions.history_max_messages,
             metrics: crate::metrics::Metrics::default(),
             approvers: self.telegram.approvers.clone(),
+            files: None,
         }
     }
 

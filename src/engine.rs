@@ -11,6 +11,7 @@
 //! adapter and the runner only weakly, so an engine that is dropped is not
 //! kept alive by its own forwarder.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use crate::event::{ChatType, Platform, SessionSource};
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
 use crate::store::{RunningProcess, Store, StoreError};
+use crate::tools::send_file::WithSendFile;
 use crate::tools::{tool_events, NoTools, TerminalTool, ToolEvent, ToolEventReceiver};
 
 /// The session engine: the adapter that transports feed, and the runner
@@ -303,7 +305,12 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
         sender,
     )?);
     let key = openai.api_key_from_env();
-    let agent = OpenAiAgent::new(openai, key, tool.clone())?;
+    let workspace = terminal
+        .workdir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("."));
+    let tools = Arc::new(WithSendFile::new(tool.clone(), workspace));
+    let agent = OpenAiAgent::new(openai, key, tools)?;
     Ok(AgentSetup {
         agent: Arc::new(agent),
         terminal: Some(TerminalSetup { tool, events }),

@@ -204,6 +204,9 @@ pub struct MessageEvent {
     /// Replayed after a restart: its first attempt may already be in the
     /// transcript.
     pub resumed: bool,
+    /// Photos, voice, documents: still to prepare, or prepared
+    /// (see [`crate::media`]).
+    pub media: Box<crate::media::EventMedia>,
 }
 
 impl MessageEvent {
@@ -224,6 +227,7 @@ impl MessageEvent {
             bot_username: None,
             session_override: None,
             resumed: false,
+            media: Default::default(),
         }
     }
 
@@ -238,6 +242,7 @@ impl MessageEvent {
             bot_username: None,
             session_override: None,
             resumed: false,
+            media: Default::default(),
         }
     }
 

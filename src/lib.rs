@@ -28,6 +28,7 @@ pub mod event;
 pub mod http;
 pub mod identity;
 pub mod instance_lock;
+pub mod media;
 mod memory;
 pub mod metrics;
 pub mod reply;

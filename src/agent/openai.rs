@@ -114,6 +114,10 @@ pub struct OpenAiConfig {
     /// How many rounds of tool calls one turn may run before it stops.
     #[serde(default = "default_max_tool_rounds")]
     pub max_tool_rounds: u32,
+    /// The model can see images: photos are sent as `image_url` content
+    /// parts (else the user is told it cannot see them).
+    #[serde(default)]
+    pub vision: bool,
 }
 
 fn default_base_url() -> String {
@@ -149,6 +153,7 @@ impl OpenAiConfig {
             stream: true,
             history_budget_chars: default_history_budget_chars(),
             max_tool_rounds: default_max_tool_rounds(),
+            vision: false,
         }
     }
 
@@ -672,7 +677,10 @@ impl OpenAiAgent {
         cancel: &CancellationToken,
         shown: &mut ShownText<'_>,
     ) -> Result<ModelAnswer, AgentError> {
-        let body = self.request_body(messages, tools);
+        let mut body = self.request_body(messages, tools);
+        if self.config.vision {
+            crate::media::vision::attach_images(&mut body).await;
+        }
         tracing::debug!(
             round,
             messages = messages.len(),

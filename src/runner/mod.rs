@@ -75,6 +75,8 @@ pub struct RunnerConfig {
     /// Users who may approve or deny any turn's command (besides the user
     /// whose message started the turn): `[telegram] approvers`.
     pub approvers: Vec<u64>,
+    /// Sends the files turns produce (Telegram); `None`: no file output.
+    pub files: Option<Arc<crate::media::OutboxFiles>>,
 }
 
 impl Default for RunnerConfig {
@@ -84,6 +86,7 @@ impl Default for RunnerConfig {
             history_max_messages: 200,
             metrics: Metrics::default(),
             approvers: Vec::new(),
+            files: None,
         }
     }
 }
@@ -322,7 +325,9 @@ impl Runner {
     }
 
     async fn dispatch(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
-        if event.kind == MessageKind::Unsupported {
+        // Media that was never prepared (no media step in this transport)
+        // cannot be read either.
+        if event.kind == MessageKind::Unsupported || event.media.needs_preparing() {
             return Some(
                 Reply::notice(
                     "Sorry, I can only read text for now; this kind of message is not supported yet.",
@@ -662,7 +667,7 @@ impl Runner {
         metrics.turns_started.inc();
         let started = Instant::now();
 
-        let live =
+        let mut live =
             self.inner
                 .outbound
                 .turn_started(&event.source, event.message_id, progress.watch());
@@ -673,6 +678,8 @@ impl Runner {
             source: event.source.clone(),
         };
         let message_id = event.message_id;
+        let turn_files = self.turn_files(&event, &session_id).await;
+        let reply_source = event.source.clone();
         let request = TurnRequest {
             session_key: key.clone(),
             session_id: session_id.clone(),
@@ -687,7 +694,10 @@ impl Runner {
         let run = AssertUnwindSafe(self.inner.agent.run(request)).catch_unwind();
         let watched = bind_turn_identity(
             identity,
-            watch_for_stall(run, &progress, &cancel, self.inner.config.stall_timeout),
+            crate::media::with_turn_files(
+                turn_files.clone(),
+                watch_for_stall(run, &progress, &cancel, self.inner.config.stall_timeout),
+            ),
         )
         .await;
 
@@ -747,6 +757,13 @@ impl Runner {
                         .collect()
                 };
                 self.record(&session_id, entries).await;
+                // Files the program left in its outbox follow the answer.
+                live = crate::media::outbox::files_after_answer(
+                    live,
+                    &turn_files,
+                    self.inner.outbound.clone(),
+                    reply_source,
+                );
                 Reply::answer(answer.text)
             }
             Watched::Finished(Ok(Err(AgentError::Cancelled))) => {
@@ -773,6 +790,27 @@ impl Runner {
             reply: reply.in_reply_to(message_id),
             live,
         })
+    }
+
+    /// The files bound around a turn: the event's attachments and, with
+    /// file output, a fresh outbox directory and the sender.
+    async fn turn_files(
+        &self,
+        event: &MessageEvent,
+        session_id: &SessionId,
+    ) -> crate::media::TurnFiles {
+        let mut files = crate::media::TurnFiles {
+            attachments: event.media.attachments.clone(),
+            answering: event.message_id,
+            ..Default::default()
+        };
+        if let Some(sender) = &self.inner.config.files {
+            files.outbox = sender
+                .outbox_dir(session_id.as_str(), event.message_id)
+                .await;
+            files.sender = Some(sender.clone());
+        }
+        files
     }
 
     async fn load_history(&self, session_id: &SessionId) -> Vec<ChatMessage> {

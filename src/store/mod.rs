@@ -63,6 +63,7 @@
 
 mod integrity;
 pub mod agent_sessions;
+mod files;
 pub mod ledger;
 mod retention;
 pub mod schema;

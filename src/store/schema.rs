@@ -79,6 +79,19 @@ CREATE TABLE agent_sessions (
 ) STRICT;
 ";
 
+/// Version 5: files sent to chats, per answered message, so a
+/// replayed turn never sends a file twice.
+const V5_OUTBOX_FILES: &str = "
+CREATE TABLE outbox_files (
+    chat_id         INTEGER NOT NULL,
+    answering_id    INTEGER NOT NULL,
+    file_key        TEXT NOT NULL,
+    sent_message_id INTEGER NOT NULL,
+    sent_at         INTEGER NOT NULL,
+    PRIMARY KEY (chat_id, answering_id, file_key)
+);
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -182,6 +195,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new("inbox and outbox ledger", V2_LEDGER),
     Migration::new("running background processes", V3_PROCESSES),
     Migration::new("CLI agent sessions and usage", V4_AGENT_SESSIONS),
+    Migration::new("outbox files", V5_OUTBOX_FILES),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

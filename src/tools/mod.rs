@@ -21,9 +21,9 @@
 //!   works for long, so the stall watchdog does not cancel the turn;
 //! * return short results: the backend sends them to the model verbatim.
 //!
-//! A tool must never send anything to the chat itself (the one exception,
-//! an approval request, goes out as a [`ToolEvent`] through the approval
-//! gate), touch another session, or push text into the turn's progress
+//! A tool must never send anything to the chat itself (the exceptions: an
+//! approval request, which goes out as a [`ToolEvent`] through the approval
+//! gate, and the file `send_file` was asked to send), touch another session, or push text into the turn's progress
 //! (that text is the model's answer, not the tool's). A tool that needs to
 //! know whose turn it serves reads the task-local turn identity
 //! ([`crate::identity::current_identity`]), never global state.
@@ -36,7 +36,8 @@
 //! * [`approval_prompt`]: the request's wording (the whole command, every match);
 //! * [`authority`]: who may approve, deny or stop somebody's turn;
 //! * [`events`]: the channel through which wakeups and notices leave the tools;
-//! * [`procgroup`]: process groups, shared with the command backend.
+//! * [`procgroup`]: process groups, shared with the command backend;
+//! * [`send_file`]: the `send_file` tool (files to the chat).
 
 pub mod approval;
 pub mod approval_prompt;
@@ -44,6 +45,7 @@ pub mod authority;
 pub mod events;
 pub mod process;
 pub mod procgroup;
+pub mod send_file;
 pub mod terminal;
 pub mod wakeup;
 

@@ -23,7 +23,9 @@
 //! * Webhooks are only bookkeeping: nothing is ever delivered to the URL and
 //!   any URL (including plain `http://`) is accepted.
 //! * Multipart requests are accepted for their text fields (teloxide uses
-//!   multipart for `setWebhook`); file parts are answered with 400.
+//!   multipart for `setWebhook`); file parts are answered with 400, except
+//!   for `sendPhoto`/`sendDocument`, whose uploads are recorded (see
+//!   `fake_files.rs`, which also serves `getFile` and file downloads).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -47,6 +49,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+use super::fake_files::{download_path, file_part, FakeFiles};
 
 /// Telegram's limit on message text, counted in UTF-16 code units.
 const MAX_TEXT_UTF16: usize = 4096;
@@ -72,6 +76,9 @@ const KNOWN_METHODS: &[&str] = &[
     "deleteMyCommands",
     "deleteMessage",
     "answerCallbackQuery",
+    "getFile",
+    "sendPhoto",
+    "sendDocument",
 ];
 
 /// Methods whose flood limits Telegram applies per chat; a 429 on one of
@@ -635,6 +642,30 @@ impl FakeBotApi {
         self.push_update(json!({ "message": message }))
     }
 
+    /// The fake's files: make files downloadable, hold downloads, read
+    /// uploads (see `fake_files.rs`).
+    pub fn files(&self) -> &FakeFiles {
+        &self.shared.files
+    }
+
+    /// Queues a message from `user_id` in `chat_id` carrying `media` (the
+    /// message fields, e.g. `fake_files::voice_json(..)`, plus `caption` or
+    /// `media_group_id`). Returns `(update id, message id)`.
+    pub fn push_media(&self, chat_id: i64, user_id: i64, media: Value) -> (i64, i64) {
+        let (message, message_id) = {
+            let mut inner = self.shared.lock();
+            let message_id = inner.allocate_message_id(chat_id);
+            let mut message = inner.user_message_base(chat_id, user_id, message_id);
+            if let (Some(message), Some(media)) = (message.as_object_mut(), media.as_object()) {
+                for (k, v) in media {
+                    message.insert(k.clone(), v.clone());
+                }
+            }
+            (message, message_id)
+        };
+        (self.push_update(json!({ "message": message })), message_id)
+    }
+
     /// Queues a `callback_query` from pressing a button with `data` on the
     /// bot message `message_id` (reported as inaccessible if the fake
     /// doesn't know that message).
@@ -752,6 +783,8 @@ struct Shared {
     updates_tx: watch::Sender<u64>,
     shut_down: AtomicBool,
     connections: Mutex<Vec<Weak<KillSwitch>>>,
+    /// getFile, downloads and uploads (see `fake_files.rs`).
+    files: FakeFiles,
 }
 
 fn bump(version: &mut u64) {
@@ -875,6 +908,7 @@ impl Shared {
             updates_tx: watch::channel(0).0,
             shut_down: AtomicBool::new(false),
             connections: Mutex::new(Vec::new()),
+            files: FakeFiles::default(),
         }
     }
 
@@ -1028,6 +1062,22 @@ impl Shared {
             "deleteMyCommands" => Ok(self.lock().delete_my_commands(body)),
             "deleteMessage" => self.lock().delete_message(body),
             "answerCallbackQuery" => answer_callback_query(body),
+            "getFile" => self
+                .files
+                .get_file(body)
+                .map_err(|(code, d)| ApiFailure::new(code, d)),
+            "sendPhoto" | "sendDocument" => {
+                let base = {
+                    let mut inner = self.lock();
+                    let chat_id = chat_id_param(body)?;
+                    let message_id = inner.allocate_message_id(chat_id);
+                    json!({"message_id": message_id, "from": self.bot_user(),
+                        "chat": inner.chat_json(chat_id), "date": unix_now()})
+                };
+                self.files
+                    .upload(method, body, base)
+                    .map_err(|(code, d)| ApiFailure::new(code, d))
+            }
             _ => Err(ApiFailure::new(404, "Not Found: method not found")),
         }
     }
@@ -1873,6 +1923,10 @@ async fn handle(
     ConnectInfo(conn): ConnectInfo<ConnHandle>,
     request: Request,
 ) -> Response {
+    if let Some(path) = download_path(request.uri().path()) {
+        let path = path.to_owned();
+        return shared.files.download(&path).await;
+    }
     let Some(method) = method_from_path(request.uri().path()) else {
         return ApiFailure::new(404, "Not Found").to_response();
     };
@@ -1885,7 +1939,7 @@ async fn handle(
     let body = axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES).await;
     let parsed = match (body, multipart_boundary) {
         (Err(_), _) => Err(ApiFailure::new(413, "Request Entity Too Large")),
-        (Ok(bytes), Some(boundary)) => parse_multipart(&bytes, &boundary),
+        (Ok(bytes), Some(boundary)) => parse_multipart(&bytes, &boundary, &method),
         (Ok(bytes), None) => parse_body(&bytes),
     };
     let recorded_body = parsed.as_ref().map_or(Value::Null, Clone::clone);
@@ -1959,7 +2013,7 @@ const MULTIPART_JSON_FIELDS: &[&str] = &[
 /// teloxide uses multipart for every request that *may* carry a file (e.g.
 /// `setWebhook` with its optional certificate), so text-only multipart
 /// bodies are accepted as parameters. Actual file parts are refused.
-fn parse_multipart(bytes: &[u8], boundary: &str) -> Result<Value, ApiFailure> {
+fn parse_multipart(bytes: &[u8], boundary: &str, method: &str) -> Result<Value, ApiFailure> {
     let malformed = || ApiFailure::bad_request("Bad Request: can't parse multipart/form-data body");
     if boundary.is_empty() {
         return Err(malformed());
@@ -1976,6 +2030,15 @@ fn parse_multipart(bytes: &[u8], boundary: &str) -> Result<Value, ApiFailure> {
         let headers = std::str::from_utf8(&part[..split]).map_err(|_| malformed())?;
         let content = &part[split + 4..];
         let (name, is_file) = disposition(headers).ok_or_else(malformed)?;
+        if is_file && matches!(method, "sendPhoto" | "sendDocument") {
+            let filename = headers
+                .split(';')
+                .find_map(|p| p.trim().strip_prefix("filename="))
+                .map(|f| f.lines().next().unwrap_or("").trim_matches('"').to_owned())
+                .unwrap_or_default();
+            fields.insert(name, file_part(&filename, content));
+            continue;
+        }
         if is_file {
             return Err(ApiFailure::bad_request(
                 "Bad Request: file uploads are not supported by fake",

@@ -29,6 +29,8 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::fake_transcribe::FakeTranscriber;
+
 /// The text [`Script::Comments`] streams after its odd chunks.
 pub const COMMENTS_TEXT: &str = "comments ok";
 /// The text a response has when the script queue is empty.
@@ -192,6 +194,8 @@ pub struct FakeOpenAi {
     addr: SocketAddr,
     shared: Arc<Shared>,
     server: JoinHandle<()>,
+    /// `POST /v1/audio/transcriptions` (see `fake_transcribe.rs`).
+    pub transcriber: FakeTranscriber,
 }
 
 impl Drop for FakeOpenAi {
@@ -211,9 +215,11 @@ impl FakeOpenAi {
             authorizations: Mutex::new(Vec::new()),
             disconnects: watch::Sender::new(0),
         });
+        let transcriber = FakeTranscriber::default();
         let app = Router::new()
             .route("/v1/chat/completions", post(handle))
-            .with_state(shared.clone());
+            .with_state(shared.clone())
+            .merge(transcriber.router());
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -221,6 +227,7 @@ impl FakeOpenAi {
             addr,
             shared,
             server,
+            transcriber,
         }
     }
 

@@ -4,6 +4,8 @@
 
 pub mod agents;
 pub mod fake_bot;
+pub mod fake_files;
 pub mod fake_openai;
+pub mod fake_transcribe;
 pub mod recorder;
 pub mod tools_bot;

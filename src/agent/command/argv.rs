@@ -1,9 +1,10 @@
-//! Argv placeholders: `{message}`, `{session_id}`, `{chat_id}` substituted
-//! inside single argv elements, never parsed by a shell. A substituted value
+//! Argv placeholders: `{message}`, `{session_id}`, `{chat_id}`, `{files}`
+//! (see [`crate::media::command_files`]) substituted inside single argv
+//! elements, never parsed by a shell. A substituted value
 //! is never scanned again.
 
 /// The placeholders `argv` elements may contain.
-pub(super) const PLACEHOLDERS: &str = "{message}, {session_id}, {chat_id}";
+pub(super) const PLACEHOLDERS: &str = "{message}, {session_id}, {chat_id}, {files}";
 
 /// A placeholder in an argv element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -11,6 +12,8 @@ pub(super) enum Field {
     Message,
     SessionId,
     ChatId,
+    /// The turn's inbound files (see [`crate::media::command_files`]).
+    Files,
 }
 
 /// A piece of an argv element.
@@ -54,6 +57,7 @@ pub(super) fn tokenize(element: &str) -> Result<Vec<Token<'_>>, String> {
                     "message" => Field::Message,
                     "session_id" => Field::SessionId,
                     "chat_id" => Field::ChatId,
+                    "files" => Field::Files,
                     other => {
                         return Err(format!(
                             "unknown placeholder {{{other}}} (known: {PLACEHOLDERS}; \
@@ -98,6 +102,7 @@ pub(super) struct Substitutions<'a> {
     pub(super) message: &'a str,
     pub(super) session_id: &'a str,
     pub(super) chat_id: String,
+    pub(super) files: String,
 }
 
 impl Substitutions<'_> {
@@ -106,6 +111,7 @@ impl Substitutions<'_> {
             Field::Message => self.message,
             Field::SessionId => self.session_id,
             Field::ChatId => &self.chat_id,
+            Field::Files => &self.files,
         }
     }
 
@@ -132,6 +138,7 @@ mod tests {
             message: "hi {session_id}",
             session_id: "s1",
             chat_id: "-42".to_string(),
+            files: String::new(),
         }
     }
 

@@ -181,9 +181,14 @@ impl CommandAgent {
             message: &turn.text,
             session_id: turn.session_id.as_str(),
             chat_id: turn.source.chat_id.to_string(),
+            files: crate::media::command_files::joined_paths(),
         };
         let mut argv = Vec::with_capacity(self.config.argv.len());
         for element in &self.config.argv {
+            if element == crate::media::command_files::FILES_PLACEHOLDER {
+                argv.extend(crate::media::command_files::file_paths());
+                continue;
+            }
             let arg = values.expand(element).map_err(AgentError::backend)?;
             if arg.contains('\0') {
                 return Err(AgentError::backend(
@@ -220,6 +225,7 @@ impl CommandAgent {
             .envs(&self.config.env)
             .env(SESSION_ID_ENV, turn.session_id.as_str())
             .env(CHAT_ID_ENV, turn.source.chat_id.to_string());
+        crate::media::command_files::apply_env(&mut command);
         if let Some(file) = &launch.history_file {
             command.env(HISTORY_FILE_ENV, file.path());
         }

@@ -70,7 +70,10 @@ fn content(message: &Message) -> Option<(&str, bool)> {
         return None;
     };
     let text = message.text().or_else(|| message.caption()).unwrap_or("");
-    let unsupported = !matches!(common.media_kind, MediaKind::Text(_));
+    // Photos, voice, documents... are read (see `crate::media`); the rest
+    // (stickers, polls, locations...) is not.
+    let unsupported = !matches!(common.media_kind, MediaKind::Text(_))
+        && crate::media::describe::describe(message).0.is_empty();
     if matches!(common.media_kind, MediaKind::Migration(_)) {
         return None;
     }
@@ -202,6 +205,11 @@ pub fn classify(message: &Message, policy: &InboundPolicy) -> Inbound {
     let mut event = MessageEvent::text(source, text);
     event.message_id = Some(i64::from(message.id.0));
     event.bot_username = Some(policy.bot_username.clone());
+    if event.kind != MessageKind::Command {
+        let (refs, group) = crate::media::describe::describe(message);
+        event.media.refs = refs;
+        event.media.group = group;
+    }
     if unsupported && event.kind != MessageKind::Command && event.text.is_empty() {
         event.kind = MessageKind::Unsupported;
     } else if unsupported && event.kind != MessageKind::Command {
@@ -333,27 +341,33 @@ mod tests {
     }
 
     #[test]
-    fn media_without_caption_is_unsupported_and_with_caption_is_answered() {
-        let photo =
-            json!({"photo": [{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}]});
-        let mut value = serde_json::to_value(dm(42, "x")).unwrap();
-        value.as_object_mut().unwrap().remove("text");
-        for (k, v) in photo.as_object().unwrap() {
-            value.as_object_mut().unwrap().insert(k.clone(), v.clone());
-        }
-        let no_caption: Message = serde_json::from_value(value.clone()).unwrap();
+    fn unreadable_media_is_unsupported_and_photos_carry_their_files() {
+        let with = |extra: serde_json::Value| -> Message {
+            let mut value = serde_json::to_value(dm(42, "x")).unwrap();
+            value.as_object_mut().unwrap().remove("text");
+            for (k, v) in extra.as_object().unwrap() {
+                value.as_object_mut().unwrap().insert(k.clone(), v.clone());
+            }
+            serde_json::from_value(value).unwrap()
+        };
+        let location = with(json!({"location": {"latitude": 1.0, "longitude": 2.0}}));
         assert_eq!(
-            accepted(classify(&no_caption, &policy())).kind,
+            accepted(classify(&location, &policy())).kind,
             MessageKind::Unsupported
         );
-        value
-            .as_object_mut()
-            .unwrap()
-            .insert("caption".into(), json!("look at this"));
-        let captioned: Message = serde_json::from_value(value).unwrap();
-        let event = accepted(classify(&captioned, &policy()));
-        assert!(event.text.starts_with("look at this"));
+        let photo = with(json!({
+            "photo": [{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}],
+            "caption": "look at this", "media_group_id": "g"}));
+        let event = accepted(classify(&photo, &policy()));
+        assert_eq!(event.text, "look at this");
         assert_eq!(event.kind, MessageKind::Text);
+        assert_eq!(event.media.refs.len(), 1);
+        assert_eq!(event.media.group.as_deref(), Some("g"));
+        let bare = with(json!({
+            "photo": [{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}]}));
+        let event = accepted(classify(&bare, &policy()));
+        assert_eq!(event.kind, MessageKind::Text);
+        assert!(event.text.is_empty());
     }
 
     #[test]

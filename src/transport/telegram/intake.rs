@@ -28,11 +28,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::inbound::{classify, Inbound, InboundPolicy};
+use super::media::{has_media, IntakeMedia};
 use crate::adapter::{EventLedger, EventOutcome};
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
 use crate::identity::SessionId;
+use crate::media::album::AlbumAliases;
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{InboxState, Store, StoreError};
@@ -89,26 +91,42 @@ fn nesting_depth(value: &Value) -> usize {
 }
 
 /// Hand one chat's messages to the adapter, in order; leave when none is
-/// waiting.
+/// waiting. Messages with media are prepared first (see [`super::media`]).
 async fn chat_worker(
     engine: Engine,
     workers: ChatWorkers,
     chat_id: i64,
     mut queue: mpsc::UnboundedReceiver<MessageEvent>,
+    media: Option<Arc<IntakeMedia>>,
 ) {
+    // An event taken from the queue while gathering an album.
+    let mut held: Option<MessageEvent> = None;
     loop {
-        let next = {
-            let mut workers = workers.lock().unwrap_or_else(PoisonError::into_inner);
-            let next = queue.try_recv().ok();
-            if next.is_none() {
-                workers.remove(&chat_id);
+        let next = match held.take() {
+            Some(event) => Some(event),
+            None => {
+                let mut workers = workers.lock().unwrap_or_else(PoisonError::into_inner);
+                let next = queue.try_recv().ok();
+                if next.is_none() {
+                    workers.remove(&chat_id);
+                }
+                next
             }
-            next
         };
-        match next {
-            Some(event) => engine.adapter.handle_message(event).await,
-            None => return,
-        }
+        let event = match (next, &media) {
+            (Some(event), Some(media)) if has_media(&event) => {
+                let (prepared, rest) = media.take(&engine, event, &mut queue).await;
+                held = rest;
+                match prepared {
+                    Some(event) => event,
+                    None if media.stop.is_cancelled() => return,
+                    None => continue,
+                }
+            }
+            (Some(event), _) => event,
+            (None, _) => return,
+        };
+        engine.adapter.handle_message(event).await
     }
 }
 
@@ -118,6 +136,7 @@ async fn chat_worker(
 pub struct StoreLedger {
     tx: mpsc::UnboundedSender<LedgerOp>,
     store: Store,
+    aliases: AlbumAliases,
 }
 
 enum LedgerOp {
@@ -129,20 +148,26 @@ impl StoreLedger {
     /// Start the writer task for `store`.
     pub fn spawn(store: Store) -> (StoreLedger, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::unbounded_channel();
+        let aliases = AlbumAliases::default();
         let ledger = StoreLedger {
             tx,
             store: store.clone(),
+            aliases: aliases.clone(),
         };
         let writer = tokio::spawn(async move {
             while let Some(op) = rx.recv().await {
                 match op {
                     LedgerOp::Record(chat_id, message_id, outcome) => {
                         let (state, reason) = inbox_state(outcome);
-                        if let Err(error) = store
-                            .set_message_state(chat_id, message_id, state, reason)
-                            .await
-                        {
-                            tracing::error!(chat_id, message_id, %error, "could not record a message state");
+                        // An album's first part stands for all of its parts.
+                        let parts = aliases.of(chat_id, message_id, state.is_terminal());
+                        for id in std::iter::once(message_id).chain(parts) {
+                            if let Err(error) = store
+                                .set_message_state(chat_id, id, state, reason.clone())
+                                .await
+                            {
+                                tracing::error!(chat_id, message_id = id, %error, "could not record a message state");
+                            }
                         }
                     }
                     LedgerOp::Flush(done) => {
@@ -152,6 +177,11 @@ impl StoreLedger {
             }
         });
         (ledger, writer)
+    }
+
+    /// The album aliases this ledger applies (shared with the intake).
+    pub fn album_aliases(&self) -> AlbumAliases {
+        self.aliases.clone()
     }
 
     /// Wait until every outcome recorded so far is written.
@@ -308,6 +338,7 @@ pub struct Intake {
     resume_interrupted: bool,
     metrics: Metrics,
     workers: ChatWorkers,
+    media: Option<Arc<IntakeMedia>>,
 }
 
 impl Intake {
@@ -332,12 +363,19 @@ impl Intake {
             resume_interrupted,
             metrics,
             workers: Arc::default(),
+            media: None,
         }
     }
 
     /// The counters this intake records into.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Prepare photos, voice and documents before they reach the adapter.
+    pub fn with_media(mut self, media: IntakeMedia) -> Self {
+        self.media = Some(Arc::new(media));
+        self
     }
 
     /// Record one raw update and hand it on. An error means the update was
@@ -449,6 +487,7 @@ impl Intake {
             self.workers.clone(),
             chat_id,
             rx,
+            self.media.clone(),
         ));
     }
 
@@ -459,6 +498,10 @@ impl Intake {
     pub async fn recover(&self) -> Result<usize, StoreError> {
         let open = self.store.open_inbox().await?;
         let mut resumed = 0;
+        // Chats whose resumed messages go through their chat worker (media
+        // is prepared there): their later messages follow the same way, so
+        // a chat's order is kept.
+        let mut via_worker = std::collections::HashSet::new();
         for entry in open {
             if let Some(mut wakeup) = wakeup_from_payload(&entry.payload) {
                 // A background job's result: always delivered (nobody could
@@ -533,6 +576,11 @@ impl Intake {
             );
             resumed += 1;
             event.resumed = entry.state == InboxState::Running;
+            if self.media.is_some() && (has_media(&event) || via_worker.contains(&entry.chat_id)) {
+                via_worker.insert(entry.chat_id);
+                self.hand_on(event);
+                continue;
+            }
             self.engine.adapter.handle_message(event).await;
         }
         Ok(resumed)

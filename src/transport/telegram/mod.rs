@@ -14,6 +14,7 @@
 pub mod health;
 pub mod inbound;
 pub mod intake;
+pub mod media;
 pub mod polling;
 pub mod registration;
 pub mod webhook;
@@ -148,7 +149,7 @@ impl TelegramBot {
                 crate::zero_config::ALLOWED_USERS_ENV
             );
         }
-        let bot = Bot::new(token.expose()).set_api_url(api_url);
+        let bot = Bot::new(token.expose()).set_api_url(api_url.clone());
         let me = bot.get_me().await?;
         tracing::info!(username = %me.username(), "connected to Telegram");
         sync_commands(&bot).await;
@@ -157,6 +158,18 @@ impl TelegramBot {
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
         let (ledger, _writer) = StoreLedger::spawn(store.clone());
         let metrics = Metrics::new();
+        let stop_intake = CancellationToken::new();
+        let (intake_media, files) = media::build(
+            config,
+            &bot,
+            &api_url,
+            token.expose(),
+            &store,
+            &delivery,
+            ledger.album_aliases(),
+            stop_intake.clone(),
+        )
+        .map_err(StartError::Config)?;
         let engine = Engine::assemble(
             setup,
             Arc::new(TelegramOutbound::new(delivery.clone(), Some(store.clone()))),
@@ -168,6 +181,7 @@ impl TelegramBot {
             },
             RunnerConfig {
                 metrics: metrics.clone(),
+                files: Some(files),
                 ..config.runner_config()
             },
         );
@@ -187,7 +201,8 @@ impl TelegramBot {
             policy,
             config.sessions.resume_interrupted,
             metrics.clone(),
-        );
+        )
+        .with_media(intake_media);
         let resumed = intake.recover().await?;
         let outbound = TelegramOutbound::new(delivery.clone(), None);
         let lost = report_lost_processes(&store, &outbound).await;
@@ -204,7 +219,6 @@ impl TelegramBot {
             );
         }
 
-        let stop_intake = CancellationToken::new();
         let updates_health = UpdatesHealth::default();
         let metrics_addr = match config.metrics.listen_addr().map_err(StartError::Config)? {
             Some(listen) => {

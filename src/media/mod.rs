@@ -1,0 +1,384 @@
+//! Media in, files out: what a photo, voice note or document becomes before
+//! a turn, and how files an agent produces reach the chat after it.
+//!
+//! Inbound, a Telegram message's media is described by
+//! [`describe::describe`] (pure) into [`MediaRef`]s on the event; the
+//! per-chat intake worker gathers album parts ([`album`]), then
+//! [`prepare::MediaStage`] downloads ([`download`]), transcribes
+//! ([`transcribe`]) and turns them into text, image attachments or saved
+//! paths — or into a clear refusal. Files live under
+//! `<data_dir>/media/<session id>/` and are removed by [`retention`].
+//!
+//! Outbound, the runner binds a [`TurnFiles`] task-locally around each turn
+//! (the attachments, the turn's outbox directory, the file sender): the
+//! command backend reads it for `{files}`, `TELEGATE_FILES` and
+//! `TELEGATE_OUTBOX`; the openai backend for image parts ([`vision`]) and
+//! the `send_file` tool ([`crate::tools::send_file`]). Every outbound file
+//! goes through [`outbox`]: confined paths, the 50 MB cap, and the store's
+//! record of sent files so a restart never sends one twice.
+//!
+//! This module must never run a turn, decide whether an answer is
+//! delivered, or log a file URL (it contains the bot token).
+
+pub mod album;
+pub mod command_files;
+pub mod describe;
+pub mod download;
+pub mod outbox;
+pub mod prepare;
+pub mod retention;
+pub mod transcribe;
+pub mod vision;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+pub use outbox::{FileSender, OutboxFiles};
+pub use prepare::MediaStage;
+
+/// Telegram's cloud Bot API serves downloads up to this size.
+pub const CLOUD_DOWNLOAD_LIMIT: u64 = 20 * 1024 * 1024;
+/// Telegram accepts uploads (sendPhoto/sendDocument) up to this size.
+pub const UPLOAD_LIMIT: u64 = 50 * 1024 * 1024;
+/// Telegram accepts photos (sendPhoto) up to this size; larger images go
+/// as documents.
+pub const PHOTO_UPLOAD_LIMIT: u64 = 10 * 1024 * 1024;
+
+/// `[media]`: downloads, inlining, retention, albums.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MediaConfig {
+    /// The largest file downloaded (bytes). Telegram's cloud API serves at
+    /// most 20 MB; a local Bot API server lifts that, so raise this then.
+    #[serde(default = "default_max_file_bytes")]
+    pub max_file_bytes: u64,
+    /// Text documents up to this size (bytes) are put into the message;
+    /// larger ones are saved and their path passed.
+    #[serde(default = "default_max_inline_bytes")]
+    pub max_inline_bytes: u64,
+    /// Downloaded and outbox files older than this many days are removed
+    /// (0: keep them forever).
+    #[serde(default = "default_keep_days")]
+    pub keep_days: u64,
+    /// How long to wait for the next part of an album (milliseconds).
+    #[serde(default = "default_album_window_ms")]
+    pub album_window_ms: u64,
+    /// `[media.transcription]`: voice, audio and video notes to text.
+    #[serde(default)]
+    pub transcription: Option<TranscriptionConfig>,
+}
+
+fn default_max_file_bytes() -> u64 {
+    CLOUD_DOWNLOAD_LIMIT
+}
+fn default_max_inline_bytes() -> u64 {
+    64 * 1024
+}
+fn default_keep_days() -> u64 {
+    7
+}
+fn default_album_window_ms() -> u64 {
+    1500
+}
+
+impl Default for MediaConfig {
+    fn default() -> Self {
+        MediaConfig {
+            max_file_bytes: default_max_file_bytes(),
+            max_inline_bytes: default_max_inline_bytes(),
+            keep_days: default_keep_days(),
+            album_window_ms: default_album_window_ms(),
+            transcription: None,
+        }
+    }
+}
+
+impl MediaConfig {
+    /// Check the values; the error is one line naming the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_file_bytes == 0 {
+            return Err("media.max_file_bytes must be above 0".into());
+        }
+        if let Some(t) = &self.transcription {
+            t.validate()?;
+        }
+        Ok(())
+    }
+}
+
+/// `[media.transcription]`: an OpenAI-compatible `/audio/transcriptions`
+/// endpoint (OpenAI, Groq, whisper.cpp's server, faster-whisper servers).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TranscriptionConfig {
+    /// The API root; requests go to `<base_url>/audio/transcriptions`.
+    pub base_url: String,
+    /// The model, e.g. `whisper-1` or `whisper-large-v3`.
+    #[serde(default = "default_transcription_model")]
+    pub model: String,
+    /// The environment variable holding the API key (none: no
+    /// authorization header, fine for local servers).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The spoken language (ISO-639-1), if known; the server guesses
+    /// otherwise.
+    #[serde(default)]
+    pub language: Option<String>,
+    /// Also show the transcript in the chat ("🎤 …").
+    #[serde(default)]
+    pub echo_transcript: bool,
+    /// Seconds allowed for one transcription.
+    #[serde(default = "default_transcription_timeout_secs")]
+    pub timeout_secs: u64,
+}
+
+fn default_transcription_model() -> String {
+    "whisper-1".to_string()
+}
+fn default_transcription_timeout_secs() -> u64 {
+    120
+}
+
+impl TranscriptionConfig {
+    /// Check the values.
+    pub fn validate(&self) -> Result<(), String> {
+        let url = url::Url::parse(&self.base_url)
+            .map_err(|e| format!("media.transcription.base_url: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err("media.transcription.base_url must be an http(s) URL".into());
+        }
+        if self.model.trim().is_empty() {
+            return Err("media.transcription.model is empty".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a message carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MediaKind {
+    /// A photo (several sizes).
+    Photo,
+    /// A voice note.
+    Voice,
+    /// An audio file.
+    Audio,
+    /// A round video note.
+    VideoNote,
+    /// A file.
+    Document,
+    /// A video or animation.
+    Video,
+}
+
+impl MediaKind {
+    /// Voice, audio and video notes are transcribed.
+    pub fn is_speech(self) -> bool {
+        matches!(
+            self,
+            MediaKind::Voice | MediaKind::Audio | MediaKind::VideoNote
+        )
+    }
+}
+
+/// One downloadable file of a message (a photo has one per size).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileCandidate {
+    /// Telegram's `file_id` (to download).
+    pub file_id: String,
+    /// Telegram's `file_unique_id` (stable; names the saved file).
+    pub unique_id: String,
+    /// The size Telegram announced (0: unknown).
+    pub size: u64,
+}
+
+/// A message's media, as described by the update (nothing downloaded yet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MediaRef {
+    /// What it is.
+    pub kind: MediaKind,
+    /// The files to choose from, smallest first (one except for photos).
+    pub candidates: Vec<FileCandidate>,
+    /// The MIME type Telegram reported, if any.
+    pub mime: Option<String>,
+    /// The original file name, if any.
+    pub file_name: Option<String>,
+}
+
+/// A prepared inbound file handed to the agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    /// Where it was saved.
+    pub path: PathBuf,
+    /// Its MIME type (guessed when Telegram named none).
+    pub mime: String,
+    /// An image the model may look at (photos, image documents).
+    pub is_image: bool,
+}
+
+/// The media part of a [`crate::event::MessageEvent`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventMedia {
+    /// What the message carries, still to be prepared.
+    pub refs: Vec<MediaRef>,
+    /// The album (`media_group_id`) this message belongs to.
+    pub group: Option<String>,
+    /// The message ids of the other album parts merged into this event.
+    pub merged: Vec<i64>,
+    /// Prepared files (set by [`MediaStage`]).
+    pub attachments: Vec<Attachment>,
+}
+
+impl EventMedia {
+    /// True while there is media to prepare.
+    pub fn needs_preparing(&self) -> bool {
+        !self.refs.is_empty()
+    }
+}
+
+/// What the runner binds around a turn (see the module documentation).
+#[derive(Clone, Default)]
+pub struct TurnFiles {
+    /// The inbound files of the message this turn answers.
+    pub attachments: Vec<Attachment>,
+    /// Where the command backend's program may leave files to send.
+    pub outbox: Option<PathBuf>,
+    /// The message this turn answers (keys the record of sent files).
+    pub answering: Option<i64>,
+    /// Sends files to the chat (absent where nothing can be sent).
+    pub sender: Option<Arc<OutboxFiles>>,
+}
+
+impl std::fmt::Debug for TurnFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TurnFiles")
+            .field("attachments", &self.attachments)
+            .field("outbox", &self.outbox)
+            .field("answering", &self.answering)
+            .field("sender", &self.sender.is_some())
+            .finish()
+    }
+}
+
+tokio::task_local! {
+    static TURN_FILES: TurnFiles;
+}
+
+/// Run `future` with `files` as the current turn's files.
+pub async fn with_turn_files<F: std::future::Future>(files: TurnFiles, future: F) -> F::Output {
+    TURN_FILES.scope(files, future).await
+}
+
+/// The current turn's files (empty outside a turn).
+pub fn turn_files() -> TurnFiles {
+    TURN_FILES.try_with(Clone::clone).unwrap_or_default()
+}
+
+/// `<data_dir>/media`: the root of every saved file.
+pub fn media_root(data_dir: &Path) -> PathBuf {
+    data_dir.join("media")
+}
+
+/// A path component made from `raw` that cannot climb or hide: ASCII
+/// alphanumerics, `-`, `_` and `.` are kept (no leading dot), the rest
+/// becomes `_`, and it is at most 80 bytes.
+pub fn safe_component(raw: &str) -> String {
+    let mut out: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(80)
+        .collect();
+    let dots = out.len() - out.trim_start_matches('.').len();
+    out.replace_range(0..dots, &"_".repeat(dots));
+    if out.is_empty() {
+        out.push('_');
+    }
+    out
+}
+
+/// A MIME type for a file name (by extension), `application/octet-stream`
+/// when unknown.
+pub fn guess_mime(name: &str) -> String {
+    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    let mime = match ext.as_deref() {
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("png") => "image/png",
+        Some("gif") => "image/gif",
+        Some("webp") => "image/webp",
+        Some("txt" | "log" | "md" | "rs" | "py" | "sh" | "toml" | "ini" | "cfg") => "text/plain",
+        Some("csv") => "text/csv",
+        Some("json") => "application/json",
+        Some("yaml" | "yml") => "application/yaml",
+        Some("xml") => "application/xml",
+        Some("html" | "htm") => "text/html",
+        Some("pdf") => "application/pdf",
+        Some("ogg" | "oga") => "audio/ogg",
+        Some("mp3") => "audio/mpeg",
+        Some("m4a") => "audio/mp4",
+        Some("mp4") => "video/mp4",
+        _ => "application/octet-stream",
+    };
+    mime.to_string()
+}
+
+/// True for image types a vision model reads (and Telegram shows as photos).
+pub fn is_image_mime(mime: &str) -> bool {
+    matches!(
+        mime.to_ascii_lowercase().as_str(),
+        "image/jpeg" | "image/png" | "image/gif" | "image/webp"
+    )
+}
+
+/// Sizes for messages: `1.5 MB`, `300 KB`, `12 bytes`.
+pub fn human_size(bytes: u64) -> String {
+    const MB: u64 = 1024 * 1024;
+    if bytes >= MB {
+        format!("{:.1} MB", bytes as f64 / MB as f64)
+    } else if bytes >= 1024 {
+        format!("{} KB", bytes / 1024)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_components_cannot_climb_or_hide() {
+        assert_eq!(safe_component("../../etc/passwd"), "___.._etc_passwd");
+        assert_eq!(safe_component(".hidden"), "_hidden");
+        assert_eq!(safe_component(""), "_");
+        assert_eq!(safe_component("ok-name_1.txt"), "ok-name_1.txt");
+        assert!(!safe_component("a/b\\c\0d").contains(['/', '\\', '\0']));
+    }
+
+    #[test]
+    fn media_config_defaults_and_unknown_keys() {
+        let c: MediaConfig = toml::from_str("").unwrap();
+        assert_eq!(c, MediaConfig::default());
+        assert!(toml::from_str::<MediaConfig>("nope = 1").is_err());
+        let t: MediaConfig = toml::from_str(
+            "[transcription]\nbase_url = \"http://127.0.0.1:1/v1\"\necho_transcript = true",
+        )
+        .unwrap();
+        let t = t.transcription.unwrap();
+        assert_eq!(t.model, "whisper-1");
+        assert!(t.echo_transcript);
+        assert!(TranscriptionConfig {
+            base_url: "ftp://x".into(),
+            ..t
+        }
+        .validate()
+        .is_err());
+    }
+}

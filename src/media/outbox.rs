@@ -1,0 +1,341 @@
+//! Files out: the path rules, the record of sent files, and the sending.
+//!
+//! Every file an agent wants sent — through the `send_file` tool or by
+//! leaving it in `$TELEGATE_OUTBOX` — goes through [`confine`]: the path
+//! may not contain `..`, must resolve (symlinks followed) inside the
+//! allowed directory, must be a regular, non-empty file within Telegram's
+//! 50 MB upload cap. Images (JPEG, PNG, GIF, WebP up to 10 MB) go as
+//! photos, everything else as documents.
+//!
+//! Each sent file is recorded in the store under the message the turn
+//! answers; a turn replayed after a restart finds the record and does not
+//! send the file again. (A crash in the instant between Telegram's answer
+//! and the record can still repeat one file: the record cannot be written
+//! before the send it records.)
+//!
+//! This module must never send a file outside the directory it was given,
+//! and never fail a turn: refusals are texts for the model or the user.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::event::SessionSource;
+use crate::reply::{DeliveryError, LiveReply, Outbound, Reply};
+use crate::store::Store;
+
+use super::{guess_mime, human_size, is_image_mime, TurnFiles, PHOTO_UPLOAD_LIMIT, UPLOAD_LIMIT};
+
+/// One file to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutgoingFile {
+    /// The confined, canonical path.
+    pub path: PathBuf,
+    /// Send it as a photo (else as a document).
+    pub as_photo: bool,
+    /// The caption, if any.
+    pub caption: Option<String>,
+    /// The message it answers (quoted when positive).
+    pub reply_to: Option<i64>,
+}
+
+/// Sends files to a chat (Telegram's sendPhoto/sendDocument; a recorder in
+/// tests).
+pub trait FileSender: Send + Sync + 'static {
+    /// Send `file` to the chat of `to`; the sent message's id.
+    fn send_file<'a>(
+        &'a self,
+        to: &'a SessionSource,
+        file: &'a OutgoingFile,
+    ) -> BoxFuture<'a, Result<i64, DeliveryError>>;
+}
+
+/// Why a file was not sent. The text is shown to the model or the user.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FileRefusal {
+    /// The path climbs out with `..`.
+    #[error("the path {0} contains `..`; give a path inside the workspace")]
+    Climbs(String),
+    /// It resolves outside the allowed directory (directly or by symlink).
+    #[error("{0} is outside the workspace {1}; only files inside it can be sent")]
+    Outside(String, String),
+    /// It does not exist or is no regular file.
+    #[error("{0} is not a file that exists")]
+    Missing(String),
+    /// Empty files cannot be sent.
+    #[error("{0} is empty; Telegram does not send empty files")]
+    Empty(String),
+    /// Above Telegram's upload cap.
+    #[error("{0} is {1}, above Telegram's 50 MB upload limit")]
+    TooBig(String, String),
+    /// Telegram refused or could not be reached.
+    #[error("sending {0} failed: {1}")]
+    Failed(String, String),
+    /// Nothing to send with (no chat transport).
+    #[error("files cannot be sent from here")]
+    Unavailable,
+}
+
+/// The canonical path of `requested` (relative to `root`, or absolute)
+/// if it is a regular file inside `root`, within the limits.
+pub fn confine(root: &Path, requested: &Path) -> Result<(PathBuf, u64), FileRefusal> {
+    let shown = requested.display().to_string();
+    if requested
+        .components()
+        .any(|c| matches!(c, Component::ParentDir))
+    {
+        return Err(FileRefusal::Climbs(shown));
+    }
+    let root = root
+        .canonicalize()
+        .map_err(|_| FileRefusal::Missing(root.display().to_string()))?;
+    let joined = if requested.is_absolute() {
+        requested.to_path_buf()
+    } else {
+        root.join(requested)
+    };
+    let real = joined
+        .canonicalize()
+        .map_err(|_| FileRefusal::Missing(shown.clone()))?;
+    if !real.starts_with(&root) {
+        return Err(FileRefusal::Outside(shown, root.display().to_string()));
+    }
+    let meta = std::fs::metadata(&real).map_err(|_| FileRefusal::Missing(shown.clone()))?;
+    if !meta.is_file() {
+        return Err(FileRefusal::Missing(shown));
+    }
+    if meta.len() == 0 {
+        return Err(FileRefusal::Empty(shown));
+    }
+    if meta.len() > UPLOAD_LIMIT {
+        return Err(FileRefusal::TooBig(shown, human_size(meta.len())));
+    }
+    Ok((real, meta.len()))
+}
+
+/// What came of one send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// Sent now.
+    Sent,
+    /// Sent before (a replayed turn); not sent again.
+    AlreadySent,
+}
+
+/// Sends confined files and keeps the record of what was sent.
+pub struct OutboxFiles {
+    sender: Arc<dyn FileSender>,
+    store: Option<Store>,
+    root: PathBuf,
+}
+
+impl std::fmt::Debug for OutboxFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxFiles")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OutboxFiles {
+    /// Sending through `sender`, recording in `store`; outbox directories
+    /// live under `root` (`<data_dir>/media`).
+    pub fn new(sender: Arc<dyn FileSender>, store: Option<Store>, root: PathBuf) -> OutboxFiles {
+        OutboxFiles {
+            sender,
+            store,
+            root,
+        }
+    }
+
+    /// A fresh, empty outbox directory for the turn answering `answering`
+    /// in `session` (None if it cannot be made).
+    pub async fn outbox_dir(&self, session: &str, answering: Option<i64>) -> Option<PathBuf> {
+        let name = match answering {
+            Some(id) => format!("outbox-{id}"),
+            None => format!("outbox-{}", crate::store::now_ms()),
+        };
+        let dir = self.root.join(super::safe_component(session)).join(name);
+        // A replayed turn starts with an empty outbox: what its first run
+        // left there was either sent (recorded) or is made again.
+        let _ = tokio::fs::remove_dir_all(&dir).await;
+        match tokio::fs::create_dir_all(&dir).await {
+            Ok(()) => Some(dir),
+            Err(error) => {
+                tracing::warn!(%error, "could not create the turn's outbox directory");
+                None
+            }
+        }
+    }
+
+    /// Send `requested` (inside `root`) to the chat of `to`.
+    pub async fn send(
+        &self,
+        to: &SessionSource,
+        answering: Option<i64>,
+        root: &Path,
+        requested: &Path,
+        caption: Option<String>,
+        key_prefix: &str,
+    ) -> Result<SendOutcome, FileRefusal> {
+        let (path, size) = confine(root, requested)?;
+        let key = format!("{key_prefix}{}", path.display());
+        let chat = to.chat_id;
+        if let (Some(store), Some(answering)) = (&self.store, answering) {
+            if store
+                .file_sent(chat, answering, key.clone())
+                .await
+                .unwrap_or(false)
+            {
+                return Ok(SendOutcome::AlreadySent);
+            }
+        }
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let as_photo = is_image_mime(&guess_mime(&name)) && size <= PHOTO_UPLOAD_LIMIT;
+        let file = OutgoingFile {
+            path,
+            as_photo,
+            caption: caption.filter(|c| !c.trim().is_empty()),
+            reply_to: answering,
+        };
+        let message_id = self
+            .sender
+            .send_file(to, &file)
+            .await
+            .map_err(|e| FileRefusal::Failed(name.clone(), e.to_string()))?;
+        if let (Some(store), Some(answering)) = (&self.store, answering) {
+            if let Err(error) = store
+                .record_file_sent(chat, answering, key, message_id)
+                .await
+            {
+                tracing::error!(%error, "could not record a sent file");
+            }
+        }
+        Ok(SendOutcome::Sent)
+    }
+
+    /// Send every regular file in `dir` (by name order); returns the
+    /// refusals as lines for the user.
+    pub async fn send_dir(
+        &self,
+        to: &SessionSource,
+        answering: Option<i64>,
+        dir: &Path,
+    ) -> Vec<String> {
+        let mut names = Vec::new();
+        if let Ok(mut entries) = tokio::fs::read_dir(dir).await {
+            while let Ok(Some(entry)) = entries.next_entry().await {
+                names.push(PathBuf::from(entry.file_name()));
+            }
+        }
+        names.sort();
+        let mut problems = Vec::new();
+        for name in names {
+            if let Err(refusal) = self.send(to, answering, dir, &name, None, "outbox:").await {
+                problems.push(refusal.to_string());
+            }
+        }
+        problems
+    }
+}
+
+/// The turn's live reply, finished first; then the files its program left
+/// in the outbox are sent (after the answer, as promised).
+pub fn files_after_answer(
+    live: Option<Box<dyn LiveReply>>,
+    files: &TurnFiles,
+    outbound: Arc<dyn Outbound>,
+    source: SessionSource,
+) -> Option<Box<dyn LiveReply>> {
+    let (Some(dir), Some(sender)) = (files.outbox.clone(), files.sender.clone()) else {
+        return live;
+    };
+    Some(Box::new(FilesAfter {
+        inner: live,
+        outbound,
+        source,
+        dir,
+        sender,
+        answering: files.answering,
+    }))
+}
+
+struct FilesAfter {
+    inner: Option<Box<dyn LiveReply>>,
+    outbound: Arc<dyn Outbound>,
+    source: SessionSource,
+    dir: PathBuf,
+    sender: Arc<OutboxFiles>,
+    answering: Option<i64>,
+}
+
+impl LiveReply for FilesAfter {
+    fn finish(self: Box<Self>, reply: Reply) -> BoxFuture<'static, Result<(), DeliveryError>> {
+        Box::pin(async move {
+            let this = *self;
+            match this.inner {
+                Some(live) => live.finish(reply).await,
+                None => this.outbound.deliver(&this.source, reply).await,
+            }?;
+            let problems = this
+                .sender
+                .send_dir(&this.source, this.answering, &this.dir)
+                .await;
+            if !problems.is_empty() {
+                let text = format!("📎 Some files were not sent:\n{}", problems.join("\n"));
+                let notice = Reply::notice(text).in_reply_to(this.answering);
+                if let Err(error) = this.outbound.deliver(&this.source, notice).await {
+                    tracing::warn!(%error, "could not report unsent files");
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_confined_to_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("ok.txt"), b"x").unwrap();
+        std::fs::write(root.join("empty.txt"), b"").unwrap();
+        std::fs::write(dir.path().join("secret.txt"), b"s").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret.txt"), root.join("link.txt")).unwrap();
+
+        assert!(confine(&root, Path::new("ok.txt")).is_ok());
+        assert!(confine(&root, &root.join("ok.txt")).is_ok());
+        assert!(matches!(
+            confine(&root, Path::new("../secret.txt")),
+            Err(FileRefusal::Climbs(_))
+        ));
+        assert!(matches!(
+            confine(&root, Path::new("link.txt")),
+            Err(FileRefusal::Outside(..))
+        ));
+        assert!(matches!(
+            confine(&root, &dir.path().join("secret.txt")),
+            Err(FileRefusal::Outside(..))
+        ));
+        assert!(matches!(
+            confine(&root, Path::new("empty.txt")),
+            Err(FileRefusal::Empty(_))
+        ));
+        assert!(matches!(
+            confine(&root, Path::new("nope.txt")),
+            Err(FileRefusal::Missing(_))
+        ));
+        assert!(matches!(
+            confine(&root, Path::new(".")),
+            Err(FileRefusal::Missing(_))
+        ));
+    }
+}

@@ -1,0 +1,148 @@
+//! Speech to text through an OpenAI-compatible transcription endpoint:
+//! `POST <base_url>/audio/transcriptions`, `multipart/form-data` with the
+//! audio as `file` plus `model` (and `language` when configured), answered
+//! with `{"text": "..."}` (`response_format=json`). OpenAI, Groq,
+//! whisper.cpp's server and faster-whisper servers all speak it.
+//!
+//! Errors say what to check without showing response bodies in the chat
+//! (they go to the log, shortened); the API key is never logged.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::TranscriptionConfig;
+
+/// Why a transcription failed. The `Display` text is shown to the user.
+#[derive(Debug, thiserror::Error)]
+pub enum TranscribeError {
+    /// The endpoint could not be reached or answered with an error.
+    #[error("the transcription service failed ({0}); check media.transcription")]
+    Service(String),
+    /// The audio file could not be read.
+    #[error("the audio could not be read ({0})")]
+    Io(String),
+}
+
+/// A client for the configured endpoint.
+#[derive(Clone)]
+pub struct Transcriber {
+    config: TranscriptionConfig,
+    client: reqwest::Client,
+    api_key: Option<String>,
+}
+
+impl std::fmt::Debug for Transcriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transcriber")
+            .field("base_url", &self.config.base_url)
+            .field("model", &self.config.model)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Transcriber {
+    /// A client for `config`, the key read from its `api_key_env`.
+    pub fn new(config: TranscriptionConfig) -> Result<Transcriber, String> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(20))
+            .timeout(Duration::from_secs(config.timeout_secs.max(1)))
+            .build()
+            .map_err(|e| format!("cannot set up the transcription client: {e}"))?;
+        let api_key = config
+            .api_key_env
+            .as_deref()
+            .and_then(|name| std::env::var(name).ok())
+            .filter(|k| !k.trim().is_empty());
+        Ok(Transcriber {
+            config,
+            client,
+            api_key,
+        })
+    }
+
+    /// Whether the transcript is also shown in the chat.
+    pub fn echo(&self) -> bool {
+        self.config.echo_transcript
+    }
+
+    fn endpoint(&self) -> String {
+        format!(
+            "{}/audio/transcriptions",
+            self.config.base_url.trim_end_matches('/')
+        )
+    }
+
+    /// Transcribe the audio at `path` (named `file_name`, of type `mime`).
+    pub async fn transcribe(
+        &self,
+        path: &Path,
+        file_name: &str,
+        mime: &str,
+    ) -> Result<String, TranscribeError> {
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|e| TranscribeError::Io(e.to_string()))?;
+        let part = reqwest::multipart::Part::bytes(bytes)
+            .file_name(file_name.to_string())
+            .mime_str(mime)
+            .or_else(|_| {
+                reqwest::multipart::Part::bytes(Vec::new()).mime_str("application/octet-stream")
+            })
+            .map_err(|e| TranscribeError::Io(e.to_string()))?;
+        let mut form = reqwest::multipart::Form::new()
+            .part("file", part)
+            .text("model", self.config.model.clone())
+            .text("response_format", "json");
+        if let Some(language) = &self.config.language {
+            form = form.text("language", language.clone());
+        }
+        let mut request = self.client.post(self.endpoint()).multipart(form);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.map_err(|e| {
+            TranscribeError::Service(if e.is_timeout() {
+                "timed out".into()
+            } else {
+                "could not connect".into()
+            })
+        })?;
+        let status = response.status();
+        let body = response
+            .text()
+            .await
+            .map_err(|_| TranscribeError::Service("the answer could not be read".into()))?;
+        if !status.is_success() {
+            tracing::warn!(status = status.as_u16(), body = %body.chars().take(300).collect::<String>(), "transcription failed");
+            return Err(TranscribeError::Service(format!(
+                "HTTP {}",
+                status.as_u16()
+            )));
+        }
+        parse_answer(&body)
+    }
+}
+
+/// `{"text": "..."}` (json), or the plain text a `text` format server sends.
+fn parse_answer(body: &str) -> Result<String, TranscribeError> {
+    match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(value) => value
+            .get("text")
+            .and_then(serde_json::Value::as_str)
+            .map(|t| t.trim().to_string())
+            .ok_or_else(|| TranscribeError::Service("the answer had no text".into())),
+        Err(_) => Ok(body.trim().to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_as_json_or_plain_text() {
+        assert_eq!(parse_answer(r#"{"text":" hello "}"#).unwrap(), "hello");
+        assert_eq!(parse_answer("plain words\n").unwrap(), "plain words");
+        assert!(parse_answer(r#"{"error":"x"}"#).is_err());
+    }
+}
