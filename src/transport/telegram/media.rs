@@ -58,13 +58,25 @@ impl IntakeMedia {
         self.aliases.add(chat, first, &album.media.merged);
         let key = engine.adapter.session_key(&album.source);
         let session = engine.runner.resolve_session(&key).await;
-        let dir = self.stage.session_dir(session.as_str());
         let merged = album.media.merged.clone();
         let reply_to = album.message_id;
         let target = ChatTarget::of(&album.source);
-        let prepared = tokio::select! {
-            _ = self.stop.cancelled() => return (None, rest),
-            prepared = self.stage.prepare(album, &dir) => prepared,
+        let prepared = match session {
+            Ok(session) => {
+                let dir = self.stage.session_dir(session.as_str());
+                tokio::select! {
+                    _ = self.stop.cancelled() => return (None, rest),
+                    prepared = self.stage.prepare(album, &dir) => prepared,
+                }
+            }
+            Err(unavailable) => {
+                tracing::error!(error = %unavailable.0, "no session to keep a file in");
+                Err(crate::media::prepare::Refusal(
+                    "telegate cannot store files right now (its database is unavailable); \
+                     please send it again in a moment."
+                        .to_string(),
+                ))
+            }
         };
         match prepared {
             Ok(prepared) => {
