@@ -365,10 +365,7 @@ fn check_config_catches_the_store_and_approver_keys() {
             "inbox_retention_days",
         ),
         ("[store]\nsynchronous = \"off\"\n", "unknown variant `off`"),
-        (
-            "[store]\ninbox_retention_days = -1\n",
-            "inbox_retention_days",
-        ),
+        ("[store]\ninbox_retention_days = -1\n", "bot.toml:5"),
     ] {
         let (ok, out) = check(&format!("{base}{bad}"));
         assert!(!ok, "{bad:?} passed: {out}");

@@ -597,7 +597,7 @@ impl ApprovalGate {
     pub fn answer_ticket(&self, key: &SessionKey, ticket: &str, approve: bool) -> Option<String> {
         let pending = {
             let mut pending = self.pending();
-            if !pending.get(key).is_some_and(|p| p.ticket == ticket) {
+            if pending.get(key).is_none_or(|p| p.ticket != ticket) {
                 return None;
             }
             pending.remove(key)?
