@@ -62,10 +62,18 @@ fn sent_ok(fake: &FakeBotApi, needle: &str) -> bool {
     })
 }
 
+/// A finished reply (not a live preview, which shows tool lines) in the
+/// chat contains `needle`. Final replies may be edits of the preview.
+fn answered(fake: &FakeBotApi, needle: &str) -> bool {
+    fake.sent_texts(USER)
+        .iter()
+        .any(|t| t.contains(needle) && !t.contains("🔧"))
+}
+
 async fn say_and_wait(fake: &FakeBotApi, text: &str, needle: &str) {
     fake.push_text(USER, USER, text);
     assert!(
-        fake.wait_for(|_| sent_ok(fake, needle), WAIT).await,
+        fake.wait_for(|_| answered(fake, needle), WAIT).await,
         "no reply containing {needle:?} to {text:?}; sent: {:?}",
         fake.sent_texts(USER)
     );
@@ -318,7 +326,30 @@ async fn codex_threads_continue_and_an_unknown_thread_starts_fresh() {
     .await
     .unwrap();
     say_and_wait(&fake, "one", "Codex answer 1 in codex-thread-1").await;
-    say_and_wait(&fake, "two", "Codex answer 2 in codex-thread-1").await;
+    // Tool lines of Codex items reach the chat's live preview.
+    fake.push_text(USER, USER, "slow two");
+    let shows_tool = |calls: &[support::fake_bot::RecordedCall]| {
+        calls.iter().any(|c| {
+            c.outcome.is_ok()
+                && c.text()
+                    .is_some_and(|t| t.contains("🔧 Shell: bash -lc ls"))
+        })
+    };
+    assert!(fake.wait_for(shows_tool, WAIT).await, "{:?}", fake.calls());
+    std::fs::write(agent_dir.path().join("release"), "").unwrap();
+    // The final answer replaces the preview in place.
+    let answered = |calls: &[support::fake_bot::RecordedCall]| {
+        calls.iter().any(|c| {
+            c.outcome.is_ok()
+                && c.text()
+                    .is_some_and(|t| t.trim() == "Codex answer 2 in codex-thread-1")
+        })
+    };
+    assert!(
+        fake.wait_for(answered, WAIT).await,
+        "{:?}",
+        fake.sent_texts(USER)
+    );
     std::fs::remove_file(agent_dir.path().join("threads/codex-thread-1")).unwrap();
     say_and_wait(&fake, "three", "Codex answer 1 in codex-thread-2").await;
     assert_eq!(count_sent(&fake, "could not be resumed"), 1);
@@ -333,14 +364,6 @@ async fn codex_threads_continue_and_an_unknown_thread_starts_fresh() {
             "exec --json --skip-git-repo-check --model gpt-test --sandbox workspace-write -",
         ]
     );
-    // Tool lines of Codex items reached the chat's preview.
-    assert!(
-        fake.calls().iter().any(|c| c
-            .text()
-            .is_some_and(|t| t.contains("🔧 Shell: bash -lc ls"))),
-        "{:?}",
-        fake.calls()
-    );
     say_and_wait(&fake, "/status", "Agent usage").await;
     let status = fake
         .sent_texts(USER)
@@ -348,7 +371,7 @@ async fn codex_threads_continue_and_an_unknown_thread_starts_fresh() {
         .rfind(|t| t.contains("Agent usage"))
         .unwrap();
     assert!(
-        status.contains("this session 1 turn, 1.0k tokens in (800 cached), 50 out"),
+        status.contains("this session 3 turns, 3.0k tokens in (2.4k cached), 150 out"),
         "{status}"
     );
     bot.shutdown().await;
