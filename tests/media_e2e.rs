@@ -440,14 +440,12 @@ async fn send_file_delivers_workspace_files_and_refuses_escapes() {
         results.iter().any(|r| r.contains("contains `..`")),
         "{results:?}"
     );
-    assert!(
-        results
-            .iter()
-            .filter(|r| r.contains("is outside the workspace"))
-            .count()
-            == 2,
-        "{results:?}"
-    );
+    for escaped in [
+        "link.txt is outside the workspace",
+        "/etc/passwd is outside the workspace",
+    ] {
+        assert!(results.iter().any(|r| r.contains(escaped)), "{results:?}");
+    }
     assert_eq!(fake.files().uploads().len(), 2, "nothing more was sent");
     bot.shutdown().await;
 }
@@ -469,7 +467,10 @@ async fn files_left_in_the_outbox_are_sent_after_the_answer() {
     fake.push_text(USER, USER, "write notes");
     assert!(
         fake.wait_for(|_| !fake.files().uploads().is_empty(), WAIT)
-            .await
+            .await,
+        "{:?} {:?}",
+        fake.calls_to("sendDocument"),
+        fake.sent_texts(USER)
     );
     let uploads = fake.files().uploads();
     assert_eq!(uploads.len(), 1);

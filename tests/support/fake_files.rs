@@ -197,6 +197,13 @@ impl FakeFiles {
             400,
             format!("Bad Request: there is no {field} in the request"),
         ))?;
+        // `attach://<name>`: the file is the multipart part of that name.
+        let part = match part.as_str().and_then(|p| p.strip_prefix("attach://")) {
+            Some(name) => body
+                .get(name)
+                .ok_or((400, format!("Bad Request: wrong {field} file")))?,
+            None => part,
+        };
         let bytes = part
             .get("data_b64")
             .and_then(Value::as_str)
