@@ -291,7 +291,7 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
         secret_env_names(&config.agent),
         sender,
     )?);
-    let key = openai.api_key_from_env();
+    let key = openai.api_key();
     let agent = OpenAiAgent::new(openai, key, tool.clone())?;
     Ok(AgentSetup {
         agent: Arc::new(agent),
@@ -319,7 +319,7 @@ pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
                 .openai
                 .clone()
                 .ok_or("agent.backend = \"openai\" needs [agent.openai]")?;
-            let key = openai.api_key_from_env();
+            let key = openai.api_key();
             Arc::new(OpenAiAgent::new(openai, key, Arc::new(NoTools))?)
         }
     })

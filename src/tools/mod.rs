@@ -37,9 +37,11 @@
 //! * [`procgroup`]: process groups, shared with the command backend.
 
 pub mod approval;
+pub mod childenv;
 pub mod events;
 pub mod process;
 pub mod procgroup;
+pub mod runas;
 pub mod terminal;
 pub mod wakeup;
 
