@@ -209,8 +209,12 @@ pub struct WebhookConfig {
     /// The public HTTPS URL Telegram posts to (ends with the path).
     pub public_url: String,
     /// The secret Telegram sends in `X-Telegram-Bot-Api-Secret-Token`.
-    /// Required (or set `TELEGRAM_WEBHOOK_SECRET`).
+    /// Required (or `secret_token_file`, the systemd credential
+    /// `telegram_webhook_secret`, or `TELEGRAM_WEBHOOK_SECRET`).
     pub secret_token: Option<Secret>,
+    /// A file holding the webhook secret (instead of `secret_token`).
+    #[serde(default)]
+    pub secret_token_file: Option<PathBuf>,
     /// Simultaneous HTTPS connections Telegram may open (1-100).
     #[serde(default = "default_webhook_max_connections")]
     pub max_connections: u8,
@@ -235,8 +239,12 @@ pub enum UpdateMode {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TelegramConfig {
-    /// The bot token (or set `TELEGRAM_BOT_TOKEN`).
+    /// The bot token (or `token_file`, the systemd credential
+    /// `telegram_bot_token`, or `TELEGRAM_BOT_TOKEN`).
     pub token: Option<Secret>,
+    /// A file holding the bot token (instead of `token`).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
     /// The Bot API root URL.
     #[serde(default = "default_api_url")]
     pub api_url: String,
@@ -267,6 +275,7 @@ impl Default for TelegramConfig {
     fn default() -> Self {
         TelegramConfig {
             token: None,
+            token_file: None,
             api_url: default_api_url(),
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
@@ -546,16 +555,12 @@ impl Config {
                 message: one_line(error.message()),
             }
         })?;
-        if config.telegram.token.is_none() {
-            config.telegram.token = env(TOKEN_ENV).filter(|t| !t.trim().is_empty()).map(Secret);
-        }
-        if let Some(webhook) = config.telegram.webhook.as_mut() {
-            if webhook.secret_token.is_none() {
-                webhook.secret_token = env(WEBHOOK_SECRET_ENV)
-                    .filter(|t| !t.trim().is_empty())
-                    .map(Secret);
-            }
-        }
+        config
+            .resolve_secrets(&env)
+            .map_err(|message| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message,
+            })?;
         config.source = crate::zero_config::ConfigSource::File(path.to_path_buf());
         config.validate(path, purpose)?;
         Ok(config)
@@ -578,6 +583,23 @@ impl Config {
             path: path.to_path_buf(),
             message,
         };
+        crate::config_checks::check_durations(self).map_err(invalid)?;
+        self.check_secret_formats().map_err(invalid)?;
+        let secret_names = self.secret_env_names();
+        crate::config_checks::check_pass_env(
+            "tools.terminal.pass_env",
+            &self.tools.terminal.pass_env,
+            &secret_names,
+        )
+        .map_err(invalid)?;
+        if let Some(command) = &self.agent.command {
+            crate::config_checks::check_pass_env(
+                "agent.command.pass_env",
+                &command.pass_env,
+                &secret_names,
+            )
+            .map_err(invalid)?;
+        }
         if self.sessions.max_pending == 0 {
             return Err(invalid(
                 "sessions.max_pending must be at least 1".to_string(),
@@ -634,12 +656,8 @@ impl Config {
                     "telegram.token is missing: set it in the file or in the {TOKEN_ENV} environment variable"
                 )));
             }
-            if let Err(e) = url::Url::parse(&telegram.api_url) {
-                return Err(invalid(format!(
-                    "telegram.api_url {:?} is not a URL: {e}",
-                    telegram.api_url
-                )));
-            }
+            crate::config_checks::check_http_url("telegram.api_url", &telegram.api_url)
+                .map_err(invalid)?;
             if telegram.mode == UpdateMode::Webhook {
                 let Some(webhook) = &telegram.webhook else {
                     return Err(invalid(
@@ -878,5 +896,82 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.telegram.token.unwrap().expose(), "1:ENV");
+    }
+}
+
+impl Config {
+    /// Fill the bot token, the webhook secret and the LLM API key from their
+    /// sources (see [`crate::secrets::SecretSources`]).
+    fn resolve_secrets(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+        use crate::secrets::{
+            SecretSources, API_KEY_CREDENTIAL, TOKEN_CREDENTIAL, WEBHOOK_SECRET_CREDENTIAL,
+        };
+        let telegram = &mut self.telegram;
+        telegram.token = SecretSources {
+            key: "telegram.token",
+            inline: telegram.token.take(),
+            file_key: "telegram.token_file",
+            file: telegram.token_file.as_deref(),
+            credential: TOKEN_CREDENTIAL,
+            env_var: TOKEN_ENV,
+        }
+        .resolve(env)?;
+        if let Some(webhook) = telegram.webhook.as_mut() {
+            webhook.secret_token = SecretSources {
+                key: "telegram.webhook.secret_token",
+                inline: webhook.secret_token.take(),
+                file_key: "telegram.webhook.secret_token_file",
+                file: webhook.secret_token_file.as_deref(),
+                credential: WEBHOOK_SECRET_CREDENTIAL,
+                env_var: WEBHOOK_SECRET_ENV,
+            }
+            .resolve(env)?;
+        }
+        if let Some(openai) = self.agent.openai.as_mut() {
+            let key = SecretSources {
+                key: "agent.openai.api_key_env",
+                inline: None,
+                file_key: "agent.openai.api_key_file",
+                file: openai.api_key_file.as_deref(),
+                credential: API_KEY_CREDENTIAL,
+                env_var: &openai.api_key_env,
+            }
+            .resolve(env)?;
+            openai.set_api_key(key);
+        }
+        Ok(())
+    }
+
+    /// Secrets that are present must be well formed, whatever the purpose.
+    fn check_secret_formats(&self) -> Result<(), String> {
+        if let Some(token) = &self.telegram.token {
+            crate::config_checks::check_token("telegram.token", token)?;
+        }
+        if let Some(secret) = self
+            .telegram
+            .webhook
+            .as_ref()
+            .and_then(|w| w.secret_token.as_ref())
+        {
+            crate::config_checks::check_webhook_secret("telegram.webhook.secret_token", secret)?;
+        }
+        Ok(())
+    }
+
+    /// Every environment variable that may hold one of telegate's secrets:
+    /// scrubbed from telegate's own environment at start and never passed
+    /// to a child.
+    pub fn secret_env_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = [TOKEN_ENV, WEBHOOK_SECRET_ENV]
+            .iter()
+            .chain(crate::agent::command::ALWAYS_STRIPPED_ENV)
+            .map(|name| name.to_string())
+            .collect();
+        if let Some(openai) = &self.agent.openai {
+            names.push(openai.api_key_env.clone());
+        }
+        names.sort();
+        names.dedup();
+        names
     }
 }

@@ -304,7 +304,7 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
         secret_env_names(&config.agent),
         sender,
     )?);
-    let key = openai.api_key_from_env();
+    let key = openai.api_key();
     let workspace = terminal
         .workdir
         .clone()
@@ -337,7 +337,7 @@ pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
                 .openai
                 .clone()
                 .ok_or("agent.backend = \"openai\" needs [agent.openai]")?;
-            let key = openai.api_key_from_env();
+            let key = openai.api_key();
             Arc::new(OpenAiAgent::new(openai, key, Arc::new(NoTools))?)
         }
     })

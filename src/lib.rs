@@ -22,6 +22,7 @@
 pub mod adapter;
 pub mod agent;
 pub mod config;
+pub mod config_checks;
 pub mod delivery;
 pub mod engine;
 pub mod event;
@@ -33,6 +34,7 @@ mod memory;
 pub mod metrics;
 pub mod reply;
 pub mod runner;
+pub mod secrets;
 pub mod store;
 pub mod systemd;
 pub mod tools;

@@ -110,8 +110,18 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
+    // Before any thread exists: secrets out of the environment block, no
+    // dumping, no capabilities that reach into our memory (see secrets.rs).
+    let hardening = telegate::secrets::harden_process(&config.secret_env_names());
     init_logging(&config);
     tracing::info!("{}", config.source.describe(&config));
+    if !hardening.undumpable || !hardening.problems.is_empty() {
+        tracing::warn!(
+            undumpable = hardening.undumpable,
+            problems = ?hardening.problems,
+            "could not fully protect telegate's memory from its child processes"
+        );
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -131,8 +141,24 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", error_chain(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: many errors
+/// repeat their source's text in their own message, and printing the chain
+/// naively would show it again for every level.
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        let text = text.trim();
+        if text.is_empty() || parts.iter().any(|shown| shown.contains(text)) {
+            continue;
+        }
+        parts.push(text.to_string());
+    }
+    parts.join(": ")
 }

@@ -240,15 +240,19 @@ async fn llm_failures_reach_the_user_as_one_clear_message() {
         fake.wait_for(|_| sent_ok(&fake, USER, "rejected the API key"), WAIT)
             .await
     );
-    llm.push(Script::ErrorEvent("model overloaded".into()));
+    llm.push(Script::ErrorEvent(
+        "model overloaded (request by acct-7731)".into(),
+    ));
     fake.push_text(USER, USER, "two");
     assert!(
-        fake.wait_for(|_| sent_ok(&fake, USER, "model overloaded"), WAIT)
+        fake.wait_for(|_| sent_ok(&fake, USER, "overloaded right now"), WAIT)
             .await
     );
     let texts = fake.sent_texts(USER);
     assert!(
-        texts.iter().all(|t| !t.contains("sk-123")),
+        texts
+            .iter()
+            .all(|t| !t.contains("sk-123") && !t.contains("acct-7731")),
         "no secret echoed: {texts:?}"
     );
     assert!(texts.iter().filter(|t| t.contains("/reset")).count() >= 2);

@@ -217,6 +217,11 @@ async fn the_environment_is_scrubbed_and_extended() {
     let mut config = sh(&path, &[]);
     config.workdir = Some(dir.path().to_path_buf());
     config.remove_env = vec!["TELEGATE_TEST_STRIP_REMOVED".to_string()];
+    // Only listed names pass besides the minimal set (PATH, HOME, …).
+    config.pass_env = vec![
+        "TELEGATE_TEST_STRIP_KEPT".to_string(),
+        "TELEGATE_TEST_STRIP_REMOVED".to_string(),
+    ];
     config
         .env
         .insert("TELEGATE_TEST_STRIP_EXTRA".to_string(), "extra".to_string());

@@ -389,11 +389,15 @@ async fn cancelling_during_a_tool_returns_promptly() {
 // --- errors ---
 
 #[tokio::test]
-async fn an_error_event_mid_stream_is_a_backend_error_with_the_provider_message() {
+async fn an_error_event_mid_stream_is_a_classified_backend_error_without_the_providers_words() {
     let fake = FakeOpenAi::start().await;
-    fake.push(Script::ErrorEvent("The model is overloaded".into()));
+    fake.push(Script::ErrorEvent(
+        "Server overloaded for org-Secret123 (key sk-abcdefghijkl)".into(),
+    ));
     let message = user_message(run(&agent(&fake), turn("hi", Vec::new())).await);
-    assert!(message.contains("The model is overloaded"), "{message}");
+    assert!(message.contains("overloaded right now"), "{message}");
+    assert!(!message.contains("org-Secret123"), "{message}");
+    assert!(!message.contains("sk-abcdefghijkl"), "{message}");
 }
 
 #[tokio::test]

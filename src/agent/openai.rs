@@ -91,6 +91,13 @@ pub struct OpenAiConfig {
     /// for local servers: the request then goes out without authorization.
     #[serde(default = "default_api_key_env")]
     pub api_key_env: String,
+    /// A file holding the API key (wins over the systemd credential
+    /// `openai_api_key` and over `api_key_env`).
+    #[serde(default)]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// The key as resolved when the config was loaded (never deserialized).
+    #[serde(skip)]
+    pub resolved_api_key: Option<Secret>,
     /// The system prompt, sent first in every request (never trimmed).
     #[serde(default)]
     pub system_prompt: Option<String>,
@@ -146,6 +153,8 @@ impl OpenAiConfig {
             base_url: base_url.into(),
             model: model.into(),
             api_key_env: default_api_key_env(),
+            api_key_file: None,
+            resolved_api_key: None,
             system_prompt: None,
             temperature: None,
             max_tokens: None,
@@ -200,6 +209,20 @@ impl OpenAiConfig {
         env(&self.api_key_env)
             .filter(|key| !key.trim().is_empty())
             .map(Secret::new)
+    }
+
+    /// Record the key resolved at config load (file, credential or
+    /// environment; see `crate::secrets`).
+    pub fn set_api_key(&mut self, key: Option<Secret>) {
+        self.resolved_api_key = key;
+    }
+
+    /// The key resolved at config load, else the one in `api_key_env` now
+    /// (for configs built in code).
+    pub fn api_key(&self) -> Option<Secret> {
+        self.resolved_api_key
+            .clone()
+            .or_else(|| self.api_key_from_env())
     }
 
     /// The API key from the process environment (see [`Self::api_key_from`]).
@@ -1122,6 +1145,9 @@ fn excerpt(text: &str, max: usize) -> String {
 
 impl OpenAiAgent {
     fn backend_error(&self, user_message: String, detail: String) -> AgentError {
+        // Provider bodies can quote the key or other credentials.
+        let key = self.api_key.as_ref().map(Secret::expose);
+        let detail = crate::secrets::redact(&detail, key.as_slice());
         tracing::warn!(base_url = %self.shown_base_url, %detail, "LLM request failed");
         AgentError::Backend {
             user_message,
@@ -1156,7 +1182,10 @@ impl OpenAiAgent {
 
     fn provider_error(&self, message: &str) -> AgentError {
         self.backend_error(
-            format!("The LLM provider reported an error: {message}"),
+            format!(
+                "The LLM provider reported an error: {}",
+                classify_provider_message(message)
+            ),
             format!("error event from the provider: {message}"),
         )
     }
@@ -1202,10 +1231,12 @@ fn http_error_message(
     key_set: bool,
     base_url: &str,
 ) -> String {
-    // The provider's words are added only where they help and are safe: 401
-    // messages can quote part of the key.
+    // The provider's own words never reach the chat (they can quote keys,
+    // prompts or account details); only their class does. They are logged.
     let provider_suffix = |message: Option<&str>| match message {
-        Some(message) if !message.trim().is_empty() => format!(" The provider says: {message}"),
+        Some(message) if !message.trim().is_empty() => {
+            format!(" {}", classify_provider_message(message))
+        }
         _ => String::new(),
     };
     match status {
@@ -1221,10 +1252,8 @@ fn http_error_message(
              agent.openai.model, and that agent.openai.base_url is the API root (often ending in /v1).",
             config.model
         ),
-        429 => format!(
-            "The LLM provider is rate limiting us or the quota is used up (HTTP 429). Try again later.{}",
-            provider_suffix(provider_message)
-        ),
+        429 => "The LLM provider is rate limiting us or the quota is used up (HTTP 429). Try again later."
+            .to_string(),
         500..=599 => format!(
             "The LLM provider had an internal error (HTTP {status}). Try again in a moment."
         ),
@@ -1233,6 +1262,32 @@ fn http_error_message(
             provider_suffix(provider_message)
         ),
         _ => format!("The LLM provider answered with an unexpected HTTP {status}."),
+    }
+}
+
+/// What a provider's error message is about, in one short sentence of our
+/// own: the chat never sees the provider's text itself.
+fn classify_provider_message(message: &str) -> &'static str {
+    let lower = message.to_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| lower.contains(w));
+    if has(&[
+        "context length",
+        "context_length",
+        "maximum context",
+        "too long",
+        "too many tokens",
+    ]) {
+        "The conversation is too long for the model: send /reset to start fresh."
+    } else if has(&["overload", "capacity", "unavailable", "busy"]) {
+        "The model is overloaded right now. Try again in a moment."
+    } else if has(&["quota", "billing", "insufficient", "credit"]) {
+        "The account's quota or credit is used up."
+    } else if has(&["rate limit", "rate_limit", "too many requests"]) {
+        "Too many requests: try again in a moment."
+    } else if has(&["content", "policy", "safety", "moderation"]) {
+        "The request was refused by the provider's content policy."
+    } else {
+        "Details are in telegate's log."
     }
 }
 
@@ -1801,10 +1856,15 @@ mod tests {
         assert!(http_error_message(403, None, &config, false, "u").contains("(it is not set)"));
         let not_found = message(404, None);
         assert!(not_found.contains("\"gpt-x\"") && not_found.contains("http://h/v1"));
-        assert!(message(429, Some("quota exceeded")).contains("quota exceeded"));
+        assert!(message(429, Some("quota exceeded sk-1234567890")).contains("quota"));
+        assert!(!message(429, Some("quota exceeded sk-1234567890")).contains("sk-"));
         assert!(message(503, Some("boom")).contains("HTTP 503"));
         assert!(!message(503, Some("boom")).contains("boom"));
-        assert!(message(400, Some("context too long")).contains("context too long"));
+        let too_long = message(400, Some("context too long for acct 42"));
+        assert!(too_long.contains("too long for the model"), "{too_long}");
+        assert!(!too_long.contains("acct 42"), "{too_long}");
+        let other = message(400, Some("weird thing about org-secret"));
+        assert!(!other.contains("org-secret"), "{other}");
     }
 
     #[test]

@@ -42,9 +42,11 @@
 pub mod approval;
 pub mod approval_prompt;
 pub mod authority;
+pub mod childenv;
 pub mod events;
 pub mod process;
 pub mod procgroup;
+pub mod runas;
 pub mod send_file;
 pub mod terminal;
 pub mod wakeup;

@@ -412,6 +412,11 @@ pub struct RegistryConfig {
     pub workdir: Option<PathBuf>,
     /// Environment variables removed for every process (secrets).
     pub stripped_env: BTreeSet<String>,
+    /// The rest of the environment: what passes besides the default
+    /// allowlist, and what is set (see [`super::childenv`]).
+    pub child_env: super::childenv::ChildEnv,
+    /// Run every process as this user (telegate is root).
+    pub run_as: Option<super::runas::RunAs>,
     /// Output bytes kept per process.
     pub output_cap_bytes: usize,
     /// Background processes that may run per chat.
@@ -432,6 +437,8 @@ impl Default for RegistryConfig {
                 .iter()
                 .map(|name| name.to_string())
                 .collect(),
+            child_env: super::childenv::ChildEnv::default(),
+            run_as: None,
             output_cap_bytes: 64 * 1024,
             max_background_per_chat: 4,
             max_background_total: 16,
@@ -807,7 +814,8 @@ impl ProcessRegistry {
         Ok(())
     }
 
-    /// `sh -c <command>`: own group, configured directory, secrets removed.
+    /// `sh -c <command>`: own group, configured directory, minimal
+    /// environment without secrets.
     fn command(&self, spec: &SpawnSpec) -> Command {
         let mut command = Command::new("sh");
         command
@@ -821,8 +829,17 @@ impl ProcessRegistry {
         if let Some(dir) = &self.inner.config.workdir {
             command.current_dir(dir);
         }
-        for name in &self.inner.config.stripped_env {
-            command.env_remove(name);
+        let mut env = self.inner.config.child_env.clone();
+        env.blocked
+            .extend(self.inner.config.stripped_env.iter().cloned());
+        env.apply(&mut command);
+        if let Some(user) = &self.inner.config.run_as {
+            command
+                .uid(user.uid)
+                .gid(user.gid)
+                .env("HOME", &user.home)
+                .env("USER", &user.name)
+                .env("LOGNAME", &user.name);
         }
         if let Some(owner) = &spec.owner {
             if let Some(session) = owner.known_spawn_session() {

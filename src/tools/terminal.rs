@@ -87,6 +87,18 @@ pub struct TerminalConfig {
     /// Seconds an approval request waits before it counts as denied.
     #[serde(default = "default_approval_timeout_secs")]
     pub approval_timeout_secs: u64,
+    /// More variables passed from telegate's environment to commands,
+    /// besides PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*,
+    /// TERM, TZ and TMPDIR (secrets never pass).
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Variables set for every command.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Run every command as this user (name or uid); telegate must start
+    /// as root. See SECURITY.md.
+    #[serde(default)]
+    pub run_as: Option<String>,
 }
 
 fn default_timeout_secs() -> u64 {
@@ -118,6 +130,9 @@ impl Default for TerminalConfig {
             max_background: default_max_background(),
             max_background_total: default_max_background_total(),
             approval_timeout_secs: default_approval_timeout_secs(),
+            pass_env: Vec::new(),
+            env: std::collections::BTreeMap::new(),
+            run_as: None,
         }
     }
 }
@@ -163,6 +178,16 @@ impl TerminalConfig {
                 ));
             }
         }
+        for (name, value) in &self.env {
+            if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+                return Err(format!(
+                    "tools.terminal.env: {name:?} is not a valid variable (empty, '=' or a NUL byte)"
+                ));
+            }
+        }
+        if let Some(user) = &self.run_as {
+            super::runas::RunAs::resolve(user)?;
+        }
         Ok(())
     }
 
@@ -203,7 +228,17 @@ impl TerminalTool {
         let registry = ProcessRegistry::new(
             RegistryConfig {
                 workdir: config.workdir.clone(),
+                child_env: super::childenv::ChildEnv {
+                    pass: config.pass_env.iter().cloned().collect(),
+                    set: config.env.clone(),
+                    blocked: stripped_env.clone(),
+                },
                 stripped_env,
+                run_as: config
+                    .run_as
+                    .as_deref()
+                    .map(super::runas::RunAs::resolve)
+                    .transpose()?,
                 output_cap_bytes: config.output_cap_bytes,
                 max_background_per_chat: config.max_background,
                 max_background_total: config.max_background_total,

@@ -86,6 +86,11 @@ pub struct CommandConfig {
     /// API keys, which are always removed.
     #[serde(default)]
     pub remove_env: Vec<String>,
+    /// Variables passed from telegate's environment besides PATH, HOME,
+    /// USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TERM, TZ and TMPDIR (the
+    /// program gets nothing else; secrets never pass).
+    #[serde(default)]
+    pub pass_env: Vec<String>,
     /// Stop the program after this many seconds (0: no limit; the stall
     /// watchdog still stops a program that shows no output for too long).
     #[serde(default)]
@@ -141,6 +146,7 @@ impl CommandConfig {
             workdir: None,
             env: BTreeMap::new(),
             remove_env: Vec::new(),
+            pass_env: Vec::new(),
             timeout_secs: 0,
             output_cap_bytes: default_output_cap_bytes(),
             kill_grace_ms: default_kill_grace_ms(),

@@ -218,11 +218,13 @@ impl CommandAgent {
         if let Some(dir) = &launch.workdir {
             command.current_dir(dir);
         }
-        for name in &self.stripped_env {
-            command.env_remove(name);
+        crate::tools::childenv::ChildEnv {
+            pass: self.config.pass_env.iter().cloned().collect(),
+            set: self.config.env.clone(),
+            blocked: self.stripped_env.clone(),
         }
+        .apply(&mut command);
         command
-            .envs(&self.config.env)
             .env(SESSION_ID_ENV, turn.session_id.as_str())
             .env(CHAT_ID_ENV, turn.source.chat_id.to_string());
         crate::media::command_files::apply_env(&mut command);

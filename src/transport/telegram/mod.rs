@@ -82,6 +82,9 @@ pub struct TelegramBot {
     stop_intake: CancellationToken,
     intake_task: JoinHandle<()>,
     shutdown_grace: Duration,
+    /// Cancelled when Telegram keeps refusing the token (polling): the bot
+    /// cannot work and `run` exits with an error.
+    pub token_rejected: CancellationToken,
 }
 
 /// Register the command menu, only when it differs from what Telegram has.
@@ -219,6 +222,8 @@ impl TelegramBot {
             );
         }
 
+        let stop_intake = CancellationToken::new();
+        let token_rejected = CancellationToken::new();
         let updates_health = UpdatesHealth::default();
         let metrics_addr = match config.metrics.listen_addr().map_err(StartError::Config)? {
             Some(listen) => {
@@ -251,6 +256,7 @@ impl TelegramBot {
                     intake,
                     updates_health,
                     stop_intake.clone(),
+                    token_rejected.clone(),
                 ));
                 (task, None)
             }
@@ -302,6 +308,7 @@ impl TelegramBot {
             stop_intake,
             intake_task,
             shutdown_grace: Duration::from_secs(config.sessions.shutdown_grace_secs),
+            token_rejected,
         })
     }
 
@@ -414,12 +421,24 @@ pub async fn run_with(config: &Config, standby: bool) -> anyhow::Result<()> {
         .context("the bot could not start")?;
     crate::systemd::ready();
     let watchdog = crate::systemd::spawn_watchdog(bot.store.clone(), stop.clone());
-    stop.cancelled().await;
+    let token_rejected = bot.token_rejected.clone();
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = token_rejected.cancelled() => {}
+    }
     crate::systemd::stopping();
     if let Some(watchdog) = watchdog {
-        let _ = watchdog.await;
+        // It ends on `stop`; after a rejected token `stop` never comes.
+        watchdog.abort();
     }
     bot.shutdown().await;
+    if token_rejected.is_cancelled() {
+        anyhow::bail!(
+            "the bot token was rejected by Telegram (401 Unauthorized, {} times in a row): \
+             it was revoked or is wrong; get the current one from @BotFather",
+            polling::UNAUTHORIZED_LIMIT
+        );
+    }
     tracing::info!("stopped cleanly");
     Ok(())
 }

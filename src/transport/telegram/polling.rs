@@ -39,11 +39,24 @@ const POLL_TIMEOUT_SECS: u32 = 10;
 const CLIENT_TIMEOUT_SECS: u32 = 17;
 const _: () = assert!(POLL_TIMEOUT_SECS + 5 <= CLIENT_TIMEOUT_SECS);
 
+/// After this many `401 Unauthorized` answers in a row the token counts as
+/// revoked: retrying cannot help, and the operator must be told.
+pub const UNAUTHORIZED_LIMIT: u32 = 3;
+
 /// Poll until `stop` fires, reporting each poll's outcome to `health`.
-pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: CancellationToken) {
+/// After [`UNAUTHORIZED_LIMIT`] consecutive 401s it cancels `token_rejected`
+/// and returns.
+pub async fn poll(
+    bot: Bot,
+    intake: Intake,
+    health: UpdatesHealth,
+    stop: CancellationToken,
+    token_rejected: CancellationToken,
+) {
     let mut offset: i32 = 0;
     let mut failures: u32 = 0;
     let mut conflicts = ConflictLog::default();
+    let mut unauthorized: u32 = 0;
     loop {
         let request = bot
             .get_updates()
@@ -59,6 +72,18 @@ pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: Cancell
             Err(error) => {
                 health.set(false);
                 failures += 1;
+                if matches!(error, RequestError::Api(teloxide::ApiError::InvalidToken)) {
+                    unauthorized += 1;
+                    if unauthorized >= UNAUTHORIZED_LIMIT {
+                        tracing::error!(
+                            "the bot token was rejected by Telegram ({unauthorized} times in a row): stopping"
+                        );
+                        token_rejected.cancel();
+                        return;
+                    }
+                } else {
+                    unauthorized = 0;
+                }
                 let wait = backoff(&error, failures);
                 if is_conflict(&error) {
                     intake.metrics().getupdates_conflicts.inc();
@@ -81,6 +106,7 @@ pub async fn poll(bot: Bot, intake: Intake, health: UpdatesHealth, stop: Cancell
             }
         };
         failures = 0;
+        unauthorized = 0;
         health.set(true);
         for update in updates {
             let id = update.id.0;

@@ -1,0 +1,233 @@
+//! Value checks the configuration schema cannot express: secret formats,
+//! URL schemes, duration bounds, environment pass-through names.
+//!
+//! Every check returns one line naming the config key and the fix, and never
+//! a secret's value. This module owns the rules; `config.rs` calls them from
+//! `Config::validate`, so `check-config` and `run` refuse the same files.
+//! It must never read files or the environment.
+
+use crate::config::{Config, Secret};
+
+/// The longest any duration setting may be: 7 days. Longer values are
+/// certainly mistakes, and unbounded ones overflow `Instant` arithmetic
+/// (a panic) or wait forever.
+pub const MAX_DURATION_SECS: u64 = 7 * 24 * 60 * 60;
+
+/// A bot token looks like `123456:ABC-def_…`: a numeric bot id, a colon,
+/// and a key of letters, digits, `_` and `-`.
+pub fn check_token(key: &str, token: &Secret) -> Result<(), String> {
+    let value = token.expose();
+    if value.trim().is_empty() {
+        return Err(format!(
+            "{key} is empty: paste the token from @BotFather (it looks like 123456:ABC-...)"
+        ));
+    }
+    let well_formed = value.split_once(':').is_some_and(|(id, rest)| {
+        !id.is_empty()
+            && id.bytes().all(|b| b.is_ascii_digit())
+            && !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    });
+    if !well_formed {
+        return Err(format!(
+            "{key} is not a bot token: it must look like 123456:ABC-... \
+             (the bot id, ':', then letters, digits, '_' or '-')"
+        ));
+    }
+    Ok(())
+}
+
+/// Telegram accepts 1 to 256 characters of `A-Z a-z 0-9 _ -` as a webhook
+/// secret. An empty one would turn authentication off.
+pub fn check_webhook_secret(key: &str, secret: &Secret) -> Result<(), String> {
+    let value = secret.expose();
+    let allowed = value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if value.is_empty() || value.len() > 256 || !allowed {
+        return Err(format!(
+            "{key} must be 1 to 256 characters of A-Z, a-z, 0-9, '_' and '-' \
+             (it is {} characters{}); generate one with: openssl rand -hex 32",
+            value.chars().count(),
+            if allowed { "" } else { ", with others" }
+        ));
+    }
+    Ok(())
+}
+
+/// The Bot API root must be an http(s) URL with a host.
+pub fn check_http_url(key: &str, value: &str) -> Result<(), String> {
+    let url = url::Url::parse(value).map_err(|e| format!("{key} {value:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "{key} {value:?} must be an http:// or https:// URL"
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{key} {value:?} has no host"));
+    }
+    Ok(())
+}
+
+/// Every duration key with its value in seconds or milliseconds.
+fn durations(config: &Config) -> Vec<(&'static str, u64, Unit)> {
+    let s = &config.sessions;
+    let d = &config.delivery;
+    let t = &config.tools.terminal;
+    let mut all = vec![
+        (
+            "sessions.ack_interval_secs",
+            s.ack_interval_secs,
+            Unit::Secs,
+        ),
+        (
+            "sessions.stall_timeout_secs",
+            s.stall_timeout_secs,
+            Unit::Secs,
+        ),
+        ("sessions.cancel_wait_ms", s.cancel_wait_ms, Unit::Millis),
+        (
+            "sessions.shutdown_grace_secs",
+            s.shutdown_grace_secs,
+            Unit::Secs,
+        ),
+        (
+            "delivery.per_chat_interval_ms",
+            d.per_chat_interval_ms,
+            Unit::Millis,
+        ),
+        (
+            "delivery.edit_interval_ms",
+            d.edit_interval_ms,
+            Unit::Millis,
+        ),
+        (
+            "delivery.typing_interval_ms",
+            d.typing_interval_ms,
+            Unit::Millis,
+        ),
+        (
+            "delivery.max_retry_wait_secs",
+            d.max_retry_wait_secs,
+            Unit::Secs,
+        ),
+        (
+            "agent.echo.delay_ms",
+            config.agent.echo.delay_ms,
+            Unit::Millis,
+        ),
+        ("tools.terminal.timeout_secs", t.timeout_secs, Unit::Secs),
+        (
+            "tools.terminal.approval_timeout_secs",
+            t.approval_timeout_secs,
+            Unit::Secs,
+        ),
+    ];
+    if let Some(command) = &config.agent.command {
+        all.push((
+            "agent.command.timeout_secs",
+            command.timeout_secs,
+            Unit::Secs,
+        ));
+        all.push((
+            "agent.command.kill_grace_ms",
+            command.kill_grace_ms,
+            Unit::Millis,
+        ));
+    }
+    if let Some(openai) = &config.agent.openai {
+        all.push((
+            "agent.openai.request_timeout_secs",
+            openai.request_timeout_secs,
+            Unit::Secs,
+        ));
+    }
+    all
+}
+
+#[derive(Clone, Copy)]
+enum Unit {
+    Secs,
+    Millis,
+}
+
+/// No duration key may exceed [`MAX_DURATION_SECS`].
+pub fn check_durations(config: &Config) -> Result<(), String> {
+    for (key, value, unit) in durations(config) {
+        let max = match unit {
+            Unit::Secs => MAX_DURATION_SECS,
+            Unit::Millis => MAX_DURATION_SECS * 1000,
+        };
+        if value > max {
+            return Err(format!(
+                "{key} = {value} is too large: at most {max} (7 days)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `pass_env` names must be variable names, and never a secret telegate
+/// keeps from its children.
+pub fn check_pass_env(key: &str, names: &[String], secrets: &[String]) -> Result<(), String> {
+    for name in names {
+        let valid = !name.is_empty()
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !name.as_bytes()[0].is_ascii_digit();
+        if !valid {
+            return Err(format!(
+                "{key}: {name:?} is not an environment variable name"
+            ));
+        }
+        if secrets.iter().any(|secret| secret == name) {
+            return Err(format!(
+                "{key} lists {name}, which holds a secret telegate keeps from every child"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_must_look_like_tokens() {
+        let check = |t: &str| check_token("telegram.token", &Secret::new(t));
+        assert!(check("123:abc-DEF_9").is_ok());
+        assert!(check("").unwrap_err().contains("empty"));
+        assert!(check("   ").unwrap_err().contains("empty"));
+        assert!(check("abcdef").unwrap_err().contains("not a bot token"));
+        assert!(check("12:").is_err());
+        assert!(check(":abc").is_err());
+        assert!(check("12:ab cd").is_err());
+        assert!(check("x1:abc").is_err());
+    }
+
+    #[test]
+    fn webhook_secrets_follow_telegrams_rules() {
+        let check =
+            |t: &str| check_webhook_secret("telegram.webhook.secret_token", &Secret::new(t));
+        assert!(check("s3cret_-X").is_ok());
+        assert!(check(&"a".repeat(256)).is_ok());
+        assert!(check("").is_err());
+        assert!(check("   ").is_err());
+        assert!(check("has space").is_err());
+        assert!(check("ümlaut").is_err());
+        assert!(check(&"a".repeat(257)).is_err());
+        assert!(!check("bad secret!").unwrap_err().contains("bad secret"));
+    }
+
+    #[test]
+    fn urls_must_be_http() {
+        assert!(check_http_url("telegram.api_url", "https://api.telegram.org").is_ok());
+        assert!(check_http_url("telegram.api_url", "http://127.0.0.1:8081/").is_ok());
+        assert!(check_http_url("telegram.api_url", "ftp://example.com")
+            .unwrap_err()
+            .contains("http"));
+        assert!(check_http_url("telegram.api_url", "not a url").is_err());
+    }
+}
