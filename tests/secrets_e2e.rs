@@ -235,7 +235,7 @@ async fn a_command_backend_program_cannot_read_telegates_secrets() {
         ],
     );
     fake.push_text(USER, USER, "probe please");
-    let output = wait_text(&fake, "PROBE", &telegate).await;
+    let output = wait_text(&fake, "mem=", &telegate).await;
     assert_nothing_found(&output);
     let env = probe_env(&output);
     assert!(env.contains(&"PATH".to_string()), "{env:?}");
