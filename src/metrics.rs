@@ -1,5 +1,8 @@
 //! The metrics registry: counters, gauges and one histogram, rendered in the
-//! Prometheus text format for `GET /metrics` (see [`crate::http`]).
+//! Prometheus text format for `GET /metrics` (see [`crate::http`]) by the
+//! Prometheus project's own Rust client, `prometheus-client` (an explicit
+//! registry, no globals), which does the exposition format and escaping.
+//! Every metric is declared once, in [`Registry::declare`].
 //!
 //! Why explicit instead of a global recorder: every component that counts
 //! something is handed a [`Metrics`] (a cheap `Arc` clone), so tests build a
@@ -18,18 +21,23 @@
 //! The `[metrics]` config table ([`MetricsConfig`]) lives here too, so the
 //! listener's settings and the registry stay in one place.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter as PromCounter;
+use prometheus_client::metrics::gauge::Gauge as PromGauge;
+use prometheus_client::metrics::MetricType;
 use serde::Deserialize;
 
 use crate::delivery::DeliveryStats;
 
 /// Prefix of every metric name.
+#[cfg(test)]
 const PREFIX: &str = "telegate_";
 
 /// `[metrics]`: the optional health and metrics HTTP listener.
@@ -97,9 +105,10 @@ impl fmt::Debug for Metrics {
     }
 }
 
-/// A monotonically increasing count.
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+/// A monotonically increasing count (a `prometheus-client` counter; clones
+/// share the value).
+#[derive(Clone, Debug, Default)]
+pub struct Counter(PromCounter<u64, AtomicU64>);
 
 impl Counter {
     /// Add one.
@@ -109,34 +118,35 @@ impl Counter {
 
     /// Add `n` (wraps only after 2^64 increments).
     pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
+        self.0.inc_by(n);
     }
 
     /// Raise the count to `total` if it is lower: for mirroring a total kept
     /// elsewhere (a snapshot never moves the counter backwards).
     pub fn raise_to(&self, total: u64) {
-        self.0.fetch_max(total, Ordering::Relaxed);
+        self.0.inner().fetch_max(total, Ordering::Relaxed);
     }
 
     /// The current count.
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.get()
     }
 }
 
-/// A value that goes up and down, usually set by its owner.
-#[derive(Debug, Default)]
-pub struct Gauge(AtomicU64);
+/// A value that goes up and down, usually set by its owner (a
+/// `prometheus-client` gauge; clones share the value).
+#[derive(Clone, Debug, Default)]
+pub struct Gauge(PromGauge<u64, AtomicU64>);
 
 impl Gauge {
     /// Set the value.
     pub fn set(&self, value: u64) {
-        self.0.store(value, Ordering::Relaxed);
+        self.0.set(value);
     }
 
     /// Add one.
     pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.0.inner().fetch_add(1, Ordering::Relaxed);
     }
 
     /// Subtract one; stays at zero rather than wrapping.
@@ -144,6 +154,7 @@ impl Gauge {
         // The closure never returns `None`, so this cannot fail.
         let _ = self
             .0
+            .inner()
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(1))
             });
@@ -151,7 +162,7 @@ impl Gauge {
 
     /// The current value.
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.get()
     }
 }
 
@@ -180,8 +191,11 @@ const BUCKET_BOUNDS_MICROS: [u64; 10] = [
 /// is the sum of the slots, so a scrape always shows `+Inf` bucket == count
 /// even while observations race with it. The sum is kept in whole
 /// microseconds so it can be added atomically and exactly.
+#[derive(Clone, Debug, Default)]
+pub struct Histogram(Arc<HistogramCells>);
+
 #[derive(Debug, Default)]
-pub struct Histogram {
+struct HistogramCells {
     /// One slot per bound, then the overflow (`+Inf` only) slot.
     slots: [AtomicU64; BUCKET_BOUNDS_MICROS.len() + 1],
     sum_micros: AtomicU64,
@@ -211,14 +225,15 @@ impl Histogram {
             .iter()
             .position(|&bound| micros <= bound)
             .unwrap_or(BUCKET_BOUNDS_MICROS.len());
-        self.slots[slot].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        self.0.slots[slot].fetch_add(1, Ordering::Relaxed);
+        self.0.sum_micros.fetch_add(micros, Ordering::Relaxed);
     }
 
     /// Read the buckets (cumulated) and the sum.
     pub fn snapshot(&self) -> HistogramSnapshot {
         let mut running = 0u64;
         let cumulative = self
+            .0
             .slots
             .iter()
             .map(|slot| {
@@ -228,8 +243,67 @@ impl Histogram {
             .collect();
         HistogramSnapshot {
             cumulative,
-            sum_micros: self.sum_micros.load(Ordering::Relaxed),
+            sum_micros: self.0.sum_micros.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        // One load per slot: the +Inf bucket (added by the encoder from
+        // `count`) always equals the sum of the slots rendered.
+        let slots: Vec<u64> = self
+            .0
+            .slots
+            .iter()
+            .map(|slot| slot.load(Ordering::Relaxed))
+            .collect();
+        let count = slots.iter().fold(0u64, |a, b| a.wrapping_add(*b));
+        let buckets: Vec<(f64, u64)> = TURN_DURATION_BUCKETS
+            .iter()
+            .copied()
+            .zip(slots.iter().copied())
+            .collect();
+        let sum = self.0.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// A millisecond counter rendered in seconds.
+#[derive(Debug)]
+struct MillisAsSeconds(Counter);
+
+impl EncodeMetric for MillisAsSeconds {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        let seconds = self.0.get() as f64 / 1000.0;
+        encoder.encode_counter::<NoLabelSet, f64, f64>(&seconds, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// The inbox gauges, one series per state (`state` is a fixed enum).
+#[derive(Debug)]
+struct InboxGauges([Gauge; 5]);
+
+impl EncodeMetric for InboxGauges {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        for state in InboxState::ALL {
+            let labels = [("state", state.as_str())];
+            let value = self.0[inbox_index(state)].get();
+            encoder.encode_family(&labels)?.encode_gauge(&value)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
     }
 }
 
@@ -276,7 +350,6 @@ impl InboxCounts {
 type Collector = Arc<dyn Fn(&Registry) + Send + Sync>;
 
 /// Everything telegate measures. Reach it through a [`Metrics`] handle.
-#[derive(Default)]
 pub struct Registry {
     /// Turns that began running.
     pub turns_started: Counter,
@@ -321,6 +394,39 @@ pub struct Registry {
     inbox: [Gauge; 5],
     /// Refreshers run before each render.
     collectors: RwLock<Vec<Collector>>,
+    /// The `prometheus-client` registry that renders the fields above (it
+    /// holds clones sharing their values).
+    prometheus: prometheus_client::registry::Registry,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        let mut registry = Registry {
+            turns_started: Counter::default(),
+            turns_finished: Counter::default(),
+            turns_failed: Counter::default(),
+            turns_cancelled: Counter::default(),
+            stale_lock_heals: Counter::default(),
+            watchdog_cancels: Counter::default(),
+            generation_discards: Counter::default(),
+            telegram_retry_after: Counter::default(),
+            telegram_retry_after_wait_ms: Counter::default(),
+            delivery_failures: Counter::default(),
+            delivery_plain_fallbacks: Counter::default(),
+            wakeups: Counter::default(),
+            updates_received: Counter::default(),
+            updates_duplicate: Counter::default(),
+            messages_refused: Counter::default(),
+            busy_sessions: Gauge::default(),
+            queue_depth: Gauge::default(),
+            turn_duration: Histogram::default(),
+            inbox: Default::default(),
+            collectors: RwLock::default(),
+            prometheus: prometheus_client::registry::Registry::with_prefix("telegate"),
+        };
+        registry.declare();
+        registry
+    }
 }
 
 impl Registry {
@@ -383,99 +489,84 @@ impl Registry {
     pub fn render_prometheus(&self) -> String {
         self.run_collectors();
         let mut out = String::with_capacity(4096);
-        for (name, help, counter) in self.counters() {
-            let name = format!("{name}_total");
-            header(&mut out, &name, help, "counter");
-            sample(&mut out, &name, "", &counter.get().to_string());
-        }
-        let wait = "telegram_retry_after_wait_seconds_total";
-        header(
-            &mut out,
-            wait,
-            "Total seconds Telegram asked telegate to wait in 429 answers.",
-            "counter",
-        );
-        let wait_ms = self.telegram_retry_after_wait_ms.get();
-        sample(&mut out, wait, "", &millis_as_seconds(wait_ms));
-        for (name, help, gauge) in self.gauges() {
-            header(&mut out, name, help, "gauge");
-            sample(&mut out, name, "", &gauge.get().to_string());
-        }
-        self.render_inbox(&mut out);
-        self.render_turn_duration(&mut out);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.prometheus);
         out
     }
 
-    fn counters(&self) -> [(&'static str, &'static str, &Counter); 15] {
-        [
+    /// The one place a metric is declared: its name (without the
+    /// `telegate_` prefix; counters get `_total`), its help and the field
+    /// it renders. A new metric is a field above plus a line here.
+    fn declare(&mut self) {
+        let counters: [(&str, &str, &Counter); 15] = [
             (
                 "turns_started",
-                "Turns that began running.",
+                "Turns that began running",
                 &self.turns_started,
             ),
             (
                 "turns_finished",
-                "Turns that finished with an answer.",
+                "Turns that finished with an answer",
                 &self.turns_finished,
             ),
             (
                 "turns_failed",
-                "Turns that ended with an error.",
+                "Turns that ended with an error",
                 &self.turns_failed,
             ),
             (
                 "turns_cancelled",
-                "Turns cancelled by a command or an interrupting message.",
+                "Turns cancelled by a command or an interrupting message",
                 &self.turns_cancelled,
             ),
             (
                 "stale_lock_heals",
-                "Stale session guards healed by a later message.",
+                "Stale session guards healed by a later message",
                 &self.stale_lock_heals,
             ),
             (
                 "watchdog_cancels",
-                "Turns cancelled by the stall watchdog.",
+                "Turns cancelled by the stall watchdog",
                 &self.watchdog_cancels,
             ),
             (
                 "generation_discards",
-                "Outputs discarded because their generation was no longer current.",
+                "Outputs discarded because their generation was no longer current",
                 &self.generation_discards,
             ),
             (
                 "telegram_retry_after",
-                "429 retry_after answers from Telegram.",
+                "429 retry_after answers from Telegram",
                 &self.telegram_retry_after,
             ),
             (
                 "delivery_failures",
-                "Telegram requests that failed for good.",
+                "Telegram requests that failed for good",
                 &self.delivery_failures,
             ),
             (
                 "delivery_plain_fallbacks",
-                "Messages resent as plain text after an entity error.",
+                "Messages resent as plain text after an entity error",
                 &self.delivery_plain_fallbacks,
             ),
             (
                 "wakeups",
-                "Internal wakeup events delivered to a session.",
+                "Internal wakeup events delivered to a session",
                 &self.wakeups,
             ),
             (
                 "updates_received",
-                "Updates received from Telegram.",
+                "Updates received from Telegram",
                 &self.updates_received,
             ),
             (
                 "updates_duplicate",
-                "Redelivered updates recognised and ignored.",
+                "Redelivered updates recognised and ignored",
                 &self.updates_duplicate,
             ),
             (
                 "messages_refused",
-                "Messages refused and reported to the user.",
+                "Messages refused and reported to the user",
                 &self.messages_refused,
             ),
             (
@@ -483,48 +574,44 @@ impl Registry {
                 "getUpdates answered 409 Conflict (another poller uses the bot token).",
                 &self.getupdates_conflicts,
             ),
-        ]
-    }
-
-    fn gauges(&self) -> [(&'static str, &'static str, &Gauge); 2] {
-        [
+        ];
+        let counters: Vec<(&str, &str, Counter)> = counters
+            .into_iter()
+            .map(|(name, help, counter)| (name, help, counter.clone()))
+            .collect();
+        let wait = MillisAsSeconds(self.telegram_retry_after_wait_ms.clone());
+        let gauges = [
             (
                 "busy_sessions",
-                "Sessions with a running turn.",
-                &self.busy_sessions,
+                "Sessions with a running turn",
+                self.busy_sessions.clone(),
             ),
             (
                 "queue_depth",
-                "Follow-up messages waiting in all queues.",
-                &self.queue_depth,
+                "Follow-up messages waiting in all queues",
+                self.queue_depth.clone(),
             ),
-        ]
-    }
-
-    fn render_inbox(&self, out: &mut String) {
-        let name = "inbox_messages";
-        header(out, name, "Inbox messages per state.", "gauge");
-        for state in InboxState::ALL {
-            let labels = format!("state=\"{}\"", state.as_str());
-            sample(out, name, &labels, &self.inbox(state).get().to_string());
+        ];
+        let inbox = InboxGauges(self.inbox.clone());
+        let turn_duration = self.turn_duration.clone();
+        let registry = &mut self.prometheus;
+        for (name, help, counter) in counters {
+            registry.register(name, help, counter.0);
         }
-    }
-
-    fn render_turn_duration(&self, out: &mut String) {
-        let name = "turn_duration_seconds";
-        let help = "Turn duration from start to answer, failure or cancellation.";
-        header(out, name, help, "histogram");
-        let snapshot = self.turn_duration.snapshot();
-        let bounds = TURN_DURATION_BUCKETS.iter().map(|b| b.to_string());
-        let les = bounds.chain(std::iter::once("+Inf".to_string()));
-        let bucket = format!("{name}_bucket");
-        for (le, count) in les.zip(&snapshot.cumulative) {
-            sample(out, &bucket, &format!("le=\"{le}\""), &count.to_string());
+        registry.register(
+            "telegram_retry_after_wait_seconds",
+            "Total seconds Telegram asked telegate to wait in 429 answers",
+            wait,
+        );
+        for (name, help, gauge) in gauges {
+            registry.register(name, help, gauge.0);
         }
-        let sum = micros_as_seconds(snapshot.sum_micros);
-        sample(out, &format!("{name}_sum"), "", &sum);
-        let count = snapshot.count().to_string();
-        sample(out, &format!("{name}_count"), "", &count);
+        registry.register("inbox_messages", "Inbox messages per state", inbox);
+        registry.register(
+            "turn_duration_seconds",
+            "Turn duration from start to answer, failure or cancellation",
+            turn_duration,
+        );
     }
 }
 
@@ -532,35 +619,6 @@ impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registry").finish_non_exhaustive()
     }
-}
-
-/// `# HELP` and `# TYPE` lines for one metric family.
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
-    // Writing to a String cannot fail.
-    let _ = writeln!(out, "# HELP {PREFIX}{name} {}", escape_help(help));
-    let _ = writeln!(out, "# TYPE {PREFIX}{name} {kind}");
-}
-
-/// One sample line; `labels` is `k="v",…` without braces, or empty.
-fn sample(out: &mut String, name: &str, labels: &str, value: &str) {
-    let _ = if labels.is_empty() {
-        writeln!(out, "{PREFIX}{name} {value}")
-    } else {
-        writeln!(out, "{PREFIX}{name}{{{labels}}} {value}")
-    };
-}
-
-/// HELP text escaping of the 0.0.4 format: backslash and newline.
-fn escape_help(help: &str) -> String {
-    help.replace('\\', "\\\\").replace('\n', "\\n")
-}
-
-fn millis_as_seconds(ms: u64) -> String {
-    format!("{}.{:03}", ms / 1000, ms % 1000)
-}
-
-fn micros_as_seconds(micros: u64) -> String {
-    format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
 }
 
 #[cfg(test)]
@@ -936,9 +994,97 @@ mod tests {
         assert_eq!(v(&parsed, "telegram_retry_after_total"), 2.0);
     }
 
+    /// Every series `/metrics` showed before the move to prometheus-client,
+    /// with its type: dashboards and alerts keep working.
+    const SERIES_BEFORE_PROMETHEUS_CLIENT: &[(&str, &str)] = &[
+        ("telegate_turns_started_total", "counter"),
+        ("telegate_turns_finished_total", "counter"),
+        ("telegate_turns_failed_total", "counter"),
+        ("telegate_turns_cancelled_total", "counter"),
+        ("telegate_stale_lock_heals_total", "counter"),
+        ("telegate_watchdog_cancels_total", "counter"),
+        ("telegate_generation_discards_total", "counter"),
+        ("telegate_telegram_retry_after_total", "counter"),
+        ("telegate_delivery_failures_total", "counter"),
+        ("telegate_delivery_plain_fallbacks_total", "counter"),
+        ("telegate_wakeups_total", "counter"),
+        ("telegate_updates_received_total", "counter"),
+        ("telegate_updates_duplicate_total", "counter"),
+        ("telegate_messages_refused_total", "counter"),
+        (
+            "telegate_telegram_retry_after_wait_seconds_total",
+            "counter",
+        ),
+        ("telegate_busy_sessions", "gauge"),
+        ("telegate_queue_depth", "gauge"),
+        ("telegate_inbox_messages{state=received}", "gauge"),
+        ("telegate_inbox_messages{state=running}", "gauge"),
+        ("telegate_inbox_messages{state=answered}", "gauge"),
+        ("telegate_inbox_messages{state=failed}", "gauge"),
+        ("telegate_inbox_messages{state=dropped}", "gauge"),
+        ("telegate_turn_duration_seconds_bucket{le=0.1}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=0.5}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=1}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=2.5}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=5}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=10}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=30}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=60}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=120}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=300}", "histogram"),
+        ("telegate_turn_duration_seconds_bucket{le=inf}", "histogram"),
+        ("telegate_turn_duration_seconds_sum", "histogram"),
+        ("telegate_turn_duration_seconds_count", "histogram"),
+    ];
+
     #[test]
-    fn help_text_is_escaped() {
-        assert_eq!(escape_help("a\\b\nc"), "a\\\\b\\nc");
+    fn every_series_name_of_before_is_rendered_with_its_type_and_no_other() {
+        let text = busy_registry().render_prometheus();
+        let parsed = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let rendered: Vec<(String, String)> = parsed
+            .samples
+            .iter()
+            .map(|sample| {
+                let labels: Vec<String> = sample
+                    .labels
+                    .iter()
+                    .map(|(k, v)| match (k.as_str(), v.parse::<f64>()) {
+                        // Bucket bounds compared as numbers ("1" == "1.0").
+                        ("le", Ok(bound)) if bound.is_infinite() => "le=inf".to_string(),
+                        ("le", Ok(bound)) => format!("le={bound}"),
+                        _ => format!("{k}={v}"),
+                    })
+                    .collect();
+                let series = if labels.is_empty() {
+                    sample.name.clone()
+                } else {
+                    format!("{}{{{}}}", sample.name, labels.join(","))
+                };
+                let kind = parsed.kind[family(&parsed, &sample.name)].clone();
+                (series, kind)
+            })
+            .collect();
+        let expected: Vec<(String, String)> = SERIES_BEFORE_PROMETHEUS_CLIENT
+            .iter()
+            .map(|(series, kind)| (series.to_string(), kind.to_string()))
+            .collect();
+        let mut sorted_rendered = rendered.clone();
+        sorted_rendered.sort();
+        let mut sorted_expected = expected.clone();
+        sorted_expected.sort();
+        for (series, kind) in &expected {
+            assert!(
+                rendered.iter().any(|(s, k)| s == series && k == kind),
+                "{series} ({kind}) is gone or changed type\n{text}"
+            );
+        }
+        assert_eq!(sorted_rendered, sorted_expected, "\n{text}");
+        // No sample carries anything but fixed label names.
+        for sample in &parsed.samples {
+            for (key, _) in &sample.labels {
+                assert!(key == "state" || key == "le", "{key} in {}", sample.name);
+            }
+        }
     }
 
     #[test]

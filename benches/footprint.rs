@@ -1,0 +1,157 @@
+//! Small and quick: the binary's size, the time from process start to its
+//! first `getUpdates` against the fake Bot API, and the whole process's
+//! resident memory while idle with 10,000 known sessions in its store.
+//!
+//! The size that ships is the release binary (`cargo build --release`: LTO,
+//! stripped); it is printed when present. Start time and memory are
+//! measured on the binary cargo built for this bench. Prints figures and
+//! targets; asserts nothing (these machines are noisy).
+
+#[path = "../tests/support/fake_bot.rs"]
+mod fake_bot;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_bot::FakeBotApi;
+use telegate::store::Store;
+
+const SESSIONS: usize = 10_000;
+const STARTS: usize = 7;
+const START_TARGET: Duration = Duration::from_millis(50);
+const RSS_TARGET_KB: u64 = 20 * 1024;
+
+fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_telegate"))
+}
+
+fn spawn(fake: &FakeBotApi, data_dir: &Path) -> Child {
+    Command::new(binary())
+        .arg("run")
+        .current_dir(data_dir)
+        .env_clear()
+        .env("TELEGRAM_BOT_TOKEN", fake.token())
+        .env("TELEGATE_API_URL", fake.url().to_string())
+        .env("TELEGATE_ALLOWED_USERS", "42")
+        .env("TELEGATE_DATA_DIR", data_dir)
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("telegate starts")
+}
+
+fn stop(mut child: Child) {
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let _ = child.wait();
+}
+
+async fn until_polled(fake: &FakeBotApi, after: u64) -> bool {
+    fake.wait_for(
+        |calls| {
+            calls
+                .iter()
+                .any(|c| c.seq >= after && c.method == "getUpdates")
+        },
+        Duration::from_secs(60),
+    )
+    .await
+}
+
+fn next_seq(fake: &FakeBotApi) -> u64 {
+    fake.calls().last().map_or(0, |c| c.seq + 1)
+}
+
+fn rss_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn print_size() {
+    let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/telegate");
+    match std::fs::metadata(&release) {
+        Ok(meta) => println!(
+            "binary size (release: LTO, stripped): {:.1} MB  [{}]",
+            meta.len() as f64 / 1e6,
+            release.display()
+        ),
+        Err(_) => println!("binary size (release): not built; run `cargo build --release` first"),
+    }
+    if let Ok(meta) = std::fs::metadata(binary()) {
+        println!(
+            "binary size (this bench's build, not what ships): {:.1} MB",
+            meta.len() as f64 / 1e6
+        );
+    }
+}
+
+async fn start_time() {
+    let fake = FakeBotApi::start().await;
+    let mut times = Vec::new();
+    for _ in 0..STARTS {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let after = next_seq(&fake);
+        let started = Instant::now();
+        let child = spawn(&fake, dir.path());
+        let polled = until_polled(&fake, after).await;
+        times.push(started.elapsed());
+        stop(child);
+        if !polled {
+            println!("start: the bot never polled");
+            return;
+        }
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    println!(
+        "process start -> first getUpdates: median {:.1} ms over {STARTS} starts (min {:.1} ms)  target < {} ms",
+        median.as_secs_f64() * 1e3,
+        times[0].as_secs_f64() * 1e3,
+        START_TARGET.as_millis()
+    );
+}
+
+async fn idle_rss() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open_async(dir.path().join("telegate.db"))
+        .await
+        .expect("store");
+    for i in 0..SESSIONS {
+        let key = format!("agent:main:telegram:dm:{}", 1_000_000 + i);
+        store
+            .get_or_create_session(&key, format!("s-{i}"))
+            .await
+            .expect("session");
+    }
+    store.close().await.expect("close");
+    let fake = FakeBotApi::start().await;
+    let child = spawn(&fake, dir.path());
+    if !until_polled(&fake, 0).await {
+        println!("rss: the bot never polled");
+        stop(child);
+        return;
+    }
+    // Idle: a few quiet long polls.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    match rss_kb(child.id()) {
+        Some(kb) => println!(
+            "idle RSS with {SESSIONS} known sessions: {:.1} MB (whole process)  target < {} MB",
+            kb as f64 / 1024.0,
+            RSS_TARGET_KB / 1024
+        ),
+        None => println!("idle RSS: /proc not readable here"),
+    }
+    stop(child);
+}
+
+fn main() {
+    print_size();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(start_time());
+    runtime.block_on(idle_rss());
+}
