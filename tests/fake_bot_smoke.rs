@@ -623,3 +623,65 @@ async fn shutdown_stops_the_server() {
     );
     assert!(bot.get_me().await.is_err(), "no answers after shutdown");
 }
+
+#[tokio::test]
+async fn whitespace_only_text_and_entities_past_the_utf16_end_are_refused() {
+    let fake = FakeBotApi::start().await;
+    let bot = fake.bot();
+    for blank in [" ", "\n\n", " \t\n "] {
+        let sent = bot.send_message(ChatId(USER), blank).await;
+        assert!(
+            matches!(sent, Err(RequestError::Api(ApiError::MessageTextIsEmpty))),
+            "{blank:?}: {sent:?}"
+        );
+    }
+    let sent = bot.send_message(ChatId(USER), "short").await.expect("send");
+    let blank_edit = bot.edit_message_text(ChatId(USER), sent.id, "  ").await;
+    assert!(
+        matches!(
+            blank_edit,
+            Err(RequestError::Api(ApiError::MessageTextIsEmpty))
+        ),
+        "{blank_edit:?}"
+    );
+
+    // "a😀b" is 3 chars but 4 UTF-16 units: an entity ending at unit 4 is
+    // inside the text, one starting at unit 4 is not (offsets are counted in
+    // UTF-16 units, not chars or bytes).
+    bot.send_message(ChatId(USER), "a😀b")
+        .entities(vec![MessageEntity::bold(1, 3)])
+        .await
+        .expect("entity within the text");
+    let past = bot
+        .send_message(ChatId(USER), "a😀b")
+        .entities(vec![MessageEntity::italic(4, 1)])
+        .await;
+    match past {
+        Err(RequestError::Api(ApiError::CantParseEntities(description))) => {
+            assert!(
+                description.starts_with("Bad Request: can't parse entities: "),
+                "{description}"
+            );
+        }
+        other => panic!("expected can't parse entities, got {other:?}"),
+    }
+    // Exactly 4,096 units with an entity over all of them is fine.
+    let text = "ab😀".repeat(1024);
+    bot.send_message(ChatId(USER), text.clone())
+        .entities(vec![MessageEntity::bold(0, 4096)])
+        .await
+        .expect("at the limit");
+    let beyond = bot
+        .send_message(ChatId(USER), text)
+        .entities(vec![MessageEntity::bold(0, 4097)])
+        .await;
+    assert!(
+        matches!(
+            beyond,
+            Err(RequestError::Api(ApiError::CantParseEntities(_)))
+        ),
+        "{beyond:?}"
+    );
+    // Refused sends leave nothing behind.
+    assert_eq!(fake.sent_texts(USER).len(), 3);
+}

@@ -125,6 +125,7 @@ impl ToolRegistry for TestTools {
                 }
                 "boom" => panic!("kaboom"),
                 "wait" => {
+                    WAIT_TOOL_ENTERED.store(true, std::sync::atomic::Ordering::SeqCst);
                     ctx.cancel.cancelled().await;
                     Err(ToolError::Failed("cancelled".into()))
                 }
@@ -132,6 +133,25 @@ impl ToolRegistry for TestTools {
             }
         })
     }
+}
+
+/// Set once the `wait` tool runs (only one test calls it).
+static WAIT_TOOL_ENTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Generous bound for conditions on a loaded machine.
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// Wait (polling) until `cond` holds, at most [`SETTLE`]: the condition, not
+/// a guessed delay, says when the test may go on.
+async fn until(cond: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cond()
 }
 
 fn tools_agent(fake: &FakeOpenAi) -> Arc<OpenAiAgent> {
@@ -376,9 +396,13 @@ async fn cancelling_during_a_tool_returns_promptly() {
     let turn = turn("go", Vec::new());
     let cancel = turn.cancel.clone();
     let running = tokio::spawn(async move { agent.run(turn).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        until(|| WAIT_TOOL_ENTERED.load(std::sync::atomic::Ordering::SeqCst)).await,
+        "the tool never started"
+    );
+    assert_eq!(fake.requests().len(), 1);
     cancel.cancel();
-    let result = tokio::time::timeout(Duration::from_millis(500), running)
+    let result = tokio::time::timeout(SETTLE, running)
         .await
         .unwrap()
         .unwrap();
@@ -490,10 +514,14 @@ async fn cancelling_a_hanging_stream_returns_promptly_and_disconnects() {
     let turn = turn("hi", Vec::new());
     let cancel = turn.cancel.clone();
     let running = tokio::spawn(async move { agent.run(turn).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        until(|| fake.requests().len() == 1).await,
+        "the request never arrived"
+    );
     assert_eq!(fake.disconnects(), 0, "still connected while waiting");
+    assert!(!running.is_finished());
     cancel.cancel();
-    let result = tokio::time::timeout(Duration::from_millis(500), running)
+    let result = tokio::time::timeout(SETTLE, running)
         .await
         .unwrap()
         .unwrap();

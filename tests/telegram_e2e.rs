@@ -261,6 +261,75 @@ async fn a_long_reply_with_code_and_emoji_arrives_in_valid_chunks() {
     bot.shutdown().await;
 }
 
+/// The sendMessage calls to `chat` whose text belongs to the reply to
+/// `prompt` (everything after the prompt was pushed).
+async fn reply_chunks(fake: &FakeBotApi, prompt: &str, expect_last: &str) -> Vec<RecordedCall> {
+    fake.clear_calls();
+    fake.push_text(USER, USER, prompt);
+    assert!(
+        fake.wait_for(
+            |calls| sends_to(calls, USER)
+                .iter()
+                .any(|c| c.outcome.is_ok() && c.text().is_some_and(|t| t.ends_with(expect_last))),
+            WAIT
+        )
+        .await,
+        "no reply to {prompt}"
+    );
+    let calls = fake.calls();
+    sends_to(&calls, USER).into_iter().cloned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_right_at_the_limit_arrives_whole_and_one_unit_more_splits() {
+    // Telegram counts 4,096 UTF-16 units per message (the fake refuses
+    // more, like Telegram): replies that land on the limit must go out as
+    // one message, one unit more as two, never cutting a surrogate pair.
+    let fake = FakeBotApi::start().await;
+    let (bot, _agent) = start(&fake, "", "").await;
+    for units in [4093, 4095, 4096] {
+        let text = support::agents::near_limit_text(units);
+        let sends = reply_chunks(&fake, &format!("near:{units}"), &text).await;
+        assert_eq!(sends.len(), 1, "{units} units need one message");
+        assert!(sends[0].outcome.is_ok(), "{:?}", sends[0].outcome);
+        assert_eq!(sends[0].text(), Some(text.as_str()));
+        assert_eq!(utf16_len(&text), units);
+    }
+    let text = support::agents::near_limit_text(4097);
+    let sends = reply_chunks(&fake, "near:4097", "z").await;
+    assert_eq!(sends.len(), 2, "4,097 units need two messages");
+    let mut joined = String::new();
+    for call in &sends {
+        assert!(
+            call.outcome.is_ok(),
+            "Telegram refused a chunk: {:?}",
+            call.outcome
+        );
+        let chunk = call.text().unwrap();
+        assert!(utf16_len(chunk) <= 4096);
+        assert!(!chunk.trim().is_empty());
+        joined.push_str(chunk);
+    }
+    assert_eq!(joined.replace('\n', ""), text);
+
+    // Markdown markers do not count: "**" + 4,096 units + "**" is one
+    // message whose bold entity covers exactly the 4,096 units.
+    let inner = support::agents::near_limit_text(4096);
+    let sends = reply_chunks(&fake, "nearbold:4096", &inner).await;
+    assert_eq!(sends.len(), 1);
+    assert!(sends[0].outcome.is_ok(), "{:?}", sends[0].outcome);
+    assert_eq!(sends[0].text(), Some(inner.as_str()));
+    let entities = sends[0].body["entities"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(entities.len(), 1, "{entities:?}");
+    assert_eq!(entities[0]["type"], "bold");
+    assert_eq!(entities[0]["offset"], 0);
+    assert_eq!(entities[0]["length"], 4096);
+    bot.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_a_429_storm_every_final_reply_arrives_once_and_retry_after_is_honoured() {
     let fake = FakeBotApi::start().await;

@@ -6,6 +6,8 @@
 //! * `silent`     hangs without any progress (for the watchdog);
 //! * `fail`       returns a backend error;
 //! * `panic`      panics;
+//! * `near:<n>`   answers plain text of exactly `n` UTF-16 units (emoji
+//!   included), `nearbold:<n>` the same wrapped in `**…**`;
 //! * anything else answers `answer:<text>` at once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -114,6 +116,15 @@ impl Agent for ScriptedAgent {
                 let size: usize = size.parse().unwrap_or(9000);
                 ended_early.0 = None;
                 return Ok(AgentReply::new(long_markdown(size)));
+            } else if let Some(units) = text.strip_prefix("near:") {
+                ended_early.0 = None;
+                return Ok(AgentReply::new(near_limit_text(
+                    units.parse().unwrap_or(4096),
+                )));
+            } else if let Some(units) = text.strip_prefix("nearbold:") {
+                ended_early.0 = None;
+                let inner = near_limit_text(units.parse().unwrap_or(4096));
+                return Ok(AgentReply::new(format!("**{inner}**")));
             } else if text == "silent" {
                 wait(Duration::from_secs(3600)).await?;
             } else if text == "fail" {
@@ -149,6 +160,22 @@ pub fn long_markdown(size: usize) -> String {
         out.push_str(&format!(
             "## Part {i} 🚀\n\nSome **bold** text, some _italic_, a [link](https://example.com/{i}) and emoji 👩‍👩‍👧‍👦🇩🇪.\n\n```rust\nfn part_{i}() -> u32 {{\n    {i} // 😀 inside code\n}}\n```\n\n"
         ));
+    }
+    out
+}
+
+/// Plain text (no Markdown syntax, no spaces) of exactly `units` UTF-16
+/// units: "ab😀" repeated (the emoji is a surrogate pair), padded with "z".
+pub fn near_limit_text(units: usize) -> String {
+    let mut out = String::new();
+    let mut len = 0;
+    while len + 4 <= units {
+        out.push_str("ab😀");
+        len += 4;
+    }
+    while len < units {
+        out.push('z');
+        len += 1;
     }
     out
 }

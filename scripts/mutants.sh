@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Mutation testing of the session engine's core files with cargo-mutants
+# (`cargo install cargo-mutants`). Not part of CI: a full run takes hours.
+#
+# Each group of files is tested with the test binaries that exercise it
+# (unit tests in the library plus the integration tests named below), so a
+# mutant is "caught" only by tests that claim to cover that code.
+#
+# Usage: scripts/mutants.sh [group...]   (default: every group)
+#   groups: slots pending guard identity wakeup split entity
+#           adapter runner ledger intake delivery
+# Knobs (environment):
+#   MUTANTS_JOBS      parallel builds (default 1: the machine is shared)
+#   MUTANTS_TIMEOUT   per-mutant test timeout in seconds (default 300)
+#   MUTANTS_TARGET    target dir for the mutated builds (default
+#                     target/mutants, kept apart from the normal build)
+#   PROPTEST_CASES    proptest cases per property inside mutant runs
+#                     (default 64: enough to hit the engine's paths)
+# Survivors must be killed by a new test or listed, with the reason they
+# are equivalent, in mutants-accepted.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs=${MUTANTS_JOBS:-1}
+timeout=${MUTANTS_TIMEOUT:-300}
+export CARGO_TARGET_DIR=${MUTANTS_TARGET:-$PWD/target/mutants}
+export PROPTEST_CASES=${PROPTEST_CASES:-64}
+
+engine_tests=(--lib --test session_split_brain --test engine_behaviour --test engine_properties)
+
+files_of() {
+    case "$1" in
+        slots) echo src/runner/slots.rs ;;
+        pending) echo src/adapter/pending.rs ;;
+        guard) echo src/adapter/guard.rs ;;
+        identity) echo src/identity.rs ;;
+        wakeup) echo src/tools/wakeup.rs ;;
+        split) echo src/delivery/split.rs ;;
+        entity) echo src/delivery/entity.rs ;;
+        adapter) echo "src/adapter/mod.rs src/adapter/handler.rs src/adapter/ledger.rs" ;;
+        runner) echo "src/runner/mod.rs src/runner/commands.rs src/runner/sessions.rs src/runner/watchdog.rs" ;;
+        ledger) echo src/store/ledger.rs ;;
+        intake) echo src/transport/telegram/intake.rs ;;
+        delivery) echo src/delivery/telegram.rs ;;
+        *) echo "unknown group: $1" >&2; exit 2 ;;
+    esac
+}
+
+tests_of() {
+    case "$1" in
+        slots | pending | guard) echo "${engine_tests[*]}" ;;
+        identity | wakeup) echo "--lib --test xsession_wakeup --test terminal_e2e" ;;
+        split | entity) echo "--lib --test telegram_e2e" ;;
+        adapter | runner) echo "${engine_tests[*]} --test xsession_wakeup --test telegram_e2e --test terminal_e2e" ;;
+        ledger | intake) echo "--lib --test crash_recovery --test telegram_e2e --test outbox_once" ;;
+        delivery) echo "--lib --test telegram_e2e --test outbox_once --test chaos" ;;
+    esac
+}
+
+groups=("$@")
+if [ ${#groups[@]} -eq 0 ]; then
+    groups=(slots pending guard identity wakeup split entity adapter runner ledger intake delivery)
+fi
+
+mkdir -p target/mutants-out
+status=0
+for group in "${groups[@]}"; do
+    file_args=()
+    for f in $(files_of "$group"); do file_args+=(-f "$f"); done
+    echo "== mutants: $group ($(files_of "$group"))"
+    # shellcheck disable=SC2046
+    cargo mutants "${file_args[@]}" -j "$jobs" --timeout "$timeout" \
+        --build-timeout 1800 --baseline skip --copy-target false \
+        --output "target/mutants-out/$group" \
+        -- $(tests_of "$group") || status=$?
+    # cargo-mutants writes the outcome lists; summarise them.
+    out="target/mutants-out/$group/mutants.out"
+    for kind in caught missed unviable timeout; do
+        printf '   %-8s %s\n' "$kind" "$(wc -l <"$out/$kind.txt" 2>/dev/null || echo 0)"
+    done
+done
+# 0: every mutant caught (or unviable); 2: survivors; 3: timeouts.
+exit $status
