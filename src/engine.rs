@@ -19,10 +19,12 @@ use crate::adapter::{Adapter, AdapterConfig, EventLedger, WeakAdapter};
 use crate::agent::{Agent, CommandAgent, EchoAgent, OpenAiAgent};
 use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
 use crate::event::{ChatType, Platform, SessionSource};
+use crate::identity::SessionId;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
 use crate::store::{RunningProcess, Store, StoreError};
 use crate::tools::send_file::WithSendFile;
+use crate::tools::wakeup::{OwnerHistory, Wakeup};
 use crate::tools::{tool_events, NoTools, TerminalTool, ToolEvent, ToolEventReceiver};
 
 /// The session engine: the adapter that transports feed, and the runner
@@ -217,8 +219,9 @@ async fn forward_tool_events(
                         }
                     },
                 };
+                let history = owner_history(&runner, &wakeup, &resolved).await;
                 let process = wakeup.process.id.clone();
-                match wakeup.into_event(resolved) {
+                match wakeup.into_event_checked(resolved, history) {
                     Some(event) => {
                         tracing::info!(%process, session = ?event.session_override, "waking the owner chat");
                         adapter.wake(event).await;
@@ -226,6 +229,29 @@ async fn forward_tool_events(
                     None => tracing::error!(%process, "wakeup without an owner; nobody to wake"),
                 }
             }
+        }
+    }
+}
+
+/// What the store's session history says about a wakeup's recorded owner
+/// session, when it differs from the chat's current session `resolved`.
+async fn owner_history(runner: &Runner, wakeup: &Wakeup, resolved: &SessionId) -> OwnerHistory {
+    let (Some(owner), Some(store)) = (wakeup.owner(), runner.store()) else {
+        return OwnerHistory::Unchecked;
+    };
+    let Some(spawned) = wakeup.process.spawn_session_id() else {
+        return OwnerHistory::Unchecked;
+    };
+    if spawned == resolved {
+        return OwnerHistory::Unchecked;
+    }
+    match store.session_owner_key(spawned.as_str()).await {
+        Ok(Some(key)) if key == owner.session_key.as_str() => OwnerHistory::EarlierSessionOfTheChat,
+        Ok(Some(key)) => OwnerHistory::OtherChat(key),
+        Ok(None) => OwnerHistory::NeverIssued,
+        Err(error) => {
+            tracing::warn!(%error, "could not read the session history for a wakeup");
+            OwnerHistory::Unchecked
         }
     }
 }

@@ -417,6 +417,7 @@ impl Default for Registry {
             updates_received: Counter::default(),
             updates_duplicate: Counter::default(),
             messages_refused: Counter::default(),
+            getupdates_conflicts: Counter::default(),
             busy_sessions: Gauge::default(),
             queue_depth: Gauge::default(),
             turn_duration: Histogram::default(),

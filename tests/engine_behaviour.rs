@@ -139,7 +139,14 @@ async fn a_full_queue_refuses_with_a_message_instead_of_dropping_silently() {
     for i in 0..4 {
         send(&engine, 1, &format!("m{i}")).await;
     }
-    assert!(sent.any_contains("3 messages are already waiting, so this one was not queued"));
+    // The notice is sent from its own task: routing never waits for it.
+    assert!(
+        sent.wait_for_text(
+            "3 messages are already waiting, so this one was not queued",
+            WAIT
+        )
+        .await
+    );
     send(&engine, 1, "/stop").await;
     settle(&engine).await;
     // The three queued ones still run after /stop, in order.

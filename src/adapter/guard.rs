@@ -29,6 +29,10 @@ pub struct SessionGuard {
     kind: GuardKind,
     interrupt: CancellationToken,
     finishing: Arc<AtomicBool>,
+    /// Set when the command that holds a [`GuardKind::Command`] guard ended
+    /// without handing the slot on (its future was dropped): only then may
+    /// the guard be healed. Unused for turn guards.
+    abandoned: Arc<AtomicBool>,
 }
 
 impl SessionGuard {
@@ -45,7 +49,25 @@ impl SessionGuard {
             kind,
             interrupt: CancellationToken::new(),
             finishing: Arc::new(AtomicBool::new(false)),
+            abandoned: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// A command guard and the lease its command path holds while it runs:
+    /// while the lease lives, the guard is never stale, whatever became of
+    /// the old turn's owner task. Dropping the lease (the command finished,
+    /// or its future was dropped) lets a guard still installed be healed.
+    pub fn command() -> (Self, CommandLease) {
+        let guard = SessionGuard::with_kind(GuardKind::Command);
+        let lease = CommandLease {
+            abandoned: guard.abandoned.clone(),
+        };
+        (guard, lease)
+    }
+
+    /// True for a command guard whose command no longer runs.
+    pub fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
     }
 
     /// Mark that the turn holding this guard has its answer and is only
@@ -89,6 +111,19 @@ impl PartialEq for SessionGuard {
 }
 
 impl Eq for SessionGuard {}
+
+/// Held by a running command for its [`GuardKind::Command`] guard; see
+/// [`SessionGuard::command`].
+#[derive(Debug)]
+pub struct CommandLease {
+    abandoned: Arc<AtomicBool>,
+}
+
+impl Drop for CommandLease {
+    fn drop(&mut self) {
+        self.abandoned.store(true, Ordering::Release);
+    }
+}
 
 /// The task that holds a slot's guard: how to ask it to stop, how to force
 /// it, and how to know it has finished.

@@ -33,7 +33,7 @@ mod handler;
 mod ledger;
 mod pending;
 
-pub use guard::{GuardKind, OwnerTask, SessionGuard};
+pub use guard::{CommandLease, GuardKind, OwnerTask, SessionGuard};
 pub use handler::{DispatchContext, MessageHandler};
 pub use ledger::{EventLedger, EventOutcome};
 pub use pending::PendingQueue;
@@ -104,15 +104,41 @@ struct AdapterState {
     session_tasks: HashMap<SessionKey, OwnerTask>,
     pending: HashMap<SessionKey, PendingQueue>,
     last_ack: HashMap<SessionKey, Instant>,
+    /// Refused messages not yet reported, per slot (see [`Refusals`]).
+    refusals: HashMap<SessionKey, Refusals>,
+    /// The slot's latest notice being sent (fires when it is out): a turn's
+    /// answer waits for it, so "Queued…" never arrives after the answer.
+    last_notice: HashMap<SessionKey, CancellationToken>,
+}
+
+/// The coalesced "not queued" notice of one slot: while its notifier task
+/// lives, every refusal only adds to `count`; the task reports them at most
+/// once per acknowledgement interval.
+struct Refusals {
+    /// Refused since the last notice.
+    count: usize,
+    /// The first of them (the notice quotes it).
+    first: Option<i64>,
+    /// Where the notice goes.
+    source: SessionSource,
+    /// A notifier task is reporting for this slot.
+    notifier: bool,
 }
 
 impl AdapterState {
+    /// A turn guard is stale once its owner task has finished; a command
+    /// guard only once its command no longer runs (the old turn's owner
+    /// may finish on its own while the command still works: that does not
+    /// free the slot).
     fn is_stale(&self, key: &SessionKey) -> bool {
-        self.active_sessions.contains_key(key)
-            && self
+        match self.active_sessions.get(key) {
+            None => false,
+            Some(guard) if guard.kind() == GuardKind::Command => guard.is_abandoned(),
+            Some(_) => self
                 .session_tasks
                 .get(key)
-                .is_some_and(OwnerTask::is_finished)
+                .is_some_and(OwnerTask::is_finished),
+        }
     }
 
     fn heal(&mut self, key: &SessionKey) -> bool {
@@ -152,12 +178,34 @@ impl AdapterState {
         }
     }
 
+    /// A notice of `key` is out: forget it if the slot is idle and nothing
+    /// newer is on its way.
+    fn forget_sent_notice(&mut self, key: &SessionKey) {
+        if !self.active_sessions.contains_key(key)
+            && self
+                .last_notice
+                .get(key)
+                .is_some_and(CancellationToken::is_cancelled)
+        {
+            self.last_notice.remove(key);
+            shrink_when_sparse(&mut self.last_notice);
+        }
+    }
+
     /// The slot fell idle: forget everything kept for it.
     fn forget_idle(&mut self, key: &SessionKey) {
         if self.pending.get(key).is_some_and(PendingQueue::is_empty) {
             self.pending.remove(key);
         }
         self.last_ack.remove(key);
+        if self
+            .last_notice
+            .get(key)
+            .is_some_and(CancellationToken::is_cancelled)
+        {
+            self.last_notice.remove(key);
+        }
+        shrink_when_sparse(&mut self.last_notice);
         shrink_when_sparse(&mut self.active_sessions);
         shrink_when_sparse(&mut self.session_tasks);
         shrink_when_sparse(&mut self.pending);
@@ -198,7 +246,12 @@ impl WeakAdapter {
 /// What `handle_message` decided under the lock, carried out after it.
 enum Route {
     Done,
-    Reply(SessionSource, Reply),
+    /// An acknowledgement: sent from its own task, never awaited here; the
+    /// token fires once it is out.
+    Notice(SessionKey, SessionSource, Reply, CancellationToken),
+    /// The first refusal since the slot's last "not queued" notice: start
+    /// the slot's notifier.
+    Refused(SessionKey),
     Bypass(MessageEvent, DispatchContext),
     Command(CommandPath),
 }
@@ -208,6 +261,7 @@ struct CommandPath {
     event: MessageEvent,
     previous: Option<SessionGuard>,
     guard: SessionGuard,
+    lease: CommandLease,
     old_owner: Option<OwnerTask>,
     discarded: Vec<MessageEvent>,
     queue_depth: usize,
@@ -309,8 +363,17 @@ impl Adapter {
         };
         match route {
             Route::Done => {}
-            Route::Reply(source, reply) => {
-                self.inner.send(&source, reply.into()).await;
+            Route::Notice(key, source, reply, sent) => {
+                let inner = self.inner.clone();
+                tokio::spawn(async move {
+                    let sent_guard = sent.drop_guard();
+                    inner.send(&source, reply.into()).await;
+                    drop(sent_guard);
+                    inner.state().forget_sent_notice(&key);
+                });
+            }
+            Route::Refused(key) => {
+                tokio::spawn(report_refusals(self.inner.clone(), key));
             }
             Route::Bypass(event, ctx) => {
                 let source = event.source.clone();
@@ -353,7 +416,7 @@ impl Adapter {
             .command()
             .map(|c| (is_control_command(c.name), c.is("new") || c.is("reset")));
         if let Some((true, rotates)) = command {
-            let guard = SessionGuard::with_kind(GuardKind::Command);
+            let (guard, lease) = SessionGuard::command();
             let previous = state.active_sessions.insert(key.clone(), guard.clone());
             let old_owner = state.session_tasks.get(&key).cloned();
             let discarded = if rotates {
@@ -372,6 +435,7 @@ impl Adapter {
                 event,
                 previous,
                 guard,
+                lease,
                 old_owner,
                 discarded,
                 queue_depth,
@@ -405,21 +469,31 @@ impl Adapter {
         {
             Ok(position) => position,
             Err(refused) => {
-                tracing::warn!(session_key = %key, capacity, "queue full; message refused");
+                tracing::debug!(session_key = %key, capacity, "queue full; message refused");
                 self.inner.config.metrics.messages_refused.inc();
                 self.inner.note(
                     &source,
                     refused.message_id,
                     EventOutcome::Dropped("queue full"),
                 );
-                return Route::Reply(
+                // One notice per interval however many are refused: a
+                // burst must not turn into a burst of notices that holds
+                // up the chat (and every command behind it).
+                let refusals = state.refusals.entry(key.clone()).or_insert(Refusals {
+                    count: 0,
+                    first: None,
                     source,
-                    Reply::notice(format!(
-                        "⚠️ {capacity} messages are already waiting, so this one was not queued. \
-                         Send it again when the current task is done, or /stop it."
-                    ))
-                    .in_reply_to(refused.message_id),
-                );
+                    notifier: false,
+                });
+                refusals.count += 1;
+                if refusals.first.is_none() {
+                    refusals.first = refused.message_id;
+                }
+                if refusals.notifier {
+                    return Route::Done;
+                }
+                refusals.notifier = true;
+                return Route::Refused(key);
             }
         };
         if internal {
@@ -442,13 +516,20 @@ impl Adapter {
         if !ack_due {
             return Route::Done;
         }
-        state.last_ack.insert(key, now);
+        state.last_ack.insert(key.clone(), now);
         let text = if interrupting {
             "⚡ Interrupting the current task…".to_string()
         } else {
             format!("⏳ Queued (position {position})…")
         };
-        Route::Reply(source, Reply::notice(text).in_reply_to(message_id))
+        let sent = CancellationToken::new();
+        state.last_notice.insert(key.clone(), sent.clone());
+        Route::Notice(
+            key,
+            source,
+            Reply::notice(text).in_reply_to(message_id),
+            sent,
+        )
     }
 
     /// Install a guard and an owner task for `key` and start `event` in it.
@@ -478,10 +559,13 @@ impl Adapter {
             event,
             previous,
             guard,
+            lease,
             old_owner,
             mut discarded,
             queue_depth,
         } = path;
+        // Until the end of this function the command guard is never stale.
+        let _lease = lease;
         let source = event.source.clone();
         let message_id = event.message_id;
         // A turn that already has its answer and is only delivering it is
@@ -615,9 +699,19 @@ impl Adapter {
     }
 
     /// True if `key`'s guard is held by an owner task that has finished.
-    /// A guard without an owner, or with a live owner, is not stale.
+    /// A guard without an owner, or with a live owner, is not stale; nor is
+    /// a command guard while its command runs.
     pub fn session_task_is_stale(&self, key: &SessionKey) -> bool {
         self.state().is_stale(key)
+    }
+
+    /// True if `key` has an owner task recorded and it has finished
+    /// (whether or not that makes the slot's guard stale).
+    pub fn owner_task_finished(&self, key: &SessionKey) -> bool {
+        self.state()
+            .session_tasks
+            .get(key)
+            .is_some_and(OwnerTask::is_finished)
     }
 
     /// Clear `key`'s lock if it is stale. Returns whether it healed.
@@ -810,6 +904,12 @@ async fn owner_task(
         // command swapped its guard, whatever the turn produced is stale.
         let owns = !cancel.is_cancelled() && inner.state().owns(&key, &guard);
         if owns {
+            // The slot's acknowledgement goes out first (it is already on
+            // its way; this only keeps the order).
+            let notice = inner.state().last_notice.get(&key).cloned();
+            if let Some(notice) = notice {
+                notice.cancelled().await;
+            }
             inner.answer(&source, message_id, outgoing).await;
         } else if !inner.shutting_down() {
             inner.note(&source, message_id, EventOutcome::Dropped("stopped"));
@@ -825,6 +925,59 @@ async fn owner_task(
             None => return,
         }
     }
+}
+
+/// The notifier of one slot's refusals: reports what was refused so far,
+/// then waits out the acknowledgement interval and reports what was refused
+/// meanwhile, until an interval passes without a refusal. Runs in its own
+/// task: nobody routing a message ever waits for it.
+async fn report_refusals(inner: Arc<AdapterInner>, key: SessionKey) {
+    let capacity = inner.config.max_pending;
+    loop {
+        let taken = {
+            let mut state = inner.state();
+            match state.refusals.get_mut(&key) {
+                Some(refusals) if refusals.count > 0 => Some((
+                    std::mem::take(&mut refusals.count),
+                    refusals.first.take(),
+                    refusals.source.clone(),
+                )),
+                _ => {
+                    state.refusals.remove(&key);
+                    shrink_when_sparse(&mut state.refusals);
+                    None
+                }
+            }
+        };
+        let Some((count, first, source)) = taken else {
+            return;
+        };
+        let sent = CancellationToken::new();
+        inner.state().last_notice.insert(key.clone(), sent.clone());
+        let sent_guard = sent.drop_guard();
+        let next = Instant::now() + inner.config.ack_interval;
+        let notice = refusal_notice(capacity, count).in_reply_to(first);
+        inner.send(&source, notice.into()).await;
+        drop(sent_guard);
+        inner.state().forget_sent_notice(&key);
+        tokio::time::sleep_until(next).await;
+    }
+}
+
+/// "N messages were not queued", for `count` refusals of a slot whose
+/// queue holds `capacity`.
+fn refusal_notice(capacity: usize, count: usize) -> Reply {
+    Reply::notice(if count == 1 {
+        format!(
+            "⚠️ {capacity} messages are already waiting, so this one was not queued. \
+             Send it again when the current task is done, or /stop it."
+        )
+    } else {
+        format!(
+            "⚠️ {capacity} messages are already waiting, so {count} messages were not queued. \
+             Send them again when the current task is done, or /stop it."
+        )
+    })
 }
 
 fn internal_error() -> Reply {

@@ -22,7 +22,7 @@ pub use command::{CommandAgent, CommandConfig, HistoryMode, Preset, Protocol};
 pub use echo::EchoAgent;
 pub use message::{ChatMessage, Role};
 pub use openai::{OpenAiAgent, OpenAiConfig};
-pub use progress::{Progress, ProgressWatch};
+pub use progress::{Progress, ProgressWatch, TurnEnd};
 
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;

@@ -12,6 +12,27 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Why a turn ended without an answer, as the chat is told (the partial
+/// preview keeps its text and gets this marker).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnEnd {
+    /// /stop, /new or /reset.
+    Stopped,
+    /// A newer message interrupted it (busy mode `interrupt`).
+    Interrupted,
+}
+
+impl TurnEnd {
+    /// The marker appended to the turn's preview.
+    pub fn marker(self) -> &'static str {
+        match self {
+            TurnEnd::Stopped => "⏹ stopped",
+            TurnEnd::Interrupted => "⚡ interrupted",
+        }
+    }
+}
 
 #[derive(Debug)]
 struct Shared {
@@ -20,6 +41,12 @@ struct Shared {
     last_ms: AtomicU64,
     text: Mutex<String>,
     version: watch::Sender<u64>,
+    /// Set once when the turn is stopped or interrupted, with a token that
+    /// fires once whatever must reach the chat first (the command's reply)
+    /// is out.
+    ended: Mutex<Option<(TurnEnd, CancellationToken)>>,
+    /// Fires when `ended` is set.
+    ending: CancellationToken,
 }
 
 /// The writer side, handed to the agent inside its turn request.
@@ -44,6 +71,8 @@ impl Progress {
                 last_ms: AtomicU64::new(0),
                 text: Mutex::new(String::new()),
                 version,
+                ended: Mutex::new(None),
+                ending: CancellationToken::new(),
             }),
         }
     }
@@ -106,6 +135,20 @@ impl Progress {
             .clone()
     }
 
+    /// Record that the turn ends without an answer, for `why`; the preview
+    /// gets its marker once `after` fires. The first call wins.
+    pub fn mark_ended(&self, why: TurnEnd, after: CancellationToken) {
+        let mut ended = self
+            .shared
+            .ended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if ended.is_none() {
+            *ended = Some((why, after));
+            self.shared.ending.cancel();
+        }
+    }
+
     /// A reader for the streaming editor.
     pub fn watch(&self) -> ProgressWatch {
         ProgressWatch {
@@ -116,13 +159,28 @@ impl Progress {
 }
 
 /// The reader side: wait for a change, then take the newest text.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ProgressWatch {
     shared: Arc<Shared>,
     rx: watch::Receiver<u64>,
 }
 
 impl ProgressWatch {
+    /// Fires when the turn is marked as ended without an answer.
+    pub fn ending(&self) -> CancellationToken {
+        self.shared.ending.clone()
+    }
+
+    /// Why the turn ended without an answer, if it did, and the token that
+    /// fires when its marker may be shown.
+    pub fn ended(&self) -> Option<(TurnEnd, CancellationToken)> {
+        self.shared
+            .ended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Wait until the text changed since the last [`ProgressWatch::latest`].
     /// Returns `false` once the writer side is gone.
     pub async fn changed(&mut self) -> bool {

@@ -7,8 +7,17 @@
 //! newest text (intermediate states are skipped, not queued). When the turn
 //! finishes, the task is stopped *before* the final text is delivered, and
 //! the final text replaces the preview in place: one message, never a
-//! preview followed by a duplicate. A turn that ends without an answer
-//! simply stops the task.
+//! preview followed by a duplicate.
+//!
+//! A turn stopped (/stop, /new, /reset) or interrupted stops showing itself
+//! at once: an edit or typing action not yet sent is dropped, never sent
+//! late. Its preview keeps the text it had and gets one final edit with a
+//! marker (`⏹ stopped` / `⚡ interrupted`), sent only after the command's
+//! reply is out. Nothing else of the cancelled turn is sent. A turn that
+//! ends without an answer for another reason (shutdown: a restart resumes
+//! it) simply stops the task.
+
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
@@ -19,7 +28,7 @@ use super::entity::FormattedText;
 use super::markdown::render;
 use super::split::{split, TELEGRAM_LIMIT};
 use super::telegram::{deliver_answer_once, ChatTarget, Delivery, ReplyRecord};
-use crate::agent::ProgressWatch;
+use crate::agent::{ProgressWatch, TurnEnd};
 use crate::reply::{DeliveryError, LiveReply, Reply};
 
 /// The live view of one turn.
@@ -29,6 +38,17 @@ pub struct LiveView {
     record: Option<ReplyRecord>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Option<i32>>>,
+    /// How the turn ends, read when it is dropped unanswered.
+    progress: ProgressWatch,
+    /// What the chat shows of the turn so far.
+    shown: Arc<Mutex<Shown>>,
+}
+
+/// The preview as the chat has it (or is about to: an edit in flight).
+#[derive(Default)]
+struct Shown {
+    preview: Option<i32>,
+    text: String,
 }
 
 impl LiveView {
@@ -40,12 +60,15 @@ impl LiveView {
         record: Option<ReplyRecord>,
     ) -> Self {
         let (stop, stopped) = oneshot::channel();
+        let shown = Arc::new(Mutex::new(Shown::default()));
+        let watch = progress.clone();
         let task = tokio::spawn(show_progress(
             delivery.clone(),
             target,
             progress,
             stopped,
             record.clone(),
+            shown.clone(),
         ));
         LiveView {
             delivery,
@@ -53,17 +76,33 @@ impl LiveView {
             record,
             stop: Some(stop),
             task: Some(task),
+            progress: watch,
+            shown,
         }
     }
 }
 
 /// The preview of partial output: rendered, cut to one message.
 fn preview_of(text: &str) -> Option<FormattedText> {
+    preview_within(text, TELEGRAM_LIMIT - 2)
+}
+
+/// The final look of a stopped or interrupted turn's preview: the text it
+/// had, then the marker, within one message.
+fn marked_preview(text: &str, end: TurnEnd) -> Option<FormattedText> {
+    let marker = format!("\n\n{}", end.marker());
+    let units = marker.encode_utf16().count();
+    let mut preview = preview_within(text, TELEGRAM_LIMIT - 2 - units)?;
+    preview.text.push_str(&marker);
+    Some(preview)
+}
+
+fn preview_within(text: &str, limit: usize) -> Option<FormattedText> {
     if text.trim().is_empty() {
         return None;
     }
     let rendered = render(text);
-    let mut chunks = split(&rendered, TELEGRAM_LIMIT - 2);
+    let mut chunks = split(&rendered, limit);
     if chunks.is_empty() {
         return None;
     }
@@ -80,7 +119,9 @@ async fn show_progress(
     mut progress: ProgressWatch,
     mut stopped: oneshot::Receiver<()>,
     record: Option<ReplyRecord>,
+    shown_in_chat: Arc<Mutex<Shown>>,
 ) -> Option<i32> {
+    let ending = progress.ending();
     let typing_every = delivery.config().typing_interval;
     let edit_every = delivery.config().edit_interval;
     // A turn resumed after a restart continues the preview it had.
@@ -97,11 +138,18 @@ async fn show_progress(
     let mut next_edit = Instant::now() + edit_every;
     let mut pending_change = false;
     let mut writer_alive = true;
+    shown_in_chat
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .preview = preview;
     loop {
         let wake_edit = pending_change.then_some(next_edit);
         tokio::select! {
             biased;
             _ = &mut stopped => return preview,
+            // Stopped or interrupted: nothing more of this turn is sent
+            // (the marker is the view's last word, see `Drop`).
+            _ = ending.cancelled() => return preview,
             _ = tokio::time::sleep_until(next_typing) => {
                 next_typing = Instant::now() + typing_every;
                 // Telegram hides "typing" once a message is sent; keep it
@@ -122,18 +170,34 @@ async fn show_progress(
                     continue;
                 }
                 let Some(formatted) = preview_of(&latest) else { continue };
-                let result = match preview {
-                    None => delivery.send_chunk(target, &formatted, None).await.map(Some),
-                    Some(id) => delivery.edit_chunk(target, id, &formatted).await.map(|()| None),
+                let update = async {
+                    match preview {
+                        None => delivery.send_chunk(target, &formatted, None).await.map(Some),
+                        Some(id) => delivery.edit_chunk(target, id, &formatted).await.map(|()| None),
+                    }
+                };
+                // An update still waiting for its turn when the turn is
+                // stopped is dropped (one already sent runs to its answer).
+                let result = tokio::select! {
+                    biased;
+                    _ = ending.cancelled() => return preview,
+                    result = update => result,
                 };
                 match result {
                     Ok(Some(id)) => {
                         preview = Some(id);
+                        {
+                            let mut shown = shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner);
+                            shown.preview = Some(id);
+                            shown.text = latest.clone();
+                        }
                         if let Some(record) = &record {
                             record.save(vec![id], false).await;
                         }
                     }
-                    Ok(None) => {}
+                    Ok(None) => {
+                        shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner).text = latest.clone();
+                    }
                     Err(error) => tracing::debug!(chat_id = target.chat_id, %error, "preview update failed"),
                 }
                 shown = latest;
@@ -184,8 +248,36 @@ impl Drop for LiveView {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(task) = self.task.take() {
+        let task = self.task.take();
+        if let Some(task) = &task {
             task.abort();
         }
+        // Stopped or interrupted: the preview keeps its text and gets its
+        // marker, once the command's reply is out.
+        let Some((end, after)) = self.progress.ended() else {
+            return;
+        };
+        let (preview, text) = {
+            let shown = self.shown.lock().unwrap_or_else(PoisonError::into_inner);
+            (shown.preview, shown.text.clone())
+        };
+        let Some(preview) = preview else { return };
+        let Some(marked) = marked_preview(&text, end) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let delivery = self.delivery.clone();
+        let target = self.target;
+        runtime.spawn(async move {
+            if let Some(task) = task {
+                let _ = task.await;
+            }
+            after.cancelled().await;
+            if let Err(error) = delivery.edit_chunk(target, preview, &marked).await {
+                tracing::debug!(chat_id = target.chat_id, %error, "could not mark a stopped preview");
+            }
+        });
     }
 }

@@ -38,6 +38,24 @@ const GLOBAL_WINDOW: Duration = Duration::from_secs(1);
 const MAX_CHAT_INTERVAL: Duration = Duration::from_secs(3600);
 /// Fewest reservations between two automatic prunes.
 const MIN_RESERVATIONS_BETWEEN_PRUNES: usize = 256;
+/// Sends one chat may burst (Telegram tolerates short bursts above one per
+/// second): a token bucket of this size refills one token per
+/// `per_chat_interval`. Ordinary sends leave one token in it, so a control
+/// reply always finds one ([`Priority::Control`]); a typing action only goes
+/// when the bucket is full, so it never delays a message.
+pub const PER_CHAT_BURST: f64 = 3.0;
+
+/// What a reservation is for: how much of a chat's burst it may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// The reply to a control command (/stop, /new, /status…): may use the
+    /// last token of the chat's burst instead of waiting out
+    /// `per_chat_interval`.
+    Control,
+    /// Everything else that must be delivered: paced one per
+    /// `per_chat_interval`, always leaving a token for a control reply.
+    Normal,
+}
 
 /// Telegram's flood limits, as the limiter should respect them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +92,52 @@ struct ChatState {
     /// The most recent group sends, oldest first, at most
     /// `group_per_minute` of them.
     recent_group_sends: VecDeque<Instant>,
+    /// The chat's burst bucket: tokens left right after the send at the
+    /// given instant; `None` means full.
+    bucket: Option<(f64, Instant)>,
+}
+
+impl ChatState {
+    /// Tokens in the bucket at `at` (not before the last booking).
+    fn tokens_at(&self, at: Instant, interval: Duration) -> f64 {
+        match self.bucket {
+            None => PER_CHAT_BURST,
+            Some(_) if interval.is_zero() => PER_CHAT_BURST,
+            Some((tokens, since)) => {
+                let refilled =
+                    at.saturating_duration_since(since).as_secs_f64() / interval.as_secs_f64();
+                (tokens + refilled).min(PER_CHAT_BURST)
+            }
+        }
+    }
+
+    /// The earliest instant at or after `now` with at least `need` tokens.
+    fn bucket_allows_at(&self, need: f64, now: Instant, interval: Duration) -> Instant {
+        let tokens = self.tokens_at(now, interval);
+        if tokens >= need || interval.is_zero() {
+            return now;
+        }
+        let missing = Duration::from_secs_f64((need - tokens) * interval.as_secs_f64());
+        // Rounded up by a microsecond so that float error never leaves the
+        // bucket a hair short at the booked instant.
+        after(now, missing + Duration::from_micros(1))
+    }
+
+    /// Takes one token at `at`.
+    fn take_token(&mut self, at: Instant, interval: Duration) {
+        let tokens = (self.tokens_at(at, interval) - 1.0).max(0.0);
+        self.bucket = Some((tokens, at));
+    }
+
+    /// When the bucket is full again.
+    fn bucket_full_at(&self, interval: Duration) -> Option<Instant> {
+        let (tokens, since) = self.bucket?;
+        let missing = (PER_CHAT_BURST - tokens).max(0.0);
+        Some(after(
+            since,
+            Duration::from_secs_f64(missing * interval.as_secs_f64()),
+        ))
+    }
 }
 
 impl ChatState {
@@ -84,6 +148,7 @@ impl ChatState {
             instant.is_none_or(|instant| after(instant, delay) <= now)
         };
         passed(self.last_send, per_chat_interval)
+            && passed(self.bucket_full_at(per_chat_interval), Duration::ZERO)
             && passed(self.blocked_until, Duration::ZERO)
             && passed(self.recent_group_sends.back().copied(), GROUP_WINDOW)
     }
@@ -149,9 +214,23 @@ impl RateLimiter {
     ///
     /// O(log R) plus amortised O(1); see the module documentation.
     pub fn reserve(&mut self, chat: i64, is_group: bool, now: Instant) -> Instant {
+        self.reserve_with(chat, is_group, now, Priority::Normal)
+    }
+
+    /// [`reserve`](Self::reserve) for a request of the given priority: a
+    /// control reply may go before `per_chat_interval` has passed, using
+    /// the token ordinary sends leave in the chat's burst bucket. Group,
+    /// global and `retry_after` limits apply to every priority.
+    pub fn reserve_with(
+        &mut self,
+        chat: i64,
+        is_group: bool,
+        now: Instant,
+        priority: Priority,
+    ) -> Instant {
         self.prune_if_due(now);
         self.forget_past_bursts(now);
-        let mut send_at = self.earliest_for_chat(chat, is_group, now);
+        let mut send_at = self.earliest_for_chat(chat, is_group, now, priority);
         if let Some(blocked_until) = self.global_blocked_until {
             send_at = send_at.max(blocked_until);
         }
@@ -159,6 +238,52 @@ impl RateLimiter {
         self.book_global(send_at);
         self.book_chat(chat, is_group, send_at);
         send_at
+    }
+
+    /// Books a send at `now` for a best-effort request (a typing action)
+    /// only if it needs no wait and leaves every limit with room: the
+    /// chat's burst bucket full, no block, the group window and the global
+    /// spacing free. Returns whether it was booked. Such a send never
+    /// moves the chat's `per_chat_interval`, so it delays no message.
+    pub fn try_reserve_now(&mut self, chat: i64, is_group: bool, now: Instant) -> bool {
+        self.prune_if_due(now);
+        self.forget_past_bursts(now);
+        if self.global_blocked_until.is_some_and(|until| until > now) {
+            return false;
+        }
+        let interval = self.limits.per_chat_interval;
+        let group_limit = self.limits.group_per_minute as usize;
+        if let Some(state) = self.chats.get(&chat) {
+            if state.blocked_until.is_some_and(|until| until > now)
+                || state.tokens_at(now, interval) < PER_CHAT_BURST
+            {
+                return false;
+            }
+            if is_group && group_limit > 0 {
+                let in_window = state
+                    .recent_group_sends
+                    .iter()
+                    .filter(|sent| after(**sent, GROUP_WINDOW) > now)
+                    .count();
+                // Leave room for a message and a control reply.
+                if in_window + 2 >= group_limit {
+                    return false;
+                }
+            }
+        }
+        if self.earliest_global_slot(now) != now {
+            return false;
+        }
+        self.book_global(now);
+        let state = self.chats.entry(chat).or_default();
+        state.take_token(now, interval);
+        if is_group && group_limit > 0 {
+            state.recent_group_sends.push_back(now);
+            while state.recent_group_sends.len() > group_limit {
+                state.recent_group_sends.pop_front();
+            }
+        }
+        true
     }
 
     /// Records a 429: nothing for `chat` (or, with `None`, nothing at all)
@@ -206,14 +331,28 @@ impl RateLimiter {
     }
 
     /// The earliest instant `chat`'s own limits allow, not before `now`.
-    fn earliest_for_chat(&self, chat: i64, is_group: bool, now: Instant) -> Instant {
+    fn earliest_for_chat(
+        &self,
+        chat: i64,
+        is_group: bool,
+        now: Instant,
+        priority: Priority,
+    ) -> Instant {
         let Some(state) = self.chats.get(&chat) else {
             return now;
         };
+        let interval = self.limits.per_chat_interval;
         let mut earliest = now;
-        if let Some(last_send) = state.last_send {
-            earliest = earliest.max(after(last_send, self.limits.per_chat_interval));
+        let need = match priority {
+            Priority::Control => 1.0,
+            Priority::Normal => 2.0,
+        };
+        if priority == Priority::Normal {
+            if let Some(last_send) = state.last_send {
+                earliest = earliest.max(after(last_send, interval));
+            }
         }
+        earliest = earliest.max(state.bucket_allows_at(need, earliest, interval));
         if let Some(blocked_until) = state.blocked_until {
             earliest = earliest.max(blocked_until);
         }
@@ -278,8 +417,10 @@ impl RateLimiter {
     /// Records a send to `chat` at `send_at`.
     fn book_chat(&mut self, chat: i64, is_group: bool, send_at: Instant) {
         let group_limit = self.limits.group_per_minute as usize;
+        let interval = self.limits.per_chat_interval;
         let state = self.chats.entry(chat).or_default();
         state.last_send = Some(state.last_send.map_or(send_at, |last| last.max(send_at)));
+        state.take_token(send_at, interval);
         if is_group && group_limit > 0 {
             state.recent_group_sends.push_back(send_at);
             while state.recent_group_sends.len() > group_limit {

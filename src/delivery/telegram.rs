@@ -16,11 +16,19 @@
 //! to its answer even if the turn that sent it is cancelled meanwhile.
 //! Chats never wait for each other.
 //!
+//! Within a chat, control replies (the answers to /stop, /new, /reset,
+//! /status, /approve, /deny and the other commands: [`ReplyKind::Command`])
+//! jump the line: a chat's waiting requests are a two-lane queue and the
+//! control lane is served first, and the rate limiter lets a control reply
+//! use the burst token ordinary sends leave free ([`Priority`]). A typing
+//! action is only sent when the chat's turn is free and the limits have
+//! room right now; otherwise it is skipped, so it never delays a message.
+//!
 //! This module owns pacing and retries. It must never decide whether a reply
 //! should be sent (the adapter and runner did that) and never log message
 //! text above debug level.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -30,10 +38,12 @@ use teloxide::payloads::{EditMessageTextSetters, SendMessageSetters};
 use teloxide::requests::{Request, Requester};
 use teloxide::types::{ChatAction, ChatId, MessageId, ReplyParameters, ThreadId};
 use teloxide::{ApiError, Bot, RequestError};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::entity::{to_telegram, FormattedText};
 use super::markdown::render;
+pub use super::ratelimit::Priority;
 use super::ratelimit::{RateLimiter, RateLimits};
 use super::split::{split, TELEGRAM_LIMIT};
 use crate::agent::ProgressWatch;
@@ -96,32 +106,70 @@ struct DeliveryInner {
     limiter: Mutex<RateLimiter>,
     stats: Mutex<DeliveryStats>,
     config: DeliveryConfig,
-    /// One lock per chat with a request in flight or waiting (see the
+    /// One lane per chat with a request in flight or waiting (see the
     /// module docs); an entry is removed when nobody holds or waits for it.
-    chat_locks: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
+    chat_lanes: Mutex<HashMap<i64, ChatLane>>,
 }
 
-/// The right to send the next request to one chat; released on drop.
+/// Who sends next to one chat: the holder of the turn, then the control
+/// lane's waiters, then the others, each in arrival order.
+#[derive(Default)]
+struct ChatLane {
+    busy: bool,
+    control: VecDeque<oneshot::Sender<()>>,
+    normal: VecDeque<oneshot::Sender<()>>,
+}
+
+impl DeliveryInner {
+    fn lanes(&self) -> std::sync::MutexGuard<'_, HashMap<i64, ChatLane>> {
+        self.chat_lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hand `chat_id`'s turn to the next waiter (control first), or free it.
+    fn pass_turn(&self, chat_id: i64) {
+        let mut lanes = self.lanes();
+        let Some(lane) = lanes.get_mut(&chat_id) else {
+            return;
+        };
+        while let Some(next) = lane.control.pop_front().or_else(|| lane.normal.pop_front()) {
+            // A waiter that gave up has dropped its receiver: try the next.
+            if next.send(()).is_ok() {
+                return;
+            }
+        }
+        lanes.remove(&chat_id);
+    }
+}
+
+/// The right to send the next request to one chat; passed on when dropped.
 struct ChatTurn {
     inner: Arc<DeliveryInner>,
     chat_id: i64,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Drop for ChatTurn {
     fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut locks = self
-            .inner
-            .chat_locks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Only the map holds it: nobody holds or waits for this chat.
-        if locks
-            .get(&self.chat_id)
-            .is_some_and(|lock| Arc::strong_count(lock) == 1)
-        {
-            locks.remove(&self.chat_id);
+        self.inner.pass_turn(self.chat_id);
+    }
+}
+
+/// A request waiting for its chat's turn. If it is dropped after the turn
+/// was handed to it but before it took it, it passes the turn on.
+struct TurnWaiter {
+    inner: Arc<DeliveryInner>,
+    chat_id: i64,
+    handed: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for TurnWaiter {
+    fn drop(&mut self) {
+        if let Some(mut handed) = self.handed.take() {
+            handed.close();
+            if handed.try_recv().is_ok() {
+                self.inner.pass_turn(self.chat_id);
+            }
         }
     }
 }
@@ -195,7 +243,7 @@ impl Delivery {
                 limiter: Mutex::new(RateLimiter::new(config.limits)),
                 stats: Mutex::new(DeliveryStats::default()),
                 config,
-                chat_locks: Mutex::new(HashMap::new()),
+                chat_lanes: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -229,34 +277,79 @@ impl Delivery {
         );
     }
 
-    /// Wait until no other request to `chat_id` is in flight.
-    async fn chat_turn(&self, chat_id: i64) -> ChatTurn {
-        let lock = self
-            .inner
-            .chat_locks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(chat_id)
-            .or_default()
-            .clone();
-        // Built before the wait, so a cancelled wait still cleans up.
-        let mut turn = ChatTurn {
-            inner: self.inner.clone(),
-            chat_id,
-            guard: None,
-        };
-        turn.guard = Some(lock.lock_owned().await);
-        turn
+    /// Wait until no other request to `chat_id` is in flight and every
+    /// request queued before this one in its lane (and, for a normal
+    /// request, every control request) has had its turn.
+    async fn chat_turn(&self, chat_id: i64, priority: Priority) -> ChatTurn {
+        loop {
+            let handed = {
+                let mut lanes = self.inner.lanes();
+                let lane = lanes.entry(chat_id).or_default();
+                if !lane.busy {
+                    lane.busy = true;
+                    return ChatTurn {
+                        inner: self.inner.clone(),
+                        chat_id,
+                    };
+                }
+                let (tx, rx) = oneshot::channel();
+                match priority {
+                    Priority::Control => lane.control.push_back(tx),
+                    Priority::Normal => lane.normal.push_back(tx),
+                }
+                rx
+            };
+            // Built before the wait, so a cancelled wait still passes on a
+            // turn handed to it.
+            let mut waiter = TurnWaiter {
+                inner: self.inner.clone(),
+                chat_id,
+                handed: Some(handed),
+            };
+            let received = match waiter.handed.as_mut() {
+                Some(handed) => handed.await.is_ok(),
+                None => false,
+            };
+            waiter.handed = None;
+            if received {
+                return ChatTurn {
+                    inner: self.inner.clone(),
+                    chat_id,
+                };
+            }
+            // The lane was dropped under us (cannot happen while we wait in
+            // it); queue again rather than send out of turn.
+        }
     }
 
-    async fn pace(&self, target: ChatTarget) {
+    /// The chat's turn right now, or `None` if a request holds or waits
+    /// for it.
+    fn chat_turn_now(&self, chat_id: i64) -> Option<ChatTurn> {
+        let mut lanes = self.inner.lanes();
+        let lane = lanes.entry(chat_id).or_default();
+        if lane.busy {
+            return None;
+        }
+        lane.busy = true;
+        Some(ChatTurn {
+            inner: self.inner.clone(),
+            chat_id,
+        })
+    }
+
+    async fn pace(&self, target: ChatTarget, priority: Priority) {
         let at = {
             let mut limiter = self
                 .inner
                 .limiter
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            limiter.reserve(target.chat_id, target.is_group, Instant::now().into_std())
+            limiter.reserve_with(
+                target.chat_id,
+                target.is_group,
+                Instant::now().into_std(),
+                priority,
+            )
         };
         tokio::time::sleep_until(Instant::from_std(at)).await;
     }
@@ -288,11 +381,29 @@ impl Delivery {
         Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
         T: Send + 'static,
     {
+        self.call_with(target, idempotence, Priority::Normal, op)
+            .await
+    }
+
+    /// [`Delivery::call`] in the given lane: a [`Priority::Control`]
+    /// request goes before every normal request waiting for the chat.
+    pub async fn call_with<T, F, Fut>(
+        &self,
+        target: ChatTarget,
+        idempotence: Idempotence,
+        priority: Priority,
+        op: F,
+    ) -> Result<Option<T>, DeliveryError>
+    where
+        F: Fn(bool) -> Fut,
+        Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
+        T: Send + 'static,
+    {
         let mut plain = false;
         let mut attempts = 0u32;
         loop {
-            let turn = self.chat_turn(target.chat_id).await;
-            self.pace(target).await;
+            let turn = self.chat_turn(target.chat_id, priority).await;
+            self.pace(target, priority).await;
             let request = op(plain);
             let delivery = self.clone();
             let attempt = tokio::spawn(async move {
@@ -376,9 +487,21 @@ impl Delivery {
         chunk: &FormattedText,
         reply_to: Option<i64>,
     ) -> Result<i32, DeliveryError> {
+        self.send_chunk_with(target, chunk, reply_to, Priority::Normal)
+            .await
+    }
+
+    /// [`Delivery::send_chunk`] in the given lane.
+    pub async fn send_chunk_with(
+        &self,
+        target: ChatTarget,
+        chunk: &FormattedText,
+        reply_to: Option<i64>,
+        priority: Priority,
+    ) -> Result<i32, DeliveryError> {
         let entities = to_telegram(&chunk.entities);
         let sent = self
-            .call(target, Idempotence::Unsafe, |plain| {
+            .call_with(target, Idempotence::Unsafe, priority, |plain| {
                 let mut request = self
                     .inner
                     .bot
@@ -428,25 +551,59 @@ impl Delivery {
         .map(|_| ())
     }
 
-    /// Show "typing…" in the chat (best effort).
-    pub async fn typing(&self, target: ChatTarget) {
-        let result = self
-            .call(target, Idempotence::Safe, |_| {
-                let mut request = self
-                    .inner
-                    .bot
-                    .send_chat_action(ChatId(target.chat_id), ChatAction::Typing);
-                if let Some(thread) = target.thread_id {
-                    request = teloxide::payloads::SendChatActionSetters::message_thread_id(
-                        request,
-                        ThreadId(MessageId(thread)),
-                    );
+    /// Show "typing…" in the chat (best effort): sent only if the chat's
+    /// turn is free and the limits have room right now, once, without
+    /// retries; otherwise skipped. It never delays a message. Returns
+    /// whether it was sent.
+    pub async fn typing(&self, target: ChatTarget) -> bool {
+        let Some(turn) = self.chat_turn_now(target.chat_id) else {
+            return false;
+        };
+        let booked = self
+            .inner
+            .limiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .try_reserve_now(target.chat_id, target.is_group, Instant::now().into_std());
+        if !booked {
+            return false;
+        }
+        let mut request = self
+            .inner
+            .bot
+            .send_chat_action(ChatId(target.chat_id), ChatAction::Typing);
+        if let Some(thread) = target.thread_id {
+            request = teloxide::payloads::SendChatActionSetters::message_thread_id(
+                request,
+                ThreadId(MessageId(thread)),
+            );
+        }
+        let request = request.send();
+        let delivery = self.clone();
+        // Like every request: once sent, it runs to its answer and a 429
+        // is booked before the chat's next request goes.
+        let attempt = tokio::spawn(async move {
+            let result = request.await;
+            if let Err(RequestError::RetryAfter(seconds)) = &result {
+                delivery.hold_chat(target, seconds.duration());
+            }
+            drop(turn);
+            result
+        });
+        match attempt.await {
+            Ok(Ok(_)) => true,
+            Ok(Err(error)) => {
+                if let RequestError::RetryAfter(seconds) = &error {
+                    let wait = seconds.duration();
+                    self.note(|s| {
+                        s.retry_after_hits += 1;
+                        s.retry_after_wait_ms += wait.as_millis() as u64;
+                    });
                 }
-                request.send()
-            })
-            .await;
-        if let Err(error) = result {
-            tracing::debug!(chat_id = target.chat_id, %error, "typing indicator failed");
+                tracing::debug!(chat_id = target.chat_id, %error, "typing indicator failed");
+                false
+            }
+            Err(_) => false,
         }
     }
 
@@ -460,6 +617,11 @@ impl Delivery {
         first_in_place: Option<i32>,
     ) -> Result<Vec<i32>, DeliveryError> {
         let chunks = render_chunks(reply);
+        // A command's answer (/stop's "Stopped", /status…) jumps the line.
+        let priority = match reply.kind {
+            ReplyKind::Command => Priority::Control,
+            _ => Priority::Normal,
+        };
         let mut reply_to = reply.reply_to;
         let mut ids = Vec::with_capacity(chunks.len());
         for (index, chunk) in chunks.iter().enumerate() {
@@ -480,7 +642,10 @@ impl Delivery {
                 _ => false,
             };
             if !edited {
-                ids.push(self.send_chunk(target, chunk, reply_to).await?);
+                ids.push(
+                    self.send_chunk_with(target, chunk, reply_to, priority)
+                        .await?,
+                );
             }
             // Only the first chunk quotes the user's message.
             reply_to = None;

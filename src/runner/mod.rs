@@ -47,11 +47,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
-use crate::agent::{Agent, AgentError, ChatMessage, Progress, Role, TurnRequest};
+use crate::agent::{Agent, AgentError, ChatMessage, Progress, Role, TurnEnd, TurnRequest};
 use crate::event::{MessageEvent, MessageKind, SessionKey};
 use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
 use crate::metrics::Metrics;
-use crate::reply::{Outbound, Outgoing, Reply};
+use crate::reply::{DeliveryError, LiveReply, Outbound, Outgoing, Reply};
 use crate::store::{Store, TranscriptEntry};
 use crate::tools::approval::{approval_reply, Denial, Lookup};
 use crate::tools::approval_prompt::preview;
@@ -60,6 +60,7 @@ use crate::tools::process::{ProcessId, ProcessMode, ProcessRecord, Scope};
 use crate::tools::TerminalTool;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 /// Runner settings.
@@ -97,6 +98,10 @@ struct RunnerState {
     sessions: SessionTable,
     /// Slots whose last turn left history out to fit the backend's budget.
     trimmed: HashMap<SessionKey, usize>,
+    /// Turns stopped by a command still being answered: the token fires
+    /// once the command's reply is out (then the stopped turn's preview
+    /// gets its marker).
+    reply_gates: HashMap<SessionKey, CancellationToken>,
 }
 
 struct RunnerInner {
@@ -355,7 +360,20 @@ impl Runner {
                 Some(known) => self.command(known, command.args, &ctx).await,
                 None => Reply::command(commands::unknown_command_text(command.name)),
             };
-            return Some(reply.in_reply_to(event.message_id).into());
+            let reply = reply.in_reply_to(event.message_id);
+            // A turn this command stopped shows its marker after the reply.
+            let gate = self.state().reply_gates.remove(&ctx.key);
+            return Some(match gate {
+                Some(gate) => Outgoing {
+                    reply,
+                    live: Some(Box::new(OpenGateAfterSending {
+                        outbound: self.inner.outbound.clone(),
+                        to: event.source.clone(),
+                        gate,
+                    })),
+                },
+                None => reply.into(),
+            });
         }
         // One span per turn: every log line of the turn (and of the agent and
         // tools below it) carries the slot, the session and the generation.
@@ -592,7 +610,12 @@ impl Runner {
         let mut state = self.state();
         let outcome = match state.slots.running_agent(key) {
             Some(RunningAgent::Live(handle)) => {
+                let gate = CancellationToken::new();
+                handle.progress.mark_ended(TurnEnd::Stopped, gate.clone());
                 handle.cancel.cancel();
+                if let Some(earlier) = state.reply_gates.insert(key.clone(), gate) {
+                    earlier.cancel();
+                }
                 StopOutcome::StoppedLive
             }
             Some(RunningAgent::Pending) => StopOutcome::ForceUnlocked,
@@ -701,6 +724,12 @@ impl Runner {
         )
         .await;
 
+        if ctx.interrupt.is_cancelled() {
+            // A newer message interrupted it (a /stop before wins).
+            let now = CancellationToken::new();
+            now.cancel();
+            progress.mark_ended(TurnEnd::Interrupted, now);
+        }
         // Only a turn that is still current may release the slot and answer.
         slot.armed = false;
         let current = self.state().slots.release(&key, Some(generation));
@@ -837,6 +866,31 @@ impl Runner {
                 }
             }
         }
+    }
+}
+
+/// A command reply that stopped a turn: delivered like any reply, then opens
+/// the gate the stopped turn's preview waits on for its marker (also if it
+/// is dropped unsent, so the marker is never held forever).
+struct OpenGateAfterSending {
+    outbound: Arc<dyn Outbound>,
+    to: crate::event::SessionSource,
+    gate: CancellationToken,
+}
+
+impl LiveReply for OpenGateAfterSending {
+    fn finish(self: Box<Self>, reply: Reply) -> BoxFuture<'static, Result<(), DeliveryError>> {
+        Box::pin(async move {
+            let result = self.outbound.deliver(&self.to, reply).await;
+            self.gate.cancel();
+            result
+        })
+    }
+}
+
+impl Drop for OpenGateAfterSending {
+    fn drop(&mut self) {
+        self.gate.cancel();
     }
 }
 

@@ -61,9 +61,9 @@
 //! * Never log message contents at info level or above: transcripts are
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
-mod integrity;
 pub mod agent_sessions;
 mod files;
+mod integrity;
 pub mod ledger;
 mod retention;
 pub mod schema;
@@ -79,8 +79,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
-pub use integrity::marker_path;
 pub use agent_sessions::AgentUsage;
+pub use integrity::marker_path;
 pub use ledger::{InboxEntry, InboxState, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};

@@ -13,7 +13,9 @@
 //! something may have resolved the chat's session from racy global state.
 //! [`resolve_wakeup_target`] cross-checks: when the recorded owner positively
 //! differs from the session the chat key resolves to now, the owner wins
-//! (and an error is logged, because outside `/new` that means a misroute);
+//! (logged at info level with the reason when the owner is an earlier
+//! session of the same chat, i.e. after a legitimate `/new`; at error level
+//! only when the records are inconsistent, which means a misroute);
 //! when they agree, or the owner is unknown, the resolved session passes
 //! through unchanged. The resolver never suppresses a wakeup. The turn then
 //! runs against the target session through
@@ -64,10 +66,21 @@ impl Wakeup {
     /// [`resolve_wakeup_target`] picks. `None` without an owner (such a
     /// process cannot ask for a wakeup in the first place).
     pub fn into_event(self, resolved_session_id: SessionId) -> Option<MessageEvent> {
-        let target = resolve_wakeup_target(
+        self.into_event_checked(resolved_session_id, OwnerHistory::Unchecked)
+    }
+
+    /// [`Wakeup::into_event`], with what the session history says about the
+    /// recorded owner session (see [`resolve_wakeup_target_checked`]).
+    pub fn into_event_checked(
+        self,
+        resolved_session_id: SessionId,
+        history: OwnerHistory,
+    ) -> Option<MessageEvent> {
+        let target = resolve_wakeup_target_checked(
             &self.process.id,
             resolved_session_id.clone(),
             Some(&self.process),
+            history,
         );
         let text = self.text(&target, &resolved_session_id);
         let source = self.owner()?.source.clone();
@@ -122,19 +135,77 @@ pub fn resolve_wakeup_target(
     resolved_session_id: SessionId,
     process: Option<&ProcessRecord>,
 ) -> SessionId {
+    resolve_wakeup_target_checked(
+        process_id,
+        resolved_session_id,
+        process,
+        OwnerHistory::Unchecked,
+    )
+}
+
+/// What the session history says about a process's recorded owner session,
+/// looked up when it differs from the session its chat key resolves to now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnerHistory {
+    /// An earlier session of the same chat key: the chat moved on with
+    /// `/new` or `/reset` after the process started. A legitimate reroute.
+    EarlierSessionOfTheChat,
+    /// The session belongs to another chat key (named): the records are
+    /// inconsistent.
+    OtherChat(String),
+    /// The store never issued this session: the records are inconsistent.
+    NeverIssued,
+    /// Not looked up (no store, or it could not be read).
+    Unchecked,
+}
+
+/// [`resolve_wakeup_target`], logging a reroute according to `history`:
+/// info level, with the reason, after a legitimate `/new`; error level when
+/// the records are inconsistent (a misroute caught here); warn level when
+/// it could not be checked. The target is the same in every case.
+pub fn resolve_wakeup_target_checked(
+    process_id: &ProcessId,
+    resolved_session_id: SessionId,
+    process: Option<&ProcessRecord>,
+    history: OwnerHistory,
+) -> SessionId {
     let Some(owner) = process.and_then(ProcessRecord::spawn_session_id) else {
         return resolved_session_id;
     };
     if *owner == resolved_session_id {
         return resolved_session_id;
     }
-    tracing::error!(
-        process = %process_id,
-        owner_session = %owner,
-        resolved_session = %resolved_session_id,
-        "wakeup target mismatch: the chat key resolves to another session than the one that \
-         spawned the process (expected after /new; otherwise a misroute); waking the owner"
-    );
+    match history {
+        OwnerHistory::EarlierSessionOfTheChat => tracing::info!(
+            process = %process_id,
+            owner_session = %owner,
+            resolved_session = %resolved_session_id,
+            reason = "the chat started a new session (/new or /reset) after the process started",
+            "wakeup rerouted to the session that spawned the process"
+        ),
+        OwnerHistory::OtherChat(key) => tracing::error!(
+            process = %process_id,
+            owner_session = %owner,
+            owner_session_key = %key,
+            resolved_session = %resolved_session_id,
+            "wakeup target mismatch: the spawning session belongs to another chat (a misroute); \
+             waking the recorded owner"
+        ),
+        OwnerHistory::NeverIssued => tracing::error!(
+            process = %process_id,
+            owner_session = %owner,
+            resolved_session = %resolved_session_id,
+            "wakeup target mismatch: the spawning session was never issued (a misroute); \
+             waking the recorded owner"
+        ),
+        OwnerHistory::Unchecked => tracing::warn!(
+            process = %process_id,
+            owner_session = %owner,
+            resolved_session = %resolved_session_id,
+            "wakeup target differs from the chat's current session (expected after /new; \
+             not checked against the session history); waking the owner"
+        ),
+    }
     owner.clone()
 }
 

@@ -16,6 +16,13 @@
 //! server error before it even reads the body, which would make tests slow
 //! for no benefit. That is why [`Failure`] offers no `ServerError`.
 //!
+//! Flood limits: with [`FakeBotApi::enforce_flood_limits`] the fake answers
+//! 429 (with a `retry_after`) to a chat-scoped call (send, edit, chat
+//! action) that exceeds Telegram's limits: a per-chat token bucket (small
+//! burst, about one per second), 20 per minute per group, 30 per second
+//! overall. Off by default, so tests that pace fast for speed still run;
+//! [`FakeBotApi::flood_refusals`] counts the 429s it gave.
+//!
 //! Deliberate simplifications (documented so tests don't rely on them):
 //! * `parse_mode` is recorded but not interpreted; text is stored verbatim
 //!   (Telegram would strip markup and trim whitespace), so length limits
@@ -314,6 +321,99 @@ impl SentMessage {
 
     pub fn text(&self) -> &str {
         &self.current().text
+    }
+}
+
+/// Telegram's flood limits as the fake enforces them (see
+/// [`FakeBotApi::enforce_flood_limits`]).
+#[derive(Clone, Copy, Debug)]
+pub struct FloodLimits {
+    /// Calls one chat may burst.
+    pub per_chat_burst: f64,
+    /// Calls per second one chat sustains (the bucket's refill rate).
+    pub per_chat_per_second: f64,
+    /// Calls to one group in any minute.
+    pub group_per_minute: usize,
+    /// Calls overall in any second.
+    pub global_per_second: usize,
+    /// Network jitter tolerated on the group and global windows: calls are
+    /// counted in windows this much shorter than a minute / a second (a
+    /// client pacing exactly at the limit sees its requests arrive a little
+    /// bunched by scheduling, which Telegram tolerates too).
+    pub window_grace: Duration,
+}
+
+impl FloodLimits {
+    /// Telegram's documented limits, with a burst of 3 per chat.
+    pub fn telegram() -> Self {
+        FloodLimits {
+            per_chat_burst: 3.0,
+            per_chat_per_second: 1.0,
+            group_per_minute: 20,
+            global_per_second: 30,
+            window_grace: Duration::from_millis(100),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Flood {
+    limits: Option<FloodLimits>,
+    /// Per chat: tokens left after the last accepted call, and when.
+    buckets: HashMap<i64, (f64, Instant)>,
+    group_calls: HashMap<i64, VecDeque<Instant>>,
+    global_calls: VecDeque<Instant>,
+    refusals: u64,
+}
+
+impl Flood {
+    /// `Some(retry_after secs)` if a call to `chat_id` at `at` breaks a
+    /// limit; otherwise books it.
+    fn check(&mut self, chat_id: i64, is_group: bool, at: Instant) -> Option<u32> {
+        let limits = self.limits?;
+        let minute = Duration::from_secs(60).saturating_sub(limits.window_grace);
+        let second = Duration::from_secs(1).saturating_sub(limits.window_grace);
+        while self
+            .global_calls
+            .front()
+            .is_some_and(|t| at.duration_since(*t) >= second)
+        {
+            self.global_calls.pop_front();
+        }
+        if self.global_calls.len() >= limits.global_per_second {
+            self.refusals += 1;
+            return Some(1);
+        }
+        let tokens = match self.buckets.get(&chat_id) {
+            None => limits.per_chat_burst,
+            Some((tokens, since)) => (tokens
+                + at.duration_since(*since).as_secs_f64() * limits.per_chat_per_second)
+                .min(limits.per_chat_burst),
+        };
+        if tokens < 1.0 {
+            self.refusals += 1;
+            return Some(1);
+        }
+        if is_group {
+            let calls = self.group_calls.entry(chat_id).or_default();
+            while calls
+                .front()
+                .is_some_and(|t| at.duration_since(*t) >= minute)
+            {
+                calls.pop_front();
+            }
+            if calls.len() >= limits.group_per_minute {
+                let wait = calls.front().map_or(Duration::ZERO, |t| {
+                    minute.saturating_sub(at.duration_since(*t))
+                });
+                self.refusals += 1;
+                return Some(wait.as_secs().max(1) as u32);
+            }
+            calls.push_back(at);
+        }
+        self.buckets.insert(chat_id, (tokens - 1.0, at));
+        self.global_calls.push_back(at);
+        None
     }
 }
 
@@ -743,6 +843,16 @@ impl FakeBotApi {
         inner.rates.clear();
     }
 
+    /// From now on, answer calls that exceed `limits` with 429.
+    pub fn enforce_flood_limits(&self, limits: FloodLimits) {
+        self.shared.lock().flood.limits = Some(limits);
+    }
+
+    /// How many calls the flood limits refused (429) so far.
+    pub fn flood_refusals(&self) -> u64 {
+        self.shared.lock().flood.refusals
+    }
+
     /// Calls that arrived while a `retry_after` the fake announced for the
     /// same scope was still running. Per-chat methods (`sendMessage`,
     /// `editMessageText`, `sendChatAction`) share one window per `chat_id`;
@@ -815,6 +925,7 @@ struct Inner {
     retry_windows: HashMap<RetryScope, RetryWindow>,
     violations: Vec<RetryAfterViolation>,
     next_callback_id: u64,
+    flood: Flood,
 }
 
 /// The parameters of the last `setWebhook`.
@@ -1005,6 +1116,9 @@ impl Shared {
 
     /// Runs a call: scripted failure first, then the method itself.
     async fn serve_call(&self, seq: u64, method: &str, body: Value) -> Reply {
+        if let Some(secs) = self.flood_check(method, &body) {
+            return Reply::Answer(Err(self.announce_retry_after(seq, method, &body, secs)));
+        }
         let failure = self.lock().take_failure(method);
         match failure {
             None => Reply::Answer(self.dispatch(method, &body).await),
@@ -1023,6 +1137,19 @@ impl Shared {
                 Reply::Answer(Err(self.announce_retry_after(seq, method, &body, secs)))
             }
         }
+    }
+
+    /// The flood limits' verdict on a chat-scoped call arriving now.
+    fn flood_check(&self, method: &str, body: &Value) -> Option<u32> {
+        let RetryScope::Chat(chat_id) = retry_scope(method, body) else {
+            return None;
+        };
+        let mut inner = self.lock();
+        let is_group = matches!(
+            inner.chat_type(chat_id),
+            ChatType::Group | ChatType::Supergroup
+        );
+        inner.flood.check(chat_id, is_group, Instant::now())
     }
 
     /// Builds a 429 and remembers until when the client must stay quiet.
