@@ -17,6 +17,8 @@
 
 #[path = "../tests/support/fake_bot.rs"]
 mod fake_bot;
+#[path = "../tests/support/fake_files.rs"]
+mod fake_files;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

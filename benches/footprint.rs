@@ -9,6 +9,8 @@
 
 #[path = "../tests/support/fake_bot.rs"]
 mod fake_bot;
+#[path = "../tests/support/fake_files.rs"]
+mod fake_files;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

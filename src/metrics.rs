@@ -1012,6 +1012,7 @@ mod tests {
         ("telegate_updates_received_total", "counter"),
         ("telegate_updates_duplicate_total", "counter"),
         ("telegate_messages_refused_total", "counter"),
+        ("telegate_getupdates_conflicts_total", "counter"),
         (
             "telegate_telegram_retry_after_wait_seconds_total",
             "counter",
