@@ -508,7 +508,14 @@ async fn a_restart_mid_download_finishes_the_message_once() {
     assert!(fake.wait_for_ok_calls("getFile", 1, WAIT).await);
     bot.shutdown().await;
     fake.files().release_downloads();
-    assert!(llm.requests().is_empty());
+    // The stopped bot's chat worker must not finish the download and run
+    // the turn on its own (it once kept going on a token nobody cancelled).
+    let mut late = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        late |= !llm.requests().is_empty() || fake.files().downloads() > 0;
+    }
+    assert!(!late, "the stopped bot went on with the message");
 
     llm.push_when(last_user_contains("line two"), Script::text("Read it."));
     let bot = TelegramBot::start(&config(&fake, data.path(), &agent))

@@ -356,6 +356,16 @@ impl Adapter {
     /// never awaits a turn. On the command path it returns once the command
     /// has been answered, the old turn cancelled and the slot handed on.
     pub async fn handle_message(&self, event: MessageEvent) {
+        if self.inner.shutting_down() {
+            // Nothing new starts once the shutdown began: the message stays
+            // unfinished in the ledger (the inbox), and the next start
+            // resumes it.
+            tracing::info!(
+                message_id = ?event.message_id,
+                "message arrived during shutdown; left for the next start"
+            );
+            return;
+        }
         let key = self.session_key(&event.source);
         let route = {
             let mut state = self.state();

@@ -26,6 +26,7 @@ use serde_json::Value;
 use teloxide::types::{Update, UpdateKind};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use super::inbound::{classify, Inbound, InboundPolicy};
 use super::media::{has_media, IntakeMedia};
@@ -338,6 +339,9 @@ pub struct Intake {
     resume_interrupted: bool,
     metrics: Metrics,
     workers: ChatWorkers,
+    /// Every chat worker ever started, so a shutdown can wait for them to
+    /// finish what they began (a refusal's inbox row, a prepared message).
+    worker_tasks: TaskTracker,
     media: Option<Arc<IntakeMedia>>,
 }
 
@@ -363,6 +367,7 @@ impl Intake {
             resume_interrupted,
             metrics,
             workers: Arc::default(),
+            worker_tasks: TaskTracker::new(),
             media: None,
         }
     }
@@ -370,6 +375,13 @@ impl Intake {
     /// The counters this intake records into.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The chat workers' tracker: a shutdown closes it and waits (bounded)
+    /// so no worker writes into a closed store or hands a message to a
+    /// stopped engine.
+    pub fn worker_tasks(&self) -> TaskTracker {
+        self.worker_tasks.clone()
     }
 
     /// Prepare photos, voice and documents before they reach the adapter.
@@ -482,7 +494,7 @@ impl Intake {
         let (tx, rx) = mpsc::unbounded_channel();
         let _ = tx.send(event);
         workers.insert(chat_id, tx);
-        tokio::spawn(chat_worker(
+        self.worker_tasks.spawn(chat_worker(
             self.engine.clone(),
             self.workers.clone(),
             chat_id,

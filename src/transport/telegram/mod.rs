@@ -29,6 +29,7 @@ use teloxide::types::BotCommand;
 use teloxide::Bot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use self::health::{BotHealth, UpdatesHealth};
 use self::inbound::InboundPolicy;
@@ -81,6 +82,7 @@ pub struct TelegramBot {
     ledger: StoreLedger,
     stop_intake: CancellationToken,
     intake_task: JoinHandle<()>,
+    chat_workers: TaskTracker,
     shutdown_grace: Duration,
     /// Cancelled when Telegram keeps refusing the token (polling): the bot
     /// cannot work and `run` exits with an error.
@@ -206,6 +208,7 @@ impl TelegramBot {
             metrics.clone(),
         )
         .with_media(intake_media);
+        let chat_workers = intake.worker_tasks();
         let resumed = intake.recover().await?;
         let outbound = TelegramOutbound::new(delivery.clone(), None);
         let lost = report_lost_processes(&store, &outbound).await;
@@ -222,7 +225,8 @@ impl TelegramBot {
             );
         }
 
-        let stop_intake = CancellationToken::new();
+        // The same token the media step was built with: a shutdown must stop
+        // a download in progress too.
         let token_rejected = CancellationToken::new();
         let updates_health = UpdatesHealth::default();
         let metrics_addr = match config.metrics.listen_addr().map_err(StartError::Config)? {
@@ -307,6 +311,7 @@ impl TelegramBot {
             ledger,
             stop_intake,
             intake_task,
+            chat_workers,
             shutdown_grace: Duration::from_secs(config.sessions.shutdown_grace_secs),
             token_rejected,
         })
@@ -318,6 +323,17 @@ impl TelegramBot {
     pub async fn shutdown(self) {
         self.stop_intake.cancel();
         let _ = self.intake_task.await;
+        // Chat workers finish the step they are in (a download is cut short
+        // by the token; a refusal closes its inbox row) before the engine
+        // and the store go away. Messages they did not get to stay in the
+        // inbox for the next start.
+        self.chat_workers.close();
+        if tokio::time::timeout(self.shutdown_grace, self.chat_workers.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("chat workers still busy after the shutdown grace");
+        }
         let cancelled = self.engine.adapter.shutdown(self.shutdown_grace).await;
         if cancelled > 0 {
             tracing::info!(
