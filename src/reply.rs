@@ -112,6 +112,10 @@ pub enum DeliveryError {
     /// The transport is shutting down.
     #[error("the transport is closed")]
     Closed,
+    /// The sender withdrew the request before it was sent (a cancelled
+    /// turn's preview update): nothing reached the platform.
+    #[error("withdrawn before it was sent")]
+    Withdrawn,
 }
 
 /// A turn's presence in the chat while it runs (typing indicator, streamed

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use super::entity::FormattedText;
 use super::markdown::render;
 use super::split::{split, TELEGRAM_LIMIT};
-use super::telegram::{deliver_answer_once, ChatTarget, Delivery, ReplyRecord};
+use super::telegram::{deliver_answer_once, ChatTarget, Delivery, Priority, ReplyRecord};
 use crate::agent::{ProgressWatch, TurnEnd};
 use crate::reply::{DeliveryError, LiveReply, Reply};
 
@@ -170,18 +170,20 @@ async fn show_progress(
                     continue;
                 }
                 let Some(formatted) = preview_of(&latest) else { continue };
-                let update = async {
-                    match preview {
-                        None => delivery.send_chunk(target, &formatted, None).await.map(Some),
-                        Some(id) => delivery.edit_chunk(target, id, &formatted).await.map(|()| None),
-                    }
-                };
                 // An update still waiting for its turn when the turn is
-                // stopped is dropped (one already sent runs to its answer).
-                let result = tokio::select! {
-                    biased;
-                    _ = ending.cancelled() => return preview,
-                    result = update => result,
+                // stopped is withdrawn; one already sent runs to its answer,
+                // so a preview that reached the chat is always known (and
+                // gets its marker).
+                let withdraw = Some(&ending);
+                let result = match preview {
+                    None => delivery
+                        .send_chunk_unless_withdrawn(target, &formatted, None, Priority::Normal, withdraw)
+                        .await
+                        .map(Some),
+                    Some(id) => delivery
+                        .edit_chunk_unless_withdrawn(target, id, &formatted, withdraw)
+                        .await
+                        .map(|()| None),
                 };
                 match result {
                     Ok(Some(id)) => {
@@ -198,6 +200,7 @@ async fn show_progress(
                     Ok(None) => {
                         shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner).text = latest.clone();
                     }
+                    Err(DeliveryError::Withdrawn) => return preview,
                     Err(error) => tracing::debug!(chat_id = target.chat_id, %error, "preview update failed"),
                 }
                 shown = latest;
@@ -244,25 +247,16 @@ impl LiveReply for LiveView {
 
 impl Drop for LiveView {
     fn drop(&mut self) {
-        // The turn ended without an answer: stop showing it.
+        // The turn ended without an answer: stop showing it. The task is
+        // not aborted: a preview request already sent runs to its answer,
+        // so the preview's id is known when the marker goes out.
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         let task = self.task.take();
-        if let Some(task) = &task {
-            task.abort();
-        }
         // Stopped or interrupted: the preview keeps its text and gets its
         // marker, once the command's reply is out.
         let Some((end, after)) = self.progress.ended() else {
-            return;
-        };
-        let (preview, text) = {
-            let shown = self.shown.lock().unwrap_or_else(PoisonError::into_inner);
-            (shown.preview, shown.text.clone())
-        };
-        let Some(preview) = preview else { return };
-        let Some(marked) = marked_preview(&text, end) else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -270,10 +264,19 @@ impl Drop for LiveView {
         };
         let delivery = self.delivery.clone();
         let target = self.target;
+        let shown = self.shown.clone();
         runtime.spawn(async move {
             if let Some(task) = task {
                 let _ = task.await;
             }
+            let (preview, text) = {
+                let shown = shown.lock().unwrap_or_else(PoisonError::into_inner);
+                (shown.preview, shown.text.clone())
+            };
+            let Some(preview) = preview else { return };
+            let Some(marked) = marked_preview(&text, end) else {
+                return;
+            };
             after.cancelled().await;
             if let Err(error) = delivery.edit_chunk(target, preview, &marked).await {
                 tracing::debug!(chat_id = target.chat_id, %error, "could not mark a stopped preview");

@@ -40,6 +40,7 @@ use teloxide::types::{ChatAction, ChatId, MessageId, ReplyParameters, ThreadId};
 use teloxide::{ApiError, Bot, RequestError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::entity::{to_telegram, FormattedText};
 use super::markdown::render;
@@ -399,11 +400,49 @@ impl Delivery {
         Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
         T: Send + 'static,
     {
+        self.call_unless_withdrawn(target, idempotence, priority, None, op)
+            .await
+    }
+
+    /// [`Delivery::call_with`] that gives up with
+    /// [`DeliveryError::Withdrawn`] if `withdraw` fires while the request
+    /// still waits for its turn or its pacing. Once sent, the request runs
+    /// to its answer whatever happens to `withdraw`, so the caller learns
+    /// what Telegram did (a preview's message id must never be lost: the
+    /// message exists in the chat).
+    pub async fn call_unless_withdrawn<T, F, Fut>(
+        &self,
+        target: ChatTarget,
+        idempotence: Idempotence,
+        priority: Priority,
+        withdraw: Option<&CancellationToken>,
+        op: F,
+    ) -> Result<Option<T>, DeliveryError>
+    where
+        F: Fn(bool) -> Fut,
+        Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let withdrawn = async {
+            match withdraw {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(withdrawn);
         let mut plain = false;
         let mut attempts = 0u32;
         loop {
-            let turn = self.chat_turn(target.chat_id, priority).await;
-            self.pace(target, priority).await;
+            let turn = tokio::select! {
+                biased;
+                _ = &mut withdrawn => return Err(DeliveryError::Withdrawn),
+                turn = self.chat_turn(target.chat_id, priority) => turn,
+            };
+            tokio::select! {
+                biased;
+                _ = &mut withdrawn => return Err(DeliveryError::Withdrawn),
+                _ = self.pace(target, priority) => {}
+            }
             let request = op(plain);
             let delivery = self.clone();
             let attempt = tokio::spawn(async move {
@@ -499,9 +538,23 @@ impl Delivery {
         reply_to: Option<i64>,
         priority: Priority,
     ) -> Result<i32, DeliveryError> {
+        self.send_chunk_unless_withdrawn(target, chunk, reply_to, priority, None)
+            .await
+    }
+
+    /// [`Delivery::send_chunk_with`], given up if `withdraw` fires before
+    /// the request is sent (see [`Delivery::call_unless_withdrawn`]).
+    pub async fn send_chunk_unless_withdrawn(
+        &self,
+        target: ChatTarget,
+        chunk: &FormattedText,
+        reply_to: Option<i64>,
+        priority: Priority,
+        withdraw: Option<&CancellationToken>,
+    ) -> Result<i32, DeliveryError> {
         let entities = to_telegram(&chunk.entities);
         let sent = self
-            .call_with(target, Idempotence::Unsafe, priority, |plain| {
+            .call_unless_withdrawn(target, Idempotence::Unsafe, priority, withdraw, |plain| {
                 let mut request = self
                     .inner
                     .bot
@@ -535,18 +588,37 @@ impl Delivery {
         id: i32,
         chunk: &FormattedText,
     ) -> Result<(), DeliveryError> {
+        self.edit_chunk_unless_withdrawn(target, id, chunk, None)
+            .await
+    }
+
+    /// [`Delivery::edit_chunk`], given up if `withdraw` fires before the
+    /// request is sent (see [`Delivery::call_unless_withdrawn`]).
+    pub async fn edit_chunk_unless_withdrawn(
+        &self,
+        target: ChatTarget,
+        id: i32,
+        chunk: &FormattedText,
+        withdraw: Option<&CancellationToken>,
+    ) -> Result<(), DeliveryError> {
         let entities = to_telegram(&chunk.entities);
-        self.call(target, Idempotence::Safe, |plain| {
-            let mut request = self.inner.bot.edit_message_text(
-                ChatId(target.chat_id),
-                MessageId(id),
-                chunk.text.clone(),
-            );
-            if !plain && !entities.is_empty() {
-                request = request.entities(entities.clone());
-            }
-            request.send()
-        })
+        self.call_unless_withdrawn(
+            target,
+            Idempotence::Safe,
+            Priority::Normal,
+            withdraw,
+            |plain| {
+                let mut request = self.inner.bot.edit_message_text(
+                    ChatId(target.chat_id),
+                    MessageId(id),
+                    chunk.text.clone(),
+                );
+                if !plain && !entities.is_empty() {
+                    request = request.entities(entities.clone());
+                }
+                request.send()
+            },
+        )
         .await
         .map(|_| ())
     }
