@@ -11,9 +11,15 @@
 //! Checked at quiescence (every gate opened, everything settled):
 //! * every slot is idle, nothing queued, no running agent, no generation
 //!   entry left behind;
-//! * every accepted message was either answered (exactly once), or its turn
-//!   was cancelled by the user (/stop, /new, /reset, an interrupting message),
-//!   or it was refused / dropped with a message telling the user so.
+//! * exact accounting, message by message, from the adapter's outcome
+//!   ledger: every accepted message reaches exactly one final outcome, and
+//!   that outcome is what the user saw — answered or failed with exactly one
+//!   final reply; refused with the queue full, counted exactly by the
+//!   coalesced "N messages were not queued" notices; dropped by /new or
+//!   /reset, counted exactly by their "N queued messages … dropped" notes;
+//!   or cancelled, each by its own later "Stopped" / "stopped" /
+//!   "Interrupting" reply in its chat. Wakeups are never refused or dropped
+//!   by a new session.
 
 mod support;
 
@@ -24,11 +30,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use proptest::prelude::*;
 use support::recorder::Recorder;
-use telegate::adapter::{AdapterConfig, BusyMode};
+use telegate::adapter::{Adapter, AdapterConfig, BusyMode, EventLedger, EventOutcome};
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::engine::Engine;
 use telegate::event::{MessageEvent, Platform, SessionSource};
 use telegate::reply::ReplyKind;
+use telegate::runner::Runner;
 use telegate::runner::RunnerConfig;
 use tokio::sync::oneshot;
 
@@ -144,6 +151,41 @@ impl Agent for GatedAgent {
     }
 }
 
+/// Every outcome the adapter reports, per message id, in order.
+#[derive(Default)]
+struct RecordingLedger {
+    outcomes: Mutex<HashMap<i64, Vec<EventOutcome>>>,
+}
+
+impl EventLedger for RecordingLedger {
+    fn record(&self, _source: &SessionSource, message_id: i64, outcome: EventOutcome) {
+        self.outcomes
+            .lock()
+            .unwrap()
+            .entry(message_id)
+            .or_default()
+            .push(outcome);
+    }
+}
+
+/// The count a notice reports before `marker` ("3 messages were not
+/// queued", "2 queued messages from the previous session were dropped"),
+/// or 1 for the singular wording.
+fn reported_count(text: &str, marker: &str, singular: &str) -> usize {
+    if text.contains(singular) {
+        return 1;
+    }
+    let Some(pos) = text.find(marker) else {
+        return 0;
+    };
+    text[..pos]
+        .trim_end()
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 fn source(chat: i64) -> SessionSource {
     SessionSource::dm(Platform::Telegram, chat)
 }
@@ -152,44 +194,50 @@ struct World {
     engine: Engine,
     agent: GatedAgent,
     sent: Arc<Recorder>,
+    ledger: Arc<RecordingLedger>,
     next_id: i64,
     /// Ids of accepted messages and wakeups, per chat, in arrival order.
     accepted: HashMap<i64, Vec<i64>>,
     wakeups: HashSet<i64>,
-    commands: Vec<(i64, i64)>,
-    /// Messages sent to a full queue (refusals are reported by one
-    /// coalesced notice per acknowledgement interval, not one each).
-    refused: HashSet<i64>,
 }
 
 impl World {
     fn new(busy_mode: BusyMode) -> World {
         let agent = GatedAgent::default();
         let sent = Recorder::new();
-        let engine = Engine::new(
+        let ledger = Arc::new(RecordingLedger::default());
+        let runner = Runner::new(
             Arc::new(agent.clone()),
             sent.clone(),
-            AdapterConfig {
-                busy_mode,
-                max_pending: 3,
-                ack_interval: Duration::from_secs(3600),
-                cancel_wait: Duration::from_millis(50),
-                ..AdapterConfig::default()
-            },
             RunnerConfig {
                 stall_timeout: Duration::ZERO,
                 ..RunnerConfig::default()
             },
         );
+        let adapter = Adapter::with_ledger(
+            Arc::new(runner.clone()),
+            sent.clone(),
+            AdapterConfig {
+                busy_mode,
+                max_pending: 3,
+                // Refusals are still coalesced (one notice for every
+                // refusal made while the previous notice was on its way),
+                // and every one is reported by the time the world is
+                // quiet, so the count can be exact.
+                ack_interval: Duration::ZERO,
+                cancel_wait: Duration::from_millis(50),
+                ..AdapterConfig::default()
+            },
+            Some(ledger.clone() as Arc<dyn EventLedger>),
+        );
         World {
-            engine,
+            engine: Engine { adapter, runner },
             agent,
             sent,
+            ledger,
             next_id: 1,
             accepted: HashMap::new(),
             wakeups: HashSet::new(),
-            commands: Vec::new(),
-            refused: HashSet::new(),
         }
     }
 
@@ -204,16 +252,6 @@ impl World {
                 let chat = i64::from(chat);
                 let id = self.id();
                 self.accepted.entry(chat).or_default().push(id);
-                let key = self.engine.adapter.session_key(&source(chat));
-                let adapter = &self.engine.adapter;
-                // Routing happens before the first await: nothing changes
-                // the slot between this look and the routing.
-                if adapter.is_active(&key)
-                    && !adapter.session_task_is_stale(&key)
-                    && adapter.pending_len(&key) >= 3
-                {
-                    self.refused.insert(id);
-                }
                 let event = MessageEvent::text(source(chat), format!("m{id}")).with_message_id(id);
                 self.engine.adapter.handle_message(event).await;
             }
@@ -233,7 +271,6 @@ impl World {
                     _ => "/reset",
                 };
                 let id = self.id();
-                self.commands.push((i64::from(chat), id));
                 let event = MessageEvent::text(source(i64::from(chat)), name).with_message_id(id);
                 self.engine.adapter.handle_message(event).await;
             }
@@ -308,6 +345,11 @@ impl World {
                 break;
             }
         }
+        // The coalesced refusal notices come from their own tasks: let
+        // them report what is left (the acknowledgement interval is zero).
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         prop_assert!(
             self.engine.adapter.is_idle(),
             "adapter not idle: {:?}",
@@ -319,82 +361,123 @@ impl World {
     }
 
     fn check_accounting(&self) -> Result<(), TestCaseError> {
-        let ledger = self.agent.ledger.lock().unwrap();
+        let agent = self.agent.ledger.lock().unwrap();
+        let outcomes = self.ledger.outcomes.lock().unwrap();
         let delivered = self.sent.all();
-        let mut replies: HashMap<i64, Vec<ReplyKind>> = HashMap::new();
-        // Per chat: messages /new or /reset said they dropped, and replies
-        // saying a running task was stopped (each covers one turn that was
-        // cancelled before its agent even started).
-        let mut dropped_by_new: HashMap<i64, usize> = HashMap::new();
-        let mut stops: HashMap<i64, usize> = HashMap::new();
+        let mut finals: HashMap<i64, usize> = HashMap::new();
+        // Per chat, in delivery order: what the user was told.
+        let mut refusals_reported: HashMap<i64, usize> = HashMap::new();
+        let mut drops_reported: HashMap<i64, usize> = HashMap::new();
+        // Replies announcing that a running turn was stopped, with the id
+        // of the command or interrupting message they answer.
+        let mut stop_replies: HashMap<i64, Vec<i64>> = HashMap::new();
         for d in &delivered {
+            let text = &d.reply.text;
             if let Some(id) = d.reply.reply_to {
-                replies.entry(id).or_default().push(d.reply.kind);
-            }
-            if let Some(pos) = d.reply.text.find(" queued message") {
-                let count: usize = d.reply.text[..pos]
-                    .rsplit(|c: char| !c.is_ascii_digit())
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0);
-                *dropped_by_new.entry(d.chat_id).or_default() += count;
-            }
-            if d.reply.text.contains("Stopped") || d.reply.text.contains("task was stopped") {
-                *stops.entry(d.chat_id).or_default() += 1;
-            }
-        }
-        let started: HashSet<i64> = ledger.started.iter().map(|&(_, id)| id).collect();
-        // Chats told that messages were not queued.
-        let refusal_noticed: HashSet<i64> = delivered
-            .iter()
-            .filter(|d| d.reply.text.contains("not queued"))
-            .map(|d| d.chat_id)
-            .collect();
-        for (&chat, ids) in &self.accepted {
-            let mut unaccounted = Vec::new();
-            for &id in ids {
-                let kinds = replies.get(&id).cloned().unwrap_or_default();
-                let finals = kinds
-                    .iter()
-                    .filter(|k| matches!(k, ReplyKind::Answer | ReplyKind::Error))
-                    .count();
-                prop_assert!(
-                    finals <= 1,
-                    "message {id} in chat {chat} answered {finals} times"
-                );
-                let refused = (kinds.contains(&ReplyKind::Notice)
-                    || (self.refused.contains(&id) && refusal_noticed.contains(&chat)))
-                    && !started.contains(&id);
-                if ledger.cancelled.contains(&id) {
-                    prop_assert_eq!(finals, 0, "cancelled turn {} answered", id);
-                } else if started.contains(&id) {
-                    prop_assert!(ledger.finished.contains(&id));
-                    prop_assert_eq!(finals, 1, "finished turn {} got {} answers", id, finals);
-                } else if !refused {
-                    unaccounted.push(id);
+                if matches!(d.reply.kind, ReplyKind::Answer | ReplyKind::Error) {
+                    *finals.entry(id).or_default() += 1;
+                }
+                if text.contains("Stopped")
+                    || text.contains("task was stopped")
+                    || text.contains("Interrupting the current task")
+                {
+                    stop_replies.entry(d.chat_id).or_default().push(id);
                 }
             }
-            // Every message that never ran and got no notice of its own was
-            // dropped by a later command in its chat, which said so.
-            let wakeups_lost = unaccounted
-                .iter()
-                .filter(|id| self.wakeups.contains(id))
-                .count();
-            let drops = dropped_by_new.get(&chat).copied().unwrap_or(0);
-            let stopped = stops.get(&chat).copied().unwrap_or(0);
-            prop_assert!(
-                wakeups_lost <= stopped,
-                "chat {chat}: wakeups lost: {unaccounted:?}"
+            *refusals_reported.entry(d.chat_id).or_default() +=
+                reported_count(text, " messages were not queued", "this one was not queued");
+            *drops_reported.entry(d.chat_id).or_default() += reported_count(
+                text,
+                " queued messages from the previous session",
+                "1 queued message from the previous session was dropped",
             );
-            prop_assert!(
-                unaccounted.len() <= drops + stopped,
-                "chat {chat}: unreported drops {unaccounted:?} (dropped by /new: {drops}, stops: {stopped})"
-            );
-            for id in &unaccounted {
-                prop_assert!(
-                    self.commands.iter().any(|&(c, cmd)| c == chat && cmd > *id),
-                    "chat {chat}: message {id} vanished without a later command"
+        }
+        let started: HashSet<i64> = agent.started.iter().map(|&(_, id)| id).collect();
+        for (&chat, ids) in &self.accepted {
+            let mut refused = 0;
+            let mut dropped_by_new = 0;
+            let mut cancelled = Vec::new();
+            for &id in ids {
+                let recorded = outcomes.get(&id).cloned().unwrap_or_default();
+                let terminal: Vec<&EventOutcome> = recorded
+                    .iter()
+                    .filter(|o| !matches!(o, EventOutcome::Running))
+                    .collect();
+                prop_assert_eq!(
+                    terminal.len(),
+                    1,
+                    "chat {}: message {} has outcomes {:?}",
+                    chat,
+                    id,
+                    recorded
                 );
+                let answers = finals.get(&id).copied().unwrap_or(0);
+                let wakeup = self.wakeups.contains(&id);
+                match terminal[0] {
+                    EventOutcome::Answered | EventOutcome::Failed => {
+                        prop_assert!(started.contains(&id), "message {} answered unstarted", id);
+                        prop_assert!(
+                            !agent.cancelled.contains(&id),
+                            "cancelled turn {} answered",
+                            id
+                        );
+                        prop_assert_eq!(answers, 1, "message {} got {} final replies", id, answers);
+                    }
+                    EventOutcome::Dropped("queue full") => {
+                        prop_assert!(!wakeup, "wakeup {} refused", id);
+                        prop_assert!(!started.contains(&id));
+                        prop_assert_eq!(answers, 0);
+                        refused += 1;
+                    }
+                    EventOutcome::Dropped("a new session started") => {
+                        prop_assert!(!wakeup, "wakeup {} dropped by a new session", id);
+                        prop_assert!(!started.contains(&id));
+                        prop_assert_eq!(answers, 0);
+                        dropped_by_new += 1;
+                    }
+                    // Cancelled: by a command, or (interrupt mode) by the
+                    // next message, while it ran ("no reply": the runner
+                    // gave nothing for a turn that was no longer current).
+                    EventOutcome::Dropped("stopped") | EventOutcome::Dropped("no reply") => {
+                        prop_assert_eq!(answers, 0, "stopped message {} answered", id);
+                        cancelled.push(id);
+                    }
+                    other => {
+                        return Err(TestCaseError::fail(format!(
+                            "chat {chat}: message {id} ended as {other:?}"
+                        )))
+                    }
+                }
+            }
+            prop_assert_eq!(
+                refusals_reported.get(&chat).copied().unwrap_or(0),
+                refused,
+                "chat {}: refusals reported vs made",
+                chat
+            );
+            prop_assert_eq!(
+                drops_reported.get(&chat).copied().unwrap_or(0),
+                dropped_by_new,
+                "chat {}: drops reported by /new or /reset vs made",
+                chat
+            );
+            // Each cancelled message has its own later reply saying a
+            // running task was stopped (matched in order, one reply each).
+            let mut replies = stop_replies.get(&chat).cloned().unwrap_or_default();
+            replies.sort_unstable();
+            let mut next = 0;
+            for id in cancelled {
+                while next < replies.len() && replies[next] < id {
+                    next += 1;
+                }
+                prop_assert!(
+                    next < replies.len(),
+                    "chat {}: message {} was cancelled without a reply saying so (stop replies: {:?})",
+                    chat,
+                    id,
+                    stop_replies.get(&chat)
+                );
+                next += 1;
             }
         }
         Ok(())
