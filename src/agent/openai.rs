@@ -125,6 +125,10 @@ pub struct OpenAiConfig {
     /// parts (else the user is told it cannot see them).
     #[serde(default)]
     pub vision: bool,
+    /// Models a chat may switch to with /model (buttons); empty: /model
+    /// only shows `model`.
+    #[serde(default)]
+    pub models: Vec<String>,
 }
 
 fn default_base_url() -> String {
@@ -163,6 +167,7 @@ impl OpenAiConfig {
             history_budget_chars: default_history_budget_chars(),
             max_tool_rounds: default_max_tool_rounds(),
             vision: false,
+            models: Vec::new(),
         }
     }
 
@@ -401,7 +406,7 @@ impl OpenAiAgent {
                     &messages,
                     tools.as_ref(),
                     rounds_run,
-                    &turn.cancel,
+                    (&turn.cancel, turn.model.as_deref()),
                     &mut shown,
                 )
                 .await?;
@@ -697,12 +702,16 @@ impl OpenAiAgent {
         messages: &[ChatMessage],
         tools: Option<&Value>,
         round: u32,
-        cancel: &CancellationToken,
+        (cancel, model): (&CancellationToken, Option<&str>),
         shown: &mut ShownText<'_>,
     ) -> Result<ModelAnswer, AgentError> {
         let mut body = self.request_body(messages, tools);
         if self.config.vision {
             crate::media::vision::attach_images(&mut body).await;
+        }
+        // The session's /model choice, if any, replaces the configured one.
+        if let Some(model) = model {
+            body["model"] = json!(model);
         }
         tracing::debug!(
             round,

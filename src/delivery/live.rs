@@ -16,6 +16,12 @@
 //! reply is out. Nothing else of the cancelled turn is sent. A turn that
 //! ends without an answer for another reason (shutdown: a restart resumes
 //! it) simply stops the task.
+//!
+//! With a store, the preview carries a Stop button bound to the turn's
+//! generation ([`StopButton`]); every preview edit keeps it, and every last
+//! edit takes it away (an edit without a keyboard removes it): the final
+//! text, the stop marker, or, for a turn that ended without either, an edit
+//! of the keyboard alone.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -24,12 +30,48 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use teloxide::types::InlineKeyboardMarkup;
+
+use super::buttons::{clear_markup, edit_chunk_with_markup, register, send_chunk_with_markup};
 use super::entity::FormattedText;
 use super::markdown::render;
 use super::split::{split, TELEGRAM_LIMIT};
+use super::telegram::Priority;
 use super::telegram::{deliver_answer_once, ChatTarget, Delivery, ReplyRecord};
 use crate::agent::{ProgressWatch, TurnEnd};
+use crate::buttons::Button;
+use crate::event::SessionSource;
 use crate::reply::{DeliveryError, LiveReply, Reply};
+use crate::store::Store;
+
+/// The Stop button a preview offers: /stop for the turn of `generation`,
+/// bound to the user of `to`.
+#[derive(Clone)]
+pub struct StopButton {
+    store: Store,
+    to: SessionSource,
+    generation: u64,
+}
+
+impl StopButton {
+    /// The Stop button of the turn of `generation` in the chat of `to`.
+    pub fn new(store: Store, to: SessionSource, generation: u64) -> Self {
+        StopButton {
+            store,
+            to,
+            generation,
+        }
+    }
+
+    async fn markup(&self) -> Option<InlineKeyboardMarkup> {
+        register(
+            Some(&self.store),
+            &self.to,
+            &[Button::stop(self.generation)],
+        )
+        .await
+    }
+}
 
 /// The live view of one turn.
 pub struct LiveView {
@@ -49,6 +91,8 @@ pub struct LiveView {
 struct Shown {
     preview: Option<i32>,
     text: String,
+    /// The preview carries a Stop button.
+    button: bool,
 }
 
 impl LiveView {
@@ -58,6 +102,17 @@ impl LiveView {
         target: ChatTarget,
         progress: ProgressWatch,
         record: Option<ReplyRecord>,
+    ) -> Self {
+        LiveView::start_with_stop(delivery, target, progress, record, None)
+    }
+
+    /// Like [`LiveView::start`], with a Stop button on the preview.
+    pub fn start_with_stop(
+        delivery: Delivery,
+        target: ChatTarget,
+        progress: ProgressWatch,
+        record: Option<ReplyRecord>,
+        button: Option<StopButton>,
     ) -> Self {
         let (stop, stopped) = oneshot::channel();
         let shown = Arc::new(Mutex::new(Shown::default()));
@@ -69,6 +124,7 @@ impl LiveView {
             stopped,
             record.clone(),
             shown.clone(),
+            button,
         ));
         LiveView {
             delivery,
@@ -120,6 +176,7 @@ async fn show_progress(
     mut stopped: oneshot::Receiver<()>,
     record: Option<ReplyRecord>,
     shown_in_chat: Arc<Mutex<Shown>>,
+    button: Option<StopButton>,
 ) -> Option<i32> {
     let ending = progress.ending();
     let typing_every = delivery.config().typing_interval;
@@ -134,6 +191,7 @@ async fn show_progress(
         None => None,
     };
     let mut shown = String::new();
+    let mut markup: Option<InlineKeyboardMarkup> = None;
     let mut next_typing = Instant::now();
     let mut next_edit = Instant::now() + edit_every;
     let mut pending_change = false;
@@ -170,10 +228,23 @@ async fn show_progress(
                     continue;
                 }
                 let Some(formatted) = preview_of(&latest) else { continue };
+                if markup.is_none() {
+                    if let Some(button) = &button {
+                        markup = button.markup().await;
+                    }
+                }
                 let update = async {
-                    match preview {
-                        None => delivery.send_chunk(target, &formatted, None).await.map(Some),
-                        Some(id) => delivery.edit_chunk(target, id, &formatted).await.map(|()| None),
+                    match (preview, &markup) {
+                        (None, None) => delivery.send_chunk(target, &formatted, None).await.map(Some),
+                        (None, Some(keys)) => {
+                            send_chunk_with_markup(&delivery, target, &formatted, None, keys, Priority::Normal)
+                                .await
+                                .map(Some)
+                        }
+                        (Some(id), None) => delivery.edit_chunk(target, id, &formatted).await.map(|()| None),
+                        (Some(id), Some(keys)) => {
+                            edit_chunk_with_markup(&delivery, target, id, &formatted, keys).await.map(|()| None)
+                        }
                     }
                 };
                 // An update still waiting for its turn when the turn is
@@ -190,13 +261,16 @@ async fn show_progress(
                             let mut shown = shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner);
                             shown.preview = Some(id);
                             shown.text = latest.clone();
+                            shown.button = markup.is_some();
                         }
                         if let Some(record) = &record {
                             record.save(vec![id], false).await;
                         }
                     }
                     Ok(None) => {
-                        shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner).text = latest.clone();
+                        let mut shown = shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner);
+                        shown.text = latest.clone();
+                        shown.button = markup.is_some();
                     }
                     Err(error) => tracing::debug!(chat_id = target.chat_id, %error, "preview update failed"),
                 }
@@ -230,6 +304,12 @@ impl LiveReply for LiveView {
         Box::pin(async move {
             // Stop the preview first, so no edit can race the final text.
             let preview = self.stop_and_join().await;
+            // The final text replaces the preview (and its Stop button):
+            // nothing is left for `Drop` to tidy.
+            self.shown
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .preview = None;
             deliver_answer_once(
                 &self.delivery,
                 self.target,
@@ -252,24 +332,37 @@ impl Drop for LiveView {
         if let Some(task) = &task {
             task.abort();
         }
-        // Stopped or interrupted: the preview keeps its text and gets its
-        // marker, once the command's reply is out.
-        let Some((end, after)) = self.progress.ended() else {
-            return;
-        };
-        let (preview, text) = {
+        let (preview, text, button) = {
             let shown = self.shown.lock().unwrap_or_else(PoisonError::into_inner);
-            (shown.preview, shown.text.clone())
+            (shown.preview, shown.text.clone(), shown.button)
         };
         let Some(preview) = preview else { return };
-        let Some(marked) = marked_preview(&text, end) else {
-            return;
-        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let delivery = self.delivery.clone();
         let target = self.target;
+        // Stopped or interrupted: the preview keeps its text and gets its
+        // marker, once the command's reply is out. The marker edit carries
+        // no keyboard, so it also takes the Stop button away.
+        let Some((end, after)) = self.progress.ended() else {
+            // Ended without an answer otherwise (shutdown, failure without
+            // a reply): the text stays, the Stop button goes.
+            if button {
+                runtime.spawn(async move {
+                    if let Some(task) = task {
+                        let _ = task.await;
+                    }
+                    if let Err(error) = clear_markup(&delivery, target, preview).await {
+                        tracing::debug!(chat_id = target.chat_id, %error, "could not take the Stop button away");
+                    }
+                });
+            }
+            return;
+        };
+        let Some(marked) = marked_preview(&text, end) else {
+            return;
+        };
         runtime.spawn(async move {
             if let Some(task) = task {
                 let _ = task.await;

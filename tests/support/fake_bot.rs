@@ -86,6 +86,86 @@ const KNOWN_METHODS: &[&str] = &[
     "getFile",
     "sendPhoto",
     "sendDocument",
+    "editMessageReplyMarkup",
+    "setMessageReaction",
+];
+
+/// The emoji Telegram accepts as reactions (`ReactionTypeEmoji`); anything
+/// else is refused with `REACTION_INVALID`.
+const REACTION_EMOJI: &[&str] = &[
+    "👍",
+    "👎",
+    "❤",
+    "🔥",
+    "🥰",
+    "👏",
+    "😁",
+    "🤔",
+    "🤯",
+    "😱",
+    "🤬",
+    "😢",
+    "🎉",
+    "🤩",
+    "🤮",
+    "💩",
+    "🙏",
+    "👌",
+    "🕊",
+    "🤡",
+    "🥱",
+    "🥴",
+    "😍",
+    "🐳",
+    "❤\u{200d}🔥",
+    "🌚",
+    "🌭",
+    "💯",
+    "🤣",
+    "⚡",
+    "🍌",
+    "🏆",
+    "💔",
+    "🤨",
+    "😐",
+    "🍓",
+    "🍾",
+    "💋",
+    "🖕",
+    "😈",
+    "😴",
+    "😭",
+    "🤓",
+    "👻",
+    "👨\u{200d}💻",
+    "👀",
+    "🎃",
+    "🙈",
+    "😇",
+    "😨",
+    "🤝",
+    "✍",
+    "🤗",
+    "🫡",
+    "🎅",
+    "🎄",
+    "☃",
+    "💅",
+    "🤪",
+    "🗿",
+    "🆒",
+    "💘",
+    "🙉",
+    "🦄",
+    "😘",
+    "💊",
+    "🙊",
+    "😎",
+    "👾",
+    "🤷\u{200d}♂",
+    "🤷",
+    "🤷\u{200d}♀",
+    "😡",
 ];
 
 /// Methods whose flood limits Telegram applies per chat; a 429 on one of
@@ -791,6 +871,23 @@ impl FakeBotApi {
         self.push_update(json!({ "callback_query": query }))
     }
 
+    /// Every accepted `setMessageReaction`, in order: (chat id, message id,
+    /// emoji set; empty = reaction removed).
+    pub fn reactions(&self) -> Vec<(i64, i64, Vec<String>)> {
+        self.shared.lock().reactions.clone()
+    }
+
+    /// The reaction the bot currently shows on `message_id` in `chat_id`.
+    pub fn reaction_on(&self, chat_id: i64, message_id: i64) -> Option<Vec<String>> {
+        self.shared
+            .lock()
+            .reactions
+            .iter()
+            .rev()
+            .find(|(c, m, _)| *c == chat_id && *m == message_id)
+            .map(|(_, _, emoji)| emoji.clone())
+    }
+
     /// Updates queued and not yet confirmed by a `getUpdates` offset.
     pub fn pending_updates_len(&self) -> usize {
         self.shared.lock().updates.len()
@@ -926,6 +1023,8 @@ struct Inner {
     violations: Vec<RetryAfterViolation>,
     next_callback_id: u64,
     flood: Flood,
+    /// Every accepted `setMessageReaction`: (chat, message, emoji).
+    reactions: Vec<(i64, i64, Vec<String>)>,
 }
 
 /// The parameters of the last `setWebhook`.
@@ -1205,6 +1304,8 @@ impl Shared {
                     .upload(method, body, base)
                     .map_err(|(code, d)| ApiFailure::new(code, d))
             }
+            "editMessageReplyMarkup" => self.lock().edit_message_reply_markup(self, body),
+            "setMessageReaction" => self.lock().set_message_reaction(body),
             _ => Err(ApiFailure::new(404, "Not Found: method not found")),
         }
     }
@@ -1585,6 +1686,74 @@ impl Inner {
         message.versions.push(version);
         let message = message.clone();
         Ok(self.bot_message_json(shared, &message, message.current(), true))
+    }
+
+    /// `editMessageReplyMarkup`: a new version with the same text and the
+    /// given keyboard (none: the keyboard is removed).
+    fn edit_message_reply_markup(
+        &mut self,
+        shared: &Shared,
+        body: &Value,
+    ) -> Result<Value, ApiFailure> {
+        let chat_id = chat_id_param(body)?;
+        let message_id = int_param(body, "message_id")?.ok_or_else(|| {
+            ApiFailure::bad_request("Bad Request: message identifier is not specified")
+        })?;
+        let markup = inline_markup(body.get("reply_markup"));
+        let message = self
+            .chats
+            .get_mut(&chat_id)
+            .and_then(|chat| chat.bot_messages.get_mut(&message_id))
+            .filter(|m| !m.deleted)
+            .ok_or_else(|| ApiFailure::bad_request("Bad Request: message to edit not found"))?;
+        if message.current().reply_markup == markup {
+            return Err(ApiFailure::bad_request(NOT_MODIFIED));
+        }
+        let mut version = message.current().clone();
+        version.reply_markup = markup;
+        version.date = unix_now();
+        message.versions.push(version);
+        let message = message.clone();
+        Ok(self.bot_message_json(shared, &message, message.current(), true))
+    }
+
+    /// `setMessageReaction` on a user's message: records the emoji list
+    /// (an empty list removes the bot's reaction).
+    fn set_message_reaction(&mut self, body: &Value) -> Result<Value, ApiFailure> {
+        let chat_id = chat_id_param(body)?;
+        let message_id = int_param(body, "message_id")?.ok_or_else(|| {
+            ApiFailure::bad_request("Bad Request: message identifier is not specified")
+        })?;
+        let known = self
+            .chats
+            .get(&chat_id)
+            .is_some_and(|chat| chat.user_messages.contains(&message_id));
+        if !known {
+            return Err(ApiFailure::bad_request(
+                "Bad Request: message to react not found",
+            ));
+        }
+        let reaction = match body.get("reaction") {
+            None | Some(Value::Null) => Value::Array(Vec::new()),
+            Some(Value::String(raw)) => serde_json::from_str(raw).unwrap_or(Value::Null),
+            Some(value) => value.clone(),
+        };
+        let Value::Array(kinds) = reaction else {
+            return Err(ApiFailure::bad_request(
+                "Bad Request: can't parse reaction types JSON object",
+            ));
+        };
+        let mut emoji = Vec::new();
+        for kind in kinds {
+            match (kind.get("type").and_then(Value::as_str), kind.get("emoji")) {
+                (Some("emoji"), Some(Value::String(e))) if REACTION_EMOJI.contains(&e.as_str()) => {
+                    emoji.push(e.clone())
+                }
+                _ => return Err(ApiFailure::bad_request("Bad Request: REACTION_INVALID")),
+            }
+        }
+        self.reactions.push((chat_id, message_id, emoji));
+        Ok(json!(true))
     }
 
     fn bot_message_json(
