@@ -170,6 +170,11 @@ pub struct DeliverySettings {
     /// working, 👍 answered, 👎 failed).
     #[serde(default)]
     pub reactions: bool,
+    /// How a running turn's partial answer is shown: `auto` (drafts in
+    /// private chats, edits elsewhere or where drafts are refused),
+    /// `draft`, or `edit` (default: a preview message edited in place).
+    #[serde(default)]
+    pub streaming: crate::delivery::draft::StreamingMode,
 }
 
 impl Default for DeliverySettings {
@@ -182,6 +187,7 @@ impl Default for DeliverySettings {
             typing_interval_ms: default_typing_interval_ms(),
             max_retry_wait_secs: default_max_retry_wait_secs(),
             reactions: false,
+            streaming: crate::delivery::draft::StreamingMode::default(),
         }
     }
 }

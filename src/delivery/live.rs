@@ -17,6 +17,11 @@
 //! ends without an answer for another reason (shutdown: a restart resumes
 //! it) simply stops the task.
 //!
+//! In private chats the partial answer may stream as a Telegram draft
+//! instead (`[delivery] streaming`, see [`super::draft`]): no preview
+//! message exists then, the final answer is sent as a new message through
+//! the outbox, and a refused draft falls back to the edited preview.
+//!
 //! With a store, the preview carries a Stop button bound to the turn's
 //! generation ([`StopButton`]); every preview edit keeps it, and every last
 //! edit takes it away (an edit without a keyboard removes it): the final
@@ -33,6 +38,7 @@ use tokio::time::Instant;
 use teloxide::types::InlineKeyboardMarkup;
 
 use super::buttons::{clear_markup, edit_chunk_with_markup, register, send_chunk_with_markup};
+use super::draft::{is_refusal, send_draft, DraftStream};
 use super::entity::FormattedText;
 use super::markdown::render;
 use super::split::{split, TELEGRAM_LIMIT};
@@ -103,7 +109,7 @@ impl LiveView {
         progress: ProgressWatch,
         record: Option<ReplyRecord>,
     ) -> Self {
-        LiveView::start_with_stop(delivery, target, progress, record, None)
+        LiveView::start_with_stop(delivery, target, progress, record, None, None)
     }
 
     /// Like [`LiveView::start`], with a Stop button on the preview.
@@ -113,6 +119,7 @@ impl LiveView {
         progress: ProgressWatch,
         record: Option<ReplyRecord>,
         button: Option<StopButton>,
+        draft: Option<DraftStream>,
     ) -> Self {
         let (stop, stopped) = oneshot::channel();
         let shown = Arc::new(Mutex::new(Shown::default()));
@@ -125,6 +132,7 @@ impl LiveView {
             record.clone(),
             shown.clone(),
             button,
+            draft,
         ));
         LiveView {
             delivery,
@@ -169,6 +177,8 @@ fn preview_within(text: &str, limit: usize) -> Option<FormattedText> {
     Some(first)
 }
 
+// One task per turn owns all of these; bundling them would only rename them.
+#[allow(clippy::too_many_arguments)]
 async fn show_progress(
     delivery: Delivery,
     target: ChatTarget,
@@ -177,6 +187,7 @@ async fn show_progress(
     record: Option<ReplyRecord>,
     shown_in_chat: Arc<Mutex<Shown>>,
     button: Option<StopButton>,
+    mut draft: Option<DraftStream>,
 ) -> Option<i32> {
     let ending = progress.ending();
     let typing_every = delivery.config().typing_interval;
@@ -192,6 +203,11 @@ async fn show_progress(
     };
     let mut shown = String::new();
     let mut markup: Option<InlineKeyboardMarkup> = None;
+    // A resumed turn whose preview exists keeps editing it.
+    if preview.is_some() {
+        draft = None;
+    }
+    let mut drafted = false;
     let mut next_typing = Instant::now();
     let mut next_edit = Instant::now() + edit_every;
     let mut pending_change = false;
@@ -212,7 +228,7 @@ async fn show_progress(
                 next_typing = Instant::now() + typing_every;
                 // Telegram hides "typing" once a message is sent; keep it
                 // only until the preview exists.
-                if preview.is_none() {
+                if preview.is_none() && !drafted {
                     delivery.typing(target).await;
                 }
             }
@@ -228,6 +244,31 @@ async fn show_progress(
                     continue;
                 }
                 let Some(formatted) = preview_of(&latest) else { continue };
+                if let Some(stream) = &draft {
+                    // A draft waiting for its turn when the turn is stopped
+                    // is dropped, like an edit.
+                    let result = tokio::select! {
+                        biased;
+                        _ = ending.cancelled() => return preview,
+                        result = send_draft(&delivery, target, stream.id, &formatted) => result,
+                    };
+                    match result {
+                        Ok(()) => {
+                            drafted = true;
+                            shown = latest;
+                        }
+                        Err(error) if is_refusal(&error) => {
+                            // Refused (old server, not a private chat):
+                            // this turn goes on as an edited preview, now.
+                            stream.drafts.refused(target.chat_id, &error);
+                            draft = None;
+                            pending_change = true;
+                            next_edit = Instant::now();
+                        }
+                        Err(error) => tracing::debug!(chat_id = target.chat_id, %error, "draft update failed"),
+                    }
+                    continue;
+                }
                 if markup.is_none() {
                     if let Some(button) = &button {
                         markup = button.markup().await;

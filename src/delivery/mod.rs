@@ -28,6 +28,7 @@
 //! deterministic and testable with property tests.
 
 pub mod buttons;
+pub mod draft;
 pub mod entity;
 pub mod files;
 pub mod live;

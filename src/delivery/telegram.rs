@@ -750,6 +750,7 @@ pub struct TelegramOutbound {
     delivery: Delivery,
     store: Option<Store>,
     reactions: Option<super::reaction::Reactions>,
+    drafts: super::draft::Drafts,
 }
 
 impl TelegramOutbound {
@@ -759,7 +760,14 @@ impl TelegramOutbound {
             delivery,
             store,
             reactions: None,
+            drafts: super::draft::Drafts::new(super::draft::StreamingMode::Edit),
         }
+    }
+
+    /// Stream turns as drafts where `mode` says so (`[delivery] streaming`).
+    pub fn with_streaming(mut self, mode: super::draft::StreamingMode) -> Self {
+        self.drafts = super::draft::Drafts::new(mode);
+        self
     }
 
     /// Show each message's status as a reaction (`[delivery] reactions`).
@@ -831,12 +839,22 @@ impl Outbound for TelegramOutbound {
             .store
             .clone()
             .map(|store| super::live::StopButton::new(store, turn.to.clone(), turn.generation));
+        // The draft id is the turn's generation (never 0): Telegram's stop
+        // control on the draft names it, and only that turn stops.
+        let draft = i64::try_from(turn.generation)
+            .ok()
+            .filter(|id| *id != 0 && self.drafts.for_chat(turn.to))
+            .map(|id| super::draft::DraftStream {
+                drafts: self.drafts.clone(),
+                id,
+            });
         let live: Box<dyn LiveReply> = Box::new(super::live::LiveView::start_with_stop(
             self.delivery.clone(),
             ChatTarget::of(turn.to),
             progress,
             self.record_for(turn.to, turn.answering),
             stop,
+            draft,
         ));
         let Some(reactions) = &self.reactions else {
             return Some(live);

@@ -88,6 +88,7 @@ const KNOWN_METHODS: &[&str] = &[
     "sendDocument",
     "editMessageReplyMarkup",
     "setMessageReaction",
+    "sendMessageDraft",
 ];
 
 /// The emoji Telegram accepts as reactions (`ReactionTypeEmoji`); anything
@@ -178,6 +179,7 @@ const NOT_DELIVERED_BY_DEFAULT: &[&str] =
 
 const KNOWN_UPDATE_KINDS: &[&str] = &[
     "message",
+    "stopped_message_generation",
     "edited_message",
     "channel_post",
     "edited_channel_post",
@@ -871,6 +873,33 @@ impl FakeBotApi {
         self.push_update(json!({ "callback_query": query }))
     }
 
+    /// Every accepted `sendMessageDraft` to `chat_id`, in order: (draft id,
+    /// text, can_stop).
+    pub fn drafts(&self, chat_id: i64) -> Vec<(i64, String, bool)> {
+        self.shared
+            .lock()
+            .drafts
+            .iter()
+            .filter(|(chat, ..)| *chat == chat_id)
+            .map(|(_, id, text, stop)| (*id, text.clone(), *stop))
+            .collect()
+    }
+
+    /// Answer `sendMessageDraft` with 404 "method not found" (`true`), as a
+    /// Bot API server older than 9.3 does.
+    pub fn refuse_drafts(&self, refuse: bool) {
+        self.shared.lock().refuse_drafts = refuse;
+    }
+
+    /// The user pressed Telegram's stop control on draft `draft_id` in the
+    /// private chat `chat_id`: queue a `stopped_message_generation` update.
+    pub fn push_draft_stop(&self, chat_id: i64, draft_id: i64) -> i64 {
+        let chat = self.shared.lock().chat_json(chat_id);
+        self.push_update(json!({
+            "stopped_message_generation": { "chat": chat, "draft_id": draft_id }
+        }))
+    }
+
     /// Every accepted `setMessageReaction`, in order: (chat id, message id,
     /// emoji set; empty = reaction removed).
     pub fn reactions(&self) -> Vec<(i64, i64, Vec<String>)> {
@@ -1025,6 +1054,10 @@ struct Inner {
     flood: Flood,
     /// Every accepted `setMessageReaction`: (chat, message, emoji).
     reactions: Vec<(i64, i64, Vec<String>)>,
+    /// Every accepted `sendMessageDraft`: (chat, draft id, text, can_stop).
+    drafts: Vec<(i64, i64, String, bool)>,
+    /// Answer `sendMessageDraft` like a Bot API server that predates it.
+    refuse_drafts: bool,
 }
 
 /// The parameters of the last `setWebhook`.
@@ -1306,6 +1339,7 @@ impl Shared {
             }
             "editMessageReplyMarkup" => self.lock().edit_message_reply_markup(self, body),
             "setMessageReaction" => self.lock().set_message_reaction(body),
+            "sendMessageDraft" => self.lock().send_message_draft(body),
             _ => Err(ApiFailure::new(404, "Not Found: method not found")),
         }
     }
@@ -1719,6 +1753,40 @@ impl Inner {
 
     /// `setMessageReaction` on a user's message: records the emoji list
     /// (an empty list removes the bot's reaction).
+    /// `sendMessageDraft` (Bot API 9.3+): private chats only, a non-zero
+    /// draft id, at most 4096 characters; an old server does not know it.
+    fn send_message_draft(&mut self, body: &Value) -> Result<Value, ApiFailure> {
+        if self.refuse_drafts {
+            return Err(ApiFailure::new(404, "Not Found: method not found"));
+        }
+        let chat_id = chat_id_param(body)?;
+        if self.chat_type(chat_id) != ChatType::Private {
+            return Err(ApiFailure::bad_request(
+                "Bad Request: TEXTDRAFT_PEER_INVALID",
+            ));
+        }
+        let draft_id = int_param(body, "draft_id")?.unwrap_or(0);
+        if draft_id == 0 {
+            return Err(ApiFailure::bad_request(
+                "Bad Request: draft_id must be non-zero",
+            ));
+        }
+        let text = body
+            .get("text")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if utf16_len(&text) > MAX_TEXT_UTF16 {
+            return Err(ApiFailure::bad_request("Bad Request: text is too long"));
+        }
+        let can_stop = body
+            .get("can_stop")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        self.drafts.push((chat_id, draft_id, text, can_stop));
+        Ok(json!(true))
+    }
+
     fn set_message_reaction(&mut self, body: &Value) -> Result<Value, ApiFailure> {
         let chat_id = chat_id_param(body)?;
         let message_id = int_param(body, "message_id")?.ok_or_else(|| {

@@ -18,6 +18,11 @@
 //!   whom;
 //! * a model: /model NAME.
 //!
+//! Telegram's own stop control on a streamed draft (a
+//! `stopped_message_generation` update, [`DraftStop`]) takes the same road
+//! as a Stop button: recorded first, then /stop only while the turn whose
+//! generation is the draft id still runs.
+//!
 //! This module owns interpreting presses. It must never trust
 //! `callback_data` beyond looking up the id, and never await a turn.
 
@@ -291,6 +296,106 @@ impl CallbackHandler {
         {
             tracing::debug!(%error, "could not edit the message of a pressed button");
         }
+    }
+}
+
+/// Telegram's own stop control on a streamed draft: a
+/// `stopped_message_generation` update (private chats only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftStop {
+    /// The private chat (its id is the user's id).
+    pub chat_id: i64,
+    /// The forum topic, if any.
+    pub thread_id: Option<i32>,
+    /// The draft's id: the generation of the turn that streamed it.
+    pub draft_id: i64,
+}
+
+impl DraftStop {
+    /// Read the update's `stopped_message_generation` object, if it is one.
+    pub fn parse(raw: &Value) -> Option<DraftStop> {
+        let stop = raw.get("stopped_message_generation")?;
+        Some(DraftStop {
+            chat_id: stop.get("chat")?.get("id")?.as_i64()?,
+            thread_id: stop
+                .get("message_thread_id")
+                .and_then(Value::as_i64)
+                .and_then(|t| i32::try_from(t).ok()),
+            draft_id: stop.get("draft_id")?.as_i64()?,
+        })
+    }
+}
+
+impl CallbackHandler {
+    /// Record a draft stop of update `update_id` (before it is confirmed),
+    /// then carry it out in the background. `false`: a redelivery.
+    pub async fn take_draft_stop(
+        self: &Arc<Self>,
+        update_id: i64,
+        raw: Value,
+        stop: DraftStop,
+    ) -> Result<bool, StoreError> {
+        let new = self
+            .store
+            .record_update(
+                update_id,
+                stop.chat_id,
+                None,
+                raw,
+                InboxState::Received,
+                None,
+            )
+            .await?;
+        if new {
+            let handler = self.clone();
+            tokio::spawn(async move { handler.handle_draft_stop(update_id, stop).await });
+        }
+        Ok(new)
+    }
+
+    /// Carry out a draft stop and record how it ended.
+    pub async fn handle_draft_stop(&self, update_id: i64, stop: DraftStop) {
+        let (state, reason) = self.draft_stop(stop).await;
+        if let Err(error) = self
+            .store
+            .set_update_state(update_id, state, reason.map(str::to_string))
+            .await
+        {
+            tracing::error!(update_id, %error, "could not record a draft stop's outcome");
+        }
+    }
+
+    /// /stop for the private chat's session, but only while the turn that
+    /// streamed this draft runs (like a Stop button of that turn).
+    async fn draft_stop(&self, stop: DraftStop) -> Outcome {
+        let owner = SessionSource {
+            platform: Platform::Telegram,
+            chat_id: stop.chat_id,
+            chat_type: ChatType::Dm,
+            thread_id: stop.thread_id,
+            user_id: u64::try_from(stop.chat_id).ok(),
+            user_name: None,
+        };
+        let key = self.engine.adapter.session_key(&owner);
+        let generation = u64::try_from(stop.draft_id).unwrap_or(0);
+        let running = self.engine.runner.running_agent(&key).is_some()
+            && self
+                .engine
+                .runner
+                .is_current(&key, TurnGeneration(generation));
+        if !running {
+            tracing::info!(
+                chat_id = stop.chat_id,
+                draft_id = stop.draft_id,
+                "draft stop for a turn already finished"
+            );
+            return (InboxState::Dropped, Some("turn already finished"));
+        }
+        self.engine
+            .adapter
+            .handle_message(MessageEvent::text(owner, "/stop"))
+            .await;
+        (InboxState::Answered, None)
     }
 }
 

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use super::callback::CallbackHandler;
+use super::callback::{CallbackHandler, DraftStop};
 use super::inbound::{classify, Inbound, InboundPolicy};
 use super::media::{has_media, IntakeMedia};
 use crate::adapter::{EventLedger, EventOutcome};
@@ -424,6 +424,16 @@ impl Intake {
             .and_then(Update::chat)
             .map_or(0, |chat| chat.id.0);
         let message_id = message.map(|m| i64::from(m.id.0));
+        // Telegram's stop control on a streamed draft: a control like a
+        // button press (teloxide-core 0.13 does not know this update).
+        if let (Some(handler), Some(stop)) = (&self.callbacks, DraftStop::parse(&raw)) {
+            if !handler.take_draft_stop(update_id, raw, stop).await? {
+                self.metrics.updates_duplicate.inc();
+                return Ok(Intook::Duplicate);
+            }
+            self.metrics.updates_received.inc();
+            return Ok(Intook::Accepted);
+        }
         // teloxide's `Update` cannot parse callback queries: read it directly.
         let query = raw
             .get("callback_query")
@@ -547,6 +557,10 @@ impl Intake {
         let mut via_worker = std::collections::HashSet::new();
         for entry in open {
             if let Some(handler) = &self.callbacks {
+                if let Some(stop) = DraftStop::parse(&entry.payload) {
+                    handler.handle_draft_stop(entry.update_id, stop).await;
+                    continue;
+                }
                 if entry.payload.get("callback_query").is_some() {
                     if !handler.resume(entry.update_id, &entry.payload).await {
                         self.mark_update(entry.update_id, "not resumable").await;

@@ -181,7 +181,8 @@ impl TelegramBot {
             setup,
             Arc::new(
                 TelegramOutbound::new(delivery.clone(), Some(store.clone()))
-                    .with_reactions(config.delivery.reactions),
+                    .with_reactions(config.delivery.reactions)
+                    .with_streaming(config.delivery.streaming),
             ),
             store.clone(),
             Some(Arc::new(ledger.clone())),

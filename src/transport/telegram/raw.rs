@@ -14,7 +14,6 @@
 use serde::Serialize;
 use serde_json::Value;
 use teloxide::requests::{JsonRequest, Payload, Request};
-use teloxide::types::AllowedUpdate;
 use teloxide::{Bot, RequestError};
 
 /// `getUpdates`, answered as raw JSON values.
@@ -22,7 +21,7 @@ use teloxide::{Bot, RequestError};
 struct RawGetUpdates {
     offset: i32,
     timeout: u32,
-    allowed_updates: Vec<AllowedUpdate>,
+    allowed_updates: Vec<Value>,
 }
 
 impl Payload for RawGetUpdates {
@@ -34,6 +33,18 @@ impl Payload for RawGetUpdates {
     }
 }
 
+/// [`super::registration::ALLOWED_UPDATES`] plus the update kinds teloxide
+/// has no name for: `stopped_message_generation` (Telegram's stop control
+/// on a streamed draft).
+pub fn allowed_updates() -> Vec<Value> {
+    let mut kinds: Vec<Value> = super::registration::ALLOWED_UPDATES
+        .iter()
+        .filter_map(|kind| serde_json::to_value(kind).ok())
+        .collect();
+    kinds.push(Value::from("stopped_message_generation"));
+    kinds
+}
+
 /// One long poll: updates after `offset`, waiting up to `timeout` seconds.
 pub async fn get_updates(bot: &Bot, offset: i32, timeout: u32) -> Result<Vec<Value>, RequestError> {
     JsonRequest::new(
@@ -41,7 +52,7 @@ pub async fn get_updates(bot: &Bot, offset: i32, timeout: u32) -> Result<Vec<Val
         RawGetUpdates {
             offset,
             timeout,
-            allowed_updates: super::registration::ALLOWED_UPDATES.to_vec(),
+            allowed_updates: allowed_updates(),
         },
     )
     .send()
