@@ -166,6 +166,15 @@ pub struct DeliverySettings {
     /// (the message is still delivered after the wait).
     #[serde(default = "default_max_retry_wait_secs")]
     pub max_retry_wait_secs: u64,
+    /// Show each message's status as a reaction on it (👌 queued, 👀
+    /// working, 👍 answered, 👎 failed).
+    #[serde(default)]
+    pub reactions: bool,
+    /// How a running turn's partial answer is shown: `auto` (drafts in
+    /// private chats, edits elsewhere or where drafts are refused),
+    /// `draft`, or `edit` (default: a preview message edited in place).
+    #[serde(default)]
+    pub streaming: crate::delivery::draft::StreamingMode,
 }
 
 impl Default for DeliverySettings {
@@ -177,6 +186,8 @@ impl Default for DeliverySettings {
             edit_interval_ms: default_edit_interval_ms(),
             typing_interval_ms: default_typing_interval_ms(),
             max_retry_wait_secs: default_max_retry_wait_secs(),
+            reactions: false,
+            streaming: crate::delivery::draft::StreamingMode::default(),
         }
     }
 }
@@ -254,8 +265,8 @@ pub struct TelegramConfig {
     /// Chat ids where anyone may talk to the bot (optional).
     #[serde(default)]
     pub allowed_chats: Vec<i64>,
-    /// Users who may approve or deny any turn's dangerous command (besides
-    /// the user whose message started the turn).
+    /// Users who may approve or deny any turn's dangerous command and press
+    /// any Stop button (besides the user whose message started the turn).
     #[serde(default)]
     pub approvers: Vec<u64>,
     /// Let everyone use the bot. Required when both allowlists are empty.
@@ -737,6 +748,19 @@ impl Config {
             metrics: crate::metrics::Metrics::default(),
             approvers: self.telegram.approvers.clone(),
             files: None,
+            default_model: self
+                .agent
+                .openai
+                .as_ref()
+                .filter(|_| self.agent.backend == Backend::Openai)
+                .map(|o| o.model.clone()),
+            models: self
+                .agent
+                .openai
+                .as_ref()
+                .filter(|_| self.agent.backend == Backend::Openai)
+                .map(|o| o.models.clone())
+                .unwrap_or_default(),
         }
     }
 

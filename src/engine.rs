@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use crate::adapter::{Adapter, AdapterConfig, EventLedger, WeakAdapter};
 use crate::agent::{Agent, CommandAgent, EchoAgent, OpenAiAgent};
+use crate::buttons::Button;
 use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
 use crate::event::{ChatType, Platform, SessionSource};
 use crate::identity::SessionId;
@@ -176,6 +177,12 @@ async fn forward_tool_events(
             ToolEvent::Notice { to, text } => {
                 if let Err(error) = outbound.deliver(&to, Reply::notice(text)).await {
                     tracing::warn!(chat_id = to.chat_id, %error, "a tool notice could not be delivered");
+                }
+            }
+            ToolEvent::Approval { to, ticket, text } => {
+                let prompt = Reply::notice(text).with_buttons(Button::approval_pair(&ticket));
+                if let Err(error) = outbound.deliver(&to, prompt).await {
+                    tracing::warn!(chat_id = to.chat_id, %error, "an approval prompt could not be delivered");
                 }
             }
             ToolEvent::BackgroundStarted { id, owner, command } => {

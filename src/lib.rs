@@ -21,6 +21,7 @@
 
 pub mod adapter;
 pub mod agent;
+pub mod buttons;
 pub mod config;
 pub mod config_checks;
 pub mod delivery;

@@ -36,6 +36,9 @@ pub struct Reply {
     pub kind: ReplyKind,
     /// The platform message id this reply answers, if any.
     pub reply_to: Option<i64>,
+    /// Inline buttons under the reply (transports without buttons ignore
+    /// them; every button's action is also a typed command).
+    pub buttons: Vec<crate::buttons::Button>,
 }
 
 impl Reply {
@@ -45,6 +48,7 @@ impl Reply {
             text: text.into(),
             kind,
             reply_to: None,
+            buttons: Vec::new(),
         }
     }
 
@@ -71,6 +75,12 @@ impl Reply {
     /// Mark the message this reply answers.
     pub fn in_reply_to(mut self, message_id: Option<i64>) -> Self {
         self.reply_to = message_id;
+        self
+    }
+
+    /// Put `buttons` under the reply.
+    pub fn with_buttons(mut self, buttons: Vec<crate::buttons::Button>) -> Self {
+        self.buttons = buttons;
         self
     }
 }
@@ -148,4 +158,33 @@ pub trait Outbound: Send + Sync + 'static {
         let _ = (to, answering, progress);
         None
     }
+
+    /// Message `message_id` from `to` waits behind a running task (called
+    /// while the adapter holds its lock: must not block). The default does
+    /// nothing.
+    fn queued(&self, to: &SessionSource, message_id: Option<i64>) {
+        let _ = (to, message_id);
+    }
+
+    /// Like [`Outbound::turn_started`], knowing the turn's generation (so
+    /// the live view can offer a Stop button bound to this very turn). The
+    /// default forgets the generation.
+    fn turn_started_with(
+        &self,
+        turn: &TurnStart<'_>,
+        progress: ProgressWatch,
+    ) -> Option<Box<dyn LiveReply>> {
+        self.turn_started(turn.to, turn.answering, progress)
+    }
+}
+
+/// A turn that starts, as the outbound sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct TurnStart<'a> {
+    /// The chat (and user) of the turn.
+    pub to: &'a SessionSource,
+    /// The message it answers.
+    pub answering: Option<i64>,
+    /// The turn's generation.
+    pub generation: u64,
 }

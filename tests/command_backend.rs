@@ -25,6 +25,7 @@ fn turn(text: &str) -> TurnRequest {
         internal: false,
         cancel: CancellationToken::new(),
         progress: Progress::new(),
+        model: None,
     }
 }
 

@@ -34,6 +34,7 @@ fn turn(text: &str, history: Vec<ChatMessage>) -> TurnRequest {
         internal: false,
         cancel: CancellationToken::new(),
         progress: Progress::new(),
+        model: None,
     }
 }
 

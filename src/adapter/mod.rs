@@ -509,6 +509,7 @@ impl Adapter {
         if internal {
             return Route::Done;
         }
+        self.inner.outbound.queued(&source, message_id);
         let interrupting = self.inner.config.busy_mode == BusyMode::Interrupt
             && current
                 .as_ref()

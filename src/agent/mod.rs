@@ -53,6 +53,9 @@ pub struct TurnRequest {
     pub cancel: CancellationToken,
     /// Where partial output and liveness go.
     pub progress: Progress,
+    /// The model the session chose with /model (`None`: the configured
+    /// one). Backends without a choice of model ignore it.
+    pub model: Option<String>,
 }
 
 /// A finished turn's answer.

@@ -16,6 +16,17 @@
 //! reply is out. Nothing else of the cancelled turn is sent. A turn that
 //! ends without an answer for another reason (shutdown: a restart resumes
 //! it) simply stops the task.
+//!
+//! In private chats the partial answer may stream as a Telegram draft
+//! instead (`[delivery] streaming`, see [`super::draft`]): no preview
+//! message exists then, the final answer is sent as a new message through
+//! the outbox, and a refused draft falls back to the edited preview.
+//!
+//! With a store, the preview carries a Stop button bound to the turn's
+//! generation ([`StopButton`]); every preview edit keeps it, and every last
+//! edit takes it away (an edit without a keyboard removes it): the final
+//! text, the stop marker, or, for a turn that ended without either, an edit
+//! of the keyboard alone.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -23,13 +34,50 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
+use teloxide::types::InlineKeyboardMarkup;
+
+use super::buttons::{clear_markup, edit_chunk_with_markup, register, send_chunk_with_markup};
+use super::draft::{is_refusal, send_draft, DraftStream};
 use super::entity::FormattedText;
 use super::markdown::render;
 use super::split::{split, TELEGRAM_LIMIT};
 use super::telegram::{deliver_answer_once, ChatTarget, Delivery, Priority, ReplyRecord};
 use crate::agent::{ProgressWatch, TurnEnd};
+use crate::buttons::Button;
+use crate::event::SessionSource;
 use crate::reply::{DeliveryError, LiveReply, Reply};
+use crate::store::Store;
+
+/// The Stop button a preview offers: /stop for the turn of `generation`,
+/// bound to the user of `to`.
+#[derive(Clone)]
+pub struct StopButton {
+    store: Store,
+    to: SessionSource,
+    generation: u64,
+}
+
+impl StopButton {
+    /// The Stop button of the turn of `generation` in the chat of `to`.
+    pub fn new(store: Store, to: SessionSource, generation: u64) -> Self {
+        StopButton {
+            store,
+            to,
+            generation,
+        }
+    }
+
+    async fn markup(&self) -> Option<InlineKeyboardMarkup> {
+        register(
+            Some(&self.store),
+            &self.to,
+            &[Button::stop(self.generation)],
+        )
+        .await
+    }
+}
 
 /// The live view of one turn.
 pub struct LiveView {
@@ -42,6 +90,9 @@ pub struct LiveView {
     progress: ProgressWatch,
     /// What the chat shows of the turn so far.
     shown: Arc<Mutex<Shown>>,
+    /// Withdraws preview updates not yet sent: fires when the turn ends
+    /// unanswered (a child of its `ending`) or the view is dropped.
+    halt: CancellationToken,
 }
 
 /// The preview as the chat has it (or is about to: an edit in flight).
@@ -49,6 +100,8 @@ pub struct LiveView {
 struct Shown {
     preview: Option<i32>,
     text: String,
+    /// The preview carries a Stop button.
+    button: bool,
 }
 
 impl LiveView {
@@ -59,16 +112,31 @@ impl LiveView {
         progress: ProgressWatch,
         record: Option<ReplyRecord>,
     ) -> Self {
+        LiveView::start_with_stop(delivery, target, progress, record, None, None)
+    }
+
+    /// Like [`LiveView::start`], with a Stop button on the preview.
+    pub fn start_with_stop(
+        delivery: Delivery,
+        target: ChatTarget,
+        progress: ProgressWatch,
+        record: Option<ReplyRecord>,
+        button: Option<StopButton>,
+        draft: Option<DraftStream>,
+    ) -> Self {
         let (stop, stopped) = oneshot::channel();
         let shown = Arc::new(Mutex::new(Shown::default()));
         let watch = progress.clone();
+        let halt = progress.ending().child_token();
         let task = tokio::spawn(show_progress(
             delivery.clone(),
             target,
             progress,
-            stopped,
+            (stopped, halt.clone()),
             record.clone(),
             shown.clone(),
+            button,
+            draft,
         ));
         LiveView {
             delivery,
@@ -78,6 +146,7 @@ impl LiveView {
             task: Some(task),
             progress: watch,
             shown,
+            halt,
         }
     }
 }
@@ -113,13 +182,17 @@ fn preview_within(text: &str, limit: usize) -> Option<FormattedText> {
     Some(first)
 }
 
+// One task per turn owns all of these; bundling them would only rename them.
+#[allow(clippy::too_many_arguments)]
 async fn show_progress(
     delivery: Delivery,
     target: ChatTarget,
     mut progress: ProgressWatch,
-    mut stopped: oneshot::Receiver<()>,
+    (mut stopped, halt): (oneshot::Receiver<()>, CancellationToken),
     record: Option<ReplyRecord>,
     shown_in_chat: Arc<Mutex<Shown>>,
+    button: Option<StopButton>,
+    mut draft: Option<DraftStream>,
 ) -> Option<i32> {
     let ending = progress.ending();
     let typing_every = delivery.config().typing_interval;
@@ -134,6 +207,12 @@ async fn show_progress(
         None => None,
     };
     let mut shown = String::new();
+    let mut markup: Option<InlineKeyboardMarkup> = None;
+    // A resumed turn whose preview exists keeps editing it.
+    if preview.is_some() {
+        draft = None;
+    }
+    let mut drafted = false;
     let mut next_typing = Instant::now();
     let mut next_edit = Instant::now() + edit_every;
     let mut pending_change = false;
@@ -154,7 +233,7 @@ async fn show_progress(
                 next_typing = Instant::now() + typing_every;
                 // Telegram hides "typing" once a message is sent; keep it
                 // only until the preview exists.
-                if preview.is_none() {
+                if preview.is_none() && !drafted {
                     delivery.typing(target).await;
                 }
             }
@@ -170,20 +249,60 @@ async fn show_progress(
                     continue;
                 }
                 let Some(formatted) = preview_of(&latest) else { continue };
+                if let Some(stream) = &draft {
+                    // A draft waiting for its turn when the turn is stopped
+                    // is dropped, like an edit.
+                    let result = tokio::select! {
+                        biased;
+                        _ = halt.cancelled() => return preview,
+                        result = send_draft(&delivery, target, stream.id, &formatted) => result,
+                    };
+                    match result {
+                        Ok(()) => {
+                            drafted = true;
+                            shown = latest;
+                        }
+                        Err(error) if is_refusal(&error) => {
+                            // Refused (old server, not a private chat):
+                            // this turn goes on as an edited preview, now.
+                            stream.drafts.refused(target.chat_id, &error);
+                            draft = None;
+                            pending_change = true;
+                            next_edit = Instant::now();
+                        }
+                        Err(error) => tracing::debug!(chat_id = target.chat_id, %error, "draft update failed"),
+                    }
+                    continue;
+                }
+                if markup.is_none() {
+                    if let Some(button) = &button {
+                        markup = button.markup().await;
+                    }
+                }
                 // An update still waiting for its turn when the turn is
                 // stopped is withdrawn; one already sent runs to its answer,
                 // so a preview that reached the chat is always known (and
                 // gets its marker).
-                let withdraw = Some(&ending);
-                let result = match preview {
-                    None => delivery
+                let withdraw = Some(&halt);
+                let result = match (preview, &markup) {
+                    (None, None) => delivery
                         .send_chunk_unless_withdrawn(target, &formatted, None, Priority::Normal, withdraw)
                         .await
                         .map(Some),
-                    Some(id) => delivery
+                    (None, Some(keys)) => {
+                        send_chunk_with_markup(&delivery, target, &formatted, None, keys, Priority::Normal, withdraw)
+                            .await
+                            .map(Some)
+                    }
+                    (Some(id), None) => delivery
                         .edit_chunk_unless_withdrawn(target, id, &formatted, withdraw)
                         .await
                         .map(|()| None),
+                    (Some(id), Some(keys)) => {
+                        edit_chunk_with_markup(&delivery, target, id, &formatted, keys, withdraw)
+                            .await
+                            .map(|()| None)
+                    }
                 };
                 match result {
                     Ok(Some(id)) => {
@@ -192,13 +311,16 @@ async fn show_progress(
                             let mut shown = shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner);
                             shown.preview = Some(id);
                             shown.text = latest.clone();
+                            shown.button = markup.is_some();
                         }
                         if let Some(record) = &record {
                             record.save(vec![id], false).await;
                         }
                     }
                     Ok(None) => {
-                        shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner).text = latest.clone();
+                        let mut shown = shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner);
+                        shown.text = latest.clone();
+                        shown.button = markup.is_some();
                     }
                     Err(DeliveryError::Withdrawn) => return preview,
                     Err(error) => tracing::debug!(chat_id = target.chat_id, %error, "preview update failed"),
@@ -233,6 +355,12 @@ impl LiveReply for LiveView {
         Box::pin(async move {
             // Stop the preview first, so no edit can race the final text.
             let preview = self.stop_and_join().await;
+            // The final text replaces the preview (and its Stop button):
+            // nothing is left for `Drop` to tidy.
+            self.shown
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .preview = None;
             deliver_answer_once(
                 &self.delivery,
                 self.target,
@@ -247,39 +375,53 @@ impl LiveReply for LiveView {
 
 impl Drop for LiveView {
     fn drop(&mut self) {
-        // The turn ended without an answer: stop showing it. The task is
-        // not aborted: a preview request already sent runs to its answer,
-        // so the preview's id is known when the marker goes out.
+        // The turn ended without an answer: stop showing it. Updates still
+        // waiting are withdrawn; the task is not aborted, so a preview
+        // request already sent runs to its answer and the preview's id is
+        // known when the marker goes out.
+        self.halt.cancel();
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         let task = self.task.take();
-        // Stopped or interrupted: the preview keeps its text and gets its
-        // marker, once the command's reply is out.
-        let Some((end, after)) = self.progress.ended() else {
-            return;
-        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let delivery = self.delivery.clone();
         let target = self.target;
         let shown = self.shown.clone();
+        let ended = self.progress.ended();
         runtime.spawn(async move {
             if let Some(task) = task {
                 let _ = task.await;
             }
-            let (preview, text) = {
+            let (preview, text, button) = {
                 let shown = shown.lock().unwrap_or_else(PoisonError::into_inner);
-                (shown.preview, shown.text.clone())
+                (shown.preview, shown.text.clone(), shown.button)
             };
             let Some(preview) = preview else { return };
-            let Some(marked) = marked_preview(&text, end) else {
-                return;
-            };
-            after.cancelled().await;
-            if let Err(error) = delivery.edit_chunk(target, preview, &marked).await {
-                tracing::debug!(chat_id = target.chat_id, %error, "could not mark a stopped preview");
+            match ended {
+                // Stopped or interrupted: the preview keeps its text and
+                // gets its marker, once the command's reply is out. The
+                // marker edit carries no keyboard, so it also takes the
+                // Stop button away.
+                Some((end, after)) => {
+                    let Some(marked) = marked_preview(&text, end) else {
+                        return;
+                    };
+                    after.cancelled().await;
+                    if let Err(error) = delivery.edit_chunk(target, preview, &marked).await {
+                        tracing::debug!(chat_id = target.chat_id, %error, "could not mark a stopped preview");
+                    }
+                }
+                // Ended without an answer otherwise (shutdown, failure
+                // without a reply): the text stays, the Stop button goes.
+                None if button => {
+                    if let Err(error) = clear_markup(&delivery, target, preview).await {
+                        tracing::debug!(chat_id = target.chat_id, %error, "could not take the Stop button away");
+                    }
+                }
+                None => {}
             }
         });
     }

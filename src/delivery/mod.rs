@@ -27,11 +27,14 @@
 //! feeds them input and acts on their answers, which keeps all of this
 //! deterministic and testable with property tests.
 
+pub mod buttons;
+pub mod draft;
 pub mod entity;
 pub mod files;
 pub mod live;
 pub mod markdown;
 pub mod ratelimit;
+pub mod reaction;
 pub mod split;
 pub mod telegram;
 

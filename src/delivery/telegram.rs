@@ -821,12 +821,32 @@ pub async fn deliver_answer_once(
 pub struct TelegramOutbound {
     delivery: Delivery,
     store: Option<Store>,
+    reactions: Option<super::reaction::Reactions>,
+    drafts: super::draft::Drafts,
 }
 
 impl TelegramOutbound {
     /// An outbound on top of `delivery`, recording answers in `store`.
     pub fn new(delivery: Delivery, store: Option<Store>) -> Self {
-        TelegramOutbound { delivery, store }
+        TelegramOutbound {
+            delivery,
+            store,
+            reactions: None,
+            drafts: super::draft::Drafts::new(super::draft::StreamingMode::Edit),
+        }
+    }
+
+    /// Stream turns as drafts where `mode` says so (`[delivery] streaming`).
+    pub fn with_streaming(mut self, mode: super::draft::StreamingMode) -> Self {
+        self.drafts = super::draft::Drafts::new(mode);
+        self
+    }
+
+    /// Show each message's status as a reaction (`[delivery] reactions`).
+    /// Must be called inside the runtime.
+    pub fn with_reactions(mut self, on: bool) -> Self {
+        self.reactions = on.then(|| super::reaction::Reactions::spawn(self.delivery.clone()));
+        self
     }
 
     /// The engine (for stats).
@@ -851,6 +871,11 @@ impl Outbound for TelegramOutbound {
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
             let target = ChatTarget::of(to);
+            if !reply.buttons.is_empty() {
+                let store = self.store.as_ref();
+                return super::buttons::deliver_with_buttons(&self.delivery, store, to, &reply)
+                    .await;
+            }
             if reply.kind == ReplyKind::Answer {
                 let record = self.record_for(to, reply.reply_to);
                 deliver_answer_once(&self.delivery, target, &reply, None, record.as_ref()).await
@@ -875,5 +900,54 @@ impl Outbound for TelegramOutbound {
             progress,
             self.record_for(to, answering),
         )))
+    }
+
+    fn turn_started_with(
+        &self,
+        turn: &crate::reply::TurnStart<'_>,
+        progress: ProgressWatch,
+    ) -> Option<Box<dyn LiveReply>> {
+        let stop = self
+            .store
+            .clone()
+            .map(|store| super::live::StopButton::new(store, turn.to.clone(), turn.generation));
+        // The draft id is the turn's generation (never 0): Telegram's stop
+        // control on the draft names it, and only that turn stops.
+        let draft = i64::try_from(turn.generation)
+            .ok()
+            .filter(|id| *id != 0 && self.drafts.for_chat(turn.to))
+            .map(|id| super::draft::DraftStream {
+                drafts: self.drafts.clone(),
+                id,
+            });
+        let live: Box<dyn LiveReply> = Box::new(super::live::LiveView::start_with_stop(
+            self.delivery.clone(),
+            ChatTarget::of(turn.to),
+            progress,
+            self.record_for(turn.to, turn.answering),
+            stop,
+            draft,
+        ));
+        let Some(reactions) = &self.reactions else {
+            return Some(live);
+        };
+        let target = ChatTarget::of(turn.to);
+        reactions.set(target, turn.answering, super::reaction::Status::Working);
+        Some(Box::new(super::reaction::ReactingLive::new(
+            live,
+            reactions.clone(),
+            target,
+            turn.answering,
+        )))
+    }
+
+    fn queued(&self, to: &SessionSource, message_id: Option<i64>) {
+        if let Some(reactions) = &self.reactions {
+            reactions.set(
+                ChatTarget::of(to),
+                message_id,
+                super::reaction::Status::Queued,
+            );
+        }
     }
 }

@@ -27,6 +27,12 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("approve", "Run the command waiting for your approval"),
     ("deny", "Refuse the command waiting for your approval"),
+    (
+        "retry",
+        "Run your last message again, replacing the last answer",
+    ),
+    ("undo", "Remove the last exchange from the conversation"),
+    ("model", "Show or switch the model: /model NAME"),
 ];
 
 /// A command the runner recognises.
@@ -52,6 +58,12 @@ pub enum KnownCommand {
     Approve,
     /// /deny
     Deny,
+    /// /retry
+    Retry,
+    /// /undo
+    Undo,
+    /// /model [NAME]
+    Model,
 }
 
 impl KnownCommand {
@@ -68,6 +80,9 @@ impl KnownCommand {
             ("kill", KnownCommand::Kill),
             ("approve", KnownCommand::Approve),
             ("deny", KnownCommand::Deny),
+            ("retry", KnownCommand::Retry),
+            ("undo", KnownCommand::Undo),
+            ("model", KnownCommand::Model),
         ];
         known
             .iter()
@@ -121,6 +136,8 @@ pub struct StatusView {
     pub processes: Option<Vec<String>>,
     /// The CLI agent's usage and cost ([`usage_text`]), when any is recorded.
     pub agent_usage: Option<String>,
+    /// The model the session uses, when the backend has a choice.
+    pub model: Option<String>,
 }
 
 /// The /status text.
@@ -134,6 +151,9 @@ pub fn status_text(view: &StatusView) -> String {
         "Session: {}\nState: {}\nQueued messages: {}\nBackend: {}",
         view.session_id, state, view.queue_depth, view.backend
     );
+    if let Some(model) = &view.model {
+        text.push_str(&format!("\nModel: {model}"));
+    }
     if let Some(processes) = &view.processes {
         if processes.is_empty() {
             text.push_str("\nBackground processes: none running");
@@ -240,6 +260,41 @@ pub fn human_duration(d: Duration) -> String {
     }
 }
 
+/// Said when /retry or /undo come while a task runs.
+pub const BUSY_HISTORY_TEXT: &str =
+    "A task is running. Wait for it to finish (or /stop it), then send this again.";
+
+/// The /undo reply.
+pub fn undone_text(user_text: &str, entries: usize) -> String {
+    const SHOWN_CHARS: usize = 80;
+    let one_line = user_text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let shown = if one_line.chars().count() > SHOWN_CHARS {
+        let cut: String = one_line.chars().take(SHOWN_CHARS).collect();
+        format!("{cut}…")
+    } else {
+        one_line
+    };
+    format!(
+        "↩️ Removed the last exchange from the conversation ({entries} message{}): \"{shown}\". \
+         The transcript keeps it, marked as undone.",
+        if entries == 1 { "" } else { "s" }
+    )
+}
+
+/// The /model reply listing the choices.
+pub fn models_text(current: &str, models: &[String]) -> String {
+    if models.is_empty() {
+        return format!(
+            "Model: {current}\nTo switch, list models in [agent.openai] models = [...] in the config."
+        );
+    }
+    let mut text = format!("Model: {current}\nChoose one (or send /model NAME):");
+    for name in models {
+        text.push_str(&format!("\n• {name}"));
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,7 +319,8 @@ mod tests {
     #[test]
     fn commands_parse_case_insensitively() {
         assert_eq!(KnownCommand::parse("STOP"), Some(KnownCommand::Stop));
-        assert_eq!(KnownCommand::parse("model"), None);
+        assert_eq!(KnownCommand::parse("Model"), Some(KnownCommand::Model));
+        assert_eq!(KnownCommand::parse("models"), None);
     }
 
     #[test]
@@ -297,11 +353,12 @@ mod tests {
                     ..AgentUsage::default()
                 },
             )),
+            model: Some("big".into()),
         });
         assert!(text.contains("Session: abc"));
         assert!(text.contains("busy (running for 2m 05s)"));
         assert!(text.contains("Queued messages: 2"));
-        assert!(text.contains("Backend: echo"));
+        assert!(text.contains("Backend: echo\nModel: big"));
         assert!(text.contains("History: 12 messages (4 oldest left out"));
         assert!(text.contains("Background processes running: 1\n  p1a2b  running  3s  sleep 9"));
         assert!(

@@ -48,10 +48,11 @@ use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
 use crate::agent::{Agent, AgentError, ChatMessage, Progress, Role, TurnEnd, TurnRequest};
+use crate::buttons::{Button, ButtonAction};
 use crate::event::{MessageEvent, MessageKind, SessionKey};
 use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
 use crate::metrics::Metrics;
-use crate::reply::{DeliveryError, LiveReply, Outbound, Outgoing, Reply};
+use crate::reply::{DeliveryError, LiveReply, Outbound, Outgoing, Reply, TurnStart};
 use crate::store::{Store, TranscriptEntry};
 use crate::tools::approval::{approval_reply, Denial, Lookup};
 use crate::tools::approval_prompt::preview;
@@ -78,6 +79,11 @@ pub struct RunnerConfig {
     pub approvers: Vec<u64>,
     /// Sends the files turns produce (Telegram); `None`: no file output.
     pub files: Option<Arc<crate::media::OutboxFiles>>,
+    /// The model the backend uses unless a session chose another (shown
+    /// by /model and /status; `None`: the backend has no choice of model).
+    pub default_model: Option<String>,
+    /// The models /model may switch a session to.
+    pub models: Vec<String>,
 }
 
 impl Default for RunnerConfig {
@@ -88,8 +94,21 @@ impl Default for RunnerConfig {
             metrics: Metrics::default(),
             approvers: Vec::new(),
             files: None,
+            default_model: None,
+            models: Vec::new(),
         }
     }
+}
+
+/// What an Approve or Deny button press did ([`Runner::press_approval`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApprovalPress {
+    /// The request was answered; this is its command.
+    Decided(String),
+    /// The presser may not decide; the text says who may.
+    NotAllowed(String),
+    /// That request no longer waits (answered, timed out, replaced).
+    NotWaiting,
 }
 
 #[derive(Default)]
@@ -102,6 +121,8 @@ struct RunnerState {
     /// once the command's reply is out (then the stopped turn's preview
     /// gets its marker).
     reply_gates: HashMap<SessionKey, CancellationToken>,
+    /// Sessions that chose a model with /model (also in the store).
+    models: HashMap<SessionId, String>,
 }
 
 struct RunnerInner {
@@ -348,6 +369,12 @@ impl Runner {
                 self.answer_approval(&ctx.key, &event.source, approval_reply(&event.text), "");
             return Some(reply.in_reply_to(event.message_id).into());
         }
+        let retry = event
+            .command()
+            .is_some_and(|c| KnownCommand::parse(c.name) == Some(KnownCommand::Retry));
+        if retry {
+            return self.retry(event, ctx).await;
+        }
         if let Some(command) = event.command() {
             let reply = match KnownCommand::parse(command.name) {
                 // Answers need to know who sends them (see `authority`).
@@ -401,6 +428,7 @@ impl Runner {
                     None => None,
                 };
                 let agent_usage = self.agent_usage_line(&session_id).await;
+                let model = self.session_model(key, &session_id).await;
                 let state = self.state();
                 let view = StatusView {
                     session_id: session_id.to_string(),
@@ -412,6 +440,7 @@ impl Runner {
                     backend: self.backend_name().to_string(),
                     processes: self.running_process_lines(key),
                     agent_usage,
+                    model,
                 };
                 Reply::command(status_text(&view))
             }
@@ -421,6 +450,10 @@ impl Runner {
             KnownCommand::Approve | KnownCommand::Deny => {
                 Reply::command("Reply /approve or /deny in the chat that asked.")
             }
+            KnownCommand::Undo => self.undo(ctx).await,
+            KnownCommand::Model => self.model_command(key, args).await,
+            // Handled in `dispatch` (it runs a turn); never reached.
+            KnownCommand::Retry => Reply::command(commands::BUSY_HISTORY_TEXT),
             KnownCommand::Stop => {
                 self.deny_pending_approvals(key);
                 let stopped = self.stop_running(key, InvalidateReason::Stop);
@@ -597,6 +630,191 @@ impl Runner {
         }
     }
 
+    /// /retry: take the last exchange out of the history and run its user
+    /// message again as this command's turn (so its answer replaces the
+    /// old one). While a task runs it only says so.
+    async fn retry(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
+        let message_id = event.message_id;
+        let refuse = |text: &str| Some(Reply::command(text).in_reply_to(message_id).into());
+        if ctx.slot_busy {
+            return refuse(commands::BUSY_HISTORY_TEXT);
+        }
+        let Some(store) = self.inner.store.clone() else {
+            return refuse("Nothing to retry: this chat keeps no history.");
+        };
+        let Ok(session_id) = self.resolve_session(&ctx.key).await else {
+            return Some(Reply::error(STORE_DOWN_TEXT).in_reply_to(message_id).into());
+        };
+        let undone = match store.undo_last_exchange(session_id.as_str()).await {
+            Ok(Some(undone)) => undone,
+            Ok(None) => return refuse("Nothing to retry yet: send a message first."),
+            Err(error) => {
+                tracing::error!(session_key = %ctx.key, %error, "could not take the last exchange out for /retry");
+                return refuse("⚠️ The history could not be read; nothing was retried.");
+            }
+        };
+        tracing::info!(session_key = %ctx.key, entries = undone.entries, "retrying the last message");
+        let mut again = MessageEvent::text(event.source, undone.user_text);
+        again.kind = MessageKind::Text;
+        again.message_id = message_id;
+        let span = tracing::info_span!(
+            "turn",
+            session_key = %ctx.key,
+            session_id = tracing::field::Empty,
+            generation = tracing::field::Empty,
+        );
+        self.turn(again, ctx).instrument(span).await
+    }
+
+    /// /undo: take the last exchange out of the history (kept in the
+    /// transcript, marked) and say what it was.
+    async fn undo(&self, ctx: &DispatchContext) -> Reply {
+        if ctx.slot_busy {
+            return Reply::command(commands::BUSY_HISTORY_TEXT);
+        }
+        let Some(store) = &self.inner.store else {
+            return Reply::command("Nothing to undo: this chat keeps no history.");
+        };
+        let Ok(session_id) = self.resolve_session(&ctx.key).await else {
+            return Reply::error(STORE_DOWN_TEXT);
+        };
+        match store.undo_last_exchange(session_id.as_str()).await {
+            Ok(Some(undone)) => {
+                tracing::info!(session_key = %ctx.key, entries = undone.entries, "last exchange undone");
+                Reply::command(commands::undone_text(&undone.user_text, undone.entries))
+            }
+            Ok(None) => Reply::command("Nothing to undo."),
+            Err(error) => {
+                tracing::error!(session_key = %ctx.key, %error, "could not undo the last exchange");
+                Reply::command("⚠️ The history could not be changed; nothing was undone.")
+            }
+        }
+    }
+
+    /// The model `session_id` uses: its /model choice (if still offered),
+    /// else the configured one; `None` when the backend has no choice.
+    async fn session_model(&self, key: &SessionKey, session_id: &SessionId) -> Option<String> {
+        let config = &self.inner.config;
+        let default = config.default_model.clone()?;
+        let offered = |name: &String| config.models.contains(name);
+        if let Some(chosen) = self.state().models.get(session_id).cloned() {
+            return Some(if offered(&chosen) { chosen } else { default });
+        }
+        let store = self.inner.store.as_ref()?;
+        let current = self.current_session(key);
+        if current.as_ref() != Some(session_id) {
+            return Some(default);
+        }
+        let stored = store
+            .overrides(key.as_str())
+            .await
+            .ok()
+            .and_then(|o| o.get("model").and_then(|m| m.as_str().map(str::to_string)))
+            .filter(offered);
+        if let Some(chosen) = &stored {
+            self.state()
+                .models
+                .insert(session_id.clone(), chosen.clone());
+        }
+        Some(stored.unwrap_or(default))
+    }
+
+    /// /model: show the choices (as buttons), or switch to NAME.
+    async fn model_command(&self, key: &SessionKey, args: &str) -> Reply {
+        let config = &self.inner.config;
+        let Some(default) = &config.default_model else {
+            return Reply::command(format!(
+                "The {} backend has no choice of model; /model works with the openai backend.",
+                self.backend_name()
+            ));
+        };
+        let Ok(session_id) = self.resolve_session(key).await else {
+            return Reply::error(STORE_DOWN_TEXT);
+        };
+        let wanted = args.split_whitespace().next();
+        let Some(name) = wanted else {
+            let current = self
+                .session_model(key, &session_id)
+                .await
+                .unwrap_or_else(|| default.clone());
+            let buttons = config
+                .models
+                .iter()
+                .map(|m| {
+                    let label = if *m == current {
+                        format!("✓ {m}")
+                    } else {
+                        m.clone()
+                    };
+                    Button::new(label, ButtonAction::Model { name: m.clone() })
+                })
+                .collect();
+            return Reply::command(commands::models_text(&current, &config.models))
+                .with_buttons(buttons);
+        };
+        if !config.models.iter().any(|m| m == name) {
+            let choices = if config.models.is_empty() {
+                format!("only {default} is configured")
+            } else {
+                format!("choose one of: {}", config.models.join(", "))
+            };
+            return Reply::command(format!("Unknown model \"{name}\"; {choices}."));
+        }
+        self.state()
+            .models
+            .insert(session_id.clone(), name.to_string());
+        if let Some(store) = &self.inner.store {
+            if let Err(error) = store
+                .set_override(key.as_str(), "model", serde_json::json!(name))
+                .await
+            {
+                tracing::error!(session_key = %key, %error, "could not record the model choice");
+            }
+        }
+        tracing::info!(session_key = %key, model = name, "model switched");
+        Reply::command(format!(
+            "🧠 Model: {name} (for this session; /new goes back to {default})."
+        ))
+    }
+
+    /// An Approve or Deny button of the request with one-time id `ticket`
+    /// was pressed by `actor`: exactly what `/approve <ticket>` (or
+    /// `/deny <ticket>`) from `actor` in that chat does, under the same
+    /// rule ([`may_decide`]: the turn's starter or an approver).
+    pub fn press_approval(
+        &self,
+        actor: &crate::event::SessionSource,
+        ticket: &str,
+        approve: bool,
+    ) -> ApprovalPress {
+        let Some(tools) = self.tools() else {
+            return ApprovalPress::NotWaiting;
+        };
+        let slot = SessionKey::from_raw("");
+        let pending = match tools.approvals().lookup(&slot, actor.chat_id, Some(ticket)) {
+            Lookup::Found(pending) => pending,
+            _ => return ApprovalPress::NotWaiting,
+        };
+        if !may_decide(
+            pending.started_by,
+            actor.user_id,
+            &self.inner.config.approvers,
+        ) {
+            tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval button refused: not the turn's user nor an approver");
+            return ApprovalPress::NotAllowed(who_may_decide(
+                pending.started_by_name.as_deref(),
+                pending.started_by,
+            ));
+        }
+        match tools
+            .approvals()
+            .answer_ticket(&pending.key, &pending.ticket, approve)
+        {
+            Some(command) => ApprovalPress::Decided(command),
+            None => ApprovalPress::NotWaiting,
+        }
+    }
+
     /// /stop, /new and /reset refuse whatever waits for approval.
     fn deny_pending_approvals(&self, key: &SessionKey) {
         if let Some(tools) = self.tools() {
@@ -690,10 +908,15 @@ impl Runner {
         metrics.turns_started.inc();
         let started = Instant::now();
 
-        let mut live =
-            self.inner
-                .outbound
-                .turn_started(&event.source, event.message_id, progress.watch());
+        let mut live = self.inner.outbound.turn_started_with(
+            &TurnStart {
+                to: &event.source,
+                answering: event.message_id,
+                generation: generation.0,
+            },
+            progress.watch(),
+        );
+        let model = self.session_model(&key, &session_id).await;
         let identity = TurnIdentity {
             session_key: key.clone(),
             session_id: session_id.clone(),
@@ -713,6 +936,7 @@ impl Runner {
             internal: event.internal,
             cancel: cancel.clone(),
             progress: progress.clone(),
+            model: model.filter(|m| Some(m) != self.inner.config.default_model.as_ref()),
         };
         let run = AssertUnwindSafe(self.inner.agent.run(request)).catch_unwind();
         let watched = bind_turn_identity(

@@ -62,6 +62,7 @@
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
 pub mod agent_sessions;
+pub mod buttons;
 mod files;
 mod integrity;
 pub mod ledger;
@@ -69,6 +70,7 @@ mod retention;
 pub mod schema;
 pub mod sessions;
 pub mod transcript;
+pub mod undo;
 mod write_health;
 
 use std::fmt;
@@ -80,11 +82,13 @@ use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 pub use agent_sessions::AgentUsage;
+pub use buttons::{NewButton, StoredButton};
 pub use integrity::marker_path;
 pub use ledger::{InboxEntry, InboxState, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
 pub use transcript::{Role, TranscriptEntry};
+pub use undo::UndoneExchange;
 pub use write_health::WriteHealth;
 
 /// How long SQLite retries when another process holds the write lock.

@@ -92,6 +92,37 @@ CREATE TABLE outbox_files (
 );
 ";
 
+/// Version 6: inline buttons and undone exchanges.
+///
+/// * `buttons`: one row per inline button shown, found by the short id its
+///   `callback_data` carries. `row_id` groups the buttons shown together (a
+///   press uses up the whole row: Approve and Deny of one prompt); `owner_*`
+///   is the user whose session it acts on; `used_by` is the update id of the
+///   press that used it, so a press replayed after a restart is recognised
+///   as the same press, and any other press as a second one.
+/// * `transcripts.undone_at`: set by /undo and /retry on the exchange they
+///   take out of the history; the rows stay (the transcript keeps what was
+///   said), marked, and are no longer given to the agent.
+const V6_CONTROLS: &str = "
+CREATE TABLE buttons (
+    id          TEXT PRIMARY KEY NOT NULL,
+    row_id      TEXT NOT NULL,
+    chat_id     INTEGER NOT NULL,
+    chat_type   TEXT NOT NULL,
+    thread_id   INTEGER,
+    owner_id    INTEGER,
+    owner_name  TEXT,
+    action      TEXT NOT NULL CHECK (json_valid(action)),
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    used_by     INTEGER,
+    used_at     INTEGER
+) STRICT;
+CREATE INDEX buttons_by_row ON buttons (row_id);
+CREATE INDEX buttons_by_expiry ON buttons (expires_at);
+ALTER TABLE transcripts ADD COLUMN undone_at INTEGER;
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -196,6 +227,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new("running background processes", V3_PROCESSES),
     Migration::new("CLI agent sessions and usage", V4_AGENT_SESSIONS),
     Migration::new("outbox files", V5_OUTBOX_FILES),
+    Migration::new("inline buttons and undone exchanges", V6_CONTROLS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

@@ -142,7 +142,9 @@ impl Store {
         let session_id = session_id.to_owned();
         self.call(move |conn| {
             let n: i64 = conn
-                .prepare_cached("SELECT count(*) FROM transcripts WHERE session_id = ?1")?
+                .prepare_cached(
+                    "SELECT count(*) FROM transcripts WHERE session_id = ?1 AND undone_at IS NULL",
+                )?
                 .query_row([session_id], |r| r.get(0))?;
             Ok(usize::try_from(n).unwrap_or(0))
         })
@@ -204,7 +206,7 @@ fn select_last(
     let limit = max.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
     let mut stmt = conn.prepare_cached(
         "SELECT role, content, tool_calls, tool_call_id, name, interrupted, created_at
-         FROM transcripts WHERE session_id = ?1
+         FROM transcripts WHERE session_id = ?1 AND undone_at IS NULL
          ORDER BY id DESC LIMIT ?2",
     )?;
     let raw = stmt

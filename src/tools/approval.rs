@@ -551,8 +551,9 @@ impl ApprovalGate {
             id,
         };
         tracing::info!(session_key = %key, %ticket, "a command waits for the user's approval");
-        self.inner.events.send(ToolEvent::Notice {
+        self.inner.events.send(ToolEvent::Approval {
             to: owner.source.clone(),
+            ticket: ticket.clone(),
             text: request_text(&ticket, command, reason, self.inner.timeout),
         });
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
@@ -878,8 +879,19 @@ mod tests {
         while !gate.is_pending(&key) {
             tokio::task::yield_now().await;
         }
-        assert!(matches!(rx.recv().await, Some(ToolEvent::Notice { .. })));
-        assert_eq!(gate.answer(&key, true).as_deref(), Some("rm -rf x"));
+        let Some(ToolEvent::Approval { ticket, .. }) = rx.recv().await else {
+            panic!("the prompt is an approval event");
+        };
+        assert_eq!(
+            gate.answer_ticket(&key, "zzzzzz", true),
+            None,
+            "another request's button"
+        );
+        assert!(gate.is_pending(&key));
+        assert_eq!(
+            gate.answer_ticket(&key, &ticket, true).as_deref(),
+            Some("rm -rf x")
+        );
         assert_eq!(waiting.await.unwrap(), Verdict::Approved);
         assert!(!gate.is_pending(&key));
         assert_eq!(gate.answer(&key, false), None);

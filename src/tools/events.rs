@@ -3,7 +3,7 @@
 //! Tools run deep below the adapter, and some of what they produce has to
 //! reach a chat later, on its own: a background process finished and its
 //! owner must be woken ([`ToolEvent::Wakeup`]), or a command needs the
-//! user's approval and the chat must be asked ([`ToolEvent::Notice`]).
+//! user's approval and the chat must be asked ([`ToolEvent::Approval`]).
 //! Tools must not depend on the adapter or on a transport, so they only put
 //! [`ToolEvent`]s into a channel; `engine.rs` drains it into the adapter and
 //! the outbound. The channel also buffers events that happen before the
@@ -28,6 +28,18 @@ pub enum ToolEvent {
     Notice {
         /// The chat.
         to: SessionSource,
+        /// Plain text.
+        text: String,
+    },
+    /// Ask the chat of `to` to approve the request with one-time id
+    /// `ticket`: `text` is shown with Approve and Deny buttons (where the
+    /// transport has buttons; typed `/approve <ticket>` works everywhere).
+    /// A button press is that ticket's answer.
+    Approval {
+        /// The chat (and the user whose turn asks).
+        to: SessionSource,
+        /// The request's one-time id (`/approve <ticket>`).
+        ticket: String,
         /// Plain text.
         text: String,
     },

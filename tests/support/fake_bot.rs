@@ -86,6 +86,87 @@ const KNOWN_METHODS: &[&str] = &[
     "getFile",
     "sendPhoto",
     "sendDocument",
+    "editMessageReplyMarkup",
+    "setMessageReaction",
+    "sendMessageDraft",
+];
+
+/// The emoji Telegram accepts as reactions (`ReactionTypeEmoji`); anything
+/// else is refused with `REACTION_INVALID`.
+const REACTION_EMOJI: &[&str] = &[
+    "👍",
+    "👎",
+    "❤",
+    "🔥",
+    "🥰",
+    "👏",
+    "😁",
+    "🤔",
+    "🤯",
+    "😱",
+    "🤬",
+    "😢",
+    "🎉",
+    "🤩",
+    "🤮",
+    "💩",
+    "🙏",
+    "👌",
+    "🕊",
+    "🤡",
+    "🥱",
+    "🥴",
+    "😍",
+    "🐳",
+    "❤\u{200d}🔥",
+    "🌚",
+    "🌭",
+    "💯",
+    "🤣",
+    "⚡",
+    "🍌",
+    "🏆",
+    "💔",
+    "🤨",
+    "😐",
+    "🍓",
+    "🍾",
+    "💋",
+    "🖕",
+    "😈",
+    "😴",
+    "😭",
+    "🤓",
+    "👻",
+    "👨\u{200d}💻",
+    "👀",
+    "🎃",
+    "🙈",
+    "😇",
+    "😨",
+    "🤝",
+    "✍",
+    "🤗",
+    "🫡",
+    "🎅",
+    "🎄",
+    "☃",
+    "💅",
+    "🤪",
+    "🗿",
+    "🆒",
+    "💘",
+    "🙉",
+    "🦄",
+    "😘",
+    "💊",
+    "🙊",
+    "😎",
+    "👾",
+    "🤷\u{200d}♂",
+    "🤷",
+    "🤷\u{200d}♀",
+    "😡",
 ];
 
 /// Methods whose flood limits Telegram applies per chat; a 429 on one of
@@ -98,6 +179,7 @@ const NOT_DELIVERED_BY_DEFAULT: &[&str] =
 
 const KNOWN_UPDATE_KINDS: &[&str] = &[
     "message",
+    "stopped_message_generation",
     "edited_message",
     "channel_post",
     "edited_channel_post",
@@ -791,6 +873,50 @@ impl FakeBotApi {
         self.push_update(json!({ "callback_query": query }))
     }
 
+    /// Every accepted `sendMessageDraft` to `chat_id`, in order: (draft id,
+    /// text, can_stop).
+    pub fn drafts(&self, chat_id: i64) -> Vec<(i64, String, bool)> {
+        self.shared
+            .lock()
+            .drafts
+            .iter()
+            .filter(|(chat, ..)| *chat == chat_id)
+            .map(|(_, id, text, stop)| (*id, text.clone(), *stop))
+            .collect()
+    }
+
+    /// Answer `sendMessageDraft` with 404 "method not found" (`true`), as a
+    /// Bot API server older than 9.3 does.
+    pub fn refuse_drafts(&self, refuse: bool) {
+        self.shared.lock().refuse_drafts = refuse;
+    }
+
+    /// The user pressed Telegram's stop control on draft `draft_id` in the
+    /// private chat `chat_id`: queue a `stopped_message_generation` update.
+    pub fn push_draft_stop(&self, chat_id: i64, draft_id: i64) -> i64 {
+        let chat = self.shared.lock().chat_json(chat_id);
+        self.push_update(json!({
+            "stopped_message_generation": { "chat": chat, "draft_id": draft_id }
+        }))
+    }
+
+    /// Every accepted `setMessageReaction`, in order: (chat id, message id,
+    /// emoji set; empty = reaction removed).
+    pub fn reactions(&self) -> Vec<(i64, i64, Vec<String>)> {
+        self.shared.lock().reactions.clone()
+    }
+
+    /// The reaction the bot currently shows on `message_id` in `chat_id`.
+    pub fn reaction_on(&self, chat_id: i64, message_id: i64) -> Option<Vec<String>> {
+        self.shared
+            .lock()
+            .reactions
+            .iter()
+            .rev()
+            .find(|(c, m, _)| *c == chat_id && *m == message_id)
+            .map(|(_, _, emoji)| emoji.clone())
+    }
+
     /// Updates queued and not yet confirmed by a `getUpdates` offset.
     pub fn pending_updates_len(&self) -> usize {
         self.shared.lock().updates.len()
@@ -926,6 +1052,12 @@ struct Inner {
     violations: Vec<RetryAfterViolation>,
     next_callback_id: u64,
     flood: Flood,
+    /// Every accepted `setMessageReaction`: (chat, message, emoji).
+    reactions: Vec<(i64, i64, Vec<String>)>,
+    /// Every accepted `sendMessageDraft`: (chat, draft id, text, can_stop).
+    drafts: Vec<(i64, i64, String, bool)>,
+    /// Answer `sendMessageDraft` like a Bot API server that predates it.
+    refuse_drafts: bool,
 }
 
 /// The parameters of the last `setWebhook`.
@@ -1205,6 +1337,9 @@ impl Shared {
                     .upload(method, body, base)
                     .map_err(|(code, d)| ApiFailure::new(code, d))
             }
+            "editMessageReplyMarkup" => self.lock().edit_message_reply_markup(self, body),
+            "setMessageReaction" => self.lock().set_message_reaction(body),
+            "sendMessageDraft" => self.lock().send_message_draft(body),
             _ => Err(ApiFailure::new(404, "Not Found: method not found")),
         }
     }
@@ -1585,6 +1720,108 @@ impl Inner {
         message.versions.push(version);
         let message = message.clone();
         Ok(self.bot_message_json(shared, &message, message.current(), true))
+    }
+
+    /// `editMessageReplyMarkup`: a new version with the same text and the
+    /// given keyboard (none: the keyboard is removed).
+    fn edit_message_reply_markup(
+        &mut self,
+        shared: &Shared,
+        body: &Value,
+    ) -> Result<Value, ApiFailure> {
+        let chat_id = chat_id_param(body)?;
+        let message_id = int_param(body, "message_id")?.ok_or_else(|| {
+            ApiFailure::bad_request("Bad Request: message identifier is not specified")
+        })?;
+        let markup = inline_markup(body.get("reply_markup"));
+        let message = self
+            .chats
+            .get_mut(&chat_id)
+            .and_then(|chat| chat.bot_messages.get_mut(&message_id))
+            .filter(|m| !m.deleted)
+            .ok_or_else(|| ApiFailure::bad_request("Bad Request: message to edit not found"))?;
+        if message.current().reply_markup == markup {
+            return Err(ApiFailure::bad_request(NOT_MODIFIED));
+        }
+        let mut version = message.current().clone();
+        version.reply_markup = markup;
+        version.date = unix_now();
+        message.versions.push(version);
+        let message = message.clone();
+        Ok(self.bot_message_json(shared, &message, message.current(), true))
+    }
+
+    /// `setMessageReaction` on a user's message: records the emoji list
+    /// (an empty list removes the bot's reaction).
+    /// `sendMessageDraft` (Bot API 9.3+): private chats only, a non-zero
+    /// draft id, at most 4096 characters; an old server does not know it.
+    fn send_message_draft(&mut self, body: &Value) -> Result<Value, ApiFailure> {
+        if self.refuse_drafts {
+            return Err(ApiFailure::new(404, "Not Found: method not found"));
+        }
+        let chat_id = chat_id_param(body)?;
+        if self.chat_type(chat_id) != ChatType::Private {
+            return Err(ApiFailure::bad_request(
+                "Bad Request: TEXTDRAFT_PEER_INVALID",
+            ));
+        }
+        let draft_id = int_param(body, "draft_id")?.unwrap_or(0);
+        if draft_id == 0 {
+            return Err(ApiFailure::bad_request(
+                "Bad Request: draft_id must be non-zero",
+            ));
+        }
+        let text = body
+            .get("text")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if utf16_len(&text) > MAX_TEXT_UTF16 {
+            return Err(ApiFailure::bad_request("Bad Request: text is too long"));
+        }
+        let can_stop = body
+            .get("can_stop")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        self.drafts.push((chat_id, draft_id, text, can_stop));
+        Ok(json!(true))
+    }
+
+    fn set_message_reaction(&mut self, body: &Value) -> Result<Value, ApiFailure> {
+        let chat_id = chat_id_param(body)?;
+        let message_id = int_param(body, "message_id")?.ok_or_else(|| {
+            ApiFailure::bad_request("Bad Request: message identifier is not specified")
+        })?;
+        let known = self
+            .chats
+            .get(&chat_id)
+            .is_some_and(|chat| chat.user_messages.contains(&message_id));
+        if !known {
+            return Err(ApiFailure::bad_request(
+                "Bad Request: message to react not found",
+            ));
+        }
+        let reaction = match body.get("reaction") {
+            None | Some(Value::Null) => Value::Array(Vec::new()),
+            Some(Value::String(raw)) => serde_json::from_str(raw).unwrap_or(Value::Null),
+            Some(value) => value.clone(),
+        };
+        let Value::Array(kinds) = reaction else {
+            return Err(ApiFailure::bad_request(
+                "Bad Request: can't parse reaction types JSON object",
+            ));
+        };
+        let mut emoji = Vec::new();
+        for kind in kinds {
+            match (kind.get("type").and_then(Value::as_str), kind.get("emoji")) {
+                (Some("emoji"), Some(Value::String(e))) if REACTION_EMOJI.contains(&e.as_str()) => {
+                    emoji.push(e.clone())
+                }
+                _ => return Err(ApiFailure::bad_request("Bad Request: REACTION_INVALID")),
+            }
+        }
+        self.reactions.push((chat_id, message_id, emoji));
+        Ok(json!(true))
     }
 
     fn bot_message_json(

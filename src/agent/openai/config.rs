@@ -53,6 +53,10 @@ pub struct OpenAiConfig {
     /// parts (else the user is told it cannot see them).
     #[serde(default)]
     pub vision: bool,
+    /// Models a chat may switch to with /model (buttons); empty: /model
+    /// only shows `model`.
+    #[serde(default)]
+    pub models: Vec<String>,
 }
 
 pub(super) fn default_base_url() -> String {
@@ -91,6 +95,7 @@ impl OpenAiConfig {
             history_budget_chars: default_history_budget_chars(),
             max_tool_rounds: default_max_tool_rounds(),
             vision: false,
+            models: Vec::new(),
         }
     }
 

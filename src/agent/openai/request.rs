@@ -11,12 +11,16 @@ impl OpenAiAgent {
         messages: &[ChatMessage],
         tools: Option<&Value>,
         round: u32,
-        cancel: &CancellationToken,
+        (cancel, model): (&CancellationToken, Option<&str>),
         shown: &mut ShownText<'_>,
     ) -> Result<ModelAnswer, AgentError> {
         let mut body = self.request_body(messages, tools);
         if self.config.vision {
             crate::media::vision::attach_images(&mut body).await;
+        }
+        // The session's /model choice, if any, replaces the configured one.
+        if let Some(model) = model {
+            body["model"] = json!(model);
         }
         tracing::debug!(
             round,

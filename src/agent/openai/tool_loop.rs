@@ -52,7 +52,7 @@ impl OpenAiAgent {
                     &messages,
                     tools.as_ref(),
                     rounds_run,
-                    &turn.cancel,
+                    (&turn.cancel, turn.model.as_deref()),
                     &mut shown,
                 )
                 .await?;

@@ -23,11 +23,12 @@ use futures::future::BoxFuture;
 use std::time::Duration;
 
 use serde_json::Value;
-use teloxide::types::{Update, UpdateKind};
+use teloxide::types::{CallbackQuery, Update, UpdateKind};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use super::callback::{CallbackHandler, DraftStop};
 use super::inbound::{classify, Inbound, InboundPolicy};
 use super::media::{has_media, IntakeMedia};
 use crate::adapter::{EventLedger, EventOutcome};
@@ -54,6 +55,13 @@ const PARSE_STACK_PER_LEVEL: usize = 512 * 1024;
 /// Parse an update. (teloxide's types deserialize reliably from text, not
 /// from a `serde_json::Value`, hence the detour through a string.)
 fn parse_update(raw: &Value) -> Option<Update> {
+    parse_guarded(raw)
+}
+
+/// Parse a Telegram object (an update, a callback query) from raw JSON on
+/// a stack deep enough for its nesting: teloxide's deserializers recurse
+/// (a chain of `reply_to_message` would overflow the task's stack).
+pub(super) fn parse_guarded<T: serde::de::DeserializeOwned + Send>(raw: &Value) -> Option<T> {
     let text = raw.to_string();
     let depth = nesting_depth(raw);
     if depth <= PARSE_IN_PLACE_DEPTH {
@@ -66,7 +74,7 @@ fn parse_update(raw: &Value) -> Option<Update> {
         std::thread::Builder::new()
             .name("telegate-parse".into())
             .stack_size(stack)
-            .spawn_scoped(scope, || serde_json::from_str::<Update>(&text).ok())
+            .spawn_scoped(scope, || serde_json::from_str::<T>(&text).ok())
             .ok()?
             .join()
             .ok()
@@ -343,6 +351,7 @@ pub struct Intake {
     /// finish what they began (a refusal's inbox row, a prepared message).
     worker_tasks: TaskTracker,
     media: Option<Arc<IntakeMedia>>,
+    callbacks: Option<Arc<CallbackHandler>>,
 }
 
 impl Intake {
@@ -369,6 +378,7 @@ impl Intake {
             workers: Arc::default(),
             worker_tasks: TaskTracker::new(),
             media: None,
+            callbacks: None,
         }
     }
 
@@ -390,6 +400,13 @@ impl Intake {
         self
     }
 
+    /// Let `handler` carry out button presses (without one they are
+    /// recorded as not handled).
+    pub fn with_callbacks(mut self, handler: Arc<CallbackHandler>) -> Self {
+        self.callbacks = Some(handler);
+        self
+    }
+
     /// Record one raw update and hand it on. An error means the update was
     /// NOT recorded and must not be confirmed to Telegram.
     pub async fn take(&self, raw: Value) -> Result<Intook, StoreError> {
@@ -407,6 +424,30 @@ impl Intake {
             .and_then(Update::chat)
             .map_or(0, |chat| chat.id.0);
         let message_id = message.map(|m| i64::from(m.id.0));
+        // Telegram's stop control on a streamed draft: a control like a
+        // button press (teloxide-core 0.13 does not know this update).
+        if let (Some(handler), Some(stop)) = (&self.callbacks, DraftStop::parse(&raw)) {
+            if !handler.take_draft_stop(update_id, raw, stop).await? {
+                self.metrics.updates_duplicate.inc();
+                return Ok(Intook::Duplicate);
+            }
+            self.metrics.updates_received.inc();
+            return Ok(Intook::Accepted);
+        }
+        // teloxide's `Update` cannot parse callback queries: read it directly.
+        let query = raw
+            .get("callback_query")
+            .and_then(parse_guarded::<CallbackQuery>);
+        if let (Some(handler), Some(query)) = (&self.callbacks, query) {
+            let chat_id = query.message.as_ref().map_or(0, |m| m.chat().id.0);
+            let new = handler.take(update_id, chat_id, raw, query).await?;
+            if !new {
+                self.metrics.updates_duplicate.inc();
+                return Ok(Intook::Duplicate);
+            }
+            self.metrics.updates_received.inc();
+            return Ok(Intook::Accepted);
+        }
         let verdict = match message {
             Some(message) => classify(message, &self.policy),
             None => Inbound::Ignore(match update.as_ref().map(|u| &u.kind) {
@@ -515,6 +556,18 @@ impl Intake {
         // a chat's order is kept.
         let mut via_worker = std::collections::HashSet::new();
         for entry in open {
+            if let Some(handler) = &self.callbacks {
+                if let Some(stop) = DraftStop::parse(&entry.payload) {
+                    handler.handle_draft_stop(entry.update_id, stop).await;
+                    continue;
+                }
+                if entry.payload.get("callback_query").is_some() {
+                    if !handler.resume(entry.update_id, &entry.payload).await {
+                        self.mark_update(entry.update_id, "not resumable").await;
+                    }
+                    continue;
+                }
+            }
             if let Some(mut wakeup) = wakeup_from_payload(&entry.payload) {
                 // A background job's result: always delivered (nobody could
                 // "send it again"), exactly once thanks to the outbox.
@@ -596,6 +649,16 @@ impl Intake {
             self.engine.adapter.handle_message(event).await;
         }
         Ok(resumed)
+    }
+
+    async fn mark_update(&self, update_id: i64, reason: &str) {
+        let result = self
+            .store
+            .set_update_state(update_id, InboxState::Dropped, Some(reason.to_string()))
+            .await;
+        if let Err(error) = result {
+            tracing::error!(%error, "could not record an update state");
+        }
     }
 
     async fn mark(&self, chat_id: i64, message_id: i64, state: InboxState, reason: &str) {

@@ -11,11 +11,13 @@
 //! This module owns talking to teloxide. It must never make session
 //! decisions (that is the adapter's job) or await an agent turn.
 
+pub mod callback;
 pub mod health;
 pub mod inbound;
 pub mod intake;
 pub mod media;
 pub mod polling;
+pub mod raw;
 pub mod registration;
 pub mod webhook;
 
@@ -177,7 +179,11 @@ impl TelegramBot {
         .map_err(StartError::Config)?;
         let engine = Engine::assemble(
             setup,
-            Arc::new(TelegramOutbound::new(delivery.clone(), Some(store.clone()))),
+            Arc::new(
+                TelegramOutbound::new(delivery.clone(), Some(store.clone()))
+                    .with_reactions(config.delivery.reactions)
+                    .with_streaming(config.delivery.streaming),
+            ),
             store.clone(),
             Some(Arc::new(ledger.clone())),
             AdapterConfig {
@@ -207,7 +213,13 @@ impl TelegramBot {
             config.sessions.resume_interrupted,
             metrics.clone(),
         )
-        .with_media(intake_media);
+        .with_media(intake_media)
+        .with_callbacks(Arc::new(callback::CallbackHandler::new(
+            engine.clone(),
+            delivery.clone(),
+            store.clone(),
+            telegram.approvers.clone(),
+        )));
         let chat_workers = intake.worker_tasks();
         let resumed = intake.recover().await?;
         let outbound = TelegramOutbound::new(delivery.clone(), None);

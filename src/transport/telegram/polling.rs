@@ -2,7 +2,7 @@
 //!
 //! teloxide's dispatcher confirms a batch as soon as it has read it; a crash
 //! between that and our handler would lose the batch. This loop asks for
-//! updates with teloxide's `getUpdates` request, records and hands on each
+//! updates with a raw `getUpdates` request (see [`super::raw`]), records and hands on each
 //! update in order, and only then asks for the next batch with an offset
 //! past it. Updates that were pending while the bot was down are fetched
 //! normally: nothing is dropped at start.
@@ -17,14 +17,11 @@
 
 use std::time::Duration;
 
-use teloxide::payloads::GetUpdatesSetters;
-use teloxide::requests::{Request, Requester};
 use teloxide::{ApiError, Bot, RequestError};
 use tokio_util::sync::CancellationToken;
 
 use super::health::UpdatesHealth;
 use super::intake::Intake;
-use super::registration::ALLOWED_UPDATES;
 
 /// How long one `getUpdates` request may wait for news (seconds).
 ///
@@ -58,14 +55,11 @@ pub async fn poll(
     let mut conflicts = ConflictLog::default();
     let mut unauthorized: u32 = 0;
     loop {
-        let request = bot
-            .get_updates()
-            .offset(offset)
-            .timeout(POLL_TIMEOUT_SECS)
-            .allowed_updates(ALLOWED_UPDATES.to_vec());
+        // Raw JSON: every update is recorded exactly as Telegram sent it.
+        let request = super::raw::get_updates(&bot, offset, POLL_TIMEOUT_SECS);
         let batch = tokio::select! {
             _ = stop.cancelled() => return,
-            batch = request.send() => batch,
+            batch = request => batch,
         };
         let updates = match batch {
             Ok(updates) => updates,
@@ -108,15 +102,14 @@ pub async fn poll(
         failures = 0;
         unauthorized = 0;
         health.set(true);
-        for update in updates {
-            let id = update.id.0;
-            let raw = match serde_json::to_value(&update) {
-                Ok(raw) => raw,
-                Err(error) => {
-                    tracing::warn!(update_id = id, %error, "update could not be re-encoded; skipped");
-                    offset = offset.max(next_offset(id));
-                    continue;
-                }
+        for raw in updates {
+            let Some(id) = raw
+                .get("update_id")
+                .and_then(serde_json::Value::as_u64)
+                .map(|id| u32::try_from(id).unwrap_or(u32::MAX))
+            else {
+                tracing::warn!("an update without update_id was skipped");
+                continue;
             };
             // Record first; confirm (move the offset) only after that.
             loop {

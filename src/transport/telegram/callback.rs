@@ -1,0 +1,437 @@
+//! Button presses (`callback_query` updates): recorded in the inbox like
+//! messages, then carried out and always answered with
+//! `answerCallbackQuery`.
+//!
+//! A press is checked against the button as stored (never against what
+//! the update says): unknown, expired and used buttons do nothing; only the
+//! user whose session the button acts on, or one of `[telegram] approvers`,
+//! may press it (others get a short toast). An allowed press uses up its
+//! button row (atomically, remembered by update id, so a press replayed
+//! after a restart is carried out once) and then goes down the same path
+//! as the command it stands for, on behalf of that session:
+//!
+//! * Stop: /stop for the slot, but only while the turn of the button's
+//!   generation runs; otherwise "already finished" and nothing is touched;
+//! * Approve / Deny: exactly `/approve <ticket>` / `/deny <ticket>` from
+//!   the presser (the prompt's one-time ticket, `may_decide`), never a
+//!   newer request; the prompt is edited to say what was decided and by
+//!   whom;
+//! * a model: /model NAME.
+//!
+//! Telegram's own stop control on a streamed draft (a
+//! `stopped_message_generation` update, [`DraftStop`]) takes the same road
+//! as a Stop button: recorded first, then /stop only while the turn whose
+//! generation is the draft id still runs.
+//!
+//! This module owns interpreting presses. It must never trust
+//! `callback_data` beyond looking up the id, and never await a turn.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use teloxide::payloads::AnswerCallbackQuerySetters;
+use teloxide::requests::{Request, Requester};
+use teloxide::types::CallbackQuery;
+
+use crate::buttons::{button_id, ButtonAction};
+use crate::delivery::{ChatTarget, Delivery, FormattedText};
+use crate::engine::Engine;
+use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
+use crate::identity::TurnGeneration;
+use crate::runner::ApprovalPress;
+use crate::store::{now_ms, InboxState, Store, StoreError, StoredButton};
+use crate::tools::authority::may_decide;
+
+/// Carries out button presses.
+pub struct CallbackHandler {
+    engine: Engine,
+    delivery: Delivery,
+    store: Store,
+    approvers: Vec<u64>,
+}
+
+/// How a press ended (recorded on its inbox row).
+type Outcome = (InboxState, Option<&'static str>);
+
+impl CallbackHandler {
+    /// A handler acting on `engine`; `approvers` may press any button.
+    pub fn new(engine: Engine, delivery: Delivery, store: Store, approvers: Vec<u64>) -> Self {
+        CallbackHandler {
+            engine,
+            delivery,
+            store,
+            approvers,
+        }
+    }
+
+    /// Record the press of update `update_id` (before it is confirmed to
+    /// Telegram), then carry it out in the background. `false`: it was
+    /// recorded before (a redelivery) and is ignored.
+    pub async fn take(
+        self: &Arc<Self>,
+        update_id: i64,
+        chat_id: i64,
+        raw: Value,
+        query: CallbackQuery,
+    ) -> Result<bool, StoreError> {
+        let new = self
+            .store
+            .record_update(update_id, chat_id, None, raw, InboxState::Received, None)
+            .await?;
+        if new {
+            let handler = self.clone();
+            tokio::spawn(async move { handler.handle(update_id, query).await });
+        }
+        Ok(new)
+    }
+
+    /// After a restart: carry out a press recorded but not finished.
+    pub async fn resume(&self, update_id: i64, payload: &Value) -> bool {
+        let Some(query) = payload
+            .get("callback_query")
+            .and_then(super::intake::parse_guarded::<CallbackQuery>)
+        else {
+            return false;
+        };
+        tracing::info!(
+            update_id,
+            "carrying out a button press recorded before the restart"
+        );
+        self.handle(update_id, query).await;
+        true
+    }
+
+    /// Carry out one press and record how it ended.
+    pub async fn handle(&self, update_id: i64, query: CallbackQuery) {
+        let (state, reason) = self.press(update_id, &query).await;
+        if let Err(error) = self
+            .store
+            .set_update_state(update_id, state, reason.map(str::to_string))
+            .await
+        {
+            tracing::error!(update_id, %error, "could not record a button press's outcome");
+        }
+    }
+
+    async fn press(&self, update_id: i64, query: &CallbackQuery) -> Outcome {
+        let presser = query.from.id.0;
+        let Some(id) = query.data.as_deref().and_then(button_id) else {
+            self.toast(query, "This button is not mine.").await;
+            return (InboxState::Dropped, Some("foreign button"));
+        };
+        let stored = match self.store.button(id).await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => {
+                self.toast(query, "This button is no longer valid.").await;
+                return (InboxState::Dropped, Some("unknown button"));
+            }
+            Err(error) => {
+                tracing::error!(update_id, %error, "could not look a button up");
+                self.toast(query, "⚠️ Could not read this button; try again.")
+                    .await;
+                return (InboxState::Failed, Some("store error"));
+            }
+        };
+        let action: ButtonAction = match serde_json::from_value(stored.button.action.clone()) {
+            Ok(action) => action,
+            Err(_) => {
+                self.toast(query, "This button is no longer valid.").await;
+                return (InboxState::Dropped, Some("unknown action"));
+            }
+        };
+        if !self.may_press(&stored, presser) {
+            let whose = stored
+                .button
+                .owner_name
+                .clone()
+                .unwrap_or_else(|| "the person whose session it is".to_string());
+            tracing::info!(
+                update_id,
+                presser,
+                "button pressed by someone not allowed to"
+            );
+            self.toast(
+                query,
+                &format!("Only {whose} (or an approver) can use this button."),
+            )
+            .await;
+            return (InboxState::Dropped, Some("not allowed"));
+        }
+        let replay = stored.used_by == Some(update_id);
+        if stored.used_by.is_some() && !replay {
+            self.toast(query, used_text(&action)).await;
+            return (InboxState::Dropped, Some("already used"));
+        }
+        if stored.button.expires_at < now_ms() && !replay {
+            self.toast(query, "This button has expired.").await;
+            return (InboxState::Dropped, Some("expired"));
+        }
+        let owner = owner_source(&stored);
+        let key = self.engine.adapter.session_key(&owner);
+        match action {
+            ButtonAction::Stop { generation } => {
+                let running = self.engine.runner.running_agent(&key).is_some()
+                    && self
+                        .engine
+                        .runner
+                        .is_current(&key, TurnGeneration(generation));
+                if !running {
+                    self.toast(query, "Already finished.").await;
+                    return (InboxState::Dropped, Some("turn already finished"));
+                }
+                if !self.claim(id, update_id).await {
+                    self.toast(query, "Already finished.").await;
+                    return (InboxState::Dropped, Some("already used"));
+                }
+                self.toast(query, "Stopping…").await;
+                // The same path as a typed /stop from the session's user.
+                self.engine
+                    .adapter
+                    .handle_message(MessageEvent::text(owner, "/stop"))
+                    .await;
+                (InboxState::Answered, None)
+            }
+            ButtonAction::Approve { ref ticket } | ButtonAction::Deny { ref ticket } => {
+                let approve = matches!(action, ButtonAction::Approve { .. });
+                let ticket = ticket.clone();
+                // A press is `/approve <ticket>` (or `/deny <ticket>`) from
+                // the presser: the same ticket, the same authority rule.
+                let actor = presser_source(&owner, query);
+                let decided = self.engine.runner.press_approval(&actor, &ticket, approve);
+                let who = query.from.full_name();
+                let (toast, outcome) = match (&decided, approve) {
+                    (ApprovalPress::NotAllowed(who_may), _) => {
+                        self.toast(query, &format!("🔒 {who_may}")).await;
+                        return (InboxState::Dropped, Some("not allowed"));
+                    }
+                    (ApprovalPress::NotWaiting, _) => {
+                        self.toast(query, "This request is no longer waiting.")
+                            .await;
+                        self.rewrite_prompt(query, &owner, "(No longer waiting for an answer.)")
+                            .await;
+                        return (InboxState::Dropped, Some("approval no longer pending"));
+                    }
+                    (ApprovalPress::Decided(_), true) => {
+                        ("Approved.", format!("✅ Approved by {who}."))
+                    }
+                    (ApprovalPress::Decided(_), false) => {
+                        ("Denied.", format!("🚫 Denied by {who}."))
+                    }
+                };
+                // Remember the press (a replay after a restart is this one).
+                self.claim(id, update_id).await;
+                self.toast(query, toast).await;
+                self.rewrite_prompt(query, &owner, &outcome).await;
+                (InboxState::Answered, None)
+            }
+            ButtonAction::Model { name } => {
+                if !self.claim(id, update_id).await {
+                    self.toast(query, "Already chosen.").await;
+                    return (InboxState::Dropped, Some("already used"));
+                }
+                self.toast(query, &format!("Model: {name}")).await;
+                self.rewrite_prompt(query, &owner, &format!("Chosen: {name}"))
+                    .await;
+                self.engine
+                    .adapter
+                    .handle_message(MessageEvent::text(owner, format!("/model {name}")))
+                    .await;
+                (InboxState::Answered, None)
+            }
+        }
+    }
+
+    /// The session's own user, or an approver: the one rule
+    /// ([`may_decide`]) every control acting on someone's turn asks.
+    fn may_press(&self, stored: &StoredButton, presser: u64) -> bool {
+        may_decide(stored.button.owner_id, Some(presser), &self.approvers)
+    }
+
+    async fn claim(&self, id: &str, update_id: i64) -> bool {
+        match self.store.claim_button(id, update_id).await {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                tracing::error!(update_id, %error, "could not use a button");
+                false
+            }
+        }
+    }
+
+    /// Answer the press (best effort: a toast that cannot be shown changes
+    /// nothing, and an old query may no longer be answerable).
+    async fn toast(&self, query: &CallbackQuery, text: &str) {
+        let request = self
+            .delivery
+            .bot()
+            .answer_callback_query(query.id.clone())
+            .text(text.to_string());
+        if let Err(error) = request.send().await {
+            tracing::debug!(%error, "could not answer a button press");
+        }
+    }
+
+    /// Edit the message the buttons were under: its text plus `outcome`,
+    /// without buttons.
+    async fn rewrite_prompt(&self, query: &CallbackQuery, owner: &SessionSource, outcome: &str) {
+        let Some(message) = &query.message else {
+            return;
+        };
+        let before = message
+            .regular_message()
+            .and_then(|m| m.text())
+            .unwrap_or_default();
+        let text = if before.is_empty() {
+            outcome.to_string()
+        } else {
+            format!("{before}\n\n{outcome}")
+        };
+        let target = ChatTarget {
+            chat_id: message.chat().id.0,
+            ..ChatTarget::of(owner)
+        };
+        if let Err(error) = self
+            .delivery
+            .edit_chunk(target, message.id().0, &FormattedText::plain(text))
+            .await
+        {
+            tracing::debug!(%error, "could not edit the message of a pressed button");
+        }
+    }
+}
+
+/// Telegram's own stop control on a streamed draft: a
+/// `stopped_message_generation` update (private chats only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftStop {
+    /// The private chat (its id is the user's id).
+    pub chat_id: i64,
+    /// The forum topic, if any.
+    pub thread_id: Option<i32>,
+    /// The draft's id: the generation of the turn that streamed it.
+    pub draft_id: i64,
+}
+
+impl DraftStop {
+    /// Read the update's `stopped_message_generation` object, if it is one.
+    pub fn parse(raw: &Value) -> Option<DraftStop> {
+        let stop = raw.get("stopped_message_generation")?;
+        Some(DraftStop {
+            chat_id: stop.get("chat")?.get("id")?.as_i64()?,
+            thread_id: stop
+                .get("message_thread_id")
+                .and_then(Value::as_i64)
+                .and_then(|t| i32::try_from(t).ok()),
+            draft_id: stop.get("draft_id")?.as_i64()?,
+        })
+    }
+}
+
+impl CallbackHandler {
+    /// Record a draft stop of update `update_id` (before it is confirmed),
+    /// then carry it out in the background. `false`: a redelivery.
+    pub async fn take_draft_stop(
+        self: &Arc<Self>,
+        update_id: i64,
+        raw: Value,
+        stop: DraftStop,
+    ) -> Result<bool, StoreError> {
+        let new = self
+            .store
+            .record_update(
+                update_id,
+                stop.chat_id,
+                None,
+                raw,
+                InboxState::Received,
+                None,
+            )
+            .await?;
+        if new {
+            let handler = self.clone();
+            tokio::spawn(async move { handler.handle_draft_stop(update_id, stop).await });
+        }
+        Ok(new)
+    }
+
+    /// Carry out a draft stop and record how it ended.
+    pub async fn handle_draft_stop(&self, update_id: i64, stop: DraftStop) {
+        let (state, reason) = self.draft_stop(stop).await;
+        if let Err(error) = self
+            .store
+            .set_update_state(update_id, state, reason.map(str::to_string))
+            .await
+        {
+            tracing::error!(update_id, %error, "could not record a draft stop's outcome");
+        }
+    }
+
+    /// /stop for the private chat's session, but only while the turn that
+    /// streamed this draft runs (like a Stop button of that turn).
+    async fn draft_stop(&self, stop: DraftStop) -> Outcome {
+        let owner = SessionSource {
+            platform: Platform::Telegram,
+            chat_id: stop.chat_id,
+            chat_type: ChatType::Dm,
+            thread_id: stop.thread_id,
+            user_id: u64::try_from(stop.chat_id).ok(),
+            user_name: None,
+        };
+        let key = self.engine.adapter.session_key(&owner);
+        let generation = u64::try_from(stop.draft_id).unwrap_or(0);
+        let running = self.engine.runner.running_agent(&key).is_some()
+            && self
+                .engine
+                .runner
+                .is_current(&key, TurnGeneration(generation));
+        if !running {
+            tracing::info!(
+                chat_id = stop.chat_id,
+                draft_id = stop.draft_id,
+                "draft stop for a turn already finished"
+            );
+            return (InboxState::Dropped, Some("turn already finished"));
+        }
+        self.engine
+            .adapter
+            .handle_message(MessageEvent::text(owner, "/stop"))
+            .await;
+        (InboxState::Answered, None)
+    }
+}
+
+/// What a second press of a used button is told.
+fn used_text(action: &ButtonAction) -> &'static str {
+    match action {
+        ButtonAction::Stop { .. } => "Already finished.",
+        ButtonAction::Approve { .. } | ButtonAction::Deny { .. } => "Already answered.",
+        ButtonAction::Model { .. } => "Already chosen.",
+    }
+}
+
+/// The presser, in the chat (and thread) of the button's session.
+fn presser_source(owner: &SessionSource, query: &CallbackQuery) -> SessionSource {
+    SessionSource {
+        user_id: Some(query.from.id.0),
+        user_name: Some(query.from.full_name()),
+        ..owner.clone()
+    }
+}
+
+/// The session a button acts on: its chat and its owner.
+fn owner_source(stored: &StoredButton) -> SessionSource {
+    let b = &stored.button;
+    let chat_type = match b.chat_type.as_str() {
+        "dm" => ChatType::Dm,
+        "group" => ChatType::Group,
+        "supergroup" => ChatType::Supergroup,
+        _ => ChatType::Channel,
+    };
+    SessionSource {
+        platform: Platform::Telegram,
+        chat_id: b.chat_id,
+        chat_type,
+        thread_id: b.thread_id,
+        user_id: b.owner_id,
+        user_name: b.owner_name.clone(),
+    }
+}
