@@ -31,6 +31,17 @@ fn config(
     data_dir: &Path,
     extra: &str,
 ) -> Config {
+    agent_config(
+        fake,
+        agent_dir,
+        data_dir,
+        &format!("preset = \"{preset}\"\n{extra}"),
+    )
+}
+
+/// A bot whose `[agent.command]` section is `body` (plus the fake agent's
+/// environment).
+fn agent_config(fake: &FakeBotApi, agent_dir: &Path, data_dir: &Path, body: &str) -> Config {
     let path = format!(
         "{}:{}",
         fixtures().display(),
@@ -41,7 +52,7 @@ fn config(
          [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
          global_messages_per_second = 100000\n\n\
          [agent]\nbackend = \"command\"\n\n\
-         [agent.command]\npreset = \"{preset}\"\nkill_grace_ms = 300\n{extra}\n\
+         [agent.command]\nkill_grace_ms = 300\n{body}\n\
          env = {{ PATH = \"{path}\", FAKE_AGENT_DIR = \"{}\" }}\n\n\
          [store]\ndata_dir = \"{}\"\n",
         fake.token(),
@@ -398,5 +409,125 @@ async fn a_workdir_per_chat_is_created_private_and_used() {
     let dir = work.path().join(format!("chat-{USER}"));
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700);
+    bot.shutdown().await;
+}
+
+/// A photo of `size` bytes from the user, with a caption.
+fn push_photo(fake: &FakeBotApi, size: usize, caption: &str) {
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(size).collect();
+    let file = fake.files().add(bytes, "jpg");
+    let unique = fake.files().unique_id(&file);
+    let mut media = support::fake_files::photo_json(&file, &unique, size);
+    media["caption"] = serde_json::json!(caption);
+    fake.push_media(USER, USER, media);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_reads_a_photo_by_its_path_in_a_directory_it_was_given() {
+    let fake = FakeBotApi::start().await;
+    let agent_dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let bot = TelegramBot::start(&config(&fake, "claude", agent_dir.path(), data.path(), ""))
+        .await
+        .unwrap();
+    push_photo(&fake, 3000, "what is this?");
+    assert!(
+        fake.wait_for(|_| answered(&fake, "read image of 3000 bytes"), WAIT)
+            .await,
+        "{:?}",
+        fake.sent_texts(USER)
+    );
+    let calls = invocations(agent_dir.path());
+    let dir = resumed_id(&calls[0], "--add-dir").expect("--add-dir given");
+    assert!(dir.starts_with(&data.path().display().to_string()), "{dir}");
+    // `--add-dir` takes several values: the next argument is an option.
+    let at = calls[0].iter().position(|a| a == "--add-dir").unwrap();
+    assert!(calls[0][at + 2].starts_with("--"), "{:?}", calls[0]);
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_gets_photos_with_image_on_fresh_and_resumed_runs() {
+    let fake = FakeBotApi::start().await;
+    let agent_dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let bot = TelegramBot::start(&config(&fake, "codex", agent_dir.path(), data.path(), ""))
+        .await
+        .unwrap();
+    push_photo(&fake, 1200, "first");
+    say_and_wait_for(&fake, "in codex-thread-1 (images of bytes: 1200)").await;
+    push_photo(&fake, 700, "second");
+    say_and_wait_for(&fake, "in codex-thread-1 (images of bytes: 700)").await;
+    let calls = invocations(agent_dir.path());
+    let shape = |argv: &[String]| -> Vec<String> {
+        argv.iter()
+            .map(|a| {
+                if a.starts_with('/') {
+                    "PATH".to_string()
+                } else {
+                    a.clone()
+                }
+            })
+            .collect()
+    };
+    assert_eq!(
+        shape(&calls[0]).join(" "),
+        "exec --image PATH --json --skip-git-repo-check -"
+    );
+    assert_eq!(
+        shape(&calls[1]).join(" "),
+        "exec --json --skip-git-repo-check resume codex-thread-1 --image PATH -"
+    );
+    bot.shutdown().await;
+}
+
+async fn say_and_wait_for(fake: &FakeBotApi, needle: &str) {
+    assert!(
+        fake.wait_for(|_| answered(fake, needle), WAIT).await,
+        "no reply containing {needle:?}; sent: {:?}",
+        fake.sent_texts(USER)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_argv_with_resume_args_continues_the_session_across_stop_and_restart() {
+    let fake = FakeBotApi::start().await;
+    let agent_dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let body = format!(
+        "argv = [\"{}\", \"-p\", \"{{resume}}\", \"--output-format\", \"stream-json\"]\n\
+         protocol = \"claude-stream-json\"\nstdin = true\n\
+         resume_args = [\"--resume\", \"{{resume_id}}\"]",
+        fixtures().join("claude").display()
+    );
+    let config = agent_config(&fake, agent_dir.path(), data.path(), &body);
+    let bot = TelegramBot::start(&config).await.unwrap();
+    say_and_wait(&fake, "one", "Answer 1 in claude-session-1").await;
+    say_and_wait(&fake, "two", "Answer 2 in claude-session-1").await;
+    // Stopped mid-turn: the session id came with the init event.
+    fake.push_text(USER, USER, "hang please");
+    let pids = agent_dir.path().join("pids");
+    assert!(eventually(|| pids.exists()).await);
+    say_and_wait(&fake, "/stop", "⏹ Stopped").await;
+    bot.shutdown().await;
+
+    let bot = TelegramBot::start(&config).await.unwrap();
+    say_and_wait(&fake, "four", "Answer 4 in claude-session-1").await;
+    say_and_wait(&fake, "/new", "✨").await;
+    say_and_wait(&fake, "five", "Answer 1 in claude-session-2").await;
+    let calls: Vec<String> = invocations(agent_dir.path())
+        .iter()
+        .map(|c| c.join(" "))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "-p --output-format stream-json",
+            "-p --resume claude-session-1 --output-format stream-json",
+            "-p --resume claude-session-1 --output-format stream-json",
+            "-p --resume claude-session-1 --output-format stream-json",
+            "-p --output-format stream-json",
+        ]
+    );
     bot.shutdown().await;
 }

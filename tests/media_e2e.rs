@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{json, Value};
-use support::fake_bot::FakeBotApi;
+use support::fake_bot::{Failure, FakeBotApi, Outcome};
 use support::fake_files::{document_json, photo_json, voice_json};
 use support::fake_openai::{last_user_contains, tool_result_after, FakeOpenAi, Script};
 use telegate::config::{Config, Purpose};
@@ -130,6 +130,46 @@ async fn a_voice_note_is_transcribed_echoed_and_answered() {
     assert_eq!(
         last_user_content(&llm.requests()[0]),
         json!("turn on the lights")
+    );
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voice_note_resumed_after_a_restart_is_echoed_once() {
+    let fake = FakeBotApi::start().await;
+    let llm = FakeOpenAi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let audio = b"OggS voice cut short by a restart".to_vec();
+    llm.transcriber.register(&audio, "water the plants");
+    let file = fake.files().add(audio.clone(), "oga");
+    // The first run's turn never answers: the restart finds it unanswered.
+    llm.push_when(last_user_contains("water the plants"), Script::Hang);
+    let agent = format!("{}{}", openai(&llm, false), transcription(&llm, true));
+    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
+        .await
+        .unwrap();
+    let unique = fake.files().unique_id(&file);
+    fake.push_media(USER, USER, voice_json(&file, &unique, audio.len()));
+    assert!(fake.wait_for(|_| !llm.requests().is_empty(), WAIT).await);
+    assert_eq!(sent_containing(&fake, "🎤").len(), 1);
+    bot.shutdown().await;
+
+    llm.push_when(
+        last_user_contains("water the plants"),
+        Script::text("Plants watered."),
+    );
+    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
+        .await
+        .unwrap();
+    assert!(
+        wait_sent(&fake, "Plants watered.").await,
+        "{:?}",
+        fake.sent_texts(USER)
+    );
+    assert_eq!(
+        sent_containing(&fake, "🎤"),
+        vec!["🎤 water the plants".to_string()],
+        "the echo is not repeated by the resumed message"
     );
     bot.shutdown().await;
 }
@@ -484,6 +524,89 @@ async fn files_left_in_the_outbox_are_sent_after_the_answer() {
         .expect("the answer was sent");
     let upload = calls.iter().find(|c| c.method == "sendDocument").unwrap();
     assert!(upload.seq > answer.seq, "the file follows the answer");
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_files_cut_off_by_a_restart_after_the_answer_are_sent_once() {
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let agent = command(&[
+        "sh",
+        "-c",
+        "printf 'report' > \"$TELEGATE_OUTBOX/a.txt\"; printf 'notes' > \"$TELEGATE_OUTBOX/b.txt\"; echo answered",
+    ]);
+    // The first file is sent; the second upload hangs until the process
+    // is gone: telegate stops between the answer and its last file.
+    fake.fail_next("sendDocument", 1, Failure::Delay(Duration::from_millis(1)));
+    fake.fail_next("sendDocument", 1, Failure::Delay(Duration::from_secs(120)));
+    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
+        .await
+        .unwrap();
+    fake.push_text(USER, USER, "write files");
+    assert!(
+        fake.wait_for(|_| fake.files().uploads().len() == 1, WAIT)
+            .await,
+        "{:?}",
+        fake.sent_texts(USER)
+    );
+    assert!(
+        fake.wait_for(
+            |calls| calls.iter().filter(|c| c.method == "sendDocument").count() == 2,
+            WAIT
+        )
+        .await
+    );
+    assert!(wait_exact(&fake, "answered").await);
+    bot.shutdown().await;
+    assert_eq!(
+        fake.files().uploads().len(),
+        1,
+        "the second file is cut off"
+    );
+    assert!(fake
+        .calls_to("sendDocument")
+        .iter()
+        .any(|c| !matches!(c.outcome, Outcome::Ok(_))));
+
+    // The restart sends the file that did not go out, and only that one.
+    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
+        .await
+        .unwrap();
+    assert!(
+        fake.wait_for(|_| fake.files().uploads().len() == 2, WAIT)
+            .await,
+        "the cut-off file was never sent: {:?}",
+        fake.calls_to("sendDocument")
+    );
+    let uploads = fake.files().uploads();
+    assert_eq!(uploads[1].file_name, "b.txt");
+    assert_eq!(uploads[1].bytes, b"notes");
+    bot.shutdown().await;
+
+    // Another restart sends nothing again, and the answer is not repeated.
+    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
+        .await
+        .unwrap();
+    fake.push_text(USER, USER, "again");
+    assert!(
+        fake.wait_for(|_| fake.files().uploads().len() == 4, WAIT)
+            .await
+    );
+    let names: Vec<String> = fake
+        .files()
+        .uploads()
+        .iter()
+        .map(|u| u.file_name.clone())
+        .collect();
+    assert_eq!(names, ["a.txt", "b.txt", "a.txt", "b.txt"]);
+    assert_eq!(
+        fake.sent_texts(USER)
+            .iter()
+            .filter(|t| *t == "answered")
+            .count(),
+        2
+    );
     bot.shutdown().await;
 }
 

@@ -9,9 +9,13 @@
 //!
 //! Each sent file is recorded in the store under the message the turn
 //! answers; a turn replayed after a restart finds the record and does not
-//! send the file again. (A crash in the instant between Telegram's answer
-//! and the record can still repeat one file: the record cannot be written
-//! before the send it records.)
+//! send the file again. The outbox directory of a turn is found from its
+//! chat and message alone (`<media>/outbox/<chat>/<message>`), so a restart
+//! between the answer and its files sends the files not yet recorded
+//! ([`OutboxFiles::send_leftovers`], called by the intake's recovery).
+//! (A crash in the instant between Telegram's answer and the record can
+//! still repeat one file: the record cannot be written before the send it
+//! records.)
 //!
 //! This module must never send a file outside the directory it was given,
 //! and never fail a turn: refusals are texts for the model or the user.
@@ -149,14 +153,24 @@ impl OutboxFiles {
         }
     }
 
-    /// A fresh, empty outbox directory for the turn answering `answering`
-    /// in `session` (None if it cannot be made).
-    pub async fn outbox_dir(&self, session: &str, answering: Option<i64>) -> Option<PathBuf> {
+    /// Where the outbox of the turn answering `answering` in `chat` lives:
+    /// `<root>/outbox/<chat>/<message id>` (`t<ms>` without a message), so
+    /// a restart finds the directory of a message from the message alone.
+    fn dir_of(&self, chat: i64, answering: Option<i64>) -> PathBuf {
         let name = match answering {
-            Some(id) => format!("outbox-{id}"),
-            None => format!("outbox-{}", crate::store::now_ms()),
+            Some(id) => id.to_string(),
+            None => format!("t{}", crate::store::now_ms()),
         };
-        let dir = self.root.join(super::safe_component(session)).join(name);
+        self.root
+            .join("outbox")
+            .join(super::safe_component(&chat.to_string()))
+            .join(super::safe_component(&name))
+    }
+
+    /// A fresh, empty outbox directory for the turn answering `answering`
+    /// in `chat` (None if it cannot be made).
+    pub async fn outbox_dir(&self, chat: i64, answering: Option<i64>) -> Option<PathBuf> {
+        let dir = self.dir_of(chat, answering);
         // A replayed turn starts with an empty outbox: what its first run
         // left there was either sent (recorded) or is made again.
         let _ = tokio::fs::remove_dir_all(&dir).await;
@@ -218,6 +232,34 @@ impl OutboxFiles {
         Ok(SendOutcome::Sent)
     }
 
+    /// After a restart: the answer to `answering` went out but the process
+    /// died before the files its turn left in the outbox were all sent.
+    /// Sends those not recorded as sent (each once), then reports refusals
+    /// like [`files_after_answer`]. Nothing happens if the turn left no
+    /// outbox directory.
+    pub async fn send_leftovers(
+        &self,
+        outbound: &dyn Outbound,
+        to: &SessionSource,
+        answering: i64,
+    ) -> usize {
+        let dir = self.dir_of(to.chat_id, Some(answering));
+        if !tokio::fs::try_exists(&dir).await.unwrap_or(false) {
+            return 0;
+        }
+        let (sent, problems) = self.send_dir_counted(to, Some(answering), &dir).await;
+        if sent > 0 {
+            tracing::info!(
+                chat_id = to.chat_id,
+                message_id = answering,
+                sent,
+                "sent outbox files left unsent by the restart"
+            );
+        }
+        report_unsent(outbound, to, Some(answering), problems).await;
+        sent
+    }
+
     /// Send every regular file in `dir` (by name order); returns the
     /// refusals as lines for the user.
     pub async fn send_dir(
@@ -226,6 +268,16 @@ impl OutboxFiles {
         answering: Option<i64>,
         dir: &Path,
     ) -> Vec<String> {
+        self.send_dir_counted(to, answering, dir).await.1
+    }
+
+    /// [`OutboxFiles::send_dir`], also counting the files sent now.
+    async fn send_dir_counted(
+        &self,
+        to: &SessionSource,
+        answering: Option<i64>,
+        dir: &Path,
+    ) -> (usize, Vec<String>) {
         let mut names = Vec::new();
         if let Ok(mut entries) = tokio::fs::read_dir(dir).await {
             while let Ok(Some(entry)) = entries.next_entry().await {
@@ -234,12 +286,32 @@ impl OutboxFiles {
         }
         names.sort();
         let mut problems = Vec::new();
+        let mut sent = 0;
         for name in names {
-            if let Err(refusal) = self.send(to, answering, dir, &name, None, "outbox:").await {
-                problems.push(refusal.to_string());
+            match self.send(to, answering, dir, &name, None, "outbox:").await {
+                Ok(SendOutcome::Sent) => sent += 1,
+                Ok(SendOutcome::AlreadySent) => {}
+                Err(refusal) => problems.push(refusal.to_string()),
             }
         }
-        problems
+        (sent, problems)
+    }
+}
+
+/// Tell the user which files were not sent (nothing if none).
+async fn report_unsent(
+    outbound: &dyn Outbound,
+    to: &SessionSource,
+    answering: Option<i64>,
+    problems: Vec<String>,
+) {
+    if problems.is_empty() {
+        return;
+    }
+    let text = format!("📎 Some files were not sent:\n{}", problems.join("\n"));
+    let notice = Reply::notice(text).in_reply_to(answering);
+    if let Err(error) = outbound.deliver(to, notice).await {
+        tracing::warn!(%error, "could not report unsent files");
     }
 }
 
@@ -285,13 +357,13 @@ impl LiveReply for FilesAfter {
                 .sender
                 .send_dir(&this.source, this.answering, &this.dir)
                 .await;
-            if !problems.is_empty() {
-                let text = format!("📎 Some files were not sent:\n{}", problems.join("\n"));
-                let notice = Reply::notice(text).in_reply_to(this.answering);
-                if let Err(error) = this.outbound.deliver(&this.source, notice).await {
-                    tracing::warn!(%error, "could not report unsent files");
-                }
-            }
+            report_unsent(
+                this.outbound.as_ref(),
+                &this.source,
+                this.answering,
+                problems,
+            )
+            .await;
             Ok(())
         })
     }

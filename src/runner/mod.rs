@@ -924,7 +924,7 @@ impl Runner {
             source: event.source.clone(),
         };
         let message_id = event.message_id;
-        let turn_files = self.turn_files(&event, &session_id).await;
+        let turn_files = self.turn_files(&event).await;
         let reply_source = event.source.clone();
         let request = TurnRequest {
             session_key: key.clone(),
@@ -1047,11 +1047,7 @@ impl Runner {
 
     /// The files bound around a turn: the event's attachments and, with
     /// file output, a fresh outbox directory and the sender.
-    async fn turn_files(
-        &self,
-        event: &MessageEvent,
-        session_id: &SessionId,
-    ) -> crate::media::TurnFiles {
+    async fn turn_files(&self, event: &MessageEvent) -> crate::media::TurnFiles {
         let mut files = crate::media::TurnFiles {
             attachments: event.media.attachments.clone(),
             answering: event.message_id,
@@ -1059,7 +1055,7 @@ impl Runner {
         };
         if let Some(sender) = &self.inner.config.files {
             files.outbox = sender
-                .outbox_dir(session_id.as_str(), event.message_id)
+                .outbox_dir(event.source.chat_id, event.message_id)
                 .await;
             files.sender = Some(sender.clone());
         }

@@ -1,10 +1,17 @@
 //! Argv placeholders: `{message}`, `{session_id}`, `{chat_id}`, `{files}`
 //! (see [`crate::media::command_files`]) substituted inside single argv
 //! elements, never parsed by a shell. A substituted value
-//! is never scanned again.
+//! is never scanned again. `{resume}` (a whole element: where
+//! `resume_args` go) and `{resume_id}` (inside `resume_args`: the agent's
+//! session id) continue the agent's own session.
 
 /// The placeholders `argv` elements may contain.
-pub(super) const PLACEHOLDERS: &str = "{message}, {session_id}, {chat_id}, {files}";
+pub(super) const PLACEHOLDERS: &str =
+    "{message}, {session_id}, {chat_id}, {files}, {resume}, {resume_id}";
+
+/// The argv element replaced by `resume_args` on a resumed turn (by
+/// nothing on a fresh one).
+pub(super) const RESUME_PLACEHOLDER: &str = "{resume}";
 
 /// A placeholder in an argv element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +21,10 @@ pub(super) enum Field {
     ChatId,
     /// The turn's inbound files (see [`crate::media::command_files`]).
     Files,
+    /// Where `resume_args` go (a whole argv element).
+    Resume,
+    /// The agent's session id (inside `resume_args`).
+    ResumeId,
 }
 
 /// A piece of an argv element.
@@ -58,6 +69,8 @@ pub(super) fn tokenize(element: &str) -> Result<Vec<Token<'_>>, String> {
                     "session_id" => Field::SessionId,
                     "chat_id" => Field::ChatId,
                     "files" => Field::Files,
+                    "resume" => Field::Resume,
+                    "resume_id" => Field::ResumeId,
                     other => {
                         return Err(format!(
                             "unknown placeholder {{{other}}} (known: {PLACEHOLDERS}; \
@@ -103,6 +116,8 @@ pub(super) struct Substitutions<'a> {
     pub(super) session_id: &'a str,
     pub(super) chat_id: String,
     pub(super) files: String,
+    /// The agent session being resumed (empty on a fresh turn).
+    pub(super) resume_id: &'a str,
 }
 
 impl Substitutions<'_> {
@@ -112,6 +127,8 @@ impl Substitutions<'_> {
             Field::SessionId => self.session_id,
             Field::ChatId => &self.chat_id,
             Field::Files => &self.files,
+            Field::ResumeId => self.resume_id,
+            Field::Resume => "",
         }
     }
 
@@ -139,6 +156,7 @@ mod tests {
             session_id: "s1",
             chat_id: "-42".to_string(),
             files: String::new(),
+            resume_id: "r-1",
         }
     }
 
@@ -157,6 +175,7 @@ mod tests {
         assert_eq!(v.expand("{{.Name}}").unwrap(), "{{.Name}}");
         assert_eq!(v.expand("{ message }").unwrap(), "{ message }");
         assert_eq!(v.expand("é{chat_id}é{").unwrap(), "é-42é{");
+        assert_eq!(v.expand("--resume={resume_id}").unwrap(), "--resume=r-1");
         assert!(v.expand("{foo}").unwrap_err().contains("{foo}"));
     }
 }

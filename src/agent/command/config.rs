@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::argv::{tokenize, Token};
+use super::argv::{tokenize, Field, Token, RESUME_PLACEHOLDER};
 use super::presets::Preset;
 use super::protocol::Protocol;
 use super::workdir;
@@ -63,6 +63,15 @@ pub struct CommandConfig {
     /// With a preset: more arguments, passed before the resume arguments.
     #[serde(default)]
     pub extra_args: Vec<String>,
+    /// Without a preset, with `protocol = "claude-stream-json"` or
+    /// `"codex-json"`: the arguments that continue the agent's own session,
+    /// `{resume_id}` standing for its session id (read from the output,
+    /// kept across restarts), e.g. `["--resume", "{resume_id}"]` or
+    /// `["resume", "{resume_id}"]`. On a turn that continues a session they
+    /// go where `argv` has the element `{resume}` (at the end if it has
+    /// none); a fresh turn (the first, or after /new) gets nothing there.
+    #[serde(default)]
+    pub resume_args: Vec<String>,
     /// For programs without sessions of their own: `"none"` (default),
     /// `"env-file"` (a JSON file of the session's earlier messages, its
     /// path in `TELEGATE_HISTORY_FILE`) or `"stdin-json"` (the message and
@@ -141,6 +150,7 @@ impl CommandConfig {
             permission_mode: None,
             allowed_tools: Vec::new(),
             extra_args: Vec::new(),
+            resume_args: Vec::new(),
             history: HistoryMode::None,
             stdin: false,
             workdir: None,
@@ -209,8 +219,15 @@ impl CommandConfig {
             }
         }
         if let Some(preset) = self.preset {
+            if !self.resume_args.is_empty() {
+                return Err(format!(
+                    "agent.command.resume_args is for argv with a JSON protocol; preset = \"{}\" resumes its sessions itself",
+                    preset.as_str()
+                ));
+            }
             return self.check_preset(preset);
         }
+        self.check_resume_args()?;
         let preset_only = [
             ("program", self.program.is_some()),
             ("model", self.model.is_some()),
@@ -238,6 +255,18 @@ impl CommandConfig {
             if element.contains('\0') {
                 return Err(format!("agent.command.argv[{i}] contains a NUL byte"));
             }
+            if tokens.contains(&Token::Field(Field::ResumeId)) {
+                return Err(format!(
+                    "agent.command.argv[{i}]: {{resume_id}} belongs in resume_args; put the element \"{{resume}}\" in argv where they go"
+                ));
+            }
+            if tokens.contains(&Token::Field(Field::Resume))
+                && (element != RESUME_PLACEHOLDER || self.resume_args.is_empty())
+            {
+                return Err(format!(
+                    "agent.command.argv[{i}]: {{resume}} must be a whole element, and needs resume_args (what to put there)"
+                ));
+            }
             if i == 0 && tokens.iter().any(|t| matches!(t, Token::Field(_))) {
                 return Err(
                     "agent.command.argv[0] (the program) may not contain placeholders: \
@@ -259,6 +288,49 @@ impl CommandConfig {
         }
         if self.output_cap_bytes == 0 {
             return Err("agent.command.output_cap_bytes must be at least 1".to_string());
+        }
+        Ok(())
+    }
+
+    /// `resume_args`: only with a JSON protocol (it is what carries the
+    /// session id), must contain `{resume_id}`, nothing of the message.
+    fn check_resume_args(&self) -> Result<(), String> {
+        if self.resume_args.is_empty() {
+            return Ok(());
+        }
+        if self.protocol() == Protocol::Text {
+            return Err(
+                "agent.command.resume_args needs protocol = \"claude-stream-json\" or \"codex-json\": \
+                 the session id to resume is read from those events"
+                    .to_string(),
+            );
+        }
+        let mut has_id = false;
+        for (i, element) in self.resume_args.iter().enumerate() {
+            let tokens =
+                tokenize(element).map_err(|e| format!("agent.command.resume_args[{i}]: {e}"))?;
+            if element.contains('\0') {
+                return Err(format!(
+                    "agent.command.resume_args[{i}] contains a NUL byte"
+                ));
+            }
+            for token in tokens {
+                match token {
+                    Token::Field(Field::ResumeId) => has_id = true,
+                    Token::Field(Field::Message | Field::Files | Field::Resume) => {
+                        return Err(format!(
+                            "agent.command.resume_args[{i}]: only {{resume_id}}, {{session_id}} and {{chat_id}} may be used here"
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !has_id {
+            return Err(
+                "agent.command.resume_args must contain {resume_id} (the agent's session id), e.g. [\"--resume\", \"{resume_id}\"]"
+                    .to_string(),
+            );
         }
         Ok(())
     }
@@ -397,6 +469,50 @@ mod tests {
         let c: CommandConfig =
             toml::from_str("argv = [\"x\"]\nworkdir = \"/nonexistent/{chat_id}\"").unwrap();
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn resume_args_are_checked() {
+        let ok = [
+            "argv = [\"a\", \"{resume}\", \"-\"]\nprotocol = \"codex-json\"\nresume_args = [\"resume\", \"{resume_id}\"]",
+            "argv = [\"a\"]\nprotocol = \"claude-stream-json\"\nresume_args = [\"--resume={resume_id}\"]",
+        ];
+        for text in ok {
+            let c: CommandConfig = toml::from_str(text).unwrap();
+            c.validate().unwrap_or_else(|e| panic!("{text}: {e}"));
+        }
+        let bad = [
+            ("argv = [\"a\"]\nresume_args = [\"{resume_id}\"]", "needs protocol"),
+            (
+                "argv = [\"a\"]\nprotocol = \"codex-json\"\nresume_args = [\"--resume\"]",
+                "must contain {resume_id}",
+            ),
+            (
+                "argv = [\"a\"]\nprotocol = \"codex-json\"\nresume_args = [\"{message}\", \"{resume_id}\"]",
+                "only {resume_id}",
+            ),
+            (
+                "argv = [\"a\", \"{resume_id}\"]\nprotocol = \"codex-json\"",
+                "belongs in resume_args",
+            ),
+            (
+                "argv = [\"a\", \"{resume}\"]\nprotocol = \"codex-json\"",
+                "needs resume_args",
+            ),
+            (
+                "argv = [\"a\", \"x{resume}\"]\nprotocol = \"codex-json\"\nresume_args = [\"{resume_id}\"]",
+                "whole element",
+            ),
+            (
+                "preset = \"claude\"\nresume_args = [\"{resume_id}\"]",
+                "resumes its sessions itself",
+            ),
+        ];
+        for (text, needle) in bad {
+            let c: CommandConfig = toml::from_str(text).unwrap();
+            let err = c.validate().unwrap_err();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
     }
 
     #[test]

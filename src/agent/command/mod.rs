@@ -7,7 +7,8 @@
 //!
 //! Why it looks the way it does:
 //!
-//! * **No shell.** Placeholders (`{message}`, `{session_id}`, `{chat_id}`)
+//! * **No shell.** Placeholders (`{message}`, `{session_id}`, `{chat_id}`,
+//!   `{files}`; `{resume}` / `{resume_id}` with `resume_args`)
 //!   are substituted *inside individual argv elements* and the program is
 //!   executed directly. A message like `$(rm -rf ~)` arrives as one literal
 //!   argument; it is never parsed by anything. Users who want a shell write
@@ -70,7 +71,7 @@ use tokio::process::{Child, Command};
 use super::{Agent, AgentError, AgentReply, TurnRequest};
 use crate::store::Store;
 use crate::tools::procgroup::ProcessGroup;
-use argv::Substitutions;
+use argv::{Substitutions, RESUME_PLACEHOLDER};
 use history::HistoryFile;
 use output::StdoutCollector;
 use process::{pump, StderrTail};
@@ -175,18 +176,38 @@ impl CommandAgent {
         }
     }
 
-    /// The argv for this turn, placeholders substituted.
-    fn argv_for(&self, turn: &TurnRequest) -> Result<Vec<String>, AgentError> {
+    /// The argv for this turn, placeholders substituted; `resume_args` go
+    /// where `{resume}` stands (or at the end) when `resume` is given.
+    fn argv_for(
+        &self,
+        turn: &TurnRequest,
+        resume: Option<&str>,
+    ) -> Result<Vec<String>, AgentError> {
         let values = Substitutions {
             message: &turn.text,
             session_id: turn.session_id.as_str(),
             chat_id: turn.source.chat_id.to_string(),
             files: crate::media::command_files::joined_paths(),
+            resume_id: resume.unwrap_or_default(),
+        };
+        let resume_args = |argv: &mut Vec<String>| -> Result<(), AgentError> {
+            if resume.is_some() {
+                for element in &self.config.resume_args {
+                    argv.push(values.expand(element).map_err(AgentError::backend)?);
+                }
+            }
+            Ok(())
         };
         let mut argv = Vec::with_capacity(self.config.argv.len());
+        let mut placed = false;
         for element in &self.config.argv {
             if element == crate::media::command_files::FILES_PLACEHOLDER {
                 argv.extend(crate::media::command_files::file_paths());
+                continue;
+            }
+            if element == RESUME_PLACEHOLDER {
+                resume_args(&mut argv)?;
+                placed = true;
                 continue;
             }
             let arg = values.expand(element).map_err(AgentError::backend)?;
@@ -197,7 +218,21 @@ impl CommandAgent {
             }
             argv.push(arg);
         }
+        if !placed {
+            resume_args(&mut argv)?;
+        }
         Ok(argv)
+    }
+
+    /// The name the agent's session is kept under, if this backend
+    /// continues one: the preset, or the protocol of an argv with
+    /// `resume_args`.
+    fn resume_backend(&self) -> Option<&'static str> {
+        match self.config.preset {
+            Some(preset) => Some(preset.as_str()),
+            None if !self.config.resume_args.is_empty() => Some(self.config.protocol().as_str()),
+            None => None,
+        }
     }
 
     /// The process to start: no shell, own process group, scrubbed
@@ -296,16 +331,16 @@ impl CommandAgent {
             AgentError::backend(format!("The command backend is misconfigured: {problem}"))
         })?;
         let workdir = self.workdir_for(&turn)?;
-        let Some(preset) = self.config.preset else {
+        let Some(backend) = self.resume_backend() else {
             return self
-                .run_once(&turn, None, None, workdir)
+                .run_once(&turn, None, workdir)
                 .await
                 .map_err(RunFailure::into_agent_error);
         };
         let session = turn.session_id.as_str();
         let resume = self.sessions.resume_id(session).await;
         match self
-            .run_once(&turn, Some(preset), resume.as_deref(), workdir.clone())
+            .run_once(&turn, resume.as_deref(), workdir.clone())
             .await
         {
             Ok(reply) => Ok(reply),
@@ -316,10 +351,10 @@ impl CommandAgent {
                     %detail,
                     "the agent does not know the session to resume; starting a fresh one"
                 );
-                self.sessions.forget(session, preset.as_str()).await;
+                self.sessions.forget(session, backend).await;
                 turn.progress.set_text("");
                 let mut reply = self
-                    .run_once(&turn, Some(preset), None, workdir)
+                    .run_once(&turn, None, workdir)
                     .await
                     .map_err(RunFailure::into_agent_error)?;
                 reply.text = format!("{RESUME_LOST_NOTICE}\n\n{}", reply.text);
@@ -362,13 +397,17 @@ impl CommandAgent {
     async fn run_once(
         &self,
         turn: &TurnRequest,
-        preset: Option<Preset>,
         resume: Option<&str>,
         workdir: Option<PathBuf>,
     ) -> Result<AgentReply, RunFailure> {
+        let preset = self.config.preset;
         let argv = match preset {
-            Some(preset) => preset.argv(&self.config, resume),
-            None => self.argv_for(turn)?,
+            Some(preset) => preset.argv(
+                &self.config,
+                resume,
+                &crate::media::turn_files().attachments,
+            ),
+            None => self.argv_for(turn, resume)?,
         };
         let launch = self.launch(turn, workdir)?;
         let mut command = self.command(&argv, turn, &launch);
@@ -401,7 +440,7 @@ impl CommandAgent {
                 protocol,
                 turn.progress.clone(),
                 cap,
-                self.session_sink(turn, preset),
+                self.session_sink(turn),
             ))),
         };
         let mut stderr = StderrTail::new(turn.progress.clone());
@@ -468,18 +507,15 @@ impl CommandAgent {
     }
 
     /// Where the agent session id read from the output goes: remembered at
-    /// once for presets (so even a stopped turn can be continued).
-    fn session_sink(
-        &self,
-        turn: &TurnRequest,
-        preset: Option<Preset>,
-    ) -> Box<dyn FnMut(&str) + Send> {
-        let Some(preset) = preset else {
+    /// once when the backend resumes sessions (so even a stopped turn can
+    /// be continued).
+    fn session_sink(&self, turn: &TurnRequest) -> Box<dyn FnMut(&str) + Send> {
+        let Some(backend) = self.resume_backend() else {
             return Box::new(|_| {});
         };
         let sessions = self.sessions.clone();
         let session = turn.session_id.as_str().to_string();
-        Box::new(move |id| sessions.remember(&session, preset.as_str(), id))
+        Box::new(move |id| sessions.remember(&session, backend, id))
     }
 }
 

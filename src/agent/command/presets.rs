@@ -10,11 +10,24 @@
 //!
 //! The message is never an argument, so nothing a user writes can be read
 //! as an option. `--allowedTools` takes several values, so it goes last.
+//!
+//! Files that came with the message (see [`crate::media`]) are named in the
+//! message text (`[photo saved at /path]`); each CLI also gets them the way
+//! it takes them:
+//! * claude: Claude Code reads an image whose path is in the prompt with
+//!   its Read tool; `--add-dir DIR` (right after `-p`, one per directory)
+//!   lets it read the saved files outside its working directory.
+//! * codex: `codex exec` attaches images with `-i/--image FILE`: one
+//!   `--image` per image, before `--json` on a fresh run (the option is
+//!   greedy there and would swallow what follows), after the id on
+//!   `resume ID` (where it takes one value). Other files are only named in
+//!   the prompt.
 
 use serde::Deserialize;
 
 use super::config::CommandConfig;
 use super::protocol::Protocol;
+use crate::media::Attachment;
 
 /// `[agent.command] preset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -48,8 +61,14 @@ impl Preset {
         self.as_str()
     }
 
-    /// The argv for one turn, resuming `resume` if given.
-    pub fn argv(self, config: &CommandConfig, resume: Option<&str>) -> Vec<String> {
+    /// The argv for one turn, resuming `resume` if given, with the turn's
+    /// inbound `files`.
+    pub fn argv(
+        self,
+        config: &CommandConfig,
+        resume: Option<&str>,
+        files: &[Attachment],
+    ) -> Vec<String> {
         let program = config
             .program
             .clone()
@@ -58,7 +77,19 @@ impl Preset {
         let mut push = |items: &[&str]| argv.extend(items.iter().map(|s| s.to_string()));
         match self {
             Preset::Claude => {
-                push(&["-p", "--output-format", "stream-json", "--verbose"]);
+                push(&["-p"]);
+                let mut dirs: Vec<String> = Vec::new();
+                for file in files {
+                    if let Some(dir) = file.path.parent().map(|d| d.display().to_string()) {
+                        if !dirs.contains(&dir) {
+                            dirs.push(dir);
+                        }
+                    }
+                }
+                for dir in &dirs {
+                    push(&["--add-dir", dir]);
+                }
+                push(&["--output-format", "stream-json", "--verbose"]);
                 if let Some(id) = resume {
                     push(&["--resume", id]);
                 }
@@ -75,7 +106,18 @@ impl Preset {
                 }
             }
             Preset::Codex => {
-                push(&["exec", "--json", "--skip-git-repo-check"]);
+                let images: Vec<String> = files
+                    .iter()
+                    .filter(|f| f.is_image)
+                    .map(|f| f.path.display().to_string())
+                    .collect();
+                push(&["exec"]);
+                if resume.is_none() {
+                    for image in &images {
+                        push(&["--image", image]);
+                    }
+                }
+                push(&["--json", "--skip-git-repo-check"]);
                 if let Some(model) = &config.model {
                     push(&["--model", model]);
                 }
@@ -86,6 +128,10 @@ impl Preset {
                 if let Some(id) = resume {
                     argv.push("resume".to_string());
                     argv.push(id.to_string());
+                    for image in &images {
+                        argv.push("--image".to_string());
+                        argv.push(image.clone());
+                    }
                 }
                 argv.push("-".to_string());
             }
@@ -126,10 +172,10 @@ mod tests {
     fn claude_argv_fresh_and_resumed() {
         let c = config("preset = \"claude\"\nmodel = \"opus\"\npermission_mode = \"acceptEdits\"\nallowed_tools = [\"Read\", \"Bash(git diff:*)\"]\nextra_args = [\"--max-turns\", \"5\"]");
         assert_eq!(
-            Preset::Claude.argv(&c, None).join(" "),
+            Preset::Claude.argv(&c, None, &[]).join(" "),
             "claude -p --output-format stream-json --verbose --model opus --permission-mode acceptEdits --max-turns 5 --allowedTools Read Bash(git diff:*)"
         );
-        let resumed = Preset::Claude.argv(&c, Some("abc"));
+        let resumed = Preset::Claude.argv(&c, Some("abc"), &[]);
         assert_eq!(&resumed[5..7], ["--resume", "abc"]);
     }
 
@@ -139,12 +185,40 @@ mod tests {
             "preset = \"codex\"\nprogram = \"/opt/codex\"\npermission_mode = \"workspace-write\"",
         );
         assert_eq!(
-            Preset::Codex.argv(&c, None).join(" "),
+            Preset::Codex.argv(&c, None, &[]).join(" "),
             "/opt/codex exec --json --skip-git-repo-check --sandbox workspace-write -"
         );
         assert_eq!(
-            Preset::Codex.argv(&c, Some("t-1")).join(" "),
+            Preset::Codex.argv(&c, Some("t-1"), &[]).join(" "),
             "/opt/codex exec --json --skip-git-repo-check --sandbox workspace-write resume t-1 -"
+        );
+    }
+
+    #[test]
+    fn images_go_where_each_cli_takes_them() {
+        let file = |path: &str, is_image| Attachment {
+            path: path.into(),
+            mime: if is_image { "image/jpeg" } else { "text/plain" }.into(),
+            is_image,
+        };
+        let files = [
+            file("/m/s/1-0-a.jpg", true),
+            file("/m/s/1-1-b.txt", false),
+            file("/m/t/2-0-c.png", true),
+        ];
+        let c = config("preset = \"claude\"");
+        assert_eq!(
+            Preset::Claude.argv(&c, Some("x"), &files).join(" "),
+            "claude -p --add-dir /m/s --add-dir /m/t --output-format stream-json --verbose --resume x"
+        );
+        let c = config("preset = \"codex\"");
+        assert_eq!(
+            Preset::Codex.argv(&c, None, &files).join(" "),
+            "codex exec --image /m/s/1-0-a.jpg --image /m/t/2-0-c.png --json --skip-git-repo-check -"
+        );
+        assert_eq!(
+            Preset::Codex.argv(&c, Some("t-1"), &files).join(" "),
+            "codex exec --json --skip-git-repo-check resume t-1 --image /m/s/1-0-a.jpg --image /m/t/2-0-c.png -"
         );
     }
 

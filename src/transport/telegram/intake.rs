@@ -574,6 +574,9 @@ impl Intake {
                 let message_id = entry.message_id.unwrap_or(entry.update_id);
                 if let Ok(Some(reply)) = self.store.reply_of(entry.chat_id, message_id).await {
                     if reply.delivered {
+                        if let Some(media) = &self.media {
+                            media.send_leftover_files(&wakeup.source, message_id).await;
+                        }
                         self.mark(entry.chat_id, message_id, InboxState::Answered, "")
                             .await;
                         continue;
@@ -609,6 +612,11 @@ impl Intake {
                 .ok()
                 .flatten();
             if recorded.as_ref().is_some_and(|reply| reply.delivered) {
+                // Files the turn left to follow its answer may not have gone
+                // out before the restart.
+                if let Some(media) = &self.media {
+                    media.send_leftover_files(&event.source, message_id).await;
+                }
                 self.mark(entry.chat_id, message_id, InboxState::Answered, "")
                     .await;
                 continue;

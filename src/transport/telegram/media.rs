@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::MessageEvent;
+use crate::event::{MessageEvent, SessionSource};
 use crate::media::album::{self, AlbumAliases};
 use crate::media::MediaStage;
 use crate::reply::Reply;
@@ -34,6 +34,8 @@ pub struct IntakeMedia {
     pub delivery: Delivery,
     /// Closes refused messages' inbox rows.
     pub store: Store,
+    /// Sends files; recovery sends what a restart left in an outbox.
+    pub files: Arc<crate::media::OutboxFiles>,
 }
 
 /// Whether `event` goes through the media step.
@@ -81,10 +83,7 @@ impl IntakeMedia {
         match prepared {
             Ok(prepared) => {
                 if let Some(echo) = prepared.echo {
-                    let reply = Reply::notice(echo).in_reply_to(reply_to);
-                    if let Err(error) = self.delivery.deliver_reply(target, &reply, None).await {
-                        tracing::warn!(%error, "could not echo a transcript");
-                    }
+                    self.echo_once(target, chat, reply_to, echo).await;
                 }
                 (Some(prepared.event), rest)
             }
@@ -111,6 +110,52 @@ impl IntakeMedia {
                 }
                 (None, rest)
             }
+        }
+    }
+}
+
+/// The outbox ledger key of a message's transcript echo.
+const ECHO_KEY: &str = "echo:transcript";
+
+impl IntakeMedia {
+    /// Recovery, for a message whose answer went out before the restart:
+    /// send the files its turn left in the outbox and that are not
+    /// recorded as sent (see [`crate::media::OutboxFiles::send_leftovers`]).
+    pub async fn send_leftover_files(&self, to: &SessionSource, message_id: i64) -> usize {
+        let outbound = crate::delivery::TelegramOutbound::new(self.delivery.clone(), None);
+        self.files.send_leftovers(&outbound, to, message_id).await
+    }
+
+    /// Echo a transcript unless the echo for this message already went out
+    /// (a message resumed after a restart is transcribed again, but its
+    /// "🎤 …" is shown once). Recorded in the outbox ledger like a sent
+    /// file, after the send.
+    async fn echo_once(&self, target: ChatTarget, chat: i64, message: Option<i64>, echo: String) {
+        if let Some(id) = message {
+            if self
+                .store
+                .file_sent(chat, id, ECHO_KEY.to_string())
+                .await
+                .unwrap_or(false)
+            {
+                tracing::debug!(chat_id = chat, message_id = id, "transcript already echoed");
+                return;
+            }
+        }
+        let reply = Reply::notice(echo).in_reply_to(message);
+        match self.delivery.deliver_reply(target, &reply, None).await {
+            Ok(sent) => {
+                if let (Some(id), Some(first)) = (message, sent.first()) {
+                    if let Err(error) = self
+                        .store
+                        .record_file_sent(chat, id, ECHO_KEY.to_string(), i64::from(*first))
+                        .await
+                    {
+                        tracing::error!(%error, "could not record a transcript echo");
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "could not echo a transcript"),
         }
     }
 }
@@ -164,6 +209,7 @@ pub fn build(
         stop,
         delivery: delivery.clone(),
         store: store.clone(),
+        files: files.clone(),
     };
     Ok((media, files))
 }
