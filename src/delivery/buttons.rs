@@ -129,16 +129,22 @@ pub async fn edit_chunk_with_markup(
 ) -> Result<(), DeliveryError> {
     let entities = to_telegram(&chunk.entities);
     delivery
-        .call_unless_withdrawn(target, Idempotence::Safe, Priority::Normal, withdraw, |plain| {
-            let mut request = delivery
-                .bot()
-                .edit_message_text(ChatId(target.chat_id), MessageId(id), chunk.text.clone())
-                .reply_markup(markup.clone());
-            if !plain && !entities.is_empty() {
-                request = request.entities(entities.clone());
-            }
-            request.send()
-        })
+        .call_unless_withdrawn(
+            target,
+            Idempotence::Safe,
+            Priority::Normal,
+            withdraw,
+            |plain| {
+                let mut request = delivery
+                    .bot()
+                    .edit_message_text(ChatId(target.chat_id), MessageId(id), chunk.text.clone())
+                    .reply_markup(markup.clone());
+                if !plain && !entities.is_empty() {
+                    request = request.entities(entities.clone());
+                }
+                request.send()
+            },
+        )
         .await
         .map(|_| ())
 }
@@ -167,7 +173,8 @@ pub async fn deliver_with_buttons(
     let last = chunks.len().saturating_sub(1);
     for (index, chunk) in chunks.iter().enumerate() {
         if index == last {
-            send_chunk_with_markup(delivery, target, chunk, reply_to, &markup, priority, None).await?;
+            send_chunk_with_markup(delivery, target, chunk, reply_to, &markup, priority, None)
+                .await?;
         } else {
             delivery
                 .send_chunk_with(target, chunk, reply_to, priority)
