@@ -17,11 +17,6 @@
 //! * updates delivered again after they were answered (a lost offset
 //!   confirmation), to a restarted process or to the running one, never
 //!   start a second turn;
-//! * `kill -9` while a flood of updates from many chats keeps the store's
-//!   group commits busy (inbox rows, turns, transcripts, outbox): every
-//!   update the process confirmed to Telegram (a `getUpdates` offset past
-//!   it) is in the inbox afterwards, and after a restart every message is
-//!   answered exactly once;
 //! * SIGTERM lets the process exit 0 within the grace period (plus a margin)
 //!   and the turns it cut short are answered, once, after the restart; a
 //!   second signal during the grace period exits at once (130) and the next
@@ -36,7 +31,7 @@
 
 mod support;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -759,140 +754,6 @@ async fn an_update_recorded_but_not_confirmed_before_the_kill_runs_once() {
     );
     let store = deployment.open_store().await;
     assert_eq!(inbox_state(&store, u1).await.0, InboxState::Answered);
-}
-
-// ---------------------------------------------------------------------------
-// 2b. kill -9 while the store's group commits are in flight
-// ---------------------------------------------------------------------------
-
-/// Chats and messages per chat of the flood.
-const FLOOD_CHATS: i64 = 40;
-const FLOOD_ROUNDS: usize = 10;
-
-/// The highest `getUpdates` offset the bot sent: every update below it was
-/// confirmed to Telegram.
-fn highest_offset(calls: &[RecordedCall]) -> i64 {
-    calls
-        .iter()
-        .filter(|c| c.method == "getUpdates")
-        .filter_map(|c| c.body.get("offset").and_then(Value::as_i64))
-        .max()
-        .unwrap_or(0)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_while_batches_commit_loses_no_confirmed_update() {
-    let fake = FakeBotApi::start().await;
-    let deployment = Deployment::new(&fake, Settings::default());
-    // Everything is waiting when the bot starts: it records update after
-    // update (each inbox row shares a commit with the turns' transcript and
-    // outbox writes) while hundreds of turns run.
-    let mut pushed = Vec::new();
-    for round in 0..FLOOD_ROUNDS {
-        for chat in 0..FLOOD_CHATS {
-            let text = format!("flood {round} in {chat}");
-            let id = fake.push_text(1000 + chat, USER, &text);
-            pushed.push((id, 1000 + chat, text));
-        }
-    }
-    // Kill as soon as Telegram was told about half of the updates: the
-    // store is busy with the turns of the first half (the inbox rows of the
-    // next updates queue behind their writes), the rest are being recorded
-    // and answered, their batches in flight.
-    let half = pushed[pushed.len() / 2].0;
-    let mut first = Binary::start("the first process", &deployment, &fake);
-    assert!(
-        fake.wait_for(|calls| highest_offset(calls) > half, WAIT)
-            .await,
-        "no update was ever confirmed\n{}",
-        first.log_tail()
-    );
-    first.kill9().await;
-    let offset = highest_offset(&fake.calls());
-    let confirmed: Vec<i64> = pushed
-        .iter()
-        .map(|(id, _, _)| *id)
-        .filter(|id| *id < offset)
-        .collect();
-    assert!(
-        confirmed.len() < pushed.len(),
-        "precondition: the kill came before every update was confirmed ({} of {})",
-        confirmed.len(),
-        pushed.len()
-    );
-    // Answers the outbox records as delivered at the kill: they must never
-    // be sent again.
-    let mut delivered = HashSet::new();
-    {
-        let store = deployment.open_store().await;
-        let mut missing = Vec::new();
-        for id in &confirmed {
-            if store
-                .inbox_entry(*id)
-                .await
-                .expect("the store is readable")
-                .is_none()
-            {
-                missing.push(*id);
-            }
-        }
-        for (id, chat, _) in &pushed {
-            let entry = store.inbox_entry(*id).await.expect("the store is readable");
-            let Some(message_id) = entry.and_then(|e| e.message_id) else {
-                continue;
-            };
-            let reply = store
-                .reply_of(*chat, message_id)
-                .await
-                .expect("the store is readable");
-            if reply.is_some_and(|r| r.delivered) {
-                delivered.insert(*id);
-            }
-        }
-        assert!(
-            missing.is_empty(),
-            "confirmed to Telegram but not in the inbox after kill -9: {missing:?} \
-             ({} confirmed)",
-            confirmed.len()
-        );
-        store.close().await.expect("the store closes");
-    }
-
-    // The restart answers every message exactly once.
-    let mut second = Binary::start("the restarted process", &deployment, &fake);
-    second.ready(&fake).await;
-    let all_answered = |fake: &FakeBotApi| {
-        pushed
-            .iter()
-            .all(|(_, chat, text)| visible_count(fake, *chat, &echo(text)) >= 1)
-    };
-    assert!(
-        fake.wait_for(|_| all_answered(&fake), WAIT * 3).await,
-        "not every message was answered after the restart\n{}",
-        second.log_tail()
-    );
-    second.stop().await;
-    // An answer that was out but whose outbox record had not committed yet
-    // is sent again (Telegram has no idempotent send); one recorded as
-    // delivered never is.
-    let mut again = 0;
-    for (id, chat, text) in &pushed {
-        let count = visible_count(&fake, *chat, &echo(text));
-        if delivered.contains(id) {
-            assert_eq!(count, 1, "{text:?} was recorded delivered, yet sent again");
-        } else {
-            assert!(count <= 2, "{text:?} answered {count} times");
-            again += usize::from(count == 2);
-        }
-    }
-    println!(
-        "kill -9 during group commits: {} of {} updates confirmed at the kill, all in the inbox; \
-         {} answers recorded delivered (none sent again), {again} sent in the kill's window \
-         before their record committed (sent again)",
-        confirmed.len(),
-        pushed.len(),
-        delivered.len()
-    );
 }
 
 // ---------------------------------------------------------------------------

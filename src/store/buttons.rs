@@ -54,7 +54,7 @@ impl Store {
     /// Remember `buttons` (and forget buttons long expired).
     pub async fn create_buttons(&self, buttons: Vec<NewButton>) -> Result<(), StoreError> {
         self.call(move |conn| {
-            let tx = conn.savepoint()?;
+            let tx = conn.transaction()?;
             let now = now_ms();
             tx.execute(
                 "DELETE FROM buttons WHERE expires_at < ?1",
@@ -132,7 +132,7 @@ impl Store {
     pub async fn claim_button(&self, id: &str, update_id: i64) -> Result<bool, StoreError> {
         let id = id.to_owned();
         self.call(move |conn| {
-            let tx = conn.savepoint()?;
+            let tx = conn.transaction()?;
             tx.execute(
                 "UPDATE buttons SET used_by = ?2, used_at = ?3
                  WHERE row_id = (SELECT row_id FROM buttons WHERE id = ?1) AND used_by IS NULL",

@@ -344,7 +344,7 @@ impl Store {
     /// with the previous process), removing them.
     pub async fn take_lost_processes(&self) -> Result<Vec<RunningProcess>, StoreError> {
         self.call(|conn| {
-            let tx = conn.savepoint()?;
+            let tx = conn.transaction()?;
             let lost = {
                 let mut statement = tx.prepare(
                     "SELECT process_id, chat_id, thread_id, command FROM background_processes

@@ -114,7 +114,7 @@ impl Store {
     ) -> Result<Vec<i64>, StoreError> {
         let session_id = session_id.to_owned();
         self.call(move |conn| {
-            let tx = conn.savepoint()?;
+            let tx = conn.transaction()?;
             let ids = entries
                 .iter()
                 .map(|e| insert_entry(&tx, &session_id, e))
