@@ -344,3 +344,57 @@ async fn every_log_line_of_a_turn_names_its_slot_session_and_generation() {
     );
     assert!(line.contains("generation=g"), "{line}");
 }
+
+/// An agent that hands part of its work to a task of its own (which outlives
+/// a dropped turn future) and then waits forever.
+struct HandsOffWork {
+    handoff_saw_cancel: Arc<std::sync::atomic::AtomicBool>,
+    started: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl telegate::agent::Agent for HandsOffWork {
+    fn name(&self) -> &str {
+        "hands-off-work"
+    }
+    fn run(
+        &self,
+        turn: telegate::agent::TurnRequest,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<telegate::agent::AgentReply, telegate::agent::AgentError>,
+    > {
+        let saw = self.handoff_saw_cancel.clone();
+        let cancel = turn.cancel.clone();
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            saw.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        self.started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_dropped_at_shutdown_fires_its_cancel_token_for_work_it_handed_off() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let agent = Arc::new(HandsOffWork {
+        handoff_saw_cancel: Arc::new(AtomicBool::new(false)),
+        started: Arc::new(AtomicBool::new(false)),
+    });
+    let engine = Engine::new(
+        agent.clone(),
+        Recorder::new(),
+        AdapterConfig::default(),
+        RunnerConfig::default(),
+    );
+    send(&engine, 1, "work").await;
+    assert!(eventually(WAIT, || agent.started.load(Ordering::SeqCst)).await);
+    // Shutdown drops the turn's future without a /stop: the token the agent
+    // gave away must still fire, or its handed-off work runs on forever.
+    assert_eq!(engine.adapter.shutdown(Duration::ZERO).await, 1);
+    assert!(
+        eventually(WAIT, || agent.handoff_saw_cancel.load(Ordering::SeqCst)).await,
+        "the turn's cancel token never fired"
+    );
+}
