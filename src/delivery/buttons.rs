@@ -11,15 +11,9 @@
 //! `retry_after`, retries, plain-text fallback). This module must never
 //! decide what a press does (that is `transport::telegram::callback`).
 
-use teloxide::payloads::{EditMessageTextSetters, SendMessageSetters};
 use teloxide::requests::{Request, Requester};
-use teloxide::types::{
-    ChatId, InlineKeyboardButton, InlineKeyboardMarkup, MessageId, ReplyParameters, ThreadId,
-};
+use teloxide::types::{ChatId, InlineKeyboardButton, InlineKeyboardMarkup, MessageId};
 
-use tokio_util::sync::CancellationToken;
-
-use super::entity::{to_telegram, FormattedText};
 use super::telegram::{render_chunks, ChatTarget, Delivery, Idempotence, Priority};
 use crate::buttons::{callback_data, new_button_id, Button, ButtonAction};
 use crate::event::SessionSource;
@@ -77,78 +71,6 @@ pub async fn register(
     Some(InlineKeyboardMarkup::new(layout))
 }
 
-/// Send one chunk as a new message carrying `markup`, in `priority`'s
-/// lane. Returns its id. `withdraw` gives it up while it still waits (see
-/// [`Delivery::call_unless_withdrawn`]).
-pub async fn send_chunk_with_markup(
-    delivery: &Delivery,
-    target: ChatTarget,
-    chunk: &FormattedText,
-    reply_to: Option<i64>,
-    markup: &InlineKeyboardMarkup,
-    priority: Priority,
-    withdraw: Option<&CancellationToken>,
-) -> Result<i32, DeliveryError> {
-    let entities = to_telegram(&chunk.entities);
-    let sent = delivery
-        .call_unless_withdrawn(target, Idempotence::Unsafe, priority, withdraw, |plain| {
-            let mut request = delivery
-                .bot()
-                .send_message(ChatId(target.chat_id), chunk.text.clone())
-                .reply_markup(markup.clone());
-            if !plain && !entities.is_empty() {
-                request = request.entities(entities.clone());
-            }
-            if let Some(thread) = target.thread_id {
-                request = request.message_thread_id(ThreadId(MessageId(thread)));
-            }
-            if let Some(id) = reply_to
-                .filter(|id| *id > 0)
-                .and_then(|id| i32::try_from(id).ok())
-            {
-                request = request.reply_parameters(
-                    ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
-                );
-            }
-            request.send()
-        })
-        .await?;
-    sent.map(|m| m.id.0)
-        .ok_or_else(|| DeliveryError::Rejected("unexpected 'not modified' on send".into()))
-}
-
-/// Replace the text of message `id` and keep `markup` under it (an edit
-/// without a keyboard removes it). "Not modified" is success.
-pub async fn edit_chunk_with_markup(
-    delivery: &Delivery,
-    target: ChatTarget,
-    id: i32,
-    chunk: &FormattedText,
-    markup: &InlineKeyboardMarkup,
-    withdraw: Option<&CancellationToken>,
-) -> Result<(), DeliveryError> {
-    let entities = to_telegram(&chunk.entities);
-    delivery
-        .call_unless_withdrawn(
-            target,
-            Idempotence::Safe,
-            Priority::Normal,
-            withdraw,
-            |plain| {
-                let mut request = delivery
-                    .bot()
-                    .edit_message_text(ChatId(target.chat_id), MessageId(id), chunk.text.clone())
-                    .reply_markup(markup.clone());
-                if !plain && !entities.is_empty() {
-                    request = request.entities(entities.clone());
-                }
-                request.send()
-            },
-        )
-        .await
-        .map(|_| ())
-}
-
 /// Deliver a reply whose last message carries its buttons.
 pub async fn deliver_with_buttons(
     delivery: &Delivery,
@@ -173,7 +95,8 @@ pub async fn deliver_with_buttons(
     let last = chunks.len().saturating_sub(1);
     for (index, chunk) in chunks.iter().enumerate() {
         if index == last {
-            send_chunk_with_markup(delivery, target, chunk, reply_to, &markup, priority, None)
+            delivery
+                .send_chunk_unless_withdrawn(target, chunk, reply_to, priority, None, Some(&markup))
                 .await?;
         } else {
             delivery

@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use teloxide::types::InlineKeyboardMarkup;
 
-use super::buttons::{clear_markup, edit_chunk_with_markup, register, send_chunk_with_markup};
+use super::buttons::{clear_markup, register};
 use super::draft::{is_refusal, send_draft, DraftStream};
 use super::entity::FormattedText;
 use super::markdown::render;
@@ -284,25 +284,22 @@ async fn show_progress(
                 // so a preview that reached the chat is always known (and
                 // gets its marker).
                 let withdraw = Some(&halt);
-                let result = match (preview, &markup) {
-                    (None, None) => delivery
-                        .send_chunk_unless_withdrawn(target, &formatted, None, Priority::Normal, withdraw)
+                let result = match preview {
+                    None => delivery
+                        .send_chunk_unless_withdrawn(
+                            target,
+                            &formatted,
+                            None,
+                            Priority::Normal,
+                            withdraw,
+                            markup.as_ref(),
+                        )
                         .await
                         .map(Some),
-                    (None, Some(keys)) => {
-                        send_chunk_with_markup(&delivery, target, &formatted, None, keys, Priority::Normal, withdraw)
-                            .await
-                            .map(Some)
-                    }
-                    (Some(id), None) => delivery
-                        .edit_chunk_unless_withdrawn(target, id, &formatted, withdraw)
+                    Some(id) => delivery
+                        .edit_chunk_unless_withdrawn(target, id, &formatted, withdraw, markup.as_ref())
                         .await
                         .map(|()| None),
-                    (Some(id), Some(keys)) => {
-                        edit_chunk_with_markup(&delivery, target, id, &formatted, keys, withdraw)
-                            .await
-                            .map(|()| None)
-                    }
                 };
                 match result {
                     Ok(Some(id)) => {

@@ -36,7 +36,9 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use teloxide::payloads::{EditMessageTextSetters, SendMessageSetters};
 use teloxide::requests::{Request, Requester};
-use teloxide::types::{ChatAction, ChatId, MessageId, ReplyParameters, ThreadId};
+use teloxide::types::{
+    ChatAction, ChatId, InlineKeyboardMarkup, MessageId, ReplyParameters, ThreadId,
+};
 use teloxide::{ApiError, Bot, RequestError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -538,12 +540,13 @@ impl Delivery {
         reply_to: Option<i64>,
         priority: Priority,
     ) -> Result<i32, DeliveryError> {
-        self.send_chunk_unless_withdrawn(target, chunk, reply_to, priority, None)
+        self.send_chunk_unless_withdrawn(target, chunk, reply_to, priority, None, None)
             .await
     }
 
-    /// [`Delivery::send_chunk_with`], given up if `withdraw` fires before
-    /// the request is sent (see [`Delivery::call_unless_withdrawn`]).
+    /// [`Delivery::send_chunk_with`], carrying `markup` (buttons) when
+    /// given, and given up if `withdraw` fires before the request is sent
+    /// (see [`Delivery::call_unless_withdrawn`]).
     pub async fn send_chunk_unless_withdrawn(
         &self,
         target: ChatTarget,
@@ -551,6 +554,7 @@ impl Delivery {
         reply_to: Option<i64>,
         priority: Priority,
         withdraw: Option<&CancellationToken>,
+        markup: Option<&InlineKeyboardMarkup>,
     ) -> Result<i32, DeliveryError> {
         let entities = to_telegram(&chunk.entities);
         let sent = self
@@ -559,6 +563,9 @@ impl Delivery {
                     .inner
                     .bot
                     .send_message(ChatId(target.chat_id), chunk.text.clone());
+                if let Some(markup) = markup {
+                    request = request.reply_markup(markup.clone());
+                }
                 if !plain && !entities.is_empty() {
                     request = request.entities(entities.clone());
                 }
@@ -588,18 +595,21 @@ impl Delivery {
         id: i32,
         chunk: &FormattedText,
     ) -> Result<(), DeliveryError> {
-        self.edit_chunk_unless_withdrawn(target, id, chunk, None)
+        self.edit_chunk_unless_withdrawn(target, id, chunk, None, None)
             .await
     }
 
-    /// [`Delivery::edit_chunk`], given up if `withdraw` fires before the
-    /// request is sent (see [`Delivery::call_unless_withdrawn`]).
+    /// [`Delivery::edit_chunk`], keeping `markup` (buttons) under the
+    /// message when given (an edit without one removes a keyboard), and
+    /// given up if `withdraw` fires before the request is sent (see
+    /// [`Delivery::call_unless_withdrawn`]).
     pub async fn edit_chunk_unless_withdrawn(
         &self,
         target: ChatTarget,
         id: i32,
         chunk: &FormattedText,
         withdraw: Option<&CancellationToken>,
+        markup: Option<&InlineKeyboardMarkup>,
     ) -> Result<(), DeliveryError> {
         let entities = to_telegram(&chunk.entities);
         self.call_unless_withdrawn(
@@ -613,6 +623,9 @@ impl Delivery {
                     MessageId(id),
                     chunk.text.clone(),
                 );
+                if let Some(markup) = markup {
+                    request = request.reply_markup(markup.clone());
+                }
                 if !plain && !entities.is_empty() {
                     request = request.entities(entities.clone());
                 }
