@@ -282,7 +282,13 @@ async fn retry_undo_and_model_change_what_the_llm_receives() {
     let llm = FakeOpenAi::start().await;
     let dir = tempfile::tempdir().unwrap();
     let bot = start_openai(&fake, &llm, dir.path()).await;
-    // The command menu (setMyCommands at start) offers the new commands.
+    // The command menu (setMyCommands at start, in the background) offers
+    // the new commands.
+    assert!(
+        fake.wait_for_ok_calls("setMyCommands", 1, Duration::from_secs(10))
+            .await,
+        "the command menu was registered"
+    );
     let menu: Vec<String> = fake.my_commands().into_iter().map(|(c, _)| c).collect();
     for command in ["retry", "undo", "model", "stop", "approve"] {
         assert!(menu.iter().any(|c| c == command), "{command} in {menu:?}");

@@ -157,15 +157,42 @@ impl TelegramBot {
             );
         }
         let bot = Bot::new(token.expose()).set_api_url(api_url.clone());
-        let me = bot.get_me().await?;
+        // Start-up does three independent things before it can take updates:
+        // ask Telegram who we are, open the store, and (polling) remove a
+        // webhook left behind, which would make getUpdates fail with 409.
+        // They overlap; the first error in that order is the one reported.
+        let leftover_webhook = async {
+            match telegram.mode {
+                UpdateMode::Polling => registration::remove_leftover_webhook(&bot)
+                    .await
+                    .map(|_| ()),
+                UpdateMode::Webhook => Ok(()),
+            }
+        };
+        let (me, store, leftover_webhook) = tokio::join!(
+            async { bot.get_me().await },
+            open_store(&config.store),
+            leftover_webhook
+        );
+        let me = me?;
         tracing::info!(username = %me.username(), "connected to Telegram");
-        sync_commands(&bot).await;
-
-        let store = open_store(&config.store).await?;
+        let store = store?;
+        leftover_webhook?;
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
         let (ledger, _writer) = StoreLedger::spawn(store.clone());
         let metrics = Metrics::new();
         let stop_intake = CancellationToken::new();
+        // The command menu is a convenience: updates need not wait for it.
+        tokio::spawn({
+            let bot = bot.clone();
+            let stop = stop_intake.clone();
+            async move {
+                tokio::select! {
+                    () = sync_commands(&bot) => {}
+                    () = stop.cancelled() => {}
+                }
+            }
+        });
         let (intake_media, files) = media::build(
             config,
             &bot,
@@ -264,9 +291,8 @@ impl TelegramBot {
         );
         let (intake_task, webhook_addr) = match telegram.mode {
             UpdateMode::Polling => {
-                // Polling and a webhook exclude each other; pending updates
-                // are kept.
-                registration::remove_leftover_webhook(&bot).await?;
+                // A leftover webhook was removed above, keeping its pending
+                // updates.
                 let task = tokio::spawn(polling::poll(
                     bot.clone(),
                     intake,
