@@ -160,17 +160,51 @@ impl IntakeMedia {
     }
 }
 
-/// Where saved files live: `<data_dir>/media`, or a temporary directory
-/// for an in-memory store.
-pub fn media_dir(config: &crate::config::Config) -> std::path::PathBuf {
-    if config.store.in_memory {
-        std::env::temp_dir().join(format!("telegate-media-{}", std::process::id()))
-    } else {
-        crate::media::media_root(&config.store.data_dir)
+/// The media directory of a bot with an in-memory store: a fresh directory
+/// under the system's temporary directory that lives exactly as long as
+/// this value (the bot), so nothing is left behind in `/tmp`.
+#[derive(Debug)]
+pub struct ScratchMediaDir(std::path::PathBuf);
+
+impl ScratchMediaDir {
+    /// Create a directory of our own (never one that already exists: bots
+    /// in one process each get theirs), mode 0700.
+    pub fn create() -> std::io::Result<ScratchMediaDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::temp_dir();
+        let pid = std::process::id();
+        let mut attempt = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        loop {
+            let path = base.join(format!("telegate-media-{pid}-{attempt:08x}"));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(ScratchMediaDir(path)),
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                    attempt = attempt.wrapping_add(1);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchMediaDir {
+    fn drop(&mut self) {
+        if let Err(error) = std::fs::remove_dir_all(&self.0) {
+            tracing::debug!(dir = %self.0.display(), %error, "could not remove the scratch media directory");
+        }
     }
 }
 
 /// The media step and the file output of a Telegram bot, from the config.
+/// Saved files go to `<data_dir>/media`; with an in-memory store, to a
+/// [`ScratchMediaDir`] returned for the bot to keep.
 #[allow(clippy::too_many_arguments)]
 pub fn build(
     config: &crate::config::Config,
@@ -181,7 +215,14 @@ pub fn build(
     delivery: &Delivery,
     aliases: AlbumAliases,
     stop: CancellationToken,
-) -> Result<(IntakeMedia, Arc<crate::media::OutboxFiles>), String> {
+) -> Result<
+    (
+        IntakeMedia,
+        Arc<crate::media::OutboxFiles>,
+        Option<ScratchMediaDir>,
+    ),
+    String,
+> {
     use crate::config::Backend;
     use crate::media::prepare::ImageMode;
     let images = match config.agent.backend {
@@ -191,7 +232,18 @@ pub fn build(
         Backend::Openai => ImageMode::Refuse,
         _ => ImageMode::Path,
     };
-    let root = media_dir(config);
+    let scratch = if config.store.in_memory {
+        Some(
+            ScratchMediaDir::create()
+                .map_err(|error| format!("could not create a media directory: {error}"))?,
+        )
+    } else {
+        None
+    };
+    let root = match &scratch {
+        Some(scratch) => scratch.path().to_path_buf(),
+        None => crate::media::media_root(&config.store.data_dir),
+    };
     let downloader = crate::media::download::Downloader::new(bot.clone(), api_url, token)?;
     let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?;
     crate::media::retention::spawn_retention(root.clone(), config.media.keep_days, stop.clone());
@@ -211,5 +263,29 @@ pub fn build(
         store: store.clone(),
         files: files.clone(),
     };
-    Ok((media, files))
+    Ok((media, files, scratch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScratchMediaDir;
+
+    #[test]
+    fn each_scratch_media_dir_is_new_private_and_removed_with_its_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let first = ScratchMediaDir::create().unwrap();
+        let second = ScratchMediaDir::create().unwrap();
+        assert_ne!(first.path(), second.path(), "two bots share no directory");
+        let mode = std::fs::metadata(first.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::create_dir_all(first.path().join("123/456")).unwrap();
+        std::fs::write(first.path().join("123/456/photo.jpg"), b"x").unwrap();
+        let path = first.path().to_path_buf();
+        drop(first);
+        assert!(!path.exists(), "removed with everything in it");
+        assert!(second.path().is_dir(), "the other bot's directory stays");
+    }
 }

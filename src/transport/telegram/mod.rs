@@ -89,6 +89,9 @@ pub struct TelegramBot {
     /// Cancelled when Telegram keeps refusing the token (polling): the bot
     /// cannot work and `run` exits with an error.
     pub token_rejected: CancellationToken,
+    /// The media directory of an in-memory store, removed with the bot
+    /// (dropped last in `shutdown`, after the workers that write to it).
+    _scratch_media: Option<media::ScratchMediaDir>,
 }
 
 /// Register the command menu, only when it differs from what Telegram has.
@@ -193,7 +196,7 @@ impl TelegramBot {
                 }
             }
         });
-        let (intake_media, files) = media::build(
+        let (intake_media, files, scratch_media) = media::build(
             config,
             &bot,
             &api_url,
@@ -352,6 +355,7 @@ impl TelegramBot {
             chat_workers,
             shutdown_grace: Duration::from_secs(config.sessions.shutdown_grace_secs),
             token_rejected,
+            _scratch_media: scratch_media,
         })
     }
 
