@@ -69,6 +69,8 @@ struct Settings {
     shutdown_grace_secs: u64,
     /// Serve `/healthz` and `/metrics` on this port of 127.0.0.1.
     metrics_port: Option<u16>,
+    /// `[delivery] streaming`: most tests follow an edited preview.
+    streaming: &'static str,
 }
 
 impl Default for Settings {
@@ -78,6 +80,7 @@ impl Default for Settings {
             resume_interrupted: true,
             shutdown_grace_secs: 10,
             metrics_port: None,
+            streaming: "edit",
         }
     }
 }
@@ -94,13 +97,15 @@ fn config_text(fake: &FakeBotApi, data_dir: &Path, s: Settings) -> String {
          [agent]\nbackend = \"echo\"\n\n[agent.echo]\ndelay_ms = {delay}\n\n\
          [store]\ndata_dir = {data_dir}\n\n\
          [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\n\
+         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
+         streaming = \"{streaming}\"\n\n\
          [log]\nlevel = \"info\"\n\n{metrics}",
         token = fake.token(),
         url = fake.url(),
         resume = s.resume_interrupted,
         grace = s.shutdown_grace_secs,
         delay = s.delay_ms,
+        streaming = s.streaming,
         data_dir = toml::Value::String(data_dir.display().to_string()),
     )
 }
