@@ -70,7 +70,7 @@ fn config(fake: &FakeBotApi, data_dir: &Path, agent: &str) -> Config {
     let text = format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallow_all_users = true\n\n\
          [delivery]\nper_chat_interval_ms = 0\nedit_interval_ms = 1\ngroup_messages_per_minute = 1000000\n\
-         global_messages_per_second = 1000000\n\n{agent}\n[store]\ndata_dir = \"{}\"\n\n[log]\nlevel = \"error\"\n",
+         global_messages_per_second = 1000000\nstreaming = \"edit\"\n\n{agent}\n[store]\ndata_dir = \"{}\"\n\n[log]\nlevel = \"error\"\n",
         fake.token(),
         fake.url(),
         data_dir.display()

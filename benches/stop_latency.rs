@@ -50,10 +50,10 @@ impl Agent for Streamer {
 }
 
 fn config(fake: &FakeBotApi) -> Config {
-    // No [delivery] section: default pacing.
+    // Default pacing; answers stream by edits (the preview /stop marks).
     let text = format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallow_all_users = true\n\n\
-         [store]\nin_memory = true\n\n[log]\nlevel = \"error\"\n",
+         [delivery]\nstreaming = \"edit\"\n\n[store]\nin_memory = true\n\n[log]\nlevel = \"error\"\n",
         fake.token(),
         fake.url()
     );

@@ -170,9 +170,9 @@ pub struct DeliverySettings {
     /// working, 👍 answered, 👎 failed).
     #[serde(default)]
     pub reactions: bool,
-    /// How a running turn's partial answer is shown: `auto` (drafts in
-    /// private chats, edits elsewhere or where drafts are refused),
-    /// `draft`, or `edit` (default: a preview message edited in place).
+    /// How a running turn's partial answer is shown: `auto` (default:
+    /// drafts in private chats, edits elsewhere or where drafts are
+    /// refused), `draft`, or `edit` (a preview message edited in place).
     #[serde(default)]
     pub streaming: crate::delivery::draft::StreamingMode,
 }

@@ -27,7 +27,7 @@ fn telegram_config(fake: &FakeBotApi, llm: &FakeOpenAi, data_dir: &Path) -> Conf
     let text = format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
          [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         global_messages_per_second = 100000\n\n\
+         global_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
          [agent]\nbackend = \"openai\"\n\n[agent.openai]\nbase_url = \"{}\"\nmodel = \"test-model\"\n\
          api_key_env = \"TELEGATE_TEST_NO_SUCH_KEY\"\nsystem_prompt = \"You are a test.\"\n\n\
          [store]\ndata_dir = \"{}\"\n",

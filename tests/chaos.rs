@@ -327,7 +327,8 @@ fn config(fake: &FakeBotApi, busy_mode: &str) -> Config {
          [sessions]\nbusy_mode = \"{busy_mode}\"\nstall_timeout_secs = 1\nmax_pending = 20\n\
          cancel_wait_ms = 500\nshutdown_grace_secs = 1\n\n\
          [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 1000000\n\
-         global_messages_per_second = 1000000\nedit_interval_ms = 50\ntyping_interval_ms = 200\n\n\
+         global_messages_per_second = 1000000\nedit_interval_ms = 50\ntyping_interval_ms = 200\n\
+         streaming = \"edit\"\n\n\
          [store]\nin_memory = true\n",
         fake.token(),
         fake.url()

@@ -50,7 +50,7 @@ fn agent_config(fake: &FakeBotApi, agent_dir: &Path, data_dir: &Path, body: &str
     let text = format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
          [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         global_messages_per_second = 100000\n\n\
+         global_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
          [agent]\nbackend = \"command\"\n\n\
          [agent.command]\nkill_grace_ms = 300\n{body}\n\
          env = {{ PATH = \"{path}\", FAKE_AGENT_DIR = \"{}\" }}\n\n\

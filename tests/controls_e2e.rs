@@ -35,7 +35,7 @@ fn config_with(fake: &FakeBotApi, delivery_extra: &str, extra: &str) -> Config {
          approvers = [{APPROVER}]\n\n\
          [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
          global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         {delivery_extra}\n\n{extra}\n",
+         streaming = \"edit\"\n{delivery_extra}\n\n{extra}\n",
         fake.token(),
         fake.url()
     );

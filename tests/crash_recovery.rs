@@ -17,6 +17,10 @@
 //! * updates delivered again after they were answered (a lost offset
 //!   confirmation), to a restarted process or to the running one, never
 //!   start a second turn;
+//! * `kill -9` while an answer streams as a draft (`streaming = "auto"`):
+//!   the restart resumes it and sends the final answer once, with
+//!   `sendMessage`, editing no message that was never sent; a restart after
+//!   the answer but before its inbox row was closed sends nothing;
 //! * SIGTERM lets the process exit 0 within the grace period (plus a margin)
 //!   and the turns it cut short are answered, once, after the restart; a
 //!   second signal during the grace period exits at once (130) and the next
@@ -69,6 +73,8 @@ struct Settings {
     shutdown_grace_secs: u64,
     /// Serve `/healthz` and `/metrics` on this port of 127.0.0.1.
     metrics_port: Option<u16>,
+    /// `[delivery] streaming`: most tests follow an edited preview.
+    streaming: &'static str,
 }
 
 impl Default for Settings {
@@ -78,6 +84,7 @@ impl Default for Settings {
             resume_interrupted: true,
             shutdown_grace_secs: 10,
             metrics_port: None,
+            streaming: "edit",
         }
     }
 }
@@ -94,13 +101,15 @@ fn config_text(fake: &FakeBotApi, data_dir: &Path, s: Settings) -> String {
          [agent]\nbackend = \"echo\"\n\n[agent.echo]\ndelay_ms = {delay}\n\n\
          [store]\ndata_dir = {data_dir}\n\n\
          [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\n\
+         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
+         streaming = \"{streaming}\"\n\n\
          [log]\nlevel = \"info\"\n\n{metrics}",
         token = fake.token(),
         url = fake.url(),
         resume = s.resume_interrupted,
         grace = s.shutdown_grace_secs,
         delay = s.delay_ms,
+        streaming = s.streaming,
         data_dir = toml::Value::String(data_dir.display().to_string()),
     )
 }
@@ -752,6 +761,176 @@ async fn an_update_recorded_but_not_confirmed_before_the_kill_runs_once() {
         [echo(text)],
         "answered once, in the preview from before the kill"
     );
+    let store = deployment.open_store().await;
+    assert_eq!(inbox_state(&store, u1).await.0, InboxState::Answered);
+}
+
+// ---------------------------------------------------------------------------
+// 2b. kill -9 while an answer streams as a draft
+// ---------------------------------------------------------------------------
+
+/// Successful `sendMessageDraft` calls to `chat` from sequence `since` on.
+fn drafts_since(calls: &[RecordedCall], chat: i64, since: u64) -> usize {
+    calls
+        .iter()
+        .filter(|c| {
+            c.seq >= since
+                && c.method == "sendMessageDraft"
+                && c.chat_id() == Some(chat)
+                && c.outcome.is_ok()
+        })
+        .count()
+}
+
+/// Anything a turn shows in `chat` from `since` on: a draft, "typing…",
+/// or a message.
+fn turn_activity_since(calls: &[RecordedCall], chat: i64, since: u64) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|c| c.seq >= since && c.chat_id() == Some(chat))
+        .filter(|c| {
+            matches!(
+                c.method.as_str(),
+                "sendMessageDraft" | "sendChatAction" | "sendMessage" | "editMessageText"
+            )
+        })
+        .map(|c| format!("{} {:?}", c.method, c.text()))
+        .collect()
+}
+
+/// The message ids of successful `sendMessage` calls to `chat`.
+fn sent_ids(calls: &[RecordedCall], chat: i64) -> Vec<i64> {
+    calls
+        .iter()
+        .filter(|c| c.method == "sendMessage" && c.chat_id() == Some(chat))
+        .filter_map(|c| match &c.outcome {
+            Outcome::Ok(message) => message["message_id"].as_i64(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Invariants 9 and 21 on the binary, with drafts (`streaming = "auto"`, a
+/// private chat): `kill -9` while the answer streams as a draft (at least
+/// two drafts recorded, no message sent yet). The restart resumes the
+/// message and streams it again; the final answer is sent once with
+/// `sendMessage`, no edit touches a message that was never sent (a draft is
+/// not a message), and nothing is sent twice. Then the window a kill right
+/// after the final `sendMessage` leaves (outbox: delivered; inbox row still
+/// running) is recreated in the store: the next start finishes the row
+/// without running or sending anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_draft_resumes_the_turn_and_sends_the_final_answer_once() {
+    let fake = FakeBotApi::start().await;
+    let settings = Settings {
+        delay_ms: 3000,
+        streaming: "auto",
+        ..Settings::default()
+    };
+    let deployment = Deployment::new(&fake, settings);
+    let mut first = Binary::start("the first process", &deployment, &fake);
+    first.ready(&fake).await;
+
+    let text = "one two three four five six seven eight nine ten";
+    let u1 = fake.push_text(USER, USER, text);
+    let since = first.first_seq;
+    assert!(
+        fake.wait_for(|calls| drafts_since(calls, USER, since) >= 2, WAIT)
+            .await,
+        "the answer never streamed as drafts: {:?}\n{}",
+        turn_activity_since(&fake.calls(), USER, since),
+        first.log_tail()
+    );
+    first.kill9().await;
+    assert!(
+        sent_ids(&fake.calls(), USER).is_empty(),
+        "precondition: killed mid-draft, before any message (machine too slow?): {:?}",
+        fake.sent_texts(USER)
+    );
+
+    let mut second = Binary::start("the restarted process", &deployment, &fake);
+    second.ready(&fake).await;
+    assert!(
+        fake.wait_for(|_| all_visible(&fake, USER, &[echo(text)]), WAIT)
+            .await,
+        "the message was not answered after the restart: {:?}\n{}",
+        fake.sent_texts(USER),
+        second.log_tail()
+    );
+    // A clean stop waits for anything still running: nothing arrives later.
+    second.stop().await;
+
+    let calls = fake.calls();
+    assert!(
+        drafts_since(&calls, USER, second.first_seq) >= 1,
+        "the resumed turn streamed as a draft again: {:?}",
+        turn_activity_since(&calls, USER, second.first_seq)
+    );
+    let finals: Vec<&RecordedCall> = writes(&calls, USER, "echo:").collect();
+    assert_eq!(
+        finals.len(),
+        1,
+        "one write of the answer in all: {finals:?}"
+    );
+    assert_eq!(finals[0].method, "sendMessage");
+    assert_eq!(finals[0].text(), Some(echo(text).as_str()));
+    assert!(finals[0].seq >= second.first_seq);
+    // No edit of a message that was never sent (a draft id is no message).
+    let sent = sent_ids(&calls, USER);
+    for call in calls.iter().filter(|c| c.chat_id() == Some(USER)) {
+        if let Some(id) = call.body.get("message_id").and_then(Value::as_i64) {
+            assert!(
+                sent.contains(&id),
+                "{} of message {id}, which was never sent: {:?}",
+                call.method,
+                call.body
+            );
+        }
+    }
+    // Nothing sent twice.
+    let texts = fake.sent_texts(USER);
+    let mut unique = texts.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        texts.len(),
+        "a message was sent twice: {texts:?}"
+    );
+    assert_eq!(echo_texts(&fake, USER), [echo(text)]);
+    let store = deployment.open_store().await;
+    assert_eq!(inbox_state(&store, u1).await.0, InboxState::Answered);
+    assert!(store.open_inbox().await.unwrap().is_empty());
+
+    // A kill just after the final sendMessage, before the inbox row was
+    // closed, leaves it running while the outbox records the answer as
+    // delivered. The next start must finish the row, not run it again.
+    // (Answered is final for the store's API: written here as SQL.)
+    store.close().await.unwrap();
+    let database = Config::load(&deployment.config, Purpose::Telegram)
+        .expect("the test configuration is valid")
+        .store
+        .database_path();
+    let reopened = rusqlite::Connection::open(&database).expect("the database opens");
+    let changed = reopened
+        .execute(
+            "UPDATE inbox SET state = 'running', reason = NULL WHERE update_id = ?1",
+            [u1],
+        )
+        .expect("the inbox row is updated");
+    assert_eq!(changed, 1);
+    drop(reopened);
+    let mut third = Binary::start("the third process", &deployment, &fake);
+    // Restart recovery has run once the process polls.
+    third.ready(&fake).await;
+    third.stop().await;
+    let calls = fake.calls();
+    let again = turn_activity_since(&calls, USER, third.first_seq);
+    assert!(
+        again.is_empty(),
+        "an answered message ran or was sent again: {again:?}"
+    );
+    assert_eq!(echo_texts(&fake, USER), [echo(text)]);
     let store = deployment.open_store().await;
     assert_eq!(inbox_state(&store, u1).await.0, InboxState::Answered);
 }

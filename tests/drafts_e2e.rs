@@ -4,7 +4,8 @@
 //! in private chats and the final answer arrives once as a new message
 //! (also across a restart); groups and servers refusing drafts stream by
 //! edits; Telegram's own stop control on a draft stops the turn like /stop,
-//! and a stale one touches nothing.
+//! and a stale one touches nothing. All of this is also what a
+//! configuration without `streaming` gets (`auto` is the default).
 //!
 //! Assertions are on what the fake recorded, never on timing.
 
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::agents::ScriptedAgent;
-use support::fake_bot::{ChatType, FakeBotApi};
+use support::fake_bot::{ChatType, Failure, FakeBotApi};
 use telegate::config::{Config, Purpose};
 use telegate::transport::telegram::TelegramBot;
 
@@ -23,12 +24,18 @@ const WAIT: Duration = Duration::from_secs(10);
 const USER: i64 = 42;
 const GROUP: i64 = -100;
 
+/// `streaming` as the configuration says it; [`DEFAULT`] leaves it out.
 fn config(fake: &FakeBotApi, streaming: &str, store: &str) -> Config {
+    let streaming = if streaming == DEFAULT {
+        String::new()
+    } else {
+        format!("streaming = \"{streaming}\"\n")
+    };
     let text = format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
          [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
          global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         streaming = \"{streaming}\"\n\n{store}\n",
+         {streaming}\n{store}\n",
         fake.token(),
         fake.url()
     );
@@ -49,6 +56,8 @@ async fn start(
 }
 
 const IN_MEMORY: &str = "[store]\nin_memory = true\n";
+/// No `streaming` line in the configuration.
+const DEFAULT: &str = "";
 
 fn count_texts(fake: &FakeBotApi, chat: i64, needle: &str) -> usize {
     fake.sent_texts(chat)
@@ -147,6 +156,73 @@ async fn a_bot_api_without_drafts_falls_back_to_edits() {
             .await
     );
     assert_eq!(fake.calls_to("sendMessageDraft").len(), 1);
+    bot.shutdown().await;
+}
+
+/// Without a `streaming` setting: drafts in a private chat, edits in a
+/// group, and edits again when the Bot API does not know drafts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_private_chats_stream_drafts_and_groups_stream_edits() {
+    let fake = FakeBotApi::start().await;
+    fake.register_chat(GROUP, ChatType::Group);
+    let (bot, _agent) = start(&fake, DEFAULT, IN_MEMORY).await;
+    fake.push_text(USER, USER, "stream:8:60");
+    assert!(wait_text(&fake, USER, "w7").await);
+    assert!(
+        fake.drafts(USER).len() >= 2,
+        "the private chat streamed drafts: {:?}",
+        fake.drafts(USER)
+    );
+    assert_eq!(
+        edits(&fake, USER),
+        0,
+        "no preview edited in the private chat"
+    );
+    assert_eq!(count_texts(&fake, USER, "w7"), 1, "one final message");
+
+    fake.push_group_text(GROUP, USER, "stream:8:60", true);
+    assert!(wait_text(&fake, GROUP, "w7").await);
+    assert!(
+        fake.calls_to("sendMessageDraft")
+            .iter()
+            .all(|c| c.chat_id() == Some(USER)),
+        "no draft tried in the group"
+    );
+    assert!(edits(&fake, GROUP) >= 1, "the group's preview was edited");
+    bot.shutdown().await;
+
+    // A Bot API without sendMessageDraft: the default falls back to edits.
+    let fake = FakeBotApi::start().await;
+    fake.refuse_drafts(true);
+    let (bot, _agent) = start(&fake, DEFAULT, IN_MEMORY).await;
+    fake.push_text(USER, USER, "stream:8:60");
+    assert!(wait_text(&fake, USER, "w7").await);
+    assert_eq!(fake.calls_to("sendMessageDraft").len(), 1, "tried once");
+    assert!(fake.drafts(USER).is_empty());
+    assert!(edits(&fake, USER) >= 1, "the turn streamed by edits");
+    assert_eq!(count_texts(&fake, USER, "w7"), 1, "one final message");
+    bot.shutdown().await;
+
+    // A 400 for one draft (Telegram refusing it in this chat): that turn
+    // streams by edits, the next one tries drafts again.
+    let fake = FakeBotApi::start().await;
+    fake.fail_next(
+        "sendMessageDraft",
+        1,
+        Failure::BadRequest("Bad Request: TEXTDRAFT_PEER_INVALID".into()),
+    );
+    let (bot, _agent) = start(&fake, DEFAULT, IN_MEMORY).await;
+    fake.push_text(USER, USER, "stream:8:60");
+    assert!(wait_text(&fake, USER, "w7").await);
+    assert!(fake.drafts(USER).is_empty(), "the only draft was refused");
+    assert!(edits(&fake, USER) >= 1, "the turn streamed by edits");
+    assert_eq!(count_texts(&fake, USER, "w7"), 1, "one final message");
+    fake.push_text(USER, USER, "stream:4:60");
+    assert!(
+        fake.wait_for(|_| count_texts(&fake, USER, "w3") == 2, WAIT)
+            .await
+    );
+    assert!(!fake.drafts(USER).is_empty(), "the next turn drafted again");
     bot.shutdown().await;
 }
 

@@ -32,11 +32,12 @@ use tokio::sync::Notify;
 const WAIT: Duration = Duration::from_secs(90);
 const USER: i64 = 42;
 
-/// Default pacing (no `[delivery]` section): what users run.
+/// Default pacing (no pacing settings): what users run. Answers stream by
+/// edits: the markers under test are edits of the preview.
 fn config(fake: &FakeBotApi, sessions: &str) -> Config {
     let text = format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallow_all_users = true\n\n\
-         [sessions]\n{sessions}\n\n[store]\nin_memory = true\n",
+         [delivery]\nstreaming = \"edit\"\n\n[sessions]\n{sessions}\n\n[store]\nin_memory = true\n",
         fake.token(),
         fake.url()
     );

@@ -31,7 +31,8 @@ fn config(fake: &FakeBotApi, data_dir: &Path, resume: bool) -> Config {
     let text = format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
          [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\n\
+         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
+         streaming = \"edit\"\n\n\
          [sessions]\nresume_interrupted = {resume}\nshutdown_grace_secs = 0\n\n\
          [store]\ndata_dir = \"{}\"\n",
         fake.token(),

@@ -22,7 +22,8 @@ fn config_text(fake: &FakeBotApi, telegram_extra: &str, rest: &str) -> String {
     format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n{telegram_extra}\n\
          [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\n\
+         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
+         streaming = \"edit\"\n\n\
          [store]\nin_memory = true\n\n{rest}\n",
         fake.token(),
         fake.url()

@@ -1,8 +1,11 @@
 //! The webhook's lifecycle against the fake Bot API: telegate registers its
 //! own webhook (URL, secret, the update types it handles, max_connections),
 //! leaves an identical registration alone, re-registers when the secret
-//! changed, fails with a clear error when Telegram refuses, and in polling
-//! mode removes a webhook left behind without dropping pending updates.
+//! changed (the secret, `max_connections`, the update types), fails with a
+//! clear error when Telegram refuses, and in polling mode removes a webhook
+//! left behind without dropping pending updates. Polling and the webhook
+//! ask for the same update types, Telegram's stop of a draft included, and
+//! that stop, delivered to the webhook, stops a turn like /stop.
 
 mod support;
 
@@ -16,7 +19,11 @@ use telegate::transport::telegram::TelegramBot;
 
 const WAIT: Duration = Duration::from_secs(30);
 const USER: i64 = 42;
-const HANDLED: &[&str] = &["message", "callback_query"];
+/// The update types telegate handles by default (`streaming = "auto"`).
+const HANDLED: &[&str] = &["message", "callback_query", "stopped_message_generation"];
+/// With `streaming = "edit"` no draft is ever shown, so its stop is not
+/// asked for.
+const HANDLED_WITHOUT_DRAFTS: &[&str] = &["message", "callback_query"];
 
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -24,9 +31,14 @@ fn free_port() -> u16 {
 }
 
 fn config(fake: &FakeBotApi, data_dir: &Path, telegram_extra: &str) -> Config {
+    config_with(fake, data_dir, telegram_extra, "")
+}
+
+/// Like [`config`], with more sections after `[store]`.
+fn config_with(fake: &FakeBotApi, data_dir: &Path, telegram_extra: &str, rest: &str) -> Config {
     let text = format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n{telegram_extra}\n\
-         [store]\ndata_dir = {:?}\n",
+         [store]\ndata_dir = {:?}\n\n{rest}\n",
         fake.token(),
         fake.url(),
         data_dir.display().to_string(),
@@ -109,7 +121,120 @@ async fn webhook_mode_registers_once_and_again_only_when_something_changed() {
     start(&fake, &wider).await.shutdown().await;
     assert_eq!(fake.calls_to("setWebhook").len(), 3);
     assert_eq!(fake.webhook_settings().max_connections, Some(60));
+
+    // And other update types: without drafts, their stop is not asked for.
+    let no_drafts = config_with(
+        &fake,
+        dir.path(),
+        &webhook_mode(free_port(), "n3w", 60),
+        "[delivery]\nstreaming = \"edit\"\n",
+    );
+    start(&fake, &no_drafts).await.shutdown().await;
+    assert_eq!(fake.calls_to("setWebhook").len(), 4);
+    let mut asked = fake.webhook_settings().allowed_updates.unwrap_or_default();
+    asked.sort();
+    assert_eq!(asked, sorted(HANDLED_WITHOUT_DRAFTS));
+    // Back to the default: the draft stop is asked for again.
+    start(&fake, &wider).await.shutdown().await;
+    assert_eq!(fake.calls_to("setWebhook").len(), 5);
     assert!(fake.delete_webhook_requests().is_empty());
+}
+
+/// Telegram's stop control on a draft reaches a webhook only if `setWebhook`
+/// asked for `stopped_message_generation` (the fake, like Telegram, drops
+/// update kinds the webhook did not ask for). Delivered, it stops the
+/// streaming turn exactly like /stop: the same reply, the agent cancelled,
+/// no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegrams_draft_stop_reaches_the_webhook_and_stops_the_turn_like_stop() {
+    let fake = FakeBotApi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let fast = "[delivery]\nper_chat_interval_ms = 1\nglobal_messages_per_second = 100000\n\
+                edit_interval_ms = 50\ntyping_interval_ms = 100\n";
+    let config = config_with(
+        &fake,
+        dir.path(),
+        &webhook_mode(free_port(), "s3cret", 40),
+        fast,
+    );
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+        .await
+        .expect("the bot starts");
+    let mut asked = fake
+        .webhook_settings()
+        .allowed_updates
+        .expect("allowed_updates sent");
+    asked.sort();
+    assert_eq!(
+        asked,
+        sorted(HANDLED),
+        "the webhook asks for the draft stop"
+    );
+    let listen = bot.webhook_addr.expect("the webhook listens");
+    let stopped = |n: usize| {
+        let fake = &fake;
+        move |_: &[support::fake_bot::RecordedCall]| {
+            fake.sent_texts(USER)
+                .iter()
+                .filter(|t| t.as_str() == "⏹ Stopped.")
+                .count()
+                == n
+        }
+    };
+
+    // The reference: a streaming turn stopped with /stop.
+    fake.push_text(USER, USER, "slow:60000");
+    assert_eq!(fake.deliver_to_webhook(listen).await, 1);
+    assert!(fake.wait_for(|_| !fake.drafts(USER).is_empty(), WAIT).await);
+    fake.push_text(USER, USER, "/stop");
+    assert_eq!(fake.deliver_to_webhook(listen).await, 1);
+    assert!(
+        fake.wait_for(stopped(1), WAIT).await,
+        "/stop stopped the turn"
+    );
+    assert!(fake.wait_for(|_| agent.cancelled() == 1, WAIT).await);
+    let first_draft = fake.drafts(USER)[0].0;
+
+    // The same with Telegram's stop control on the next turn's draft.
+    fake.push_text(USER, USER, "slow:60000");
+    assert_eq!(fake.deliver_to_webhook(listen).await, 1);
+    assert!(
+        fake.wait_for(
+            |_| fake.drafts(USER).iter().any(|d| d.0 != first_draft),
+            WAIT
+        )
+        .await,
+        "the second turn streams a draft"
+    );
+    let draft = fake
+        .drafts(USER)
+        .iter()
+        .rev()
+        .find(|d| d.0 != first_draft)
+        .map(|d| d.0)
+        .expect("a draft of the second turn");
+    assert_eq!(bot.engine.runner.running_count(), 1);
+    fake.push_draft_stop(USER, draft);
+    assert_eq!(
+        fake.deliver_to_webhook(listen).await,
+        1,
+        "the draft stop was delivered to the webhook"
+    );
+    assert!(
+        fake.wait_for(stopped(2), WAIT).await,
+        "the draft stop stopped the turn: {:?}",
+        fake.sent_texts(USER)
+    );
+    assert!(fake.wait_for(|_| agent.cancelled() == 2, WAIT).await);
+    assert!(
+        !fake
+            .sent_texts(USER)
+            .iter()
+            .any(|t| t.contains("answer:slow")),
+        "a stopped turn answers nothing"
+    );
+    bot.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,8 +306,7 @@ async fn polling_removes_a_leftover_webhook_and_keeps_pending_updates() {
         )
         .await;
     assert!(answered, "the pending update is still answered");
-    // Polling asks for exactly the update types telegate handles (and
-    // Telegram's stop of a streamed draft, which only polling asks for).
+    // Polling asks for exactly the update types the webhook asks for.
     let polls = fake.calls_to("getUpdates");
     let mut asked: Vec<String> = polls[0].body["allowed_updates"]
         .as_array()
@@ -191,9 +315,7 @@ async fn polling_removes_a_leftover_webhook_and_keeps_pending_updates() {
         .map(|v| v.as_str().unwrap().to_string())
         .collect();
     asked.sort();
-    let mut polled: Vec<&str> = HANDLED.to_vec();
-    polled.push("stopped_message_generation");
-    assert_eq!(asked, sorted(&polled));
+    assert_eq!(asked, sorted(HANDLED));
     running.shutdown().await;
 
     // No webhook: nothing to remove, no deleteWebhook call.

@@ -11,8 +11,8 @@
 //! draft id, which is the turn's generation (see
 //! `transport::telegram::callback`), and stops the turn like /stop.
 //!
-//! `[delivery] streaming`: `edit` never uses drafts; `auto` and `draft` use
-//! them in private chats only (Telegram refuses them elsewhere). When the Bot
+//! `[delivery] streaming`: `edit` never uses drafts; `auto` (the default)
+//! and `draft` use them in private chats only (Telegram refuses them elsewhere). When the Bot
 //! API refuses the method (an older or self-hosted server answers 404
 //! "method not found", or 400), the turn falls back to edits; a missing
 //! method is remembered for the whole process, so later turns go straight to
@@ -41,13 +41,13 @@ use crate::reply::DeliveryError;
 #[serde(rename_all = "lowercase")]
 pub enum StreamingMode {
     /// Drafts in private chats, edits elsewhere and wherever drafts are
-    /// refused.
+    /// refused (the default, as issue 13 specifies).
+    #[default]
     Auto,
     /// Like `auto`, but a refusal is logged as a warning (the operator
     /// asked for drafts).
     Draft,
     /// Always a preview message edited in place.
-    #[default]
     Edit,
 }
 
@@ -168,6 +168,11 @@ pub async fn send_draft(
 mod tests {
     use super::*;
     use crate::event::Platform;
+
+    #[test]
+    fn auto_is_the_default() {
+        assert_eq!(StreamingMode::default(), StreamingMode::Auto);
+    }
 
     #[test]
     fn drafts_only_in_private_chats_and_not_in_edit_mode() {

@@ -27,8 +27,10 @@
 //! * `parse_mode` is recorded but not interpreted; text is stored verbatim
 //!   (Telegram would strip markup and trim whitespace), so length limits
 //!   and entity bounds are checked against the raw text.
-//! * Webhooks are only bookkeeping: nothing is ever delivered to the URL and
-//!   any URL (including plain `http://`) is accepted.
+//! * Webhooks are bookkeeping: nothing is delivered on its own, and any URL
+//!   (including plain `http://`) is accepted. A test hands the queued
+//!   updates to the bot's listener with [`FakeBotApi::deliver_to_webhook`],
+//!   filtered by the webhook's `allowed_updates` like Telegram does.
 //! * Multipart requests are accepted for their text fields (teloxide uses
 //!   multipart for `setWebhook`); file parts are answered with 400, except
 //!   for `sendPhoto`/`sendDocument`, whose uploads are recorded (see
@@ -920,6 +922,56 @@ impl FakeBotApi {
     /// Updates queued and not yet confirmed by a `getUpdates` offset.
     pub fn pending_updates_len(&self) -> usize {
         self.shared.lock().updates.len()
+    }
+
+    /// Like Telegram with a webhook set: POST each queued update to the
+    /// listener at `listen` (the path of the registered URL, its secret in
+    /// `X-Telegram-Bot-Api-Secret-Token`), in order. Updates of kinds the
+    /// webhook's `allowed_updates` exclude are discarded, never sent, as
+    /// Telegram never stores them. An update answered 200 is removed; one
+    /// refused stays queued (Telegram retries it later). Returns how many
+    /// were accepted.
+    pub async fn deliver_to_webhook(&self, listen: SocketAddr) -> usize {
+        let (url, secret, updates) = {
+            let mut inner = self.shared.lock();
+            let url = inner
+                .webhook_url
+                .clone()
+                .expect("deliver_to_webhook: no webhook is set");
+            let secret = inner.webhook_settings.secret_token.clone();
+            let updates: Vec<(i64, Value)> = {
+                let allowed = inner.allowed_updates.clone();
+                inner
+                    .updates
+                    .retain(|u| is_allowed(&u.value, allowed.as_deref()));
+                inner
+                    .updates
+                    .iter()
+                    .map(|u| (u.id, u.value.clone()))
+                    .collect()
+            };
+            (url, secret, updates)
+        };
+        let path = reqwest::Url::parse(&url)
+            .map(|u| u.path().to_string())
+            .unwrap_or_else(|_| "/".to_string());
+        let client = reqwest::Client::new();
+        let mut accepted = 0;
+        for (id, update) in updates {
+            let mut request = client.post(format!("http://{listen}{path}")).json(&update);
+            if let Some(secret) = &secret {
+                request = request.header("X-Telegram-Bot-Api-Secret-Token", secret);
+            }
+            let ok = request
+                .send()
+                .await
+                .is_ok_and(|response| response.status().is_success());
+            if ok {
+                accepted += 1;
+                self.shared.lock().updates.retain(|u| u.id != id);
+            }
+        }
+        accepted
     }
 
     // -- failure injection -------------------------------------------------

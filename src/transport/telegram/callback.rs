@@ -314,7 +314,7 @@ pub struct DraftStop {
 impl DraftStop {
     /// Read the update's `stopped_message_generation` object, if it is one.
     pub fn parse(raw: &Value) -> Option<DraftStop> {
-        let stop = raw.get("stopped_message_generation")?;
+        let stop = raw.get(super::registration::DRAFT_STOP_UPDATE)?;
         Some(DraftStop {
             chat_id: stop.get("chat")?.get("id")?.as_i64()?,
             thread_id: stop

@@ -292,12 +292,16 @@ impl TelegramBot {
             config.store.inbox_retention_days,
             stop_intake.clone(),
         );
+        // One list for both ways of receiving updates (and for "the
+        // webhook is already registered").
+        let allowed_updates = registration::handled_updates(config.delivery.streaming);
         let (intake_task, webhook_addr) = match telegram.mode {
             UpdateMode::Polling => {
                 // A leftover webhook was removed above, keeping its pending
                 // updates.
                 let task = tokio::spawn(polling::poll(
                     bot.clone(),
+                    allowed_updates,
                     intake,
                     updates_health,
                     stop_intake.clone(),
@@ -332,6 +336,7 @@ impl TelegramBot {
                     url: &url,
                     secret: &secret,
                     max_connections: webhook.max_connections,
+                    allowed_updates: &allowed_updates,
                     state_dir: (!config.store.in_memory).then_some(config.store.data_dir.as_path()),
                 };
                 if let Err(error) = registration::ensure_webhook(&bot, &wanted).await {

@@ -40,11 +40,13 @@ const _: () = assert!(POLL_TIMEOUT_SECS + 5 <= CLIENT_TIMEOUT_SECS);
 /// revoked: retrying cannot help, and the operator must be told.
 pub const UNAUTHORIZED_LIMIT: u32 = 3;
 
-/// Poll until `stop` fires, reporting each poll's outcome to `health`.
+/// Poll for the update types `allowed_updates` until `stop` fires,
+/// reporting each poll's outcome to `health`.
 /// After [`UNAUTHORIZED_LIMIT`] consecutive 401s it cancels `token_rejected`
 /// and returns.
 pub async fn poll(
     bot: Bot,
+    allowed_updates: Vec<&'static str>,
     intake: Intake,
     health: UpdatesHealth,
     stop: CancellationToken,
@@ -56,7 +58,7 @@ pub async fn poll(
     let mut unauthorized: u32 = 0;
     loop {
         // Raw JSON: every update is recorded exactly as Telegram sent it.
-        let request = super::raw::get_updates(&bot, offset, POLL_TIMEOUT_SECS);
+        let request = super::raw::get_updates(&bot, offset, POLL_TIMEOUT_SECS, &allowed_updates);
         let batch = tokio::select! {
             _ = stop.cancelled() => return,
             batch = request => batch,

@@ -8,20 +8,29 @@
 //!   value (its `callback_query` parse fails through `serde(flatten)`), and
 //!   re-encoding that loses the update; the intake parses what it needs
 //!   from the raw JSON instead, and keeps every update as received.
+//! * [`set_webhook`] and [`get_webhook_info`]: the update types are plain
+//!   strings. teloxide's `AllowedUpdate` has no `stopped_message_generation`
+//!   (Telegram's stop of a draft), so its `setWebhook` cannot ask for it and
+//!   its `getWebhookInfo` fails to parse an answer that lists it.
 //!
-//! This module owns the wire shape of these requests only.
+//! The update types themselves are decided elsewhere
+//! ([`super::registration::handled_updates`]). This module owns the wire
+//! shape of these requests only.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use teloxide::requests::{JsonRequest, Payload, Request};
+use teloxide::types::True;
 use teloxide::{Bot, RequestError};
+
+use crate::config::Secret;
 
 /// `getUpdates`, answered as raw JSON values.
 #[derive(Clone, Debug, Serialize)]
 struct RawGetUpdates {
     offset: i32,
     timeout: u32,
-    allowed_updates: Vec<Value>,
+    allowed_updates: Vec<&'static str>,
 }
 
 impl Payload for RawGetUpdates {
@@ -33,28 +42,150 @@ impl Payload for RawGetUpdates {
     }
 }
 
-/// [`super::registration::ALLOWED_UPDATES`] plus the update kinds teloxide
-/// has no name for: `stopped_message_generation` (Telegram's stop control
-/// on a streamed draft).
-pub fn allowed_updates() -> Vec<Value> {
-    let mut kinds: Vec<Value> = super::registration::ALLOWED_UPDATES
-        .iter()
-        .filter_map(|kind| serde_json::to_value(kind).ok())
-        .collect();
-    kinds.push(Value::from("stopped_message_generation"));
-    kinds
-}
-
-/// One long poll: updates after `offset`, waiting up to `timeout` seconds.
-pub async fn get_updates(bot: &Bot, offset: i32, timeout: u32) -> Result<Vec<Value>, RequestError> {
+/// One long poll for the update types `allowed`: updates after `offset`,
+/// waiting up to `timeout` seconds.
+pub async fn get_updates(
+    bot: &Bot,
+    offset: i32,
+    timeout: u32,
+    allowed: &[&'static str],
+) -> Result<Vec<Value>, RequestError> {
     JsonRequest::new(
         bot.clone(),
         RawGetUpdates {
             offset,
             timeout,
-            allowed_updates: allowed_updates(),
+            allowed_updates: allowed.to_vec(),
         },
     )
     .send()
     .await
+}
+
+/// `setWebhook` with the update types as strings.
+#[derive(Clone, Serialize)]
+struct RawSetWebhook {
+    url: String,
+    secret_token: String,
+    allowed_updates: Vec<&'static str>,
+    max_connections: u8,
+    /// Always false: pending updates are never dropped.
+    drop_pending_updates: bool,
+}
+
+// Written by hand so the secret never reaches a log through `Debug`.
+impl std::fmt::Debug for RawSetWebhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawSetWebhook")
+            .field("url", &self.url)
+            .field("allowed_updates", &self.allowed_updates)
+            .field("max_connections", &self.max_connections)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Payload for RawSetWebhook {
+    type Output = True;
+    const NAME: &'static str = "setWebhook";
+}
+
+/// Register `url` with `secret`, the update types `allowed` and
+/// `max_connections`, keeping the updates that wait at Telegram.
+pub async fn set_webhook(
+    bot: &Bot,
+    url: &url::Url,
+    secret: &Secret,
+    allowed: &[&'static str],
+    max_connections: u8,
+) -> Result<(), RequestError> {
+    JsonRequest::new(
+        bot.clone(),
+        RawSetWebhook {
+            url: url.to_string(),
+            secret_token: secret.expose().to_string(),
+            allowed_updates: allowed.to_vec(),
+            max_connections,
+            drop_pending_updates: false,
+        },
+    )
+    .send()
+    .await
+    .map(|_| ())
+}
+
+/// `getWebhookInfo` (no parameters).
+#[derive(Clone, Debug, Serialize)]
+struct RawGetWebhookInfo {}
+
+impl Payload for RawGetWebhookInfo {
+    type Output = WebhookState;
+    const NAME: &'static str = "getWebhookInfo";
+}
+
+/// What `getWebhookInfo` says, as far as registration needs it.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct WebhookState {
+    /// The webhook's URL; empty when none is set.
+    #[serde(default)]
+    pub url: String,
+    /// Updates waiting at Telegram.
+    #[serde(default)]
+    pub pending_update_count: u32,
+    /// `max_connections`, if Telegram shows it.
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// The subscribed update types, by Telegram's names (any, even those
+    /// telegate does not know).
+    #[serde(default)]
+    pub allowed_updates: Option<Vec<String>>,
+}
+
+/// The webhook Telegram has for this bot, if any.
+pub async fn get_webhook_info(bot: &Bot) -> Result<WebhookState, RequestError> {
+    JsonRequest::new(bot.clone(), RawGetWebhookInfo {})
+        .send()
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn webhook_info_lists_update_types_teloxide_has_no_name_for() {
+        let info: WebhookState = serde_json::from_str(
+            r#"{"url":"https://bot.example.com/tg","has_custom_certificate":false,
+                "pending_update_count":3,"max_connections":40,
+                "allowed_updates":["message","stopped_message_generation"]}"#,
+        )
+        .unwrap();
+        assert_eq!(info.url, "https://bot.example.com/tg");
+        assert_eq!(info.pending_update_count, 3);
+        assert_eq!(
+            info.allowed_updates.as_deref(),
+            Some(
+                &[
+                    "message".to_string(),
+                    "stopped_message_generation".to_string()
+                ][..]
+            )
+        );
+        let none: WebhookState = serde_json::from_str(
+            r#"{"url":"","has_custom_certificate":false,"pending_update_count":0}"#,
+        )
+        .unwrap();
+        assert!(none.url.is_empty() && none.allowed_updates.is_none());
+    }
+
+    #[test]
+    fn the_secret_stays_out_of_debug_output() {
+        let request = RawSetWebhook {
+            url: "https://bot.example.com/tg".into(),
+            secret_token: "s3cret".into(),
+            allowed_updates: vec!["message"],
+            max_connections: 40,
+            drop_pending_updates: false,
+        };
+        assert!(!format!("{request:?}").contains("s3cret"));
+    }
 }

@@ -1,14 +1,22 @@
 //! The webhook's lifecycle at Telegram, and the update types telegate asks for.
 //!
+//! [`handled_updates`] is the one decision which update types telegate asks
+//! Telegram for: polling sends it with every `getUpdates`, the webhook with
+//! `setWebhook`, and "already registered" compares against it.
+//!
 //! Webhook mode: telegate registers its own webhook (`setWebhook` with the
-//! public URL, the secret, [`ALLOWED_UPDATES`] and `max_connections`) unless
+//! public URL, the secret, [`handled_updates`] and `max_connections`) unless
 //! `getWebhookInfo` shows it already has exactly that. Telegram never shows
 //! the secret, so a fingerprint of URL + secret is kept next to the database:
 //! a changed secret alone still re-registers. Polling mode: a webhook left
 //! behind (which makes every `getUpdates` fail with 409) is removed, keeping
 //! the updates that wait at Telegram.
 //!
-//! This module owns those Bot API calls and [`ALLOWED_UPDATES`]. It must
+//! Both calls are raw requests ([`super::raw`]): teloxide-core 0.13 has no
+//! name for `stopped_message_generation`, so it can neither ask for it in
+//! `setWebhook` nor read a `getWebhookInfo` that lists it.
+//!
+//! This module owns those Bot API calls and [`handled_updates`]. It must
 //! never drop pending updates (`drop_pending_updates` is always false) and
 //! never log the secret.
 
@@ -16,17 +24,39 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use ring::digest;
-use teloxide::payloads::{DeleteWebhookSetters, SetWebhookSetters};
+use teloxide::payloads::DeleteWebhookSetters;
 use teloxide::requests::Requester;
-use teloxide::types::AllowedUpdate;
 use teloxide::{Bot, RequestError};
 
+use super::raw;
 use crate::config::Secret;
+use crate::delivery::draft::StreamingMode;
 
-/// Every update type telegate handles: messages, and the callback queries
-/// of its buttons. Polling and the webhook both ask for exactly these.
-pub const ALLOWED_UPDATES: &[AllowedUpdate] =
-    &[AllowedUpdate::Message, AllowedUpdate::CallbackQuery];
+/// A message (text, media, command).
+pub const MESSAGE_UPDATE: &str = "message";
+/// A press of one of telegate's inline buttons.
+pub const CALLBACK_QUERY_UPDATE: &str = "callback_query";
+/// Telegram's stop control on a streamed draft (Bot API
+/// `MessageGenerationStopped`: chat, message_thread_id, draft_id).
+pub const DRAFT_STOP_UPDATE: &str = "stopped_message_generation";
+
+/// Every update type telegate handles, as Telegram names them. Polling
+/// and the webhook both ask for exactly these:
+///
+/// * messages, always;
+/// * callback queries: the Telegram transport always has a store, so its
+///   buttons always exist (Stop on an edited preview, Approve/Deny on
+///   approval prompts, `/model`);
+/// * Telegram's stop of a draft, when turns may stream as drafts
+///   (`[delivery] streaming` is not `edit`). Without it Telegram never
+///   sends the stop, and the draft's stop control does nothing.
+pub fn handled_updates(streaming: StreamingMode) -> Vec<&'static str> {
+    let mut kinds = vec![MESSAGE_UPDATE, CALLBACK_QUERY_UPDATE];
+    if streaming != StreamingMode::Edit {
+        kinds.push(DRAFT_STOP_UPDATE);
+    }
+    kinds
+}
 
 /// The file, next to the database, that remembers which URL + secret the
 /// registered webhook has (a SHA-256 fingerprint, not the secret).
@@ -60,6 +90,8 @@ pub struct WantedWebhook<'a> {
     pub secret: &'a Secret,
     /// `max_connections`.
     pub max_connections: u8,
+    /// The update types to subscribe to ([`handled_updates`]).
+    pub allowed_updates: &'a [&'static str],
     /// Where the fingerprint file lives (the data directory); `None` (an
     /// in-memory store) registers every time.
     pub state_dir: Option<&'a Path>,
@@ -79,17 +111,16 @@ pub async fn ensure_webhook(
     bot: &Bot,
     wanted: &WantedWebhook<'_>,
 ) -> Result<Registration, RegistrationError> {
-    let info = bot
-        .get_webhook_info()
+    let info = raw::get_webhook_info(bot)
         .await
         .map_err(RegistrationError::Info)?;
     let fingerprint = fingerprint(wanted.url, wanted.secret);
     let file = wanted.state_dir.map(|dir| dir.join(FINGERPRINT_FILE));
-    let same_url = info.url.as_ref() == Some(wanted.url);
+    let same_url = info.url == wanted.url.as_str();
     let same_types = info
         .allowed_updates
         .as_ref()
-        .is_some_and(|types| as_set(types) == as_set(ALLOWED_UPDATES));
+        .is_some_and(|types| same_kinds(types, wanted.allowed_updates));
     let same_connections = info.max_connections == Some(u32::from(wanted.max_connections));
     let same_secret = file
         .as_ref()
@@ -99,17 +130,19 @@ pub async fn ensure_webhook(
         tracing::info!(url = %wanted.url, "webhook already registered");
         return Ok(Registration::AlreadySet);
     }
-    bot.set_webhook(wanted.url.clone())
-        .secret_token(wanted.secret.expose().to_string())
-        .allowed_updates(ALLOWED_UPDATES.to_vec())
-        .max_connections(wanted.max_connections)
-        .drop_pending_updates(false)
-        .await
-        .map_err(|source| RegistrationError::Set {
-            url: wanted.url.to_string(),
-            source,
-        })?;
-    tracing::info!(url = %wanted.url, "webhook registered");
+    raw::set_webhook(
+        bot,
+        wanted.url,
+        wanted.secret,
+        wanted.allowed_updates,
+        wanted.max_connections,
+    )
+    .await
+    .map_err(|source| RegistrationError::Set {
+        url: wanted.url.to_string(),
+        source,
+    })?;
+    tracing::info!(url = %wanted.url, kinds = ?wanted.allowed_updates, "webhook registered");
     if let Some(file) = file {
         remember(&file, &fingerprint);
     }
@@ -119,13 +152,13 @@ pub async fn ensure_webhook(
 /// Polling mode: remove a webhook left behind, keeping pending updates.
 /// Returns whether there was one.
 pub async fn remove_leftover_webhook(bot: &Bot) -> Result<bool, RegistrationError> {
-    let info = bot
-        .get_webhook_info()
+    let info = raw::get_webhook_info(bot)
         .await
         .map_err(RegistrationError::Info)?;
-    let Some(url) = info.url else {
+    if info.url.is_empty() {
         return Ok(false);
-    };
+    }
+    let url = info.url;
     bot.delete_webhook()
         .drop_pending_updates(false)
         .await
@@ -138,12 +171,10 @@ pub async fn remove_leftover_webhook(bot: &Bot) -> Result<bool, RegistrationErro
     Ok(true)
 }
 
-fn as_set(types: &[AllowedUpdate]) -> BTreeSet<String> {
-    types
-        .iter()
-        .filter_map(|kind| serde_json::to_value(kind).ok())
-        .filter_map(|value| value.as_str().map(str::to_owned))
-        .collect()
+/// The same update types, in any order.
+fn same_kinds(registered: &[String], wanted: &[&str]) -> bool {
+    let registered: BTreeSet<&str> = registered.iter().map(String::as_str).collect();
+    registered == wanted.iter().copied().collect()
 }
 
 fn fingerprint(url: &url::Url, secret: &Secret) -> String {
@@ -183,14 +214,25 @@ mod tests {
     }
 
     #[test]
-    fn allowed_updates_are_named_as_telegram_names_them() {
-        let names = as_set(ALLOWED_UPDATES);
+    fn the_draft_stop_is_asked_for_only_when_drafts_may_be_used() {
+        let all = ["message", "callback_query", "stopped_message_generation"];
+        assert_eq!(handled_updates(StreamingMode::Auto), all);
+        assert_eq!(handled_updates(StreamingMode::Draft), all);
         assert_eq!(
-            names,
-            ["callback_query", "message"]
-                .into_iter()
-                .map(String::from)
-                .collect()
+            handled_updates(StreamingMode::Edit),
+            ["message", "callback_query"]
         );
+    }
+
+    #[test]
+    fn registered_kinds_compare_as_sets() {
+        let wanted = handled_updates(StreamingMode::Auto);
+        let shuffled: Vec<String> = wanted.iter().rev().map(|k| k.to_string()).collect();
+        assert!(same_kinds(&shuffled, &wanted));
+        assert!(!same_kinds(&shuffled[1..], &wanted));
+        assert!(!same_kinds(
+            &shuffled,
+            &handled_updates(StreamingMode::Edit)
+        ));
     }
 }
