@@ -33,8 +33,12 @@
 //!   injected dropped connection or 400 (or, on a starved machine, the
 //!   watchdog stopped a slow turn and said so: counted separately);
 //! * every 429 was honoured (`violations_of_retry_after()` is empty);
-//! * the intake keeps up: one chat's flood wait never holds up the others
-//!   (the `getUpdates` backlog stays within a few waves);
+//! * the intake's `getUpdates` backlog before each wave is printed, not
+//!   asserted: how far it falls behind depends on the machine's speed
+//!   (on two busy cores it reached 1,800 with nothing wrong). That one
+//!   chat's flood wait never holds up the others is pinned without timing
+//!   by `a_flood_wait_in_one_chat_does_not_hold_up_the_others` below, and
+//!   the run must still drain every update (`quiesce`);
 //! * memory stays bounded (VmRSS growth printed and checked generously).
 //!
 //! Both busy modes run, one after the other (so the memory and timing
@@ -70,10 +74,6 @@ const CHAOS_METHODS: [&str; 3] = ["sendMessage", "editMessageText", "sendChatAct
 const PANIC_MARKER: &str = "chaos agent panic";
 /// How long the bot may take to settle once the injection stops.
 const QUIESCE: Duration = Duration::from_secs(30);
-/// How many waves the intake may fall behind (it keeps up when one chat's
-/// flood wait cannot hold up the others; it fell 10 to 12 waves behind
-/// before that was fixed).
-const MAX_BACKLOG_WAVES: usize = 8;
 /// Generous bound on resident memory growth over one run.
 const MAX_RSS_GROWTH_MIB: f64 = 200.0;
 
@@ -770,13 +770,6 @@ async fn run(scenario: Scenario) {
     assert!(
         tally.answered > pushed.len() / 2,
         "[{}] most messages are answered",
-        scenario.name
-    );
-    let backlog_limit =
-        MAX_BACKLOG_WAVES * (scenario.private_chats + scenario.group_chats) as usize;
-    assert!(
-        max_backlog <= backlog_limit,
-        "[{}] the intake fell {max_backlog} updates behind (limit {backlog_limit})",
         scenario.name
     );
     assert!(
