@@ -1,0 +1,318 @@
+//! One agent turn from start to answer: the generation guard around it,
+//! history and transcript, the live preview, the stall watchdog, and what
+//! a stopped, interrupted or stale turn leaves behind.
+//!
+//! The slot is released only by a turn whose generation is still current
+//! ([`SlotRelease`] also when the turn's future is dropped), so a turn
+//! that is still unwinding never writes into a newer one.
+
+use super::*;
+
+impl Runner {
+    pub(super) async fn turn(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
+        let key = ctx.key.clone();
+        let generation = {
+            let mut state = self.state();
+            let generation = state.slots.begin_generation(&key);
+            state.slots.install_pending(&key, Instant::now());
+            generation
+        };
+        tracing::Span::current().record("generation", tracing::field::display(generation));
+        // Set-up may await the store; whatever happens, the pending sentinel
+        // must not outlive this future.
+        let mut slot = SlotRelease {
+            runner: &self,
+            key: &key,
+            generation,
+            armed: true,
+            interrupted: None,
+        };
+        // A wakeup runs against the session that started its process, even
+        // if the chat has moved on (/new) since; everything else runs
+        // against the slot's current session.
+        let session_id = match event.override_session() {
+            Some(session) => session.clone(),
+            None => match self.resolve_session(&key).await {
+                Ok(id) => id,
+                Err(_) => {
+                    return Some(
+                        Reply::error(STORE_DOWN_TEXT)
+                            .in_reply_to(event.message_id)
+                            .into(),
+                    )
+                }
+            },
+        };
+        tracing::Span::current().record("session_id", tracing::field::display(&session_id));
+        let mut history = self.load_history(&session_id).await;
+        // A message replayed after a crash may already be the transcript's
+        // last entry: keep it once, and not also in the history.
+        let already_recorded = event.resumed
+            && history
+                .last()
+                .is_some_and(|m| m.role == Role::User && m.content == event.text);
+        if already_recorded {
+            history.pop();
+        } else {
+            self.record(&session_id, vec![user_entry(&event)]).await;
+        }
+
+        let cancel = ctx.interrupt.child_token();
+        let progress = Progress::new();
+        let handle = AgentHandle {
+            generation,
+            cancel: cancel.clone(),
+            progress: progress.clone(),
+        };
+        if !self.state().slots.promote(&key, handle) {
+            tracing::debug!(session_key = %key, %generation, "turn went stale during set-up");
+            return None;
+        }
+        slot.interrupted = Some((session_id.clone(), progress.clone()));
+        let metrics = &self.inner.config.metrics;
+        metrics.turns_started.inc();
+        let started = Instant::now();
+
+        let mut live = self.inner.outbound.turn_started_with(
+            &TurnStart {
+                to: &event.source,
+                answering: event.message_id,
+                generation: generation.0,
+            },
+            progress.watch(),
+        );
+        let model = self.session_model(&key, &session_id).await;
+        let identity = TurnIdentity {
+            session_key: key.clone(),
+            session_id: session_id.clone(),
+            generation,
+            source: event.source.clone(),
+        };
+        let message_id = event.message_id;
+        let turn_files = self.turn_files(&event).await;
+        let reply_source = event.source.clone();
+        let request = TurnRequest {
+            session_key: key.clone(),
+            session_id: session_id.clone(),
+            generation,
+            source: event.source,
+            text: event.text,
+            history,
+            internal: event.internal,
+            cancel: cancel.clone(),
+            progress: progress.clone(),
+            model: model.filter(|m| Some(m) != self.inner.config.default_model.as_ref()),
+        };
+        let run = AssertUnwindSafe(self.inner.agent.run(request)).catch_unwind();
+        let watched = bind_turn_identity(
+            identity,
+            crate::media::with_turn_files(
+                turn_files.clone(),
+                watch_for_stall(run, &progress, &cancel, self.inner.config.stall_timeout),
+            ),
+        )
+        .await;
+
+        if ctx.interrupt.is_cancelled() {
+            // A newer message interrupted it (a /stop before wins).
+            let now = CancellationToken::new();
+            now.cancel();
+            progress.mark_ended(TurnEnd::Interrupted, now);
+        }
+        // Only a turn that is still current may release the slot and answer.
+        slot.armed = false;
+        let current = self.state().slots.release(&key, Some(generation));
+        let finished_cleanly =
+            matches!(&watched, Watched::Finished(Ok(Ok(_)))) && !cancel.is_cancelled();
+        if !current || !finished_cleanly {
+            // Stopped, interrupted, stalled, failed or stale: the transcript
+            // keeps what the user saw so far, marked as interrupted.
+            let partial = progress.snapshot();
+            if !partial.is_empty() || !current {
+                self.record(&session_id, vec![interrupted_entry(partial)])
+                    .await;
+            }
+        }
+        metrics.turn_duration.observe(started.elapsed());
+        if !current {
+            tracing::debug!(session_key = %key, %generation, "stale turn result discarded");
+            metrics.generation_discards.inc();
+            metrics.turns_cancelled.inc();
+            return None;
+        }
+        let reply = match watched {
+            Watched::Stalled => {
+                tracing::warn!(session_key = %key, "turn stalled; cancelled by the watchdog");
+                metrics.watchdog_cancels.inc();
+                metrics.turns_cancelled.inc();
+                Reply::error(format!(
+                    "⏱ The task showed no progress for {} and was stopped. Send your message again, or /reset to start fresh.",
+                    commands::human_duration(self.inner.config.stall_timeout)
+                ))
+            }
+            Watched::Finished(_) if cancel.is_cancelled() => {
+                // Interrupted (a newer message) or stopped: never answered.
+                metrics.turns_cancelled.inc();
+                return None;
+            }
+            Watched::Finished(Ok(Ok(answer))) => {
+                metrics.turns_finished.inc();
+                {
+                    let mut state = self.state();
+                    if answer.history_trimmed > 0 {
+                        state.trimmed.insert(key.clone(), answer.history_trimmed);
+                    } else {
+                        state.trimmed.remove(&key);
+                    }
+                }
+                let entries = if answer.transcript.is_empty() {
+                    vec![TranscriptEntry::assistant(answer.text.clone())]
+                } else {
+                    answer
+                        .transcript
+                        .into_iter()
+                        .map(TranscriptEntry::from_message)
+                        .collect()
+                };
+                self.record(&session_id, entries).await;
+                // Files the program left in its outbox follow the answer.
+                live = crate::media::outbox::files_after_answer(
+                    live,
+                    &turn_files,
+                    self.inner.outbound.clone(),
+                    reply_source,
+                );
+                Reply::answer(answer.text)
+            }
+            Watched::Finished(Ok(Err(AgentError::Cancelled))) => {
+                metrics.turns_cancelled.inc();
+                return None;
+            }
+            Watched::Finished(Ok(Err(AgentError::Backend {
+                user_message,
+                detail,
+            }))) => {
+                metrics.turns_failed.inc();
+                tracing::warn!(session_key = %key, %detail, "turn failed");
+                Reply::error(format!("⚠️ {user_message}\n{RESET_HINT}"))
+            }
+            Watched::Finished(Err(panic)) => {
+                metrics.turns_failed.inc();
+                tracing::error!(session_key = %key, panic = %panic_message(&panic), "agent panicked");
+                Reply::error(format!(
+                    "⚠️ Something went wrong inside the agent.\n{RESET_HINT}"
+                ))
+            }
+        };
+        Some(Outgoing {
+            reply: reply.in_reply_to(message_id),
+            live,
+        })
+    }
+
+    /// The files bound around a turn: the event's attachments and, with
+    /// file output, a fresh outbox directory and the sender.
+    pub(super) async fn turn_files(&self, event: &MessageEvent) -> crate::media::TurnFiles {
+        let mut files = crate::media::TurnFiles {
+            attachments: event.media.attachments.clone(),
+            answering: event.message_id,
+            ..Default::default()
+        };
+        if let Some(sender) = &self.inner.config.files {
+            files.outbox = sender
+                .outbox_dir(event.source.chat_id, event.message_id)
+                .await;
+            files.sender = Some(sender.clone());
+        }
+        files
+    }
+
+    pub(super) async fn load_history(&self, session_id: &SessionId) -> Vec<ChatMessage> {
+        let Some(store) = &self.inner.store else {
+            return Vec::new();
+        };
+        let limit = self.inner.config.history_max_messages;
+        match store.load_history(session_id.as_str(), Some(limit)).await {
+            Ok(entries) => entries.iter().map(TranscriptEntry::to_message).collect(),
+            Err(error) => {
+                tracing::error!(%session_id, %error, "could not load the history; the turn runs without it");
+                Vec::new()
+            }
+        }
+    }
+
+    pub(super) async fn record(&self, session_id: &SessionId, entries: Vec<TranscriptEntry>) {
+        if let Some(store) = &self.inner.store {
+            match store.append_many(session_id.as_str(), entries).await {
+                Ok(_) => store.write_health().succeeded(),
+                Err(error) => {
+                    store.write_health().failed(&error);
+                    tracing::error!(%session_id, %error, "could not record the transcript");
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn user_entry(event: &MessageEvent) -> TranscriptEntry {
+    let mut entry = TranscriptEntry::user(event.text.clone());
+    if event.internal {
+        entry.name = Some("telegate".to_string());
+    }
+    entry
+}
+
+pub(super) fn interrupted_entry(partial: String) -> TranscriptEntry {
+    let mut entry = TranscriptEntry::assistant(partial);
+    entry.interrupted = true;
+    entry
+}
+
+/// Releases a turn's slot (generation-checked) if the turn's future is
+/// dropped before it could do so itself, and records the interruption in the
+/// transcript.
+pub(super) struct SlotRelease<'a> {
+    runner: &'a Runner,
+    key: &'a SessionKey,
+    generation: TurnGeneration,
+    armed: bool,
+    /// Set once the agent runs: what to record if the turn is dropped.
+    interrupted: Option<(SessionId, Progress)>,
+}
+
+impl Drop for SlotRelease<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        {
+            let mut state = self.runner.state();
+            if let Some(handle) = state
+                .slots
+                .running_agent(self.key)
+                .and_then(RunningAgent::live)
+            {
+                if handle.generation == self.generation {
+                    handle.cancel.cancel();
+                }
+            }
+            state.slots.release(self.key, Some(self.generation));
+        }
+        if self.interrupted.is_some() {
+            self.runner.inner.config.metrics.turns_cancelled.inc();
+        }
+        if let (Some(store), Some((session_id, progress))) =
+            (self.runner.inner.store.clone(), self.interrupted.take())
+        {
+            // Drop cannot await: the record is written by a short task.
+            let entry = interrupted_entry(progress.snapshot());
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Err(error) = store.append(session_id.as_str(), entry).await {
+                        tracing::error!(%session_id, %error, "could not record an interrupted turn");
+                    }
+                });
+            }
+        }
+    }
+}
