@@ -384,6 +384,9 @@ pub struct Registry {
     pub messages_refused: Counter,
     /// getUpdates answered 409 Conflict: another poller uses the token.
     pub getupdates_conflicts: Counter,
+    /// Answers found after a restart with their send started and its
+    /// outcome unknown: recorded as failed, never sent again.
+    pub ambiguous_sends: Counter,
     /// Sessions with a running turn (set by the adapter).
     pub busy_sessions: Gauge,
     /// Follow-ups waiting in all queues (set by the adapter).
@@ -418,6 +421,7 @@ impl Default for Registry {
             updates_duplicate: Counter::default(),
             messages_refused: Counter::default(),
             getupdates_conflicts: Counter::default(),
+            ambiguous_sends: Counter::default(),
             busy_sessions: Gauge::default(),
             queue_depth: Gauge::default(),
             turn_duration: Histogram::default(),
@@ -499,7 +503,7 @@ impl Registry {
     /// `telegate_` prefix; counters get `_total`), its help and the field
     /// it renders. A new metric is a field above plus a line here.
     fn declare(&mut self) {
-        let counters: [(&str, &str, &Counter); 15] = [
+        let counters: [(&str, &str, &Counter); 16] = [
             (
                 "turns_started",
                 "Turns that began running",
@@ -574,6 +578,11 @@ impl Registry {
                 "getupdates_conflicts",
                 "getUpdates answered 409 Conflict (another poller uses the bot token).",
                 &self.getupdates_conflicts,
+            ),
+            (
+                "ambiguous_sends",
+                "Answers whose send a restart cut short (they may have arrived): not sent again",
+                &self.ambiguous_sends,
             ),
         ];
         let counters: Vec<(&str, &str, Counter)> = counters
@@ -852,6 +861,7 @@ mod tests {
             "updates_duplicate_total",
             "messages_refused_total",
             "getupdates_conflicts_total",
+            "ambiguous_sends_total",
             "busy_sessions",
             "queue_depth",
             "inbox_messages",
@@ -1013,6 +1023,8 @@ mod tests {
         ("telegate_updates_duplicate_total", "counter"),
         ("telegate_messages_refused_total", "counter"),
         ("telegate_getupdates_conflicts_total", "counter"),
+        // Added after the move: answers not resent after a restart.
+        ("telegate_ambiguous_sends_total", "counter"),
         (
             "telegate_telegram_retry_after_wait_seconds_total",
             "counter",

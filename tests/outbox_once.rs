@@ -5,10 +5,14 @@
 //! Two layers keep that promise, and each is pinned on its own:
 //! * restart recovery sees the outbox row "delivered" and only closes the
 //!   inbox row (no turn, no notice, nothing sent), whether interrupted
-//!   messages are resumed or their senders asked to resend;
+//!   messages are resumed or their senders asked to resend; an outbox row
+//!   that records only the intent to send (the process died mid-send) is
+//!   an ambiguous send: the inbox row is closed as failed, nothing is sent;
 //! * `TelegramOutbound` (`deliver_answer_once`) skips an answer the outbox
 //!   already records as delivered, and finishes a recorded half-streamed
-//!   preview in place instead of sending a second message.
+//!   preview in place instead of sending a second message; it records the
+//!   intent to send before the request and refuses to repeat a send whose
+//!   intent has no outcome.
 
 mod support;
 
@@ -69,7 +73,13 @@ async fn wait_inbox_settled(store: &Store) -> bool {
     false
 }
 
-async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(resume: bool) {
+/// `ambiguous`: the process died after recording its intent to send the
+/// answer and before recording the outcome (the answer may or may not have
+/// arrived; here it did).
+async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(
+    resume: bool,
+    ambiguous: bool,
+) {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
     let config = config(&fake, data.path(), resume);
@@ -109,6 +119,13 @@ async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(resume
                 "UPDATE inbox SET state = 'running', reason = NULL WHERE update_id = ?1",
                 [update_id],
             )?;
+            if ambiguous {
+                conn.execute(
+                    "UPDATE outbox SET state = 'streaming', reply_ids = '[]', sending_at = 1
+                     WHERE chat_id = ?1 AND message_id = ?2",
+                    [USER, message_id],
+                )?;
+            }
             Ok(())
         })
         .await
@@ -123,11 +140,22 @@ async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(resume
         .await
         .unwrap();
     assert!(wait_inbox_settled(&bot.store).await, "the row was closed");
-    let (state, _) = {
+    let (state, reason) = {
         let entry = bot.store.inbox_entry(update_id).await.unwrap().unwrap();
         (entry.state, entry.reason)
     };
-    assert_eq!(state, InboxState::Answered);
+    if ambiguous {
+        // Finished like an ambiguous failure at run time, with its reason.
+        assert_eq!(state, InboxState::Failed);
+        assert!(
+            reason
+                .as_deref()
+                .is_some_and(|r| r.contains("not sent again")),
+            "{reason:?}"
+        );
+    } else {
+        assert_eq!(state, InboxState::Answered);
+    }
     // A later message is answered normally, so anything the recovery would
     // have sent has been sent by then (one chat is served in order).
     fake.push_text(USER, USER, "after");
@@ -163,12 +191,39 @@ async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(resume
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_after_delivery_sends_nothing_twice_when_resuming() {
-    restart_after_delivery_before_the_inbox_row_closed_sends_nothing(true).await;
+    restart_after_delivery_before_the_inbox_row_closed_sends_nothing(true, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_after_delivery_sends_nothing_twice_when_asking_to_resend() {
-    restart_after_delivery_before_the_inbox_row_closed_sends_nothing(false).await;
+    restart_after_delivery_before_the_inbox_row_closed_sends_nothing(false, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_an_ambiguous_send_does_not_send_it_again() {
+    restart_after_delivery_before_the_inbox_row_closed_sends_nothing(true, true).await;
+    restart_after_delivery_before_the_inbox_row_closed_sends_nothing(false, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_recorded_as_being_sent_is_not_sent_again() {
+    let fake = FakeBotApi::start().await;
+    let store = Store::open_in_memory().unwrap();
+    let out = outbound(&fake, &store);
+    // An earlier attempt recorded its intent and never its outcome.
+    store.record_send_intent(USER, 11, vec![]).await.unwrap();
+    let result = out
+        .deliver(&user(), Reply::answer("maybe sent").in_reply_to(Some(11)))
+        .await;
+    assert!(result.is_err(), "an ambiguous send must fail, not resend");
+    assert!(fake.calls_to("sendMessage").is_empty());
+    // A new answer records its intent before the request and its outcome
+    // after it.
+    out.deliver(&user(), Reply::answer("new").in_reply_to(Some(12)))
+        .await
+        .unwrap();
+    let recorded = store.reply_of(USER, 12).await.unwrap().expect("recorded");
+    assert!(recorded.delivered && !recorded.sending);
 }
 
 fn outbound(fake: &FakeBotApi, store: &Store) -> TelegramOutbound {

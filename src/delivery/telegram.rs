@@ -701,6 +701,21 @@ impl Delivery {
         reply: &Reply,
         first_in_place: Option<i32>,
     ) -> Result<Vec<i32>, DeliveryError> {
+        self.deliver_reply_recorded(target, reply, first_in_place, None)
+            .await
+    }
+
+    /// [`Delivery::deliver_reply`] that, before the first chunk goes out
+    /// as a new message (not for an edit of the preview: edits are
+    /// idempotent), records in `intent` that the send is under way.
+    async fn deliver_reply_recorded(
+        &self,
+        target: ChatTarget,
+        reply: &Reply,
+        first_in_place: Option<i32>,
+        intent: Option<&ReplyRecord>,
+    ) -> Result<Vec<i32>, DeliveryError> {
+        let mut intent = intent;
         let chunks = render_chunks(reply);
         // A command's answer (/stop's "Stopped", /status…) jumps the line.
         let priority = match reply.kind {
@@ -727,6 +742,12 @@ impl Delivery {
                 _ => false,
             };
             if !edited {
+                // Durable before the request: if the process dies before
+                // the outcome is recorded, the restart knows this send is
+                // ambiguous and does not repeat it.
+                if let Some(record) = intent.take() {
+                    record.intend(ids.clone()).await;
+                }
                 ids.push(
                     self.send_chunk_with(target, chunk, reply_to, priority)
                         .await?,
@@ -785,6 +806,19 @@ impl ReplyRecord {
         }
     }
 
+    /// Record that the answer is about to be sent as new messages (`ids`:
+    /// the messages carrying it so far). Written before the request; a
+    /// store that refuses is logged and the answer still goes out.
+    pub async fn intend(&self, ids: Vec<i32>) {
+        if let Err(error) = self
+            .store
+            .record_send_intent(self.chat_id, self.message_id, ids)
+            .await
+        {
+            tracing::warn!(chat_id = self.chat_id, %error, "could not record the intent to send an answer");
+        }
+    }
+
     /// Record the reply's messages (`delivered` once the final text is out).
     pub async fn save(&self, ids: Vec<i32>, delivered: bool) {
         if let Err(error) = self
@@ -797,8 +831,16 @@ impl ReplyRecord {
     }
 }
 
-/// Deliver a final answer exactly once: skipped if the outbox says it was
-/// delivered already; a recorded preview is finished by editing it.
+/// What the chat is told about an answer whose send was cut short: it may
+/// or may not have arrived, and it is not sent again.
+pub const AMBIGUOUS_SEND: &str =
+    "the answer's send was cut short; it may or may not have arrived, so it is not sent again";
+
+/// Deliver a final answer at most once: skipped if the outbox says it was
+/// delivered already, refused (an ambiguous send, [`AMBIGUOUS_SEND`]) if it
+/// records a send whose outcome is unknown; a recorded preview is finished
+/// by editing it. Before a chunk goes out as a new message the intent is
+/// recorded ([`ReplyRecord::intend`]).
 pub async fn deliver_answer_once(
     delivery: &Delivery,
     target: ChatTarget,
@@ -816,11 +858,17 @@ pub async fn deliver_answer_once(
                 );
                 return Ok(());
             }
+            Some(entry) if entry.sending => {
+                tracing::warn!(chat_id = target.chat_id, "{AMBIGUOUS_SEND}");
+                return Err(DeliveryError::Unavailable(AMBIGUOUS_SEND.into()));
+            }
             Some(entry) if preview.is_none() => preview = entry.reply_ids.first().copied(),
             _ => {}
         }
     }
-    let ids = delivery.deliver_reply(target, reply, preview).await?;
+    let ids = delivery
+        .deliver_reply_recorded(target, reply, preview, record)
+        .await?;
     if let Some(record) = record {
         record.save(ids, true).await;
     }

@@ -7,7 +7,10 @@
 //! row follows the message (`received → running → answered | failed |
 //! dropped`), so a restart knows what is unfinished. The outbox remembers
 //! which Telegram messages carry each reply, so a restart neither duplicates
-//! a delivered reply nor abandons a half-streamed preview.
+//! a delivered reply nor abandons a half-streamed preview; before an answer
+//! is sent as a new message, its row durably records the intent, so a
+//! restart that finds the intent without an outcome knows the send is
+//! ambiguous and never repeats it.
 //!
 //! Contents are user data: this module logs ids and states, never text.
 
@@ -91,6 +94,10 @@ pub struct OutboxEntry {
     pub reply_ids: Vec<i32>,
     /// True once the final text went out.
     pub delivered: bool,
+    /// A send of the answer was started and its outcome never recorded:
+    /// the answer may or may not be in the chat (an ambiguous send, never
+    /// repeated).
+    pub sending: bool,
 }
 
 impl Store {
@@ -239,7 +246,35 @@ impl Store {
         .await
     }
 
-    /// Record the reply messages of user message `message_id` in `chat_id`.
+    /// Record, durably, that an answer to user message `message_id` in
+    /// `chat_id` is about to be sent as new messages (`reply_ids`: those
+    /// that carry it so far, a preview). Until [`Store::record_reply`]
+    /// records its outcome, the row says the send is ambiguous.
+    pub async fn record_send_intent(
+        &self,
+        chat_id: i64,
+        message_id: i64,
+        reply_ids: Vec<i32>,
+    ) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            let ids = serde_json::to_string(&reply_ids)?;
+            let now = now_ms();
+            conn.execute(
+                "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at, sending_at)
+                 VALUES (?1, ?2, ?3, 'streaming', ?4, ?4)
+                 ON CONFLICT (chat_id, message_id) DO UPDATE
+                 SET reply_ids = excluded.reply_ids, updated_at = excluded.updated_at,
+                     sending_at = excluded.sending_at
+                 WHERE state <> 'delivered'",
+                params![chat_id, message_id, ids, now],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Record the reply messages of user message `message_id` in `chat_id`
+    /// (clears a send intent: the outcome is known).
     pub async fn record_reply(
         &self,
         chat_id: i64,
@@ -254,7 +289,7 @@ impl Store {
                  VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (chat_id, message_id) DO UPDATE
                  SET reply_ids = excluded.reply_ids, state = excluded.state,
-                     updated_at = excluded.updated_at",
+                     updated_at = excluded.updated_at, sending_at = NULL",
                 params![
                     chat_id,
                     message_id,
@@ -277,16 +312,24 @@ impl Store {
         self.call(move |conn| {
             let row = conn
                 .query_row(
-                    "SELECT reply_ids, state FROM outbox WHERE chat_id = ?1 AND message_id = ?2",
+                    "SELECT reply_ids, state, sending_at FROM outbox
+                     WHERE chat_id = ?1 AND message_id = ?2",
                     params![chat_id, message_id],
-                    |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+                    |row| {
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, Option<i64>>(2)?,
+                        ))
+                    },
                 )
                 .optional()?;
             match row {
                 None => Ok(None),
-                Some((ids, state)) => Ok(Some(OutboxEntry {
+                Some((ids, state, sending_at)) => Ok(Some(OutboxEntry {
                     reply_ids: serde_json::from_str(&ids)?,
                     delivered: state == "delivered",
+                    sending: sending_at.is_some() && state != "delivered",
                 })),
             }
         })
@@ -451,7 +494,40 @@ mod tests {
             store.reply_of(5, 100).await.unwrap(),
             Some(OutboxEntry {
                 reply_ids: vec![77, 78],
-                delivered: true
+                delivered: true,
+                sending: false,
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_send_intent_stays_until_its_outcome_is_recorded() {
+        let store = Store::open_in_memory().unwrap();
+        store.record_send_intent(5, 100, vec![]).await.unwrap();
+        assert_eq!(
+            store.reply_of(5, 100).await.unwrap(),
+            Some(OutboxEntry {
+                reply_ids: vec![],
+                delivered: false,
+                sending: true,
+            })
+        );
+        store.record_reply(5, 100, vec![77], true).await.unwrap();
+        let entry = store.reply_of(5, 100).await.unwrap().unwrap();
+        assert!(entry.delivered && !entry.sending);
+        // A delivered answer is never turned back into an intent.
+        store.record_send_intent(5, 100, vec![77]).await.unwrap();
+        let entry = store.reply_of(5, 100).await.unwrap().unwrap();
+        assert!(entry.delivered && !entry.sending);
+        // A preview's row keeps its ids when the rest is about to go out.
+        store.record_reply(5, 101, vec![80], false).await.unwrap();
+        store.record_send_intent(5, 101, vec![80]).await.unwrap();
+        assert_eq!(
+            store.reply_of(5, 101).await.unwrap(),
+            Some(OutboxEntry {
+                reply_ids: vec![80],
+                delivered: false,
+                sending: true,
             })
         );
     }

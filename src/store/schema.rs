@@ -123,6 +123,17 @@ CREATE INDEX buttons_by_expiry ON buttons (expires_at);
 ALTER TABLE transcripts ADD COLUMN undone_at INTEGER;
 ";
 
+/// Version 7: the intent to send an answer.
+///
+/// `outbox.sending_at` is set, durably, just before an answer's first
+/// `sendMessage` and cleared when the answer's message ids are recorded.
+/// A row still carrying it after a restart is an ambiguous send: the
+/// answer may or may not have reached the chat, and it is never sent again
+/// (Telegram has no idempotent send). Edits of a preview need no intent.
+const V7_SEND_INTENTS: &str = "
+ALTER TABLE outbox ADD COLUMN sending_at INTEGER;
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -228,6 +239,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new("CLI agent sessions and usage", V4_AGENT_SESSIONS),
     Migration::new("outbox files", V5_OUTBOX_FILES),
     Migration::new("inline buttons and undone exchanges", V6_CONTROLS),
+    Migration::new("outbox send intents", V7_SEND_INTENTS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

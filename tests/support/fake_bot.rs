@@ -685,6 +685,35 @@ impl FakeBotApi {
         }
     }
 
+    /// How many recorded calls satisfy `pred`, counted in place (no copy
+    /// of the record: cheap enough to ask after every call).
+    pub fn count_calls<F>(&self, pred: F) -> usize
+    where
+        F: Fn(&RecordedCall) -> bool,
+    {
+        self.shared.lock().calls.iter().filter(|c| pred(c)).count()
+    }
+
+    /// Like [`FakeBotApi::wait_for`] for a condition that reads the fake
+    /// itself (e.g. through [`FakeBotApi::count_calls`]) instead of a copy
+    /// of every call: a benchmark's wait then costs next to nothing.
+    pub async fn wait_until<F>(&self, cond: F, timeout: Duration) -> bool
+    where
+        F: Fn(&Self) -> bool,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut changes = self.shared.calls_tx.subscribe();
+        loop {
+            if cond(self) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return cond(self),
+            }
+        }
+    }
+
     /// Waits until at least `n` calls to `method` have been answered
     /// successfully.
     pub async fn wait_for_ok_calls(&self, method: &str, n: usize, timeout: Duration) -> bool {

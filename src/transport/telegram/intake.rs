@@ -32,6 +32,7 @@ use super::callback::{CallbackHandler, DraftStop};
 use super::inbound::{classify, Inbound, InboundPolicy};
 use super::media::{has_media, IntakeMedia};
 use crate::adapter::{EventLedger, EventOutcome};
+use crate::delivery::telegram::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
@@ -547,7 +548,9 @@ impl Intake {
     /// After a restart: resume every recorded message that was not finished,
     /// in its original order. A message whose turn was running when the
     /// process died is run again (`resume_interrupted`) or its sender is
-    /// told to resend it; one whose answer already went out is only marked.
+    /// told to resend it; one whose answer already went out is only marked,
+    /// and one whose answer was being sent when the process died (an
+    /// ambiguous send) is marked failed and not sent again.
     pub async fn recover(&self) -> Result<usize, StoreError> {
         let open = self.store.open_inbox().await?;
         let mut resumed = 0;
@@ -573,6 +576,10 @@ impl Intake {
                 // "send it again"), exactly once thanks to the outbox.
                 let message_id = entry.message_id.unwrap_or(entry.update_id);
                 if let Ok(Some(reply)) = self.store.reply_of(entry.chat_id, message_id).await {
+                    if reply.sending {
+                        self.ambiguous(entry.chat_id, message_id).await;
+                        continue;
+                    }
                     if reply.delivered {
                         if let Some(media) = &self.media {
                             media.send_leftover_files(&wakeup.source, message_id).await;
@@ -621,6 +628,10 @@ impl Intake {
                     .await;
                 continue;
             }
+            if recorded.as_ref().is_some_and(|reply| reply.sending) {
+                self.ambiguous(entry.chat_id, message_id).await;
+                continue;
+            }
             if entry.state == InboxState::Running && !self.resume_interrupted {
                 let notice = Reply::notice(
                     "⚠️ telegate restarted while working on this message; please send it again.",
@@ -657,6 +668,22 @@ impl Intake {
             self.engine.adapter.handle_message(event).await;
         }
         Ok(resumed)
+    }
+
+    /// An answer whose send the previous process started without
+    /// recording its outcome: it may be in the chat already, and Telegram
+    /// has no idempotent send, so it is not sent again. Like an ambiguous
+    /// failure at run time (the request got no answer), the message is
+    /// finished as failed.
+    async fn ambiguous(&self, chat_id: i64, message_id: i64) {
+        tracing::warn!(
+            chat_id,
+            message_id,
+            "{AMBIGUOUS_SEND} (the previous process stopped mid-send)"
+        );
+        self.metrics.ambiguous_sends.inc();
+        self.mark(chat_id, message_id, InboxState::Failed, AMBIGUOUS_SEND)
+            .await;
     }
 
     async fn mark_update(&self, update_id: i64, reason: &str) {
