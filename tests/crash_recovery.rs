@@ -39,7 +39,7 @@
 
 mod support;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -49,6 +49,7 @@ use serde_json::Value;
 use support::fake_bot::{Failure, FakeBotApi, Outcome, RecordedCall};
 use telegate::config::{Config, Purpose};
 use telegate::store::{InboxState, Store};
+use telegate::transport::telegram::intake::AMBIGUOUS_SEND_NOTICE;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -1073,6 +1074,7 @@ async fn kill_9_while_batches_commit_loses_no_confirmed_update() {
     let mut twice = Vec::new();
     let mut ambiguous = 0;
     let mut arrived = 0;
+    let mut unanswered_in: HashMap<i64, usize> = HashMap::new();
     for (id, chat, text) in &pushed {
         let count = visible_count(&fake, *chat, &echo(text));
         if count > 1 {
@@ -1096,6 +1098,9 @@ async fn kill_9_while_batches_commit_loses_no_confirmed_update() {
         if entry.state == InboxState::Failed {
             ambiguous += 1;
             arrived += count;
+            if count == 0 {
+                *unanswered_in.entry(*chat).or_default() += 1;
+            }
         } else {
             assert_eq!(entry.state, InboxState::Answered, "{text:?}");
         }
@@ -1106,6 +1111,15 @@ async fn kill_9_while_batches_commit_loses_no_confirmed_update() {
         "answers sent again after a kill -9 ({} of {total}): {twice:?}",
         twice.len()
     );
+    // Nothing is lost silently: whoever's answer may not have arrived was
+    // told so.
+    for (chat, unanswered) in &unanswered_in {
+        let told = visible_count(&fake, *chat, AMBIGUOUS_SEND_NOTICE);
+        assert!(
+            told >= *unanswered,
+            "chat {chat}: {unanswered} answers cut off by a kill, {told} notices"
+        );
+    }
     println!(
         "{FLOOD_KILLS} x kill -9 while {FLOOD_CHATS} chats were answered: {total} updates, \
          confirmed at the kills {confirmed_at_kills:?}, every confirmed one in the inbox, \

@@ -26,6 +26,7 @@ use telegate::delivery::{Delivery, DeliveryConfig, TelegramOutbound};
 use telegate::event::{Platform, SessionSource};
 use telegate::reply::{Outbound, Reply};
 use telegate::store::{InboxState, Store};
+use telegate::transport::telegram::intake::AMBIGUOUS_SEND_NOTICE;
 use telegate::transport::telegram::TelegramBot;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -171,11 +172,19 @@ async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(
         vec!["after".to_string()],
         "the delivered message ran again"
     );
+    // An answer cut off mid-send is not sent again, but its sender is told
+    // (once) that it may not have arrived.
+    let notices = fake
+        .sent_texts(USER)
+        .iter()
+        .filter(|t| t.as_str() == AMBIGUOUS_SEND_NOTICE)
+        .count();
+    assert_eq!(notices, usize::from(ambiguous), "notices of a cut-off send");
     let visible = visible_calls(&fake.calls(), USER);
     assert!(
-        visible
-            .iter()
-            .all(|c| c.contains("answer:after") || c.starts_with("sendChatAction")),
+        visible.iter().all(|c| c.contains("answer:after")
+            || c.starts_with("sendChatAction")
+            || (ambiguous && c.contains("restarted while sending the answer"))),
         "the restart showed the user something for the delivered answer: {visible:?}"
     );
     assert_eq!(

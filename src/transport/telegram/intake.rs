@@ -42,6 +42,12 @@ use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{InboxState, Store, StoreError};
 
+/// What the sender of a message is told when the answer's send was cut
+/// off by a restart (it may or may not have arrived; it is not sent again).
+pub const AMBIGUOUS_SEND_NOTICE: &str =
+    "⚠️ telegate restarted while sending the answer to this message, \
+     so it may not have arrived. If you don't see it, please send your message again.";
+
 /// Updates nested at most this deep (objects and arrays) are parsed in
 /// place; deeper ones on a thread with a stack sized for them. teloxide's
 /// `Message` deserializer recurses once per nested message
@@ -577,7 +583,7 @@ impl Intake {
                 let message_id = entry.message_id.unwrap_or(entry.update_id);
                 if let Ok(Some(reply)) = self.store.reply_of(entry.chat_id, message_id).await {
                     if reply.sending {
-                        self.ambiguous(entry.chat_id, message_id).await;
+                        self.ambiguous(&wakeup.source, message_id).await;
                         continue;
                     }
                     if reply.delivered {
@@ -629,7 +635,7 @@ impl Intake {
                 continue;
             }
             if recorded.as_ref().is_some_and(|reply| reply.sending) {
-                self.ambiguous(entry.chat_id, message_id).await;
+                self.ambiguous(&event.source, message_id).await;
                 continue;
             }
             if entry.state == InboxState::Running && !self.resume_interrupted {
@@ -674,14 +680,24 @@ impl Intake {
     /// recording its outcome: it may be in the chat already, and Telegram
     /// has no idempotent send, so it is not sent again. Like an ambiguous
     /// failure at run time (the request got no answer), the message is
-    /// finished as failed.
-    async fn ambiguous(&self, chat_id: i64, message_id: i64) {
+    /// finished as failed; its sender is told, so nothing is lost
+    /// silently when the answer did not arrive.
+    async fn ambiguous(&self, source: &SessionSource, message_id: i64) {
+        let chat_id = source.chat_id;
         tracing::warn!(
             chat_id,
             message_id,
             "{AMBIGUOUS_SEND} (the previous process stopped mid-send)"
         );
         self.metrics.ambiguous_sends.inc();
+        let notice = Reply::notice(AMBIGUOUS_SEND_NOTICE).in_reply_to(Some(message_id));
+        if let Err(error) = self
+            .delivery
+            .deliver_reply(ChatTarget::of(source), &notice, None)
+            .await
+        {
+            tracing::warn!(%error, "could not tell a user about an answer cut off by a restart");
+        }
         self.mark(chat_id, message_id, InboxState::Failed, AMBIGUOUS_SEND)
             .await;
     }
