@@ -68,11 +68,16 @@ for group in "${groups[@]}"; do
     file_args=()
     for f in $(files_of "$group"); do file_args+=(-f "$f"); done
     echo "== mutants: $group ($(files_of "$group"))"
-    # shellcheck disable=SC2046
+    # The test targets go to every cargo invocation (--cargo-arg), not only
+    # to `cargo test` after `--`: otherwise each mutant's build links all
+    # of the crate's ~36 test binaries, which took over 30 minutes a mutant
+    # on a loaded two-core machine.
+    target_args=()
+    for arg in $(tests_of "$group"); do target_args+=("--cargo-arg=$arg"); done
     cargo mutants "${file_args[@]}" -j "$jobs" --timeout "$timeout" \
         --build-timeout 1800 --baseline skip --copy-target false \
         --output "target/mutants-out/$group" \
-        -- $(tests_of "$group") || status=$?
+        "${target_args[@]}" || status=$?
     # cargo-mutants writes the outcome lists; summarise them.
     out="target/mutants-out/$group/mutants.out"
     for kind in caught missed unviable timeout; do
