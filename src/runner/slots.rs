@@ -197,4 +197,23 @@ mod tests {
         assert_eq!(slots.generation_entries(), 0);
         assert!(!slots.is_current(&key, g));
     }
+
+    #[test]
+    fn the_counts_follow_the_slots_in_use() {
+        // The counts feed /status, the idle checks and the gauges: a count
+        // stuck at 0 would call a busy engine idle.
+        let mut slots = AgentSlots::default();
+        let (a, b) = (SessionKey::from_raw("a"), SessionKey::from_raw("b"));
+        let ga = slots.begin_generation(&a);
+        slots.install_pending(&a, Instant::now());
+        assert_eq!((slots.running_count(), slots.generation_entries()), (1, 1));
+        let gb = slots.begin_generation(&b);
+        slots.install_pending(&b, Instant::now());
+        assert!(slots.promote(&b, handle(gb)));
+        assert_eq!((slots.running_count(), slots.generation_entries()), (2, 2));
+        assert!(slots.release(&a, Some(ga)));
+        assert_eq!((slots.running_count(), slots.generation_entries()), (1, 1));
+        assert!(slots.release(&b, Some(gb)));
+        assert_eq!((slots.running_count(), slots.generation_entries()), (0, 0));
+    }
 }
