@@ -188,3 +188,39 @@ impl OwnerTask {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_guard_is_abandoned_only_once_its_lease_is_dropped() {
+        // The heal may take a command's slot only after the command ended:
+        // a lease that never marks it (or a guard that never reads it)
+        // leaves the slot locked, or heals it too early.
+        let (guard, lease) = SessionGuard::command();
+        assert_eq!(guard.kind(), GuardKind::Command);
+        assert!(!guard.is_abandoned());
+        let copy = guard.clone();
+        drop(lease);
+        assert!(guard.is_abandoned() && copy.is_abandoned());
+        assert!(!SessionGuard::new().is_abandoned());
+    }
+
+    #[test]
+    fn finishing_is_seen_through_every_copy_of_the_guard() {
+        let guard = SessionGuard::new();
+        let held_by_the_adapter = guard.clone();
+        assert!(!held_by_the_adapter.is_finishing());
+        guard.mark_finishing();
+        assert!(held_by_the_adapter.is_finishing());
+    }
+
+    #[test]
+    fn guards_are_equal_only_to_themselves() {
+        let guard = SessionGuard::new();
+        assert_eq!(guard, guard.clone());
+        assert_ne!(guard, SessionGuard::new());
+        assert_ne!(SessionGuard::command().0, SessionGuard::command().0);
+    }
+}
