@@ -223,4 +223,20 @@ mod tests {
         assert_ne!(guard, SessionGuard::new());
         assert_ne!(SessionGuard::command().0, SessionGuard::command().0);
     }
+
+    #[tokio::test]
+    async fn abort_ends_an_owner_task_that_ignores_cancellation() {
+        let task = tokio::spawn(std::future::pending::<()>());
+        let owner = OwnerTask::watching(&task);
+        owner.request_cancel();
+        let short = std::time::Duration::from_millis(20);
+        assert!(
+            !owner.finished_within(short).await,
+            "it ignores the request"
+        );
+        owner.abort();
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
+        assert!(ended.is_ok_and(|joined| joined.is_err_and(|e| e.is_cancelled())));
+        assert!(owner.is_finished());
+    }
 }
