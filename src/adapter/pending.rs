@@ -55,3 +55,36 @@ impl PendingQueue {
         self.events.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Platform, SessionSource};
+
+    fn event(text: &str) -> MessageEvent {
+        MessageEvent::text(SessionSource::dm(Platform::Telegram, 1), text)
+    }
+
+    fn texts(queue: &mut PendingQueue) -> Vec<String> {
+        std::iter::from_fn(|| queue.pop()).map(|e| e.text).collect()
+    }
+
+    #[test]
+    fn counts_refuses_when_full_and_puts_back_in_front() {
+        let mut queue = PendingQueue::default();
+        assert_eq!((queue.len(), queue.is_empty()), (0, true));
+        assert_eq!(queue.push(event("a"), 2).ok(), Some(1));
+        assert_eq!(queue.push(event("b"), 2).ok(), Some(2));
+        assert!(queue.push(event("c"), 2).is_err(), "full");
+        assert_eq!((queue.len(), queue.is_empty()), (2, false));
+        // A command that failed puts what it took back, in order, first.
+        let taken = queue.take_user_messages();
+        assert_eq!(queue.len(), 0);
+        for event in taken.into_iter().rev() {
+            queue.push_front(event);
+        }
+        queue.push(event("d"), 3).ok();
+        assert_eq!(queue.len(), 3);
+        assert_eq!(texts(&mut queue), ["a", "b", "d"]);
+    }
+}
