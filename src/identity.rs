@@ -158,8 +158,19 @@ mod tests {
             generation: TurnGeneration(1),
             source: SessionSource::dm(Platform::Console, 1),
         };
-        let seen = bind_turn_identity(id.clone(), async { current_identity() }).await;
-        assert_eq!(seen, Some(id));
-        assert!(current_identity().is_none());
+        let seen = bind_turn_identity(id.clone(), async {
+            (current_identity(), current_session_id())
+        })
+        .await;
+        assert_eq!(seen, (Some(id), Some(SessionId::new("s"))));
+        assert!(current_identity().is_none() && current_session_id().is_none());
+    }
+
+    #[test]
+    fn logs_show_the_session_id_and_the_generation() {
+        // Log lines name turns by these (`session_id=…`, `generation=g…`).
+        assert_eq!(format!("{:?}", SessionId::new("s-1")), "SessionId(s-1)");
+        assert_eq!(SessionId::new("s-1").to_string(), "s-1");
+        assert_eq!(TurnGeneration(7).to_string(), "g7");
     }
 }
