@@ -1,0 +1,72 @@
+use super::*;
+
+fn parse(text: &str, purpose: Purpose) -> Result<Config, ConfigError> {
+    Config::parse(Path::new("bot.toml"), text, purpose, |_| None)
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let text = include_str!("../../config.example.toml");
+    let config = Config::parse(
+        Path::new("config.example.toml"),
+        text,
+        Purpose::Telegram,
+        |_| Some("123:abc".to_string()),
+    )
+    .unwrap();
+    assert_eq!(config.sessions.busy_mode, BusyMode::Interrupt);
+}
+
+#[test]
+fn the_terminal_tool_is_off_by_default_and_needs_the_openai_backend() {
+    let config = parse("[agent]\nbackend = \"echo\"\n", Purpose::Console).unwrap();
+    assert!(!config.tools.terminal.enabled);
+    let error = parse("[tools.terminal]\nenabled = true\n", Purpose::Console).unwrap_err();
+    assert!(error.to_string().contains("agent.backend"), "{error}");
+    let openai = "[agent]\nbackend = \"openai\"\n[agent.openai]\nmodel = \"m\"\n";
+    let config = parse(
+        &format!("{openai}[tools.terminal]\nenabled = true\napproval = \"always\"\n"),
+        Purpose::Console,
+    )
+    .unwrap();
+    assert!(config.tools.terminal.enabled);
+    assert!(config.summary().contains("terminal on"));
+    let error = parse(
+        &format!("{openai}[tools.terminal]\nenabled = true\ntimeout_secs = 0\n"),
+        Purpose::Console,
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("tools.terminal.timeout_secs"),
+        "{error}"
+    );
+    let error = parse("[tools.terminal]\nenable = true\n", Purpose::Console).unwrap_err();
+    assert!(
+        matches!(error, ConfigError::Parse { line: 2, .. }),
+        "{error}"
+    );
+}
+
+#[test]
+fn secrets_never_show_in_debug() {
+    let config = parse(
+        "[telegram]\ntoken = \"123:SECRET\"\nallow_all_users = true\n",
+        Purpose::Telegram,
+    )
+    .unwrap();
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("SECRET"), "{debug}");
+    assert!(!config.summary().contains("SECRET"));
+}
+
+#[test]
+fn token_comes_from_the_environment_when_the_file_has_none() {
+    let config = Config::parse(
+        Path::new("bot.toml"),
+        "[telegram]\nallowed_users = [1]\n",
+        Purpose::Telegram,
+        |name| (name == TOKEN_ENV).then(|| "1:ENV".to_string()),
+    )
+    .unwrap();
+    assert_eq!(config.telegram.token.unwrap().expose(), "1:ENV");
+}
