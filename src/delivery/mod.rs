@@ -33,6 +33,7 @@ pub mod entity;
 pub mod files;
 pub mod live;
 pub mod markdown;
+pub mod outbound;
 pub mod ratelimit;
 pub mod reaction;
 pub mod split;
@@ -40,6 +41,7 @@ pub mod telegram;
 
 pub use entity::{to_telegram, utf16_len, EntityKind, FormattedText, TextEntity};
 pub use markdown::render;
+pub use outbound::TelegramOutbound;
 pub use ratelimit::{RateLimiter, RateLimits};
 pub use split::{split, TELEGRAM_LIMIT};
-pub use telegram::{ChatTarget, Delivery, DeliveryConfig, DeliveryStats, TelegramOutbound};
+pub use telegram::{ChatTarget, Delivery, DeliveryConfig, DeliveryStats};

@@ -32,7 +32,7 @@ use super::callback::{CallbackHandler, DraftStop};
 use super::inbound::{classify, Inbound, InboundPolicy};
 use super::media::{has_media, IntakeMedia};
 use crate::adapter::{EventLedger, EventOutcome};
-use crate::delivery::telegram::AMBIGUOUS_SEND;
+use crate::delivery::outbound::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::event::{ChatType, MessageEvent, Platform, SessionSource};

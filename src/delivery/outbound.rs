@@ -1,0 +1,250 @@
+//! The [`Outbound`] for Telegram: how the engine's replies and turns reach
+//! a chat through [`Delivery`] (live views, drafts, reactions, buttons),
+//! and the outbox record ([`ReplyRecord`]) that makes a final answer go
+//! out at most once across restarts.
+
+use futures::future::BoxFuture;
+
+use super::telegram::{ChatTarget, Delivery};
+use crate::agent::ProgressWatch;
+use crate::event::SessionSource;
+use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind};
+use crate::store::{OutboxEntry, Store};
+
+/// The outbox record of one reply: which Telegram messages carry the answer
+/// to a user message, so a restart neither sends a delivered answer again
+/// nor abandons a half-streamed preview.
+#[derive(Clone)]
+pub struct ReplyRecord {
+    store: Store,
+    chat_id: i64,
+    message_id: i64,
+}
+
+impl ReplyRecord {
+    /// The record for the answer to `message_id` in `chat_id`.
+    pub fn new(store: Store, chat_id: i64, message_id: i64) -> Self {
+        ReplyRecord {
+            store,
+            chat_id,
+            message_id,
+        }
+    }
+
+    /// What was recorded before (by this process or an earlier one).
+    pub async fn recorded(&self) -> Option<OutboxEntry> {
+        match self.store.reply_of(self.chat_id, self.message_id).await {
+            Ok(entry) => entry,
+            Err(error) => {
+                tracing::warn!(chat_id = self.chat_id, %error, "outbox unavailable");
+                None
+            }
+        }
+    }
+
+    /// Record that the answer is about to be sent as new messages (`ids`:
+    /// the messages carrying it so far). Written before the request; a
+    /// store that refuses is logged and the answer still goes out.
+    pub async fn intend(&self, ids: Vec<i32>) {
+        if let Err(error) = self
+            .store
+            .record_send_intent(self.chat_id, self.message_id, ids)
+            .await
+        {
+            tracing::warn!(chat_id = self.chat_id, %error, "could not record the intent to send an answer");
+        }
+    }
+
+    /// Record the reply's messages (`delivered` once the final text is out).
+    pub async fn save(&self, ids: Vec<i32>, delivered: bool) {
+        if let Err(error) = self
+            .store
+            .record_reply(self.chat_id, self.message_id, ids, delivered)
+            .await
+        {
+            tracing::warn!(chat_id = self.chat_id, %error, "could not record a reply in the outbox");
+        }
+    }
+}
+
+/// What the chat is told about an answer whose send was cut short: it may
+/// or may not have arrived, and it is not sent again.
+pub const AMBIGUOUS_SEND: &str =
+    "the answer's send was cut short; it may or may not have arrived, so it is not sent again";
+
+/// Deliver a final answer at most once: skipped if the outbox says it was
+/// delivered already, refused (an ambiguous send, [`AMBIGUOUS_SEND`]) if it
+/// records a send whose outcome is unknown; a recorded preview is finished
+/// by editing it. Before a chunk goes out as a new message the intent is
+/// recorded ([`ReplyRecord::intend`]).
+pub async fn deliver_answer_once(
+    delivery: &Delivery,
+    target: ChatTarget,
+    reply: &Reply,
+    preview: Option<i32>,
+    record: Option<&ReplyRecord>,
+) -> Result<(), DeliveryError> {
+    let mut preview = preview;
+    if let Some(record) = record {
+        match record.recorded().await {
+            Some(entry) if entry.delivered => {
+                tracing::info!(
+                    chat_id = target.chat_id,
+                    "answer already delivered before; not sending it again"
+                );
+                return Ok(());
+            }
+            Some(entry) if entry.sending => {
+                tracing::warn!(chat_id = target.chat_id, "{AMBIGUOUS_SEND}");
+                return Err(DeliveryError::Unavailable(AMBIGUOUS_SEND.into()));
+            }
+            Some(entry) if preview.is_none() => preview = entry.reply_ids.first().copied(),
+            _ => {}
+        }
+    }
+    let ids = delivery
+        .deliver_reply_recorded(target, reply, preview, record)
+        .await?;
+    if let Some(record) = record {
+        record.save(ids, true).await;
+    }
+    Ok(())
+}
+
+/// The [`Outbound`] for Telegram: deliveries go through the engine; turns
+/// get a live view (typing, streamed preview); answers are recorded in the
+/// outbox when a store is given.
+#[derive(Clone)]
+pub struct TelegramOutbound {
+    delivery: Delivery,
+    store: Option<Store>,
+    reactions: Option<super::reaction::Reactions>,
+    drafts: super::draft::Drafts,
+}
+
+impl TelegramOutbound {
+    /// An outbound on top of `delivery`, recording answers in `store`.
+    pub fn new(delivery: Delivery, store: Option<Store>) -> Self {
+        TelegramOutbound {
+            delivery,
+            store,
+            reactions: None,
+            drafts: super::draft::Drafts::new(super::draft::StreamingMode::Edit),
+        }
+    }
+
+    /// Stream turns as drafts where `mode` says so (`[delivery] streaming`).
+    pub fn with_streaming(mut self, mode: super::draft::StreamingMode) -> Self {
+        self.drafts = super::draft::Drafts::new(mode);
+        self
+    }
+
+    /// Show each message's status as a reaction (`[delivery] reactions`).
+    /// Must be called inside the runtime.
+    pub fn with_reactions(mut self, on: bool) -> Self {
+        self.reactions = on.then(|| super::reaction::Reactions::spawn(self.delivery.clone()));
+        self
+    }
+
+    /// The engine (for stats).
+    pub fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    fn record_for(&self, to: &SessionSource, answering: Option<i64>) -> Option<ReplyRecord> {
+        Some(ReplyRecord::new(
+            self.store.clone()?,
+            to.chat_id,
+            answering?,
+        ))
+    }
+}
+
+impl Outbound for TelegramOutbound {
+    fn deliver<'a>(
+        &'a self,
+        to: &'a SessionSource,
+        reply: Reply,
+    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(async move {
+            let target = ChatTarget::of(to);
+            if !reply.buttons.is_empty() {
+                let store = self.store.as_ref();
+                return super::buttons::deliver_with_buttons(&self.delivery, store, to, &reply)
+                    .await;
+            }
+            if reply.kind == ReplyKind::Answer {
+                let record = self.record_for(to, reply.reply_to);
+                deliver_answer_once(&self.delivery, target, &reply, None, record.as_ref()).await
+            } else {
+                self.delivery
+                    .deliver_reply(target, &reply, None)
+                    .await
+                    .map(|_| ())
+            }
+        })
+    }
+
+    fn turn_started(
+        &self,
+        to: &SessionSource,
+        answering: Option<i64>,
+        progress: ProgressWatch,
+    ) -> Option<Box<dyn LiveReply>> {
+        Some(Box::new(super::live::LiveView::start(
+            self.delivery.clone(),
+            ChatTarget::of(to),
+            progress,
+            self.record_for(to, answering),
+        )))
+    }
+
+    fn turn_started_with(
+        &self,
+        turn: &crate::reply::TurnStart<'_>,
+        progress: ProgressWatch,
+    ) -> Option<Box<dyn LiveReply>> {
+        let stop = self
+            .store
+            .clone()
+            .map(|store| super::live::StopButton::new(store, turn.to.clone(), turn.generation));
+        // The draft id is the turn's generation (never 0): Telegram's stop
+        // control on the draft names it, and only that turn stops.
+        let draft = i64::try_from(turn.generation)
+            .ok()
+            .filter(|id| *id != 0 && self.drafts.for_chat(turn.to))
+            .map(|id| super::draft::DraftStream {
+                drafts: self.drafts.clone(),
+                id,
+            });
+        let live: Box<dyn LiveReply> = Box::new(super::live::LiveView::start_with_stop(
+            self.delivery.clone(),
+            ChatTarget::of(turn.to),
+            progress,
+            self.record_for(turn.to, turn.answering),
+            stop,
+            draft,
+        ));
+        let Some(reactions) = &self.reactions else {
+            return Some(live);
+        };
+        let target = ChatTarget::of(turn.to);
+        reactions.set(target, turn.answering, super::reaction::Status::Working);
+        Some(Box::new(super::reaction::ReactingLive::new(
+            live,
+            reactions.clone(),
+            target,
+            turn.answering,
+        )))
+    }
+
+    fn queued(&self, to: &SessionSource, message_id: Option<i64>) {
+        if let Some(reactions) = &self.reactions {
+            reactions.set(
+                ChatTarget::of(to),
+                message_id,
+                super::reaction::Status::Queued,
+            );
+        }
+    }
+}
