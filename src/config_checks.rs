@@ -108,6 +108,7 @@ fn durations(config: &Config) -> Vec<(&'static str, u64, Unit)> {
             d.typing_interval_ms,
             Unit::Millis,
         ),
+        ("delivery.typing_delay_ms", d.typing_delay_ms, Unit::Millis),
         (
             "delivery.max_retry_wait_secs",
             d.max_retry_wait_secs,

@@ -204,6 +204,11 @@ pub struct MessageEvent {
     /// Replayed after a restart: its first attempt may already be in the
     /// transcript.
     pub resumed: bool,
+    /// Handed on by restart recovery (whatever its inbox state was): the
+    /// previous process may have recorded part of its answer in the
+    /// outbox, so the outbox must be read, not assumed empty. False for an
+    /// update this process recorded itself.
+    pub replayed: bool,
     /// Photos, voice, documents: still to prepare, or prepared
     /// (see [`crate::media`]).
     pub media: Box<crate::media::EventMedia>,
@@ -227,6 +232,7 @@ impl MessageEvent {
             bot_username: None,
             session_override: None,
             resumed: false,
+            replayed: false,
             media: Default::default(),
         }
     }
@@ -242,6 +248,7 @@ impl MessageEvent {
             bot_username: None,
             session_override: None,
             resumed: false,
+            replayed: false,
             media: Default::default(),
         }
     }

@@ -187,4 +187,8 @@ pub struct TurnStart<'a> {
     pub answering: Option<i64>,
     /// The turn's generation.
     pub generation: u64,
+    /// The message was handed on by restart recovery
+    /// ([`crate::event::MessageEvent::replayed`]): part of its answer may
+    /// be recorded already.
+    pub replayed: bool,
 }

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use support::agents::ScriptedAgent;
-use support::fake_bot::{FakeBotApi, RecordedCall};
+use support::fake_bot::{Failure, FakeBotApi, RecordedCall};
 use telegate::config::{Config, Purpose};
 use telegate::delivery::{Delivery, DeliveryConfig, TelegramOutbound};
 use telegate::event::{Platform, SessionSource};
@@ -310,4 +310,75 @@ async fn a_recorded_half_streamed_preview_is_finished_in_place() {
     assert_eq!(history.len(), 1);
     assert_eq!(history[0].text(), "the whole answer");
     assert!(store.reply_of(USER, 9).await.unwrap().unwrap().delivered);
+}
+
+/// A preview is a send like the answer's: while its `sendMessage` is in
+/// flight, the outbox already records the intent (a restart then treats
+/// the message as an ambiguous send instead of answering it again, which
+/// would leave the preview's text in the chat twice). Once the preview is
+/// out, the row names it, and the final answer finishes it in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_send_records_its_intent_before_the_request() {
+    use telegate::agent::Progress;
+    use telegate::reply::TurnStart;
+    let fake = FakeBotApi::start().await;
+    let store = Store::open_in_memory().unwrap();
+    let config = DeliveryConfig {
+        edit_interval: Duration::from_millis(20),
+        ..DeliveryConfig::default()
+    };
+    let out = TelegramOutbound::new(Delivery::new(fake.bot(), config), Some(store.clone()));
+    // The preview's request is held by the fake for a while.
+    fake.fail_next(
+        "sendMessage",
+        1,
+        Failure::Delay(Duration::from_millis(1500)),
+    );
+    let progress = Progress::new();
+    let source = user();
+    let live = out
+        .turn_started_with(
+            &TurnStart {
+                to: &source,
+                answering: Some(11),
+                generation: 5,
+                replayed: false,
+            },
+            progress.watch(),
+        )
+        .expect("a live view");
+    progress.set_text("partial answer");
+    assert!(
+        fake.wait_for(
+            |calls| calls.iter().any(|c| c.method == "sendMessage"),
+            WAIT
+        )
+        .await,
+        "the preview was never sent"
+    );
+    let in_flight = store.reply_of(USER, 11).await.unwrap();
+    assert!(
+        in_flight.as_ref().is_some_and(|entry| entry.sending),
+        "the preview's request is in flight with no intent recorded: {in_flight:?}"
+    );
+    // Out: the row names the preview and no send is pending.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let recorded = loop {
+        let entry = store.reply_of(USER, 11).await.unwrap();
+        if entry.as_ref().is_some_and(|e| !e.reply_ids.is_empty()) {
+            break entry.expect("checked");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the preview was never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!recorded.sending && !recorded.delivered, "{recorded:?}");
+    live.finish(Reply::answer("the whole answer").in_reply_to(Some(11)))
+        .await
+        .unwrap();
+    assert_eq!(fake.calls_to("sendMessage").len(), 1, "one message only");
+    assert_eq!(fake.sent_texts(USER), vec!["the whole answer".to_string()]);
+    assert!(store.reply_of(USER, 11).await.unwrap().unwrap().delivered);
 }

@@ -23,7 +23,7 @@ fn config_text(fake: &FakeBotApi, telegram_extra: &str, rest: &str) -> String {
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n{telegram_extra}\n\
          [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
          global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         streaming = \"edit\"\n\n\
+         typing_delay_ms = 0\nstreaming = \"edit\"\n\n\
          [store]\nin_memory = true\n\n{rest}\n",
         fake.token(),
         fake.url()
@@ -117,6 +117,38 @@ async fn a_slow_turn_shows_typing_and_streams_edits_then_the_final_text_once() {
     let history = fake.message_history(USER);
     assert_eq!(history.len(), 1);
     assert!(history[0].versions.len() >= 3);
+    bot.shutdown().await;
+}
+
+/// With the default `typing_delay_ms`, an answer that comes at once costs
+/// no chat action; a turn that stays quiet past the delay shows "typing…".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typing_shows_only_for_a_turn_that_outlasts_the_typing_delay() {
+    let fake = FakeBotApi::start().await;
+    let text = config_text(&fake, "", "").replace("typing_delay_ms = 0\n", "");
+    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None)
+        .expect("test config is valid");
+    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
+        .await
+        .expect("bot starts against the fake");
+    // An answer within the delay (its preview, then the final text).
+    fake.push_text(USER, USER, "slow:150");
+    assert!(
+        fake.wait_for(|_| fake.sent_texts(USER) == ["answer:slow:150"], WAIT)
+            .await,
+        "{:?}",
+        fake.sent_texts(USER)
+    );
+    let typing = |fake: &FakeBotApi| fake.calls_to("sendChatAction").len();
+    assert_eq!(typing(&fake), 0, "an answer within the delay showed typing");
+    // A turn that shows nothing for longer than the delay: typing.
+    fake.push_text(USER, USER, "block");
+    assert!(
+        fake.wait_for(|_| typing(&fake) > 0, WAIT).await,
+        "a quiet turn never showed typing"
+    );
+    fake.push_text(USER, USER, "/stop");
+    assert!(wait_text(&fake, USER, "⏹ Stopped.").await);
     bot.shutdown().await;
 }
 

@@ -131,4 +131,13 @@ pub trait Agent: Send + Sync + 'static {
     /// (a CLI agent's own session id, its usage) keeps it there, keyed by
     /// the turn's session id. Default: not needed.
     fn attach_store(&self, _store: &Store) {}
+
+    /// True if the backend's program may leave files to send in the turn's
+    /// outbox directory (`TELEGATE_OUTBOX`, the command backend). The
+    /// runner makes that directory only for such backends: a fresh
+    /// directory per turn is two filesystem round trips every other backend
+    /// would pay for nothing. Default: no.
+    fn leaves_files(&self) -> bool {
+        false
+    }
 }

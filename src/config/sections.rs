@@ -81,6 +81,10 @@ pub struct DeliverySettings {
     /// Milliseconds between two "typing…" refreshes.
     #[serde(default = "default_typing_interval_ms")]
     pub typing_interval_ms: u64,
+    /// Milliseconds a task runs before "typing…" is first shown (a task
+    /// answered sooner shows none and costs no chat action).
+    #[serde(default = "default_typing_delay_ms")]
+    pub typing_delay_ms: u64,
     /// A `retry_after` longer than this many seconds is logged as a warning
     /// (the message is still delivered after the wait).
     #[serde(default = "default_max_retry_wait_secs")]
@@ -104,6 +108,7 @@ impl Default for DeliverySettings {
             global_messages_per_second: default_global_per_second(),
             edit_interval_ms: default_edit_interval_ms(),
             typing_interval_ms: default_typing_interval_ms(),
+            typing_delay_ms: default_typing_delay_ms(),
             max_retry_wait_secs: default_max_retry_wait_secs(),
             reactions: false,
             streaming: crate::delivery::draft::StreamingMode::default(),
@@ -125,6 +130,9 @@ pub(super) fn default_edit_interval_ms() -> u64 {
 }
 pub(super) fn default_typing_interval_ms() -> u64 {
     4000
+}
+pub(super) fn default_typing_delay_ms() -> u64 {
+    300
 }
 pub(super) fn default_max_retry_wait_secs() -> u64 {
     60

@@ -1,9 +1,10 @@
 //! A running turn's live view in the chat: the typing indicator and the
 //! streamed preview.
 //!
-//! One small task per turn refreshes "typing…" every few seconds and shows
-//! the agent's partial output by editing a single preview message, at most
-//! once per `edit_interval`, only when the text changed, always with the
+//! One small task per turn refreshes "typing…" every few seconds (first
+//! once the turn has run for `typing_delay`: an instant answer shows none)
+//! and shows the agent's partial output by editing a single preview
+//! message, at most once per `edit_interval`, only when the text changed, always with the
 //! newest text (intermediate states are skipped, not queued). When the turn
 //! finishes, the task is stopped *before* the final text is delivered, and
 //! the final text replaces the preview in place: one message, never a
@@ -214,7 +215,8 @@ async fn show_progress(
         draft = None;
     }
     let mut drafted = false;
-    let mut next_typing = Instant::now();
+    // A turn that answers at once never shows "typing…".
+    let mut next_typing = Instant::now() + delivery.config().typing_delay;
     let mut next_edit = Instant::now() + edit_every;
     let mut pending_change = false;
     let mut writer_alive = true;
@@ -285,6 +287,14 @@ async fn show_progress(
                 // so a preview that reached the chat is always known (and
                 // gets its marker).
                 let withdraw = Some(&halt);
+                // A new preview message is a send like the answer's: its
+                // intent is durable first, so a restart that finds the
+                // intent without an outcome knows the text may be in the
+                // chat and does not send it again (an ambiguous send).
+                let sending_preview = preview.is_none();
+                if let (true, Some(record)) = (sending_preview, &record) {
+                    record.intend(Vec::new()).await;
+                }
                 let result = match preview {
                     None => delivery
                         .send_chunk_unless_withdrawn(
@@ -320,8 +330,19 @@ async fn show_progress(
                         shown.text = latest.clone();
                         shown.button = markup.is_some();
                     }
-                    Err(DeliveryError::Withdrawn) => return preview,
-                    Err(error) => tracing::debug!(chat_id = target.chat_id, %error, "preview update failed"),
+                    Err(error) => {
+                        // The preview did not go out (withdrawn, refused) or
+                        // its outcome is unknown: either way the answer
+                        // still goes out as a new message, so the intent
+                        // is cleared (a partial preview may stay behind).
+                        if let (true, Some(record)) = (sending_preview, &record) {
+                            record.save(Vec::new(), false).await;
+                        }
+                        if matches!(error, DeliveryError::Withdrawn) {
+                            return preview;
+                        }
+                        tracing::debug!(chat_id = target.chat_id, %error, "preview update failed");
+                    }
                 }
                 shown = latest;
             }

@@ -61,6 +61,10 @@ pub struct DeliveryConfig {
     pub edit_interval: Duration,
     /// How often the typing indicator is refreshed while a turn runs.
     pub typing_interval: Duration,
+    /// How long a turn runs before "typing…" is first shown: a turn that
+    /// answers sooner costs no chat action (no Bot API call, no token of
+    /// the chat's flood budget), and a user cannot tell the difference.
+    pub typing_delay: Duration,
     /// `retry_after` waits longer than this are logged as warnings (the
     /// request still waits and is delivered).
     pub max_retry_wait: Duration,
@@ -74,6 +78,7 @@ impl Default for DeliveryConfig {
             limits: RateLimits::default(),
             edit_interval: Duration::from_secs(1),
             typing_interval: Duration::from_secs(4),
+            typing_delay: Duration::from_millis(300),
             max_retry_wait: Duration::from_secs(60),
             max_attempts: 5,
         }

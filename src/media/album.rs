@@ -72,6 +72,7 @@ pub fn merge(album: &mut MessageEvent, part: MessageEvent) {
     album.media.merged.extend(part.message_id);
     album.media.merged.extend(part.media.merged);
     album.resumed |= part.resumed;
+    album.replayed |= part.replayed;
 }
 
 /// Starting from `first` (an album part), take the following parts of the

@@ -44,18 +44,24 @@ impl Runner {
             },
         };
         tracing::Span::current().record("session_id", tracing::field::display(&session_id));
-        let mut history = self.load_history(&session_id).await;
-        // A message replayed after a crash may already be the transcript's
-        // last entry: keep it once, and not also in the history.
-        let already_recorded = event.resumed
-            && history
+        let history = if event.resumed {
+            let mut history = self.load_history(&session_id).await;
+            // A message replayed after a crash may already be the
+            // transcript's last entry: keep it once, and not also in the
+            // history.
+            let already_recorded = history
                 .last()
                 .is_some_and(|m| m.role == Role::User && m.content == event.text);
-        if already_recorded {
-            history.pop();
+            if already_recorded {
+                history.pop();
+            } else {
+                self.record(&session_id, vec![user_entry(&event)]).await;
+            }
+            history
         } else {
-            self.record(&session_id, vec![user_entry(&event)]).await;
-        }
+            self.load_history_and_record(&session_id, user_entry(&event))
+                .await
+        };
 
         let cancel = ctx.interrupt.child_token();
         let progress = Progress::new();
@@ -78,6 +84,7 @@ impl Runner {
                 to: &event.source,
                 answering: event.message_id,
                 generation: generation.0,
+                replayed: event.replayed,
             },
             progress.watch(),
         );
@@ -211,7 +218,8 @@ impl Runner {
     }
 
     /// The files bound around a turn: the event's attachments and, with
-    /// file output, a fresh outbox directory and the sender.
+    /// file output, the sender and (for a backend whose program leaves
+    /// files, [`Agent::leaves_files`]) a fresh outbox directory.
     pub(super) async fn turn_files(&self, event: &MessageEvent) -> crate::media::TurnFiles {
         let mut files = crate::media::TurnFiles {
             attachments: event.media.attachments.clone(),
@@ -219,9 +227,11 @@ impl Runner {
             ..Default::default()
         };
         if let Some(sender) = &self.inner.config.files {
-            files.outbox = sender
-                .outbox_dir(event.source.chat_id, event.message_id)
-                .await;
+            if self.inner.agent.leaves_files() {
+                files.outbox = sender
+                    .outbox_dir(event.source.chat_id, event.message_id)
+                    .await;
+            }
             files.sender = Some(sender.clone());
         }
         files
@@ -236,6 +246,34 @@ impl Runner {
             Ok(entries) => entries.iter().map(TranscriptEntry::to_message).collect(),
             Err(error) => {
                 tracing::error!(%session_id, %error, "could not load the history; the turn runs without it");
+                Vec::new()
+            }
+        }
+    }
+
+    /// The history, then the user's message recorded after it: one store
+    /// call. If the store fails, the turn runs without history (and the
+    /// failure shows in `/healthz`), as with each step on its own.
+    pub(super) async fn load_history_and_record(
+        &self,
+        session_id: &SessionId,
+        user: TranscriptEntry,
+    ) -> Vec<ChatMessage> {
+        let Some(store) = &self.inner.store else {
+            return Vec::new();
+        };
+        let limit = self.inner.config.history_max_messages;
+        match store
+            .load_history_then_append(session_id.as_str(), Some(limit), vec![user])
+            .await
+        {
+            Ok(entries) => {
+                store.write_health().succeeded();
+                entries.iter().map(TranscriptEntry::to_message).collect()
+            }
+            Err(error) => {
+                store.write_health().failed(&error);
+                tracing::error!(%session_id, %error, "could not load the history and record the message; the turn runs without history");
                 Vec::new()
             }
         }

@@ -54,7 +54,7 @@ impl Store {
     /// Remember `buttons` (and forget buttons long expired).
     pub async fn create_buttons(&self, buttons: Vec<NewButton>) -> Result<(), StoreError> {
         self.call(move |conn| {
-            let tx = conn.transaction()?;
+            let tx = conn.savepoint()?;
             let now = now_ms();
             tx.execute(
                 "DELETE FROM buttons WHERE expires_at < ?1",
@@ -132,7 +132,7 @@ impl Store {
     pub async fn claim_button(&self, id: &str, update_id: i64) -> Result<bool, StoreError> {
         let id = id.to_owned();
         self.call(move |conn| {
-            let tx = conn.transaction()?;
+            let tx = conn.savepoint()?;
             tx.execute(
                 "UPDATE buttons SET used_by = ?2, used_at = ?3
                  WHERE row_id = (SELECT row_id FROM buttons WHERE id = ?1) AND used_by IS NULL",
@@ -159,11 +159,12 @@ impl Store {
         reason: Option<String>,
     ) -> Result<bool, StoreError> {
         self.call(move |conn| {
-            let changed = conn.execute(
-                "UPDATE inbox SET state = ?2, reason = ?3, updated_at = ?4
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE inbox SET state = ?2, reason = ?3, updated_at = ?4
                  WHERE update_id = ?1 AND state NOT IN ('answered', 'failed', 'dropped')",
-                params![update_id, state.as_str(), reason, now_ms()],
-            )?;
+                )?
+                .execute(params![update_id, state.as_str(), reason, now_ms()])?;
             Ok(changed > 0)
         })
         .await

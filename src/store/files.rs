@@ -16,10 +16,7 @@ impl Store {
         key: String,
     ) -> Result<bool, StoreError> {
         self.call(move |conn| {
-            let found: Option<i64> = conn
-                .query_row(
-                    "SELECT 1 FROM outbox_files WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3",
-                    params![chat_id, message_id, key],
+            let found: Option<i64> = conn.prepare_cached("SELECT 1 FROM outbox_files WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3")?.query_row(params![chat_id, message_id, key],
                     |row| row.get(0),
                 )
                 .optional()?;
@@ -37,10 +34,8 @@ impl Store {
         sent_id: i64,
     ) -> Result<(), StoreError> {
         self.call(move |conn| {
-            conn.execute(
-                "INSERT OR REPLACE INTO outbox_files (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![chat_id, message_id, key, sent_id, now_ms()],
+            conn.prepare_cached("INSERT OR REPLACE INTO outbox_files (chat_id, answering_id, file_key, sent_message_id, sent_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)")?.execute(params![chat_id, message_id, key, sent_id, now_ms()],
             )?;
             Ok(())
         })

@@ -100,6 +100,23 @@ pub struct OutboxEntry {
     pub sending: bool,
 }
 
+/// An update to record in the inbox ([`Store::record_updates`]).
+#[derive(Debug, Clone)]
+pub struct NewUpdate {
+    /// Telegram's update id (the inbox's key).
+    pub update_id: i64,
+    /// The chat it belongs to (0 if none).
+    pub chat_id: i64,
+    /// The message it carries, if any.
+    pub message_id: Option<i64>,
+    /// The update as Telegram sent it (JSON text).
+    pub payload: String,
+    /// Its first state (received, or dropped with `reason`).
+    pub state: InboxState,
+    /// Why it was dropped.
+    pub reason: Option<String>,
+}
+
 impl Store {
     /// Record an update. Returns `false` if it was already recorded (a
     /// redelivery), in which case nothing changes.
@@ -112,23 +129,45 @@ impl Store {
         state: InboxState,
         reason: Option<String>,
     ) -> Result<bool, StoreError> {
+        let row = NewUpdate {
+            update_id,
+            chat_id,
+            message_id,
+            payload: payload.to_string(),
+            state,
+            reason,
+        };
+        let inserted = self.record_updates(vec![row]).await?;
+        Ok(inserted.first().copied().unwrap_or(false))
+    }
+
+    /// Record several updates in one call (all or none): for each, in
+    /// order, `true` if it is new, `false` if it was recorded before (a
+    /// redelivery, left unchanged). The polling loop records a whole
+    /// `getUpdates` batch this way: one store round trip instead of one per
+    /// update.
+    pub async fn record_updates(&self, rows: Vec<NewUpdate>) -> Result<Vec<bool>, StoreError> {
         self.call(move |conn| {
             let now = now_ms();
-            let inserted = conn.execute(
+            let mut statement = conn.prepare_cached(
                 "INSERT OR IGNORE INTO inbox
                  (update_id, chat_id, message_id, payload, state, reason, received_at, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
-                params![
-                    update_id,
-                    chat_id,
-                    message_id,
-                    payload.to_string(),
-                    state.as_str(),
-                    reason,
-                    now
-                ],
             )?;
-            Ok(inserted == 1)
+            rows.into_iter()
+                .map(|row| {
+                    let inserted = statement.execute(params![
+                        row.update_id,
+                        row.chat_id,
+                        row.message_id,
+                        row.payload,
+                        row.state.as_str(),
+                        row.reason,
+                        now
+                    ])?;
+                    Ok(inserted == 1)
+                })
+                .collect()
         })
         .await
     }
@@ -143,13 +182,43 @@ impl Store {
         reason: Option<String>,
     ) -> Result<bool, StoreError> {
         self.call(move |conn| {
-            let changed = conn.execute(
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
+                 WHERE chat_id = ?1 AND message_id = ?2
+                   AND state NOT IN ('answered', 'failed', 'dropped')",
+                )?
+                .execute(params![
+                    chat_id,
+                    message_id,
+                    state.as_str(),
+                    reason,
+                    now_ms()
+                ])?;
+            Ok(changed > 0)
+        })
+        .await
+    }
+
+    /// [`Store::set_message_state`] for several messages in one store call,
+    /// applied in order (the ledger's writer hands over everything queued
+    /// at once: one call, one share of a group commit, instead of one
+    /// commit's wait per outcome).
+    pub async fn set_message_states(
+        &self,
+        changes: Vec<(i64, i64, InboxState, Option<String>)>,
+    ) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            let now = now_ms();
+            let mut statement = conn.prepare_cached(
                 "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
                  WHERE chat_id = ?1 AND message_id = ?2
                    AND state NOT IN ('answered', 'failed', 'dropped')",
-                params![chat_id, message_id, state.as_str(), reason, now_ms()],
             )?;
-            Ok(changed > 0)
+            for (chat_id, message_id, state, reason) in changes {
+                statement.execute(params![chat_id, message_id, state.as_str(), reason, now])?;
+            }
+            Ok(())
         })
         .await
     }
@@ -216,10 +285,7 @@ impl Store {
     /// The inbox row of an update.
     pub async fn inbox_entry(&self, update_id: i64) -> Result<Option<InboxEntry>, StoreError> {
         self.call(move |conn| {
-            let row = conn
-                .query_row(
-                    "SELECT chat_id, message_id, payload, state, reason FROM inbox WHERE update_id = ?1",
-                    params![update_id],
+            let row = conn.prepare_cached("SELECT chat_id, message_id, payload, state, reason FROM inbox WHERE update_id = ?1")?.query_row(params![update_id],
                     |row| {
                         Ok((
                             row.get::<_, i64>(0)?,
@@ -259,15 +325,15 @@ impl Store {
         self.call(move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
             let now = now_ms();
-            conn.execute(
+            conn.prepare_cached(
                 "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at, sending_at)
                  VALUES (?1, ?2, ?3, 'streaming', ?4, ?4)
                  ON CONFLICT (chat_id, message_id) DO UPDATE
                  SET reply_ids = excluded.reply_ids, updated_at = excluded.updated_at,
                      sending_at = excluded.sending_at
                  WHERE state <> 'delivered'",
-                params![chat_id, message_id, ids, now],
-            )?;
+            )?
+            .execute(params![chat_id, message_id, ids, now])?;
             Ok(())
         })
         .await
@@ -284,20 +350,20 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.call(move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
-            conn.execute(
+            conn.prepare_cached(
                 "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (chat_id, message_id) DO UPDATE
                  SET reply_ids = excluded.reply_ids, state = excluded.state,
                      updated_at = excluded.updated_at, sending_at = NULL",
-                params![
-                    chat_id,
-                    message_id,
-                    ids,
-                    if delivered { "delivered" } else { "streaming" },
-                    now_ms()
-                ],
-            )?;
+            )?
+            .execute(params![
+                chat_id,
+                message_id,
+                ids,
+                if delivered { "delivered" } else { "streaming" },
+                now_ms()
+            ])?;
             Ok(())
         })
         .await
@@ -311,18 +377,17 @@ impl Store {
     ) -> Result<Option<OutboxEntry>, StoreError> {
         self.call(move |conn| {
             let row = conn
-                .query_row(
+                .prepare_cached(
                     "SELECT reply_ids, state, sending_at FROM outbox
                      WHERE chat_id = ?1 AND message_id = ?2",
-                    params![chat_id, message_id],
-                    |row| {
-                        Ok((
-                            row.get::<_, String>(0)?,
-                            row.get::<_, String>(1)?,
-                            row.get::<_, Option<i64>>(2)?,
-                        ))
-                    },
-                )
+                )?
+                .query_row(params![chat_id, message_id], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, Option<i64>>(2)?,
+                    ))
+                })
                 .optional()?;
             match row {
                 None => Ok(None),
@@ -354,17 +419,17 @@ impl Store {
     /// Record a background process as running.
     pub async fn process_started(&self, process: RunningProcess) -> Result<(), StoreError> {
         self.call(move |conn| {
-            conn.execute(
+            conn.prepare_cached(
                 "INSERT OR REPLACE INTO background_processes
                  (process_id, chat_id, thread_id, command, started_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![
-                    process.process_id,
-                    process.chat_id,
-                    process.thread_id,
-                    process.command,
-                    now_ms()
-                ],
-            )?;
+            )?
+            .execute(params![
+                process.process_id,
+                process.chat_id,
+                process.thread_id,
+                process.command,
+                now_ms()
+            ])?;
             Ok(())
         })
         .await
@@ -374,10 +439,8 @@ impl Store {
     /// will be by its wakeup).
     pub async fn process_ended(&self, process_id: String) -> Result<(), StoreError> {
         self.call(move |conn| {
-            conn.execute(
-                "DELETE FROM background_processes WHERE process_id = ?1",
-                params![process_id],
-            )?;
+            conn.prepare_cached("DELETE FROM background_processes WHERE process_id = ?1")?
+                .execute(params![process_id])?;
             Ok(())
         })
         .await
@@ -387,7 +450,7 @@ impl Store {
     /// with the previous process), removing them.
     pub async fn take_lost_processes(&self) -> Result<Vec<RunningProcess>, StoreError> {
         self.call(|conn| {
-            let tx = conn.transaction()?;
+            let tx = conn.savepoint()?;
             let lost = {
                 let mut statement = tx.prepare(
                     "SELECT process_id, chat_id, thread_id, command FROM background_processes
@@ -415,6 +478,71 @@ impl Store {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn new_update(update_id: i64, message_id: i64) -> NewUpdate {
+        NewUpdate {
+            update_id,
+            chat_id: 5,
+            message_id: Some(message_id),
+            payload: json!({"update_id": update_id}).to_string(),
+            state: InboxState::Received,
+            reason: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_updates_says_which_are_new_in_order() {
+        let store = Store::open_in_memory().unwrap();
+        assert_eq!(
+            store
+                .record_updates(vec![new_update(1, 10), new_update(2, 11)])
+                .await
+                .unwrap(),
+            vec![true, true]
+        );
+        // A redelivered batch overlapping the first: only 3 is new, and the
+        // rows recorded before are left as they were.
+        store
+            .set_message_state(5, 10, InboxState::Answered, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .record_updates(vec![
+                    new_update(2, 11),
+                    new_update(3, 12),
+                    new_update(1, 10)
+                ])
+                .await
+                .unwrap(),
+            vec![false, true, false]
+        );
+        let first = store.inbox_entry(1).await.unwrap().expect("recorded");
+        assert_eq!(first.state, InboxState::Answered);
+        assert!(store.record_updates(Vec::new()).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn terminal_states_are_exactly_those_the_store_never_leaves() {
+        let store = Store::open_in_memory().unwrap();
+        for (index, state) in InboxState::ALL.into_iter().enumerate() {
+            let message_id = 100 + index as i64;
+            store
+                .record_updates(vec![new_update(message_id, message_id)])
+                .await
+                .unwrap();
+            store
+                .set_message_state(5, message_id, state, None)
+                .await
+                .unwrap();
+            let moved = store
+                .set_message_state(5, message_id, InboxState::Running, None)
+                .await
+                .unwrap();
+            assert_eq!(moved, !state.is_terminal(), "{state:?}");
+        }
+        assert!(!InboxState::Received.is_terminal() && !InboxState::Running.is_terminal());
+    }
 
     #[tokio::test]
     async fn a_redelivered_update_is_recognised() {

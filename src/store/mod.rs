@@ -30,27 +30,47 @@
 //!   a prepared-statement cache that stays warm.
 //! * **Backpressure.** The channel is bounded, so a flood of callers waits
 //!   (asynchronously) instead of growing an unbounded queue.
-//! * **Atomic calls.** Each typed method is one transaction. If the calling
-//!   future is cancelled after the job was sent, the job still runs to
-//!   completion or not at all; it is never half applied.
+//! * **Atomic calls.** Each call runs inside its own `SAVEPOINT`: if it
+//!   returns an error (or panics) everything it wrote is rolled back, and
+//!   only its own caller sees the error. If the calling future is cancelled
+//!   after the job was sent, the job still runs to completion or not at all;
+//!   it is never half applied.
 //!
 //! A panic inside a job is caught on the store thread (which keeps serving
-//! other callers; an open transaction is rolled back) and resumed in the
+//! other callers; the job's writes are rolled back) and resumed in the
 //! calling task, exactly as if the closure had run there.
 //!
-//! # Durability
+//! # Group commit
 //!
-//! The database uses WAL with `synchronous=NORMAL` by default: a committed
-//! transaction survives a crash of the process; a power loss or OS crash may
-//! roll back the last few commits but never corrupts the file
-//! (`[store] synchronous = "full"` survives those too, see [`Synchronous`]).
-//! A file database is checked at open (`PRAGMA quick_check`, and a marker
-//! that tells a truncated database from a fresh data directory; see
-//! [`integrity`]): a damaged one is refused, never used. Foreign keys are on and
-//! a busy timeout covers other processes (e.g. a backup tool) touching the
-//! file. When the last [`Store`] clone is dropped, the thread drains the
-//! queue, checkpoints the WAL and closes; [`Store::close`] does the same and
-//! waits for it.
+//! One SQLite commit per call made every state change pay for a WAL append
+//! of every page it touched (and, with `synchronous = "full"`, an fsync).
+//! The store thread therefore **batches**: it takes the first queued job,
+//! then every job already waiting behind it (at most [`batch::MAX_BATCH`]), and
+//! runs them all in one `BEGIN IMMEDIATE … COMMIT`, each in its own
+//! savepoint. There is no artificial delay: a lone call is committed at
+//! once, and under load the calls that queued up while the previous commit
+//! ran share the next one.
+//!
+//! **No caller hears about its call before the batch's `COMMIT` returned.**
+//! A caller that got `Ok` from a writing call knows its rows are as durable
+//! as the `synchronous` setting makes any commit (the polling loop relies on
+//! this: it confirms an update to Telegram only after its inbox row is
+//! written, which now means committed). If the commit fails, every call of
+//! the batch gets an error, including those whose own work succeeded. If a
+//! job ends the shared transaction itself (a `COMMIT`/`ROLLBACK` in its SQL,
+//! or SQLite rolling back after `SQLITE_FULL`/`SQLITE_IOERR`), the calls
+//! that ran before it in the batch get an error and the rest run in a new
+//! transaction. Reads share the batch (they see the earlier calls' writes,
+//! as they would one commit later). If the write lock cannot be taken for
+//! a batch (another process holds it past the busy timeout), its jobs run
+//! one by one, each committed alone, as before group commit.
+//!
+//! Jobs must not use transaction control (`BEGIN`, `COMMIT`,
+//! [`Connection::transaction`]): it fails inside the batch's transaction.
+//! Use [`Connection::savepoint`] for a multi-statement all-or-nothing step
+//! (a call is all-or-nothing already). [`Store::stats`] counts calls,
+//! commits and the thread's busy time (the pipeline benchmark prints them
+//! per turn).
 //!
 //! # What it must never do
 //!
@@ -62,6 +82,7 @@
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
 pub mod agent_sessions;
+mod batch;
 pub mod buttons;
 mod files;
 mod integrity;
@@ -74,17 +95,19 @@ pub mod undo;
 mod write_health;
 
 use std::fmt;
-use std::panic::{self, AssertUnwindSafe};
+use std::panic;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 pub use agent_sessions::AgentUsage;
+pub use batch::StoreStats;
 pub use buttons::{NewButton, StoredButton};
 pub use integrity::marker_path;
-pub use ledger::{InboxEntry, InboxState, OutboxEntry, RunningProcess};
+pub use ledger::{InboxEntry, InboxState, NewUpdate, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
 pub use transcript::{Role, TranscriptEntry};
@@ -94,12 +117,11 @@ pub use write_health::WriteHealth;
 /// How long SQLite retries when another process holds the write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Prepared statements kept parsed (the store uses about 60 distinct ones).
+const STATEMENT_CACHE: usize = 128;
+
 /// How many jobs may wait for the store thread before senders wait too.
 const QUEUE_CAPACITY: usize = 1024;
-
-/// A job slower than this is logged at warn level: something is wrong with
-/// the disk or a query.
-const SLOW_JOB: Duration = Duration::from_secs(1);
 
 /// Everything that can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -171,16 +193,7 @@ pub enum StoreError {
     },
 }
 
-/// Work sent to the store thread.
-type Job = Box<dyn FnOnce(&mut Connection) + Send + 'static>;
-
-/// A message to the store thread.
-enum Msg {
-    /// Run this job (it carries its own reply channel).
-    Job(Job),
-    /// Stop accepting work, checkpoint, close, then report.
-    Shutdown(oneshot::Sender<Result<(), StoreError>>),
-}
+use batch::{Call, Counters, Msg};
 
 /// Which database to open.
 #[derive(Debug, Clone)]
@@ -218,6 +231,7 @@ impl Synchronous {
 pub struct Store {
     tx: mpsc::Sender<Msg>,
     write_health: WriteHealth,
+    counters: Arc<Counters>,
 }
 
 impl fmt::Debug for Store {
@@ -278,18 +292,21 @@ impl Store {
         ready: impl FnOnce(Result<(), StoreError>) + Send + 'static,
     ) -> Result<Store, StoreError> {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+        let counters = Arc::new(Counters::default());
+        let thread_counters = counters.clone();
         std::thread::Builder::new()
             .name("telegate-store".into())
             .spawn(move || match open_connection(&target) {
                 Ok(conn) => {
                     ready(Ok(()));
-                    serve(conn, rx);
+                    serve(conn, rx, &thread_counters);
                 }
                 Err(e) => ready(Err(e)),
             })?;
         Ok(Store {
             tx,
             write_health: WriteHealth::default(),
+            counters,
         })
     }
 
@@ -299,29 +316,36 @@ impl Store {
         &self.write_health
     }
 
+    /// Calls run, transactions committed and time spent by the store
+    /// thread since it started (shared by all clones). Cheap: three atomic
+    /// loads.
+    pub fn stats(&self) -> StoreStats {
+        self.counters.snapshot()
+    }
+
     /// Runs `f` on the store thread with exclusive use of the connection and
     /// returns its result.
     ///
     /// This is the building block of every method; use it for queries the
-    /// typed API does not cover. Keep `f` short and open a transaction in it
-    /// when it does more than one write (the connection's default
-    /// transaction behaviour is `IMMEDIATE`). A transaction left open by `f`
-    /// is rolled back. If `f` panics, the panic resumes in the caller.
+    /// typed API does not cover. Keep `f` short. It runs inside the
+    /// store's shared transaction, in a savepoint of its own: if it returns
+    /// an error or panics, all its writes are rolled back; if it succeeds,
+    /// its writes commit with its batch, and the result is returned only
+    /// after that commit (see "Group commit" in the module docs). `f` must
+    /// not use transaction control (`BEGIN`/`COMMIT`,
+    /// [`Connection::transaction`]); [`Connection::savepoint`] works. If
+    /// `f` panics, the panic resumes in the caller.
     ///
-    /// Fails with [`StoreError::Closed`] if the store thread is gone.
+    /// Fails with [`StoreError::Closed`] if the store thread is gone, and
+    /// with the commit's error if its batch could not be committed.
     pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let (reply_tx, reply_rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
-            let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(conn)));
-            // The caller may have given up waiting; that is fine.
-            let _ = reply_tx.send(outcome);
-        });
         self.tx
-            .send(Msg::Job(job))
+            .send(Msg::Job(Box::new(Call::new(f, reply_tx))))
             .await
             .map_err(|_| StoreError::Closed)?;
         match reply_rx.await {
@@ -388,25 +412,16 @@ fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
     // Every write transaction takes the write lock up front, so it can wait
     // on the busy timeout instead of failing when upgrading a read lock.
     conn.set_transaction_behavior(TransactionBehavior::Immediate);
+    // Every statement of a turn's path (and the batch loop's own) stays
+    // parsed: rusqlite's default of 16 makes them evict one another.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(())
 }
 
-/// The store thread's loop: run jobs in order until shut down or until
-/// every [`Store`] handle is gone.
-fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Msg>) {
-    let mut shutdown_reply = None;
-    while let Some(msg) = rx.blocking_recv() {
-        match msg {
-            Msg::Job(job) => run_job(&mut conn, job),
-            Msg::Shutdown(reply) => {
-                shutdown_reply = Some(reply);
-                break;
-            }
-        }
-    }
-    // Jobs still queued were sent after the shutdown; dropping them drops
-    // their reply channels, which their callers see as `Closed`.
-    drop(rx);
+/// The store thread: serve batches (see [`batch`]) until shut down or
+/// until every [`Store`] handle is gone, then close.
+fn serve(mut conn: Connection, rx: mpsc::Receiver<Msg>, counters: &Arc<Counters>) {
+    let shutdown_reply = batch::serve(&mut conn, rx, counters);
     let result = shutdown(conn);
     match shutdown_reply {
         Some(reply) => {
@@ -417,22 +432,6 @@ fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Msg>) {
                 tracing::warn!(error = %e, "store did not close cleanly");
             }
         }
-    }
-}
-
-/// Runs one job and restores the connection to a clean state after it.
-fn run_job(conn: &mut Connection, job: Job) {
-    let started = Instant::now();
-    job(conn);
-    if !conn.is_autocommit() {
-        tracing::warn!("store job left a transaction open; rolling it back");
-        if let Err(e) = conn.execute_batch("ROLLBACK") {
-            tracing::warn!(error = %e, "store rollback failed");
-        }
-    }
-    let took = started.elapsed();
-    if took > SLOW_JOB {
-        tracing::warn!(?took, "slow store job");
     }
 }
 
@@ -501,10 +500,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
         Store::open(&path).unwrap().close().await.unwrap();
-        let store = Store::open(&path).unwrap();
-        let applied = store.call(schema::migrate).await.unwrap();
-        assert_eq!(applied, 0);
-        store.close().await.unwrap();
+        Store::open(&path).unwrap().close().await.unwrap();
+        let mut conn = Connection::open(&path).unwrap();
+        assert_eq!(schema::migrate(&mut conn).unwrap(), 0);
     }
 
     #[tokio::test]
@@ -603,7 +601,8 @@ mod tests {
         let s = store.clone();
         let joined = tokio::spawn(async move {
             s.call(|conn| -> Result<(), StoreError> {
-                let tx = conn.transaction()?;
+                conn.execute("CREATE TABLE doomed_too (x INTEGER)", [])?;
+                let tx = conn.savepoint()?;
                 tx.execute("CREATE TABLE doomed (x INTEGER)", [])?;
                 panic!("boom");
             })
@@ -611,11 +610,11 @@ mod tests {
         })
         .await;
         assert!(joined.unwrap_err().is_panic());
-        // The transaction was rolled back and the thread still serves.
+        // Its writes were rolled back and the thread still serves.
         let n: i64 = store
             .call(|c| {
                 Ok(c.query_row(
-                    "SELECT count(*) FROM sqlite_schema WHERE name = 'doomed'",
+                    "SELECT count(*) FROM sqlite_schema WHERE name LIKE 'doomed%'",
                     [],
                     |r| r.get(0),
                 )?)
@@ -626,27 +625,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_transaction_left_open_is_rolled_back() {
+    async fn a_call_with_transaction_control_fails_and_leaves_nothing() {
         let store = Store::open_in_memory().unwrap();
-        store
+        let error = store
             .call(|c| {
-                c.execute_batch("BEGIN; CREATE TABLE leaked (x INTEGER);")?;
+                c.execute_batch("CREATE TABLE leaked (x INTEGER); BEGIN;")?;
                 Ok(())
             })
             .await
-            .unwrap();
-        let (autocommit, n) = store
+            .unwrap_err();
+        assert!(matches!(error, StoreError::Sqlite(_)), "{error:?}");
+        let n: i64 = store
             .call(|c| {
-                let n: i64 = c.query_row(
+                Ok(c.query_row(
                     "SELECT count(*) FROM sqlite_schema WHERE name = 'leaked'",
                     [],
                     |r| r.get(0),
-                )?;
-                Ok((c.is_autocommit(), n))
+                )?)
             })
             .await
             .unwrap();
-        assert!(autocommit);
         assert_eq!(n, 0);
     }
 

@@ -72,7 +72,7 @@ impl Store {
     ) -> Result<SessionRecord, StoreError> {
         let key = key.to_owned();
         self.call(move |conn| {
-            let tx = conn.transaction()?;
+            let tx = conn.savepoint()?;
             if let Some(existing) = select_current(&tx, &key)? {
                 return Ok(existing);
             }
@@ -97,7 +97,7 @@ impl Store {
     ) -> Result<(Option<SessionRecord>, SessionRecord), StoreError> {
         let key = key.to_owned();
         self.call(move |conn| {
-            let tx = conn.transaction()?;
+            let tx = conn.savepoint()?;
             let now = now_ms();
             let old = select_current(&tx, &key)?;
             if let Some(old) = &old {
@@ -144,7 +144,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let (key, name) = (key.to_owned(), name.to_owned());
         self.call(move |conn| {
-            let tx = conn.transaction()?;
+            let tx = conn.savepoint()?;
             let mut overrides = select_current(&tx, &key)?
                 .ok_or_else(|| StoreError::NoSuchSession { key: key.clone() })?
                 .overrides;

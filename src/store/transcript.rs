@@ -113,14 +113,33 @@ impl Store {
         entries: Vec<TranscriptEntry>,
     ) -> Result<Vec<i64>, StoreError> {
         let session_id = session_id.to_owned();
+        // A call is all-or-nothing already (its own savepoint).
         self.call(move |conn| {
-            let tx = conn.transaction()?;
-            let ids = entries
+            entries
                 .iter()
-                .map(|e| insert_entry(&tx, &session_id, e))
-                .collect::<Result<Vec<_>, _>>()?;
-            tx.commit()?;
-            Ok(ids)
+                .map(|e| insert_entry(conn, &session_id, e))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+    }
+
+    /// [`Store::load_history`], then [`Store::append_many`] of `entries`,
+    /// in one call (all or none): a turn reads its history and records its
+    /// user message with one store round trip. The history returned is the
+    /// one before `entries`.
+    pub async fn load_history_then_append(
+        &self,
+        session_id: &str,
+        max_entries: Option<usize>,
+        entries: Vec<TranscriptEntry>,
+    ) -> Result<Vec<TranscriptEntry>, StoreError> {
+        let session_id = session_id.to_owned();
+        self.call(move |conn| {
+            let history = select_last(conn, &session_id, max_entries)?;
+            for entry in &entries {
+                insert_entry(conn, &session_id, entry)?;
+            }
+            Ok(history)
         })
         .await
     }

@@ -46,7 +46,7 @@ impl Store {
     ) -> Result<Option<UndoneExchange>, StoreError> {
         let session_id = session_id.to_owned();
         self.call(move |conn| {
-            let tx = conn.transaction()?;
+            let tx = conn.savepoint()?;
             let last = tx
                 .prepare_cached(
                     "SELECT id, content FROM transcripts

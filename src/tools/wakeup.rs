@@ -3,7 +3,7 @@
 //! When a background process started with `notify_on_complete` ends, the
 //! registry produces a [`Wakeup`] (command, exit, the tail of the output).
 //! The engine turns it into an *internal* event for the owner's chat
-//! ([`Wakeup::into_event`]): the adapter starts it as a turn when the chat is
+//! ([`Wakeup::into_event_checked`]): the adapter starts it as a turn when the chat is
 //! idle, or queues it silently behind the running turn (no interrupt, no
 //! acknowledgement), and never drops it.
 //!
@@ -62,15 +62,10 @@ impl Wakeup {
     }
 
     /// The internal event for the owner's chat, given the session the
-    /// owner's chat key resolves to now. The event runs against the session
-    /// [`resolve_wakeup_target`] picks. `None` without an owner (such a
-    /// process cannot ask for a wakeup in the first place).
-    pub fn into_event(self, resolved_session_id: SessionId) -> Option<MessageEvent> {
-        self.into_event_checked(resolved_session_id, OwnerHistory::Unchecked)
-    }
-
-    /// [`Wakeup::into_event`], with what the session history says about the
-    /// recorded owner session (see [`resolve_wakeup_target_checked`]).
+    /// owner's chat key resolves to now and what the session history says
+    /// about the recorded owner session: the event runs against the session
+    /// [`resolve_wakeup_target_checked`] picks. `None` without an owner
+    /// (such a process cannot ask for a wakeup in the first place).
     pub fn into_event_checked(
         self,
         resolved_session_id: SessionId,
@@ -253,6 +248,21 @@ mod tests {
         // A single long line keeps its end.
         assert_eq!(output_tail("abcdefgh", 3), "fgh");
         assert_eq!(output_tail("héllo\nwörld", 5), "wörld");
+    }
+
+    #[test]
+    fn a_tail_that_starts_a_line_is_kept_whole() {
+        // The cut falls exactly after a newline: nothing to trim.
+        assert_eq!(output_tail("ab\ncd\nef", 5), "cd\nef");
+        // The tail's only newline is its last character: trimming up to it
+        // would leave nothing, so the tail is kept.
+        assert_eq!(output_tail("abcdef\n", 3), "ef\n");
+    }
+
+    #[test]
+    fn runtimes_read_in_seconds() {
+        assert_eq!(seconds(Duration::from_millis(2500)), "2.5 s");
+        assert_eq!(seconds(Duration::ZERO), "0.0 s");
     }
 
     #[test]

@@ -694,6 +694,38 @@ impl FakeBotApi {
         self.shared.lock().calls.iter().filter(|c| pred(c)).count()
     }
 
+    /// Counts answered calls matching `pred` incrementally (a waiter then
+    /// does not scan every call again after each new one): the calls at the
+    /// indices in `pending` (still unanswered at the last look) and those
+    /// recorded from index `from` on. Calls still unanswered are not
+    /// judged: their indices are left in `pending` for the next look.
+    /// Returns the matches and the index to continue from.
+    pub fn count_answered_calls_since<F>(
+        &self,
+        from: usize,
+        pending: &mut Vec<usize>,
+        pred: F,
+    ) -> (usize, usize)
+    where
+        F: Fn(&RecordedCall) -> bool,
+    {
+        let inner = self.shared.lock();
+        let mut matched = 0;
+        let mut unanswered = Vec::new();
+        for index in pending.drain(..).chain(from..inner.calls.len()) {
+            let Some(call) = inner.calls.get(index) else {
+                continue;
+            };
+            if matches!(call.outcome, Outcome::Pending) {
+                unanswered.push(index);
+            } else if pred(call) {
+                matched += 1;
+            }
+        }
+        *pending = unanswered;
+        (matched, inner.calls.len())
+    }
+
     /// Like [`FakeBotApi::wait_for`] for a condition that reads the fake
     /// itself (e.g. through [`FakeBotApi::count_calls`]) instead of a copy
     /// of every call: a benchmark's wait then costs next to nothing.

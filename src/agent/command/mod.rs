@@ -536,6 +536,10 @@ impl Agent for CommandAgent {
         Box::pin(self.run_turn(turn))
     }
 
+    fn leaves_files(&self) -> bool {
+        true
+    }
+
     fn attach_store(&self, store: &Store) {
         self.sessions.attach(store);
     }

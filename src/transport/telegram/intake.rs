@@ -40,7 +40,7 @@ use crate::identity::SessionId;
 use crate::media::album::AlbumAliases;
 use crate::metrics::Metrics;
 use crate::reply::Reply;
-use crate::store::{InboxState, Store, StoreError};
+use crate::store::{InboxState, NewUpdate, Store, StoreError};
 
 /// What the sender of a message is told when the answer's send was cut
 /// off by a restart (it may or may not have arrived; it is not sent again).
@@ -146,6 +146,9 @@ async fn chat_worker(
     }
 }
 
+/// At most this many outcomes go to the store in one call.
+const LEDGER_BATCH: usize = 512;
+
 /// The [`EventLedger`] backed by the store: outcomes go, in order, to one
 /// writer task (the adapter never waits for the disk).
 #[derive(Clone)]
@@ -171,24 +174,34 @@ impl StoreLedger {
             aliases: aliases.clone(),
         };
         let writer = tokio::spawn(async move {
-            while let Some(op) = rx.recv().await {
-                match op {
-                    LedgerOp::Record(chat_id, message_id, outcome) => {
-                        let (state, reason) = inbox_state(outcome);
-                        // An album's first part stands for all of its parts.
-                        let parts = aliases.of(chat_id, message_id, state.is_terminal());
-                        for id in std::iter::once(message_id).chain(parts) {
-                            if let Err(error) = store
-                                .set_message_state(chat_id, id, state, reason.clone())
-                                .await
-                            {
-                                tracing::error!(chat_id, message_id = id, %error, "could not record a message state");
+            // Everything queued is written in one store call (in order):
+            // one writer awaiting one commit per outcome falls behind as
+            // soon as the store's group commits are shared by many callers.
+            let mut ops = Vec::new();
+            while rx.recv_many(&mut ops, LEDGER_BATCH).await > 0 {
+                let mut changes = Vec::new();
+                let mut flushed = Vec::new();
+                for op in ops.drain(..) {
+                    match op {
+                        LedgerOp::Record(chat_id, message_id, outcome) => {
+                            let (state, reason) = inbox_state(outcome);
+                            // An album's first part stands for all of its parts.
+                            let parts = aliases.of(chat_id, message_id, state.is_terminal());
+                            for id in std::iter::once(message_id).chain(parts) {
+                                changes.push((chat_id, id, state, reason.clone()));
                             }
                         }
+                        LedgerOp::Flush(done) => flushed.push(done),
                     }
-                    LedgerOp::Flush(done) => {
-                        let _ = done.send(());
+                }
+                if !changes.is_empty() {
+                    let count = changes.len();
+                    if let Err(error) = store.set_message_states(changes).await {
+                        tracing::error!(count, %error, "could not record message states");
                     }
+                }
+                for done in flushed {
+                    let _ = done.send(());
                 }
             }
         });
@@ -340,6 +353,24 @@ pub enum Intook {
     Duplicate,
 }
 
+/// An update read and classified, not recorded yet.
+enum Sorted {
+    /// No integer `update_id`: ignored (nothing to record it under).
+    Unkeyed,
+    /// A button press or a draft stop (its update id): the callback handler
+    /// records and carries it out.
+    Control(i64),
+    /// Anything else: one inbox row, then the verdict is acted on.
+    Plain(Box<PlainUpdate>),
+}
+
+/// A message (or an update recorded only to be dropped) and what to do
+/// with it once recorded.
+struct PlainUpdate {
+    row: NewUpdate,
+    verdict: Inbound,
+}
+
 /// The per-chat workers handing recorded messages to the adapter.
 type ChatWorkers = Arc<Mutex<HashMap<i64, mpsc::UnboundedSender<MessageEvent>>>>;
 
@@ -417,11 +448,52 @@ impl Intake {
     /// Record one raw update and hand it on. An error means the update was
     /// NOT recorded and must not be confirmed to Telegram.
     pub async fn take(&self, raw: Value) -> Result<Intook, StoreError> {
+        match self.sort(&raw) {
+            Sorted::Unkeyed => Ok(Intook::Ignored),
+            Sorted::Control(update_id) => self.take_control(update_id, raw).await,
+            Sorted::Plain(plain) => Ok(self
+                .record_plain(vec![*plain])
+                .await?
+                .pop()
+                .unwrap_or(Intook::Ignored)),
+        }
+    }
+
+    /// Record a whole batch of raw updates and hand each on, in order: the
+    /// messages between two button presses (or draft stops) share one
+    /// store call. An error means some of them may not be recorded: none
+    /// of the batch may be confirmed to Telegram, and taking the batch
+    /// again is safe (what was recorded is then a duplicate, not handed on
+    /// twice).
+    pub async fn take_batch(&self, raws: &[Value]) -> Result<(), StoreError> {
+        let mut plain = Vec::new();
+        for raw in raws {
+            match self.sort(raw) {
+                Sorted::Unkeyed => {}
+                Sorted::Plain(update) => plain.push(*update),
+                Sorted::Control(update_id) => {
+                    // Keep the batch's order: what came before it first.
+                    self.record_plain(std::mem::take(&mut plain)).await?;
+                    self.take_control(update_id, raw.clone()).await?;
+                }
+            }
+        }
+        self.record_plain(plain).await?;
+        Ok(())
+    }
+
+    /// Read and classify one raw update (no I/O).
+    fn sort(&self, raw: &Value) -> Sorted {
         let Some(update_id) = raw.get("update_id").and_then(Value::as_i64) else {
             tracing::warn!("an update without update_id was ignored");
-            return Ok(Intook::Ignored);
+            return Sorted::Unkeyed;
         };
-        let update = parse_update(&raw);
+        if self.callbacks.is_some()
+            && (DraftStop::parse(raw).is_some() || raw.get("callback_query").is_some())
+        {
+            return Sorted::Control(update_id);
+        }
+        let update = parse_update(raw);
         let message = update.as_ref().and_then(|u| match &u.kind {
             UpdateKind::Message(message) => Some(message),
             _ => None,
@@ -431,30 +503,6 @@ impl Intake {
             .and_then(Update::chat)
             .map_or(0, |chat| chat.id.0);
         let message_id = message.map(|m| i64::from(m.id.0));
-        // Telegram's stop control on a streamed draft: a control like a
-        // button press (teloxide-core 0.13 does not know this update).
-        if let (Some(handler), Some(stop)) = (&self.callbacks, DraftStop::parse(&raw)) {
-            if !handler.take_draft_stop(update_id, raw, stop).await? {
-                self.metrics.updates_duplicate.inc();
-                return Ok(Intook::Duplicate);
-            }
-            self.metrics.updates_received.inc();
-            return Ok(Intook::Accepted);
-        }
-        // teloxide's `Update` cannot parse callback queries: read it directly.
-        let query = raw
-            .get("callback_query")
-            .and_then(parse_guarded::<CallbackQuery>);
-        if let (Some(handler), Some(query)) = (&self.callbacks, query) {
-            let chat_id = query.message.as_ref().map_or(0, |m| m.chat().id.0);
-            let new = handler.take(update_id, chat_id, raw, query).await?;
-            if !new {
-                self.metrics.updates_duplicate.inc();
-                return Ok(Intook::Duplicate);
-            }
-            self.metrics.updates_received.inc();
-            return Ok(Intook::Accepted);
-        }
         let verdict = match message {
             Some(message) => classify(message, &self.policy),
             None => Inbound::Ignore(match update.as_ref().map(|u| &u.kind) {
@@ -467,27 +515,92 @@ impl Intake {
             Inbound::Stranger { .. } => (InboxState::Dropped, Some("sender not allowed")),
             Inbound::Ignore(reason) => (InboxState::Dropped, Some(*reason)),
         };
-        let new = self
-            .store
-            .record_update(
+        Sorted::Plain(Box::new(PlainUpdate {
+            row: NewUpdate {
                 update_id,
                 chat_id,
                 message_id,
-                raw,
+                payload: raw.to_string(),
                 state,
-                reason.map(str::to_string),
-            )
-            .await?;
+                reason: reason.map(str::to_string),
+            },
+            verdict,
+        }))
+    }
+
+    /// A button press or a draft stop: recorded and carried out by the
+    /// callback handler.
+    async fn take_control(&self, update_id: i64, raw: Value) -> Result<Intook, StoreError> {
+        let Some(handler) = &self.callbacks else {
+            return Ok(Intook::Ignored);
+        };
+        // Telegram's stop control on a streamed draft: a control like a
+        // button press (teloxide-core 0.13 does not know this update).
+        let new = if let Some(stop) = DraftStop::parse(&raw) {
+            handler.take_draft_stop(update_id, raw, stop).await?
+        } else {
+            // teloxide's `Update` cannot parse callback queries: read it directly.
+            match raw
+                .get("callback_query")
+                .and_then(parse_guarded::<CallbackQuery>)
+            {
+                Some(query) => {
+                    let chat_id = query.message.as_ref().map_or(0, |m| m.chat().id.0);
+                    handler.take(update_id, chat_id, raw, query).await?
+                }
+                // Not a button press teloxide can read: recorded as one.
+                None => {
+                    let row = NewUpdate {
+                        update_id,
+                        chat_id: 0,
+                        message_id: None,
+                        payload: raw.to_string(),
+                        state: InboxState::Dropped,
+                        reason: Some("malformed or unknown update".to_string()),
+                    };
+                    let verdict = Inbound::Ignore("malformed or unknown update");
+                    let plain = PlainUpdate { row, verdict };
+                    return Ok(self
+                        .record_plain(vec![plain])
+                        .await?
+                        .pop()
+                        .unwrap_or(Intook::Ignored));
+                }
+            }
+        };
         if !new {
-            tracing::info!(
-                update_id,
-                "update delivered again; already recorded, ignored"
-            );
             self.metrics.updates_duplicate.inc();
             return Ok(Intook::Duplicate);
         }
         self.metrics.updates_received.inc();
-        Ok(self.act(verdict).await)
+        Ok(Intook::Accepted)
+    }
+
+    /// Record `updates` in one store call, then act on each new one in
+    /// order.
+    async fn record_plain(&self, updates: Vec<PlainUpdate>) -> Result<Vec<Intook>, StoreError> {
+        if updates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (rows, verdicts): (Vec<NewUpdate>, Vec<Inbound>) =
+            updates.into_iter().map(|u| (u.row, u.verdict)).unzip();
+        let ids: Vec<i64> = rows.iter().map(|row| row.update_id).collect();
+        let fresh = self.store.record_updates(rows).await?;
+        let mut taken = Vec::with_capacity(verdicts.len());
+        for ((verdict, new), update_id) in verdicts.into_iter().zip(fresh).zip(ids) {
+            if !new {
+                tracing::info!(
+                    update_id,
+                    "update delivered again; already recorded, ignored"
+                );
+                self.metrics.updates_duplicate.inc();
+                taken.push(Intook::Duplicate);
+                continue;
+            }
+            self.metrics.updates_received.inc();
+            taken.push(self.act(verdict).await);
+        }
+        Ok(taken)
     }
 
     async fn act(&self, verdict: Inbound) -> Intook {
@@ -597,6 +710,7 @@ impl Intake {
                 }
                 wakeup.message_id = Some(message_id);
                 wakeup.resumed = entry.state == InboxState::Running;
+                wakeup.replayed = true;
                 tracing::info!(
                     update_id = entry.update_id,
                     "delivering a wakeup recorded before the restart"
@@ -666,6 +780,7 @@ impl Intake {
             );
             resumed += 1;
             event.resumed = entry.state == InboxState::Running;
+            event.replayed = true;
             if self.media.is_some() && (has_media(&event) || via_worker.contains(&entry.chat_id)) {
                 via_worker.insert(entry.chat_id);
                 self.hand_on(event);

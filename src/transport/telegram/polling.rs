@@ -2,10 +2,12 @@
 //!
 //! teloxide's dispatcher confirms a batch as soon as it has read it; a crash
 //! between that and our handler would lose the batch. This loop asks for
-//! updates with a raw `getUpdates` request (see [`super::raw`]), records and hands on each
-//! update in order, and only then asks for the next batch with an offset
-//! past it. Updates that were pending while the bot was down are fetched
-//! normally: nothing is dropped at start.
+//! updates with a raw `getUpdates` request (see [`super::raw`]), records
+//! the whole batch (its messages in one store call: one commit for up to a
+//! hundred updates instead of one each) and hands each update on in order,
+//! and only then asks for the next batch with an offset past it. Updates
+//! that were pending while the bot was down are fetched normally: nothing
+//! is dropped at start.
 //!
 //! A 409 Conflict ("terminated by other getUpdates request") means another
 //! process polls with the same token (a second instance elsewhere; on the
@@ -104,30 +106,36 @@ pub async fn poll(
         failures = 0;
         unauthorized = 0;
         health.set(true);
-        for raw in updates {
-            let Some(id) = raw
+        let mut last = offset;
+        for raw in &updates {
+            match raw
                 .get("update_id")
                 .and_then(serde_json::Value::as_u64)
                 .map(|id| u32::try_from(id).unwrap_or(u32::MAX))
-            else {
-                tracing::warn!("an update without update_id was skipped");
-                continue;
-            };
-            // Record first; confirm (move the offset) only after that.
-            loop {
-                match intake.take(raw.clone()).await {
-                    Ok(_) => break,
-                    Err(error) => {
-                        tracing::error!(update_id = id, %error, "could not record an update; retrying before confirming it");
-                        tokio::select! {
-                            _ = stop.cancelled() => return,
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        }
+            {
+                Some(id) => last = last.max(next_offset(id)),
+                None => tracing::warn!("an update without update_id was skipped"),
+            }
+        }
+        // Record the whole batch first (one store call for its messages);
+        // confirm it (move the offset) only after that.
+        loop {
+            match intake.take_batch(&updates).await {
+                Ok(()) => break,
+                Err(error) => {
+                    tracing::error!(
+                        updates = updates.len(),
+                        %error,
+                        "could not record a batch of updates; retrying before confirming it"
+                    );
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     }
                 }
             }
-            offset = offset.max(next_offset(id));
         }
+        offset = last;
     }
 }
 
