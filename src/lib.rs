@@ -31,7 +31,7 @@ pub mod http;
 pub mod identity;
 pub mod instance_lock;
 pub mod media;
-mod memory;
+pub mod memory;
 pub mod metrics;
 pub mod reply;
 pub mod runner;

@@ -69,6 +69,7 @@ fn init_logging(config: &Config) {
 }
 
 fn main() -> ExitCode {
+    telegate::memory::tune_allocator();
     let cli = Cli::parse();
     let (path, purpose) = match &cli.command {
         Command::Run { config, .. } | Command::CheckConfig { config } => {
