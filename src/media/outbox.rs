@@ -13,9 +13,11 @@
 //! chat and message alone (`<media>/outbox/<chat>/<message>`), so a restart
 //! between the answer and its files sends the files not yet recorded
 //! ([`OutboxFiles::send_leftovers`], called by the intake's recovery).
-//! (A crash in the instant between Telegram's answer and the record can
-//! still repeat one file: the record cannot be written before the send it
-//! records.)
+//! Like an answer, a file's send is recorded as intended before its
+//! request: a restart that finds the intent without an outcome does not
+//! send that file again (it may have arrived) and tells the user
+//! ([`FileRefusal::Ambiguous`]); a send that failed for sure takes its
+//! intent back.
 //!
 //! This module must never send a file outside the directory it was given,
 //! and never fail a turn: refusals are texts for the model or the user.
@@ -27,7 +29,7 @@ use futures::future::BoxFuture;
 
 use crate::event::SessionSource;
 use crate::reply::{DeliveryError, LiveReply, Outbound, Reply};
-use crate::store::Store;
+use crate::store::{FileSend, Store};
 
 use super::{guess_mime, human_size, is_image_mime, TurnFiles, PHOTO_UPLOAD_LIMIT, UPLOAD_LIMIT};
 
@@ -79,6 +81,10 @@ pub enum FileRefusal {
     /// Nothing to send with (no chat transport).
     #[error("files cannot be sent from here")]
     Unavailable,
+    /// A restart cut its send short: it may have arrived, so it is not
+    /// sent again.
+    #[error("{0}: telegate restarted while sending it, so it may not have arrived; it is not sent again")]
+    Ambiguous(String),
 }
 
 /// The canonical path of `requested` (relative to `root`, or absolute)
@@ -196,19 +202,31 @@ impl OutboxFiles {
         let (path, size) = confine(root, requested)?;
         let key = format!("{key_prefix}{}", path.display());
         let chat = to.chat_id;
-        if let (Some(store), Some(answering)) = (&self.store, answering) {
-            if store
-                .file_sent(chat, answering, key.clone())
-                .await
-                .unwrap_or(false)
-            {
-                return Ok(SendOutcome::AlreadySent);
-            }
-        }
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let record = match (&self.store, answering) {
+            (Some(store), Some(answering)) => Some((store, answering)),
+            _ => None,
+        };
+        if let Some((store, answering)) = record {
+            match store.file_send(chat, answering, key.clone()).await {
+                Ok(Some(FileSend::Sent)) => return Ok(SendOutcome::AlreadySent),
+                Ok(Some(FileSend::Ambiguous)) => return Err(FileRefusal::Ambiguous(name)),
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "could not read the record of sent files"),
+            }
+            // Durable before the request, like an answer's intent: a
+            // restart that finds it without an outcome does not send the
+            // file again.
+            if let Err(error) = store
+                .record_file_sending(chat, answering, key.clone())
+                .await
+            {
+                tracing::warn!(%error, "could not record the intent to send a file");
+            }
+        }
         let as_photo = is_image_mime(&guess_mime(&name)) && size <= PHOTO_UPLOAD_LIMIT;
         let file = OutgoingFile {
             path,
@@ -216,12 +234,21 @@ impl OutboxFiles {
             caption: caption.filter(|c| !c.trim().is_empty()),
             reply_to: answering,
         };
-        let message_id = self
-            .sender
-            .send_file(to, &file)
-            .await
-            .map_err(|e| FileRefusal::Failed(name.clone(), e.to_string()))?;
-        if let (Some(store), Some(answering)) = (&self.store, answering) {
+        let sent = self.sender.send_file(to, &file).await;
+        let message_id = match sent {
+            Ok(id) => id,
+            Err(error) => {
+                // Not sent (or not known to be): the intent is taken back,
+                // so a later attempt may try again.
+                if let Some((store, answering)) = record {
+                    if let Err(error) = store.forget_file_send(chat, answering, key).await {
+                        tracing::warn!(%error, "could not take back the intent to send a file");
+                    }
+                }
+                return Err(FileRefusal::Failed(name, error.to_string()));
+            }
+        };
+        if let Some((store, answering)) = record {
             if let Err(error) = store
                 .record_file_sent(chat, answering, key, message_id)
                 .await
@@ -372,6 +399,82 @@ impl LiveReply for FilesAfter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::Platform;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// Counts sends; fails them while `failing` is set; checks that the
+    /// intent of each send is recorded while its request is in flight.
+    struct CountingSender {
+        store: Store,
+        sends: AtomicUsize,
+        failing: AtomicBool,
+        intent_missing: AtomicBool,
+    }
+
+    impl FileSender for CountingSender {
+        fn send_file<'a>(
+            &'a self,
+            _to: &'a SessionSource,
+            file: &'a OutgoingFile,
+        ) -> BoxFuture<'a, Result<i64, DeliveryError>> {
+            Box::pin(async move {
+                let key = format!("outbox:{}", file.path.display());
+                let recorded = self.store.file_send(5, 9, key).await;
+                if !matches!(recorded, Ok(Some(FileSend::Ambiguous))) {
+                    self.intent_missing.store(true, Ordering::SeqCst);
+                }
+                if self.failing.load(Ordering::SeqCst) {
+                    return Err(DeliveryError::Rejected("refused".into()));
+                }
+                Ok(100 + self.sends.fetch_add(1, Ordering::SeqCst) as i64)
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_is_sent_once_and_a_send_cut_short_is_not_repeated() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        for name in ["a.txt", "b.txt", "c.txt"] {
+            std::fs::write(root.join(name), b"x").unwrap();
+        }
+        let store = Store::open_in_memory().unwrap();
+        let sender = Arc::new(CountingSender {
+            store: store.clone(),
+            sends: AtomicUsize::new(0),
+            failing: AtomicBool::new(false),
+            intent_missing: AtomicBool::new(false),
+        });
+        let files = OutboxFiles::new(sender.clone(), Some(store.clone()), root.clone());
+        let to = SessionSource::dm(Platform::Telegram, 5);
+        let send =
+            |name: &'static str| files.send(&to, Some(9), &root, Path::new(name), None, "outbox:");
+        assert_eq!(send("a.txt").await, Ok(SendOutcome::Sent));
+        assert_eq!(send("a.txt").await, Ok(SendOutcome::AlreadySent));
+        assert_eq!(sender.sends.load(Ordering::SeqCst), 1);
+
+        // An earlier process recorded the intent to send b.txt and died
+        // before its outcome: b.txt may be in the chat; it is not resent.
+        let key = format!("outbox:{}", root.join("b.txt").display());
+        store.record_file_sending(5, 9, key).await.unwrap();
+        assert!(matches!(
+            send("b.txt").await,
+            Err(FileRefusal::Ambiguous(_))
+        ));
+        assert_eq!(sender.sends.load(Ordering::SeqCst), 1);
+
+        // A send that fails for sure takes its intent back: it may be
+        // tried again.
+        sender.failing.store(true, Ordering::SeqCst);
+        assert!(matches!(send("c.txt").await, Err(FileRefusal::Failed(..))));
+        sender.failing.store(false, Ordering::SeqCst);
+        assert_eq!(send("c.txt").await, Ok(SendOutcome::Sent));
+        assert_eq!(sender.sends.load(Ordering::SeqCst), 2);
+        assert!(
+            !sender.intent_missing.load(Ordering::SeqCst),
+            "a file was sent with no intent recorded"
+        );
+    }
 
     #[test]
     fn paths_are_confined_to_the_root() {

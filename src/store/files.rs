@@ -6,21 +6,96 @@ use rusqlite::{params, OptionalExtension};
 
 use super::{now_ms, Store, StoreError};
 
+/// What the record says of one file of one answered message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileSend {
+    /// Sent (as the recorded message).
+    Sent,
+    /// Its send was started and its outcome never recorded (the process
+    /// died in between): it may or may not be in the chat, and is not sent
+    /// again.
+    Ambiguous,
+}
+
+/// `sent_message_id` of a row that records only the intent to send.
+const SENDING: i64 = 0;
+
 impl Store {
     /// Whether the file `key` was already sent answering `message_id` in
-    /// `chat_id`.
+    /// `chat_id` (or its send started: see [`Store::file_send`]).
     pub async fn file_sent(
         &self,
         chat_id: i64,
         message_id: i64,
         key: String,
     ) -> Result<bool, StoreError> {
+        Ok(self.file_send(chat_id, message_id, key).await?.is_some())
+    }
+
+    /// What is recorded of the file `key` answering `message_id` in
+    /// `chat_id`: nothing, sent, or a send whose outcome is unknown.
+    pub async fn file_send(
+        &self,
+        chat_id: i64,
+        message_id: i64,
+        key: String,
+    ) -> Result<Option<FileSend>, StoreError> {
         self.call(move |conn| {
-            let found: Option<i64> = conn.prepare_cached("SELECT 1 FROM outbox_files WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3")?.query_row(params![chat_id, message_id, key],
-                    |row| row.get(0),
-                )
+            let sent_id: Option<i64> = conn
+                .prepare_cached(
+                    "SELECT sent_message_id FROM outbox_files
+                     WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3",
+                )?
+                .query_row(params![chat_id, message_id, key], |row| row.get(0))
                 .optional()?;
-            Ok(found.is_some())
+            Ok(sent_id.map(|id| {
+                if id == SENDING {
+                    FileSend::Ambiguous
+                } else {
+                    FileSend::Sent
+                }
+            }))
+        })
+        .await
+    }
+
+    /// Record that the file `key` is about to be sent (before the request):
+    /// until [`Store::record_file_sent`] or [`Store::forget_file_send`], a
+    /// restart finds the send [`FileSend::Ambiguous`].
+    pub async fn record_file_sending(
+        &self,
+        chat_id: i64,
+        message_id: i64,
+        key: String,
+    ) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO outbox_files
+                 (chat_id, answering_id, file_key, sent_message_id, sent_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![chat_id, message_id, key, SENDING, now_ms()])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Take back the intent to send the file `key` (its send failed for
+    /// sure); a file already recorded as sent stays so.
+    pub async fn forget_file_send(
+        &self,
+        chat_id: i64,
+        message_id: i64,
+        key: String,
+    ) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            conn.prepare_cached(
+                "DELETE FROM outbox_files
+                 WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3
+                   AND sent_message_id = ?4",
+            )?
+            .execute(params![chat_id, message_id, key, SENDING])?;
+            Ok(())
         })
         .await
     }
@@ -34,9 +109,12 @@ impl Store {
         sent_id: i64,
     ) -> Result<(), StoreError> {
         self.call(move |conn| {
-            conn.prepare_cached("INSERT OR REPLACE INTO outbox_files (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)")?.execute(params![chat_id, message_id, key, sent_id, now_ms()],
-            )?;
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO outbox_files
+                 (chat_id, answering_id, file_key, sent_message_id, sent_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![chat_id, message_id, key, sent_id, now_ms()])?;
             Ok(())
         })
         .await
@@ -55,5 +133,25 @@ mod tests {
         assert!(store.file_sent(1, 10, "a".into()).await.unwrap());
         assert!(!store.file_sent(1, 11, "a".into()).await.unwrap());
         assert!(!store.file_sent(2, 10, "a".into()).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_send_without_its_outcome_is_ambiguous_until_recorded_or_forgotten() {
+        let store = Store::open_in_memory().unwrap();
+        let state = |key: &'static str| store.file_send(1, 10, key.into());
+        store.record_file_sending(1, 10, "a".into()).await.unwrap();
+        assert_eq!(state("a").await.unwrap(), Some(FileSend::Ambiguous));
+        assert!(store.file_sent(1, 10, "a".into()).await.unwrap());
+        store.record_file_sent(1, 10, "a".into(), 77).await.unwrap();
+        assert_eq!(state("a").await.unwrap(), Some(FileSend::Sent));
+        // Forgetting takes back only an intent, never a sent file.
+        store.forget_file_send(1, 10, "a".into()).await.unwrap();
+        assert_eq!(state("a").await.unwrap(), Some(FileSend::Sent));
+        store.record_file_sending(1, 10, "b".into()).await.unwrap();
+        store.forget_file_send(1, 10, "b".into()).await.unwrap();
+        assert_eq!(state("b").await.unwrap(), None);
+        // An intent does not overwrite a recorded send.
+        store.record_file_sending(1, 10, "a".into()).await.unwrap();
+        assert_eq!(state("a").await.unwrap(), Some(FileSend::Sent));
     }
 }

@@ -106,6 +106,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use agent_sessions::AgentUsage;
 pub use batch::StoreStats;
 pub use buttons::{NewButton, StoredButton};
+pub use files::FileSend;
 pub use integrity::marker_path;
 pub use ledger::{InboxEntry, InboxState, NewUpdate, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
