@@ -20,6 +20,15 @@ pub enum FileSend {
 /// `sent_message_id` of a row that records only the intent to send.
 const SENDING: i64 = 0;
 
+/// How [`Store::write_file_row`] treats a row already there.
+#[derive(Clone, Copy)]
+enum WriteRow {
+    /// Keep it (an intent never overwrites a recorded send).
+    UnlessRecorded,
+    /// Replace it (the outcome replaces the intent).
+    Always,
+}
+
 impl Store {
     /// Whether the file `key` was already sent answering `message_id` in
     /// `chat_id` (or its send started: see [`Store::file_send`]).
@@ -68,16 +77,8 @@ impl Store {
         message_id: i64,
         key: String,
     ) -> Result<(), StoreError> {
-        self.call(move |conn| {
-            conn.prepare_cached(
-                "INSERT OR IGNORE INTO outbox_files
-                 (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?
-            .execute(params![chat_id, message_id, key, SENDING, now_ms()])?;
-            Ok(())
-        })
-        .await
+        self.write_file_row(WriteRow::UnlessRecorded, chat_id, message_id, key, SENDING)
+            .await
     }
 
     /// Take back the intent to send the file `key` (its send failed for
@@ -108,13 +109,39 @@ impl Store {
         key: String,
         sent_id: i64,
     ) -> Result<(), StoreError> {
+        self.write_file_row(WriteRow::Always, chat_id, message_id, key, sent_id)
+            .await
+    }
+
+    /// Writes the row of the file `key` with `sent_id` (or [`SENDING`]).
+    async fn write_file_row(
+        &self,
+        mode: WriteRow,
+        chat_id: i64,
+        message_id: i64,
+        key: String,
+        sent_id: i64,
+    ) -> Result<(), StoreError> {
         self.call(move |conn| {
-            conn.prepare_cached(
-                "INSERT OR REPLACE INTO outbox_files
-                 (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?
-            .execute(params![chat_id, message_id, key, sent_id, now_ms()])?;
+            let sql = match mode {
+                WriteRow::UnlessRecorded => {
+                    "INSERT OR IGNORE INTO outbox_files
+                     (chat_id, answering_id, file_key, sent_message_id, sent_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)"
+                }
+                WriteRow::Always => {
+                    "INSERT OR REPLACE INTO outbox_files
+                     (chat_id, answering_id, file_key, sent_message_id, sent_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)"
+                }
+            };
+            conn.prepare_cached(sql)?.execute(params![
+                chat_id,
+                message_id,
+                key,
+                sent_id,
+                now_ms()
+            ])?;
             Ok(())
         })
         .await
