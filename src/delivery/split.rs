@@ -352,6 +352,9 @@ mod tests {
             texts(&split(&text, 18)),
             vec!["aaaa bbbb\ncccc", "dddd eeee"]
         );
+        // A blank line wins over a later single line break in the window.
+        let text = FormattedText::plain("aaaaaaaa\n\nbb\ncccc dddd");
+        assert_eq!(texts(&split(&text, 16)), vec!["aaaaaaaa", "bb\ncccc dddd"]);
         let text = FormattedText::plain("aaaa bbbb\ncccc dddd");
         assert_eq!(texts(&split(&text, 16)), vec!["aaaa bbbb", "cccc dddd"]);
         let text = FormattedText::plain("aaaa bbbb cccc");
