@@ -131,6 +131,19 @@ impl Runner {
         let current = self.state().slots.release(&key, Some(generation));
         let finished_cleanly =
             matches!(&watched, Watched::Finished(Ok(Ok(_)))) && !cancel.is_cancelled();
+        metrics.turn_duration.observe(started.elapsed());
+        // Counted before the transcript write below: a stopped turn still
+        // unwinding when the command's bounded wait ends is aborted at that
+        // await, and must have been counted by then.
+        let cancelled = !current
+            || (matches!(&watched, Watched::Finished(_)) && cancel.is_cancelled())
+            || matches!(&watched, Watched::Finished(Ok(Err(AgentError::Cancelled))));
+        if cancelled {
+            metrics.turns_cancelled.inc();
+            if !current {
+                metrics.generation_discards.inc();
+            }
+        }
         if !current || !finished_cleanly {
             // Stopped, interrupted, stalled, failed or stale: the transcript
             // keeps what the user saw so far, marked as interrupted.
@@ -140,11 +153,8 @@ impl Runner {
                     .await;
             }
         }
-        metrics.turn_duration.observe(started.elapsed());
         if !current {
             tracing::debug!(session_key = %key, %generation, "stale turn result discarded");
-            metrics.generation_discards.inc();
-            metrics.turns_cancelled.inc();
             return None;
         }
         let reply = match watched {
@@ -158,8 +168,8 @@ impl Runner {
                 ))
             }
             Watched::Finished(_) if cancel.is_cancelled() => {
-                // Interrupted (a newer message) or stopped: never answered.
-                metrics.turns_cancelled.inc();
+                // Interrupted (a newer message) or stopped: never answered
+                // (counted above).
                 return None;
             }
             Watched::Finished(Ok(Ok(answer))) => {
@@ -191,10 +201,7 @@ impl Runner {
                 );
                 Reply::answer(answer.text)
             }
-            Watched::Finished(Ok(Err(AgentError::Cancelled))) => {
-                metrics.turns_cancelled.inc();
-                return None;
-            }
+            Watched::Finished(Ok(Err(AgentError::Cancelled))) => return None,
             Watched::Finished(Ok(Err(AgentError::Backend {
                 user_message,
                 detail,
