@@ -100,6 +100,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
@@ -416,6 +417,12 @@ fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
     // Every statement of a turn's path (and the batch loop's own) stays
     // parsed: rusqlite's default of 16 makes them evict one another.
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    // Plans do not depend on bound values. Without this, SQLite marks a
+    // statement whose plan *could* depend on a parameter (the history query:
+    // `session_id = ?1 ... ORDER BY id`) expired at every rebind, so the
+    // statement cache re-parsed it on every turn. Every query here is a
+    // plain indexed lookup, whatever the values.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     Ok(())
 }
 

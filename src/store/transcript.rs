@@ -223,17 +223,19 @@ fn select_last(
 ) -> Result<Vec<TranscriptEntry>, StoreError> {
     // SQLite reads a negative LIMIT as "no limit".
     let limit = max.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
-    let mut stmt = conn.prepare_cached(
-        "SELECT role, content, tool_calls, tool_call_id, name, interrupted, created_at
-         FROM transcripts WHERE session_id = ?1 AND undone_at IS NULL
-         ORDER BY id DESC LIMIT ?2",
-    )?;
+    let mut stmt = conn.prepare_cached(SELECT_LAST)?;
     let raw = stmt
         .query_map(params![session_id, limit], RawEntry::from_row)?
         .collect::<Result<Vec<_>, _>>()?;
     // Fetched newest first so LIMIT keeps the most recent; hand back oldest first.
     raw.into_iter().rev().map(RawEntry::into_entry).collect()
 }
+
+/// The newest `?2` entries of session `?1` that were not undone.
+const SELECT_LAST: &str =
+    "SELECT role, content, tool_calls, tool_call_id, name, interrupted, created_at
+     FROM transcripts WHERE session_id = ?1 AND undone_at IS NULL
+     ORDER BY id DESC LIMIT ?2";
 
 /// A `transcripts` row before its JSON column is decoded.
 struct RawEntry {
@@ -333,6 +335,31 @@ mod tests {
         assert_eq!(roles, [Role::System, Role::User, Role::Assistant]);
         assert_eq!(s.transcript_len("s").await.unwrap(), 3);
         assert_eq!(s.transcript_len("nobody").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn loading_history_reuses_its_parsed_statement() {
+        // Each turn loads another session's history: the cached statement
+        // must not be parsed again. Without the planner stability setting
+        // (see `configure`), SQLite re-prepared it at every new session id.
+        let s = Store::open_in_memory().unwrap();
+        for session in ["a", "b", "c"] {
+            s.append(session, TranscriptEntry::user(session))
+                .await
+                .unwrap();
+        }
+        let reprepared = s
+            .call(|conn| {
+                for session in ["a", "b", "c", "a"] {
+                    let history = select_last(conn, session, Some(50))?;
+                    assert_eq!(contents(&history), [session]);
+                }
+                let stmt = conn.prepare_cached(SELECT_LAST)?;
+                Ok(stmt.get_status(rusqlite::StatementStatus::RePrepare))
+            })
+            .await
+            .unwrap();
+        assert_eq!(reprepared, 0, "the history query was parsed again");
     }
 
     #[tokio::test]
