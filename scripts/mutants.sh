@@ -70,6 +70,14 @@ if [ ${#groups[@]} -eq 0 ]; then
     groups=(slots pending guard identity wakeup split entity adapter runner ledger intake delivery)
 fi
 
+# cargo-nextest runs the test binaries' tests in parallel: the e2e tests
+# mostly wait (on fakes and timers), so a surviving mutant takes seconds to
+# test instead of a minute of binaries run one after the other.
+test_tool=()
+if cargo nextest --version >/dev/null 2>&1; then
+    test_tool=(--test-tool nextest)
+fi
+
 mkdir -p target/mutants-out
 status=0
 for group in "${groups[@]}"; do
@@ -83,6 +91,7 @@ for group in "${groups[@]}"; do
     target_args=()
     for arg in $(tests_of "$group"); do target_args+=("--cargo-arg=$arg"); done
     cargo mutants "${file_args[@]}" -j "$jobs" --timeout "$timeout" \
+        "${test_tool[@]}" \
         --build-timeout 1800 --baseline skip --copy-target false \
         --output "target/mutants-out/$group" \
         "${target_args[@]}" || status=$?

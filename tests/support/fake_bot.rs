@@ -831,6 +831,24 @@ impl FakeBotApi {
         self.push_update(json!({ "message": message }))
     }
 
+    /// Queues many text messages `(chat_id, user_id, text)` at once, as a
+    /// backlog Telegram already holds: one lock and one wake-up of a waiting
+    /// getUpdates for the lot. Returns their update ids.
+    pub fn push_texts(&self, messages: &[(i64, i64, String)]) -> Vec<i64> {
+        let ids = {
+            let mut inner = self.shared.lock();
+            messages
+                .iter()
+                .map(|(chat_id, user_id, text)| {
+                    let message = inner.incoming_message(*chat_id, *user_id, text);
+                    inner.enqueue_update(json!({ "message": message }))
+                })
+                .collect()
+        };
+        self.shared.updates_tx.send_modify(bump);
+        ids
+    }
+
     /// Queues a text message in a group; with `reply_to_bot` it replies to
     /// the bot's latest message in that chat (or to a stand-in bot message
     /// if the bot hasn't sent any).
