@@ -6,8 +6,9 @@
 //!
 //! * The loop ([`serve`]): take the first queued message, then every job
 //!   already waiting behind it (at most [`MAX_BATCH`]), run them in one
-//!   `BEGIN IMMEDIATE … COMMIT`, each inside its own `SAVEPOINT`, then
-//!   answer them all.
+//!   `BEGIN IMMEDIATE … COMMIT`, each inside its own `SAVEPOINT` (or, for
+//!   a call that writes with one statement, [`Call::one_write`], none:
+//!   SQLite undoes a failed statement by itself), then answer them all.
 //! * The per-call envelope ([`Call`]): runs the caller's closure (catching
 //!   a panic), says whether its writes are kept, and later answers the
 //!   caller with the closure's result or with why it was not saved.
@@ -66,6 +67,9 @@ pub(super) trait Job: Send {
     /// means they are committed (or the call failed on its own and its own
     /// error is reported).
     fn answer(self: Box<Self>, lost: Option<&rusqlite::Error>);
+    /// Whether it runs inside a savepoint of its own (false for
+    /// [`Call::one_write`]).
+    fn needs_savepoint(&self) -> bool;
 }
 
 /// What a caller receives: the closure's result, or the panic it raised.
@@ -76,6 +80,7 @@ pub(super) struct Call<R, F> {
     work: Option<F>,
     outcome: Option<Outcome<R>>,
     reply: oneshot::Sender<Outcome<R>>,
+    savepoint: bool,
 }
 
 impl<R, F> Call<R, F> {
@@ -84,6 +89,21 @@ impl<R, F> Call<R, F> {
             work: Some(work),
             outcome: None,
             reply,
+            savepoint: true,
+        }
+    }
+
+    /// A call whose work changes the database with at most one statement,
+    /// its last fallible step. It runs without a savepoint: a statement
+    /// that fails is undone by SQLite itself, so a failing call still
+    /// leaves nothing behind. (The savepoint's cost, SQLite copying every
+    /// page the call touches, was a quarter of the store thread's time per
+    /// turn.) If such a call fails after all with changes made, its batch
+    /// is rolled back and reported as not saved (never half a call kept).
+    pub(super) fn one_write(work: F, reply: oneshot::Sender<Outcome<R>>) -> Self {
+        Call {
+            savepoint: false,
+            ..Call::new(work, reply)
         }
     }
 }
@@ -119,6 +139,10 @@ where
         };
         // The caller may have given up waiting; that is fine.
         let _ = self.reply.send(outcome);
+    }
+
+    fn needs_savepoint(&self) -> bool {
+        self.savepoint
     }
 }
 
@@ -243,7 +267,12 @@ fn run_batch(conn: &mut Connection, jobs: impl Iterator<Item = Box<dyn Job>>, co
         let mut waiting: Vec<Box<dyn Job>> = Vec::new();
         let mut ended = false;
         for mut job in jobs.by_ref() {
-            match run_in_savepoint(conn, &mut *job) {
+            let ran = if job.needs_savepoint() {
+                run_in_savepoint(conn, &mut *job)
+            } else {
+                run_one_write(conn, &mut *job)
+            };
+            match ran {
                 Ran::Kept | Ran::RolledBack => waiting.push(job),
                 Ran::Unsaved(error) => job.answer(Some(&error)),
                 Ran::EndedTransaction { kept } => {
@@ -330,6 +359,30 @@ fn run_in_savepoint(conn: &mut Connection, job: &mut dyn Job) -> Ran {
     }
 }
 
+/// Runs a [`Call::one_write`] job without a savepoint. A failed job that
+/// changed nothing needs no undo; one that failed after changing rows broke
+/// its promise, and since its changes cannot be undone alone, the whole
+/// transaction is rolled back (the earlier calls of the batch are told
+/// their work was not saved, which is true).
+fn run_one_write(conn: &mut Connection, job: &mut dyn Job) -> Ran {
+    let before = conn.total_changes();
+    let keep = job.run(conn);
+    if conn.is_autocommit() {
+        return Ran::EndedTransaction { kept: keep };
+    }
+    if keep {
+        return Ran::Kept;
+    }
+    if conn.total_changes() == before {
+        return Ran::RolledBack;
+    }
+    tracing::error!(
+        "a single-write store call failed after changing rows; its batch is rolled back"
+    );
+    rollback(conn);
+    Ran::EndedTransaction { kept: false }
+}
+
 /// Runs one job in a transaction of its own and answers it (the fallback
 /// when no shared transaction can be started).
 fn run_alone(conn: &mut Connection, mut job: Box<dyn Job>, counters: &Counters) {
@@ -412,6 +465,63 @@ mod tests {
         let mut call: Pending<T> = Box::pin(async move { s.call(f).await });
         assert!(poll!(&mut call).is_pending(), "queued, not run yet");
         call
+    }
+
+    /// [`queue`] through [`Store::call_one_write`].
+    async fn queue_one_write<T: Send + 'static>(
+        store: &Store,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Pending<T> {
+        let s = store.clone();
+        let mut call: Pending<T> = Box::pin(async move { s.call_one_write(f).await });
+        assert!(poll!(&mut call).is_pending(), "queued, not run yet");
+        call
+    }
+
+    #[tokio::test]
+    async fn a_failing_one_write_call_leaves_nothing_and_undoes_no_other_call() {
+        let store = store_with_table().await;
+        let (release, held) = hold(&store).await;
+        let a = queue(&store, insert(1)).await;
+        // Its one statement inserts 5, then fails on the duplicate 1: SQLite
+        // undoes the statement, nothing else is touched.
+        let b = queue_one_write(&store, |c| {
+            c.execute("INSERT INTO t (n) VALUES (5), (1)", [])?;
+            Ok(())
+        })
+        .await;
+        let c = queue_one_write(&store, insert(2)).await;
+        release.send(()).expect("release");
+        held.await.expect("held");
+        assert!(a.await.is_ok(), "an earlier call keeps its work");
+        assert!(b.await.is_err());
+        assert!(c.await.is_ok());
+        assert_eq!(rows(&store).await, [1, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_one_write_call_failing_after_its_write_rolls_its_batch_back() {
+        // Breaking the promise (a write, then a failure) must not keep half
+        // a call: the batch is rolled back and its callers told so.
+        let store = store_with_table().await;
+        let (release, held) = hold(&store).await;
+        let a = queue(&store, insert(1)).await;
+        let b = queue_one_write(&store, |c| -> Result<(), StoreError> {
+            insert(2)(c)?;
+            Err(StoreError::NoSuchSession { key: "b".into() })
+        })
+        .await;
+        let c = queue(&store, insert(3)).await;
+        release.send(()).expect("release");
+        held.await.expect("held");
+        let a = a.await;
+        assert!(
+            matches!(&a, Err(StoreError::Sqlite(_))),
+            "the earlier call is told it was not saved: {a:?}"
+        );
+        assert!(matches!(b.await, Err(StoreError::NoSuchSession { .. })));
+        assert!(c.await.is_ok(), "a later call runs in a new transaction");
+        assert_eq!(rows(&store).await, [3]);
     }
 
     fn insert(n: i64) -> impl FnOnce(&mut Connection) -> Result<(), StoreError> + Send {

@@ -322,7 +322,7 @@ impl Store {
         message_id: i64,
         reply_ids: Vec<i32>,
     ) -> Result<(), StoreError> {
-        self.call(move |conn| {
+        self.call_one_write(move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
             let now = now_ms();
             conn.prepare_cached(
@@ -348,7 +348,7 @@ impl Store {
         reply_ids: Vec<i32>,
         delivered: bool,
     ) -> Result<(), StoreError> {
-        self.call(move |conn| {
+        self.call_one_write(move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
             conn.prepare_cached(
                 "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at)

@@ -346,11 +346,36 @@ impl Store {
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let (reply_tx, reply_rx) = oneshot::channel();
+        self.submit(Box::new(Call::new(f, reply_tx)), reply_rx)
+            .await
+    }
+
+    /// [`Store::call`] for work that changes the database with at most one
+    /// statement, as its last fallible step (reads before it are fine).
+    /// Such a call runs without a savepoint of its own, which is most of a
+    /// small call's cost: a failed statement is undone by SQLite itself.
+    /// Should the work fail after changing rows anyway, its whole batch is
+    /// rolled back and reported as not saved, so no half call is kept.
+    pub async fn call_one_write<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        self.submit(Box::new(Call::one_write(f, reply_tx)), reply_rx)
+            .await
+    }
+
+    async fn submit<R>(
+        &self,
+        job: Box<dyn batch::Job>,
+        reply: oneshot::Receiver<batch::Outcome<R>>,
+    ) -> Result<R, StoreError> {
         self.tx
-            .send(Msg::Job(Box::new(Call::new(f, reply_tx))))
+            .send(Msg::Job(job))
             .await
             .map_err(|_| StoreError::Closed)?;
-        match reply_rx.await {
+        match reply.await {
             Ok(Ok(result)) => result,
             Ok(Err(panic_payload)) => panic::resume_unwind(panic_payload),
             Err(_) => Err(StoreError::Closed),

@@ -112,15 +112,21 @@ impl Store {
         session_id: &str,
         entries: Vec<TranscriptEntry>,
     ) -> Result<Vec<i64>, StoreError> {
+        let single = entries.len() <= 1;
         let session_id = session_id.to_owned();
-        // A call is all-or-nothing already (its own savepoint).
-        self.call(move |conn| {
+        // A call is all-or-nothing already (its own savepoint; one entry is
+        // one statement and needs none).
+        let work = move |conn: &mut Connection| {
             entries
                 .iter()
                 .map(|e| insert_entry(conn, &session_id, e))
                 .collect::<Result<Vec<_>, _>>()
-        })
-        .await
+        };
+        if single {
+            self.call_one_write(work).await
+        } else {
+            self.call(work).await
+        }
     }
 
     /// [`Store::load_history`], then [`Store::append_many`] of `entries`,
@@ -133,15 +139,21 @@ impl Store {
         max_entries: Option<usize>,
         entries: Vec<TranscriptEntry>,
     ) -> Result<Vec<TranscriptEntry>, StoreError> {
+        let single = entries.len() <= 1;
         let session_id = session_id.to_owned();
-        self.call(move |conn| {
+        let work = move |conn: &mut Connection| {
             let history = select_last(conn, &session_id, max_entries)?;
             for entry in &entries {
                 insert_entry(conn, &session_id, entry)?;
             }
             Ok(history)
-        })
-        .await
+        };
+        // A read, then (usually) one insert: no savepoint needed.
+        if single {
+            self.call_one_write(work).await
+        } else {
+            self.call(work).await
+        }
     }
 
     /// The transcript of `session_id` in chronological order; with
