@@ -398,3 +398,93 @@ async fn a_turn_dropped_at_shutdown_fires_its_cancel_token_for_work_it_handed_of
         "the turn's cancel token never fired"
     );
 }
+
+/// An adapter around a bare handler (no runner): `slow` takes 100 ms to
+/// answer, anything else answers at once.
+fn adapter_with_slow_handler(
+    outbound: Arc<dyn telegate::reply::Outbound>,
+    cancel_wait: Duration,
+) -> telegate::adapter::Adapter {
+    let handler = move |event: MessageEvent, _ctx: telegate::adapter::DispatchContext| {
+        Box::pin(async move {
+            if event.text == "slow" {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Some(telegate::reply::Reply::answer(format!("done:{}", event.text)).into())
+        }) as futures::future::BoxFuture<'static, Option<telegate::reply::Outgoing>>
+    };
+    telegate::adapter::Adapter::new(
+        Arc::new(handler),
+        outbound,
+        AdapterConfig {
+            cancel_wait,
+            ..AdapterConfig::default()
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_a_turn_finish_within_the_grace_and_cancels_none() {
+    let recorder = Recorder::new();
+    let adapter = adapter_with_slow_handler(recorder.clone(), Duration::from_secs(2));
+    adapter.handle_message(make_event("slow", 1)).await;
+    assert_eq!(adapter.shutdown(Duration::from_secs(30)).await, 0);
+    assert!(
+        recorder.any_contains("done:slow"),
+        "the turn was cut short although the grace allowed it to finish"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_of_an_idle_adapter_does_not_wait_out_its_grace() {
+    let adapter = adapter_with_slow_handler(Recorder::new(), Duration::from_secs(2));
+    let cancelled = tokio::time::timeout(WAIT, adapter.shutdown(Duration::from_secs(3600)))
+        .await
+        .expect("an idle adapter waited for its grace");
+    assert_eq!(cancelled, 0);
+}
+
+/// An outbound whose delivery never completes: the owner task is stuck
+/// where no cancel request reaches it. Says when a delivery started and when
+/// its future was dropped.
+#[derive(Default)]
+struct HangingOutbound {
+    started: std::sync::atomic::AtomicBool,
+    dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl telegate::reply::Outbound for HangingOutbound {
+    fn deliver<'a>(
+        &'a self,
+        _to: &'a SessionSource,
+        _reply: telegate::reply::Reply,
+    ) -> futures::future::BoxFuture<'a, Result<(), telegate::reply::DeliveryError>> {
+        use std::sync::atomic::Ordering;
+        struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for SetOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let on_drop = SetOnDrop(self.dropped.clone());
+        self.started.store(true, Ordering::SeqCst);
+        Box::pin(async move {
+            let _on_drop = on_drop;
+            std::future::pending().await
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_aborts_a_turn_stuck_where_its_cancel_request_cannot_reach() {
+    use std::sync::atomic::Ordering;
+    let outbound = Arc::new(HangingOutbound::default());
+    let adapter = adapter_with_slow_handler(outbound.clone(), Duration::from_millis(50));
+    adapter.handle_message(make_event("hello", 1)).await;
+    assert!(eventually(WAIT, || outbound.started.load(Ordering::SeqCst)).await);
+    assert_eq!(adapter.shutdown(Duration::ZERO).await, 1);
+    assert!(
+        eventually(WAIT, || outbound.dropped.load(Ordering::SeqCst)).await,
+        "a turn deaf to its cancel request outlived the shutdown"
+    );
+}

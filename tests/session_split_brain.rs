@@ -413,6 +413,59 @@ async fn finished_turn_after_a_guard_swap_keeps_its_owner_so_the_lock_heals() {
     );
 }
 
+#[tokio::test]
+async fn follow_ups_kept_across_a_heal_go_before_the_message_that_heals() {
+    // Queued follow-ups outlive a stale lock: the message that heals it
+    // must not overtake them.
+    let release = Arc::new(Notify::new());
+    let started = Arc::new(Notify::new());
+    let (r, s) = (release.clone(), started.clone());
+    let recorder = Recorder::new();
+    let adapter = Adapter::new(
+        Arc::new(move |event: MessageEvent, _ctx: DispatchContext| {
+            let (r, s) = (r.clone(), s.clone());
+            Box::pin(async move {
+                if event.text == "slow" {
+                    s.notify_one();
+                    r.notified().await;
+                }
+                handled(format!("handled:text:{}", event.text))
+            }) as futures::future::BoxFuture<'static, Option<Outgoing>>
+        }),
+        recorder.clone(),
+        AdapterConfig {
+            busy_mode: telegate::adapter::BusyMode::Queue,
+            ..AdapterConfig::default()
+        },
+    );
+    let sk = session_key(12345);
+
+    adapter.handle_message(make_event("slow", 12345)).await;
+    tokio::time::timeout(WAIT, started.notified())
+        .await
+        .unwrap();
+    adapter.handle_message(make_event("q1", 12345)).await;
+    adapter.handle_message(make_event("q2", 12345)).await;
+    // A newer guard takes the slot, then the turn ends: it leaves the
+    // queue alone (not its guard any more) and the lock goes stale.
+    adapter.swap_guard(&sk, SessionGuard::new());
+    release.notify_one();
+    assert!(eventually(WAIT, || adapter.session_task_is_stale(&sk)).await);
+
+    adapter.handle_message(make_event("next", 12345)).await;
+    assert!(recorder.wait_for_text("handled:text:next", WAIT).await);
+    let answers: Vec<String> = recorder
+        .texts()
+        .into_iter()
+        .filter(|t| t.starts_with("handled:text:"))
+        .collect();
+    assert_eq!(
+        answers,
+        ["handled:text:q1", "handled:text:q2", "handled:text:next"],
+        "the healing message overtook the queue"
+    );
+}
+
 // ===========================================================================
 // Layer 3: the runner's generation guard on promotion and release
 // ===========================================================================
