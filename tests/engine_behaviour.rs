@@ -343,6 +343,19 @@ async fn every_log_line_of_a_turn_names_its_slot_session_and_generation() {
         "{line}"
     );
     assert!(line.contains("generation=g"), "{line}");
+
+    // A /stop whose turn ends when asked logs neither an abort ("ignored
+    // cancellation") nor a turn left to finish its delivery: both are for
+    // a task still running after the command's bounded wait.
+    send(&engine, 2, "block").await;
+    assert!(eventually(WAIT, || engine.runner.running_count() == 1).await);
+    send(&engine, 2, "/stop").await;
+    settle(&engine).await;
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        !text.contains("ignored cancellation") && !text.contains("left to finish"),
+        "a stop that ended the turn was logged as one that did not:\n{text}"
+    );
 }
 
 /// An agent that hands part of its work to a task of its own (which outlives
@@ -486,5 +499,123 @@ async fn shutdown_aborts_a_turn_stuck_where_its_cancel_request_cannot_reach() {
     assert!(
         eventually(WAIT, || outbound.dropped.load(Ordering::SeqCst)).await,
         "a turn deaf to its cancel request outlived the shutdown"
+    );
+}
+
+/// A handler that claims a bare "yes" while the slot is busy (as the
+/// runner does for an approval answer) and holds "slow" until released.
+/// Records each message with whether it came in claimed.
+struct ClaimingHandler {
+    release: Arc<tokio::sync::Notify>,
+    seen: std::sync::Mutex<Vec<(String, bool)>>,
+}
+
+impl telegate::adapter::MessageHandler for ClaimingHandler {
+    fn handle(
+        &self,
+        event: MessageEvent,
+        ctx: telegate::adapter::DispatchContext,
+    ) -> futures::future::BoxFuture<'static, Option<telegate::reply::Outgoing>> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((event.text.clone(), ctx.claimed_while_busy));
+        let release = self.release.clone();
+        Box::pin(async move {
+            if event.text == "slow" {
+                release.notified().await;
+            }
+            Some(telegate::reply::Reply::answer(format!("done:{}", event.text)).into())
+        })
+    }
+
+    fn claims_while_busy(&self, _key: &telegate::event::SessionKey, event: &MessageEvent) -> bool {
+        event.text == "yes"
+    }
+}
+
+fn claiming_adapter() -> (
+    telegate::adapter::Adapter,
+    Arc<ClaimingHandler>,
+    Arc<Recorder>,
+) {
+    let handler = Arc::new(ClaimingHandler {
+        release: Arc::new(tokio::sync::Notify::new()),
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let recorder = Recorder::new();
+    let adapter = telegate::adapter::Adapter::new(
+        handler.clone(),
+        recorder.clone(),
+        AdapterConfig {
+            busy_mode: BusyMode::Queue,
+            ..AdapterConfig::default()
+        },
+    );
+    (adapter, handler, recorder)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_handler_claims_is_answered_mid_turn_but_never_an_internal_one() {
+    let (adapter, handler, recorder) = claiming_adapter();
+    adapter.handle_message(make_event("slow", 1)).await;
+    assert!(eventually(WAIT, || !handler.seen.lock().unwrap().is_empty()).await);
+
+    // The user's "yes" is claimed: answered while the turn still runs.
+    adapter.handle_message(make_event("yes", 1)).await;
+    assert!(
+        recorder.wait_for_text("done:yes", WAIT).await,
+        "a claimed message waited behind the turn"
+    );
+    assert!(!recorder.any_contains("done:slow"));
+    // An internal event with the same text is never claimed: it waits.
+    let internal = MessageEvent::internal(SessionSource::dm(Platform::Telegram, 1), "yes");
+    adapter.handle_message(internal).await;
+    assert_eq!(adapter.pending_total(), 1, "the internal event is queued");
+
+    handler.release.notify_one();
+    assert!(
+        recorder
+            .wait_until(WAIT, |d| d
+                .iter()
+                .filter(|d| d.reply.text == "done:yes")
+                .count()
+                == 2)
+            .await
+    );
+    assert_eq!(
+        recorder.texts(),
+        ["done:yes", "done:slow", "done:yes"],
+        "the internal event ran after the turn"
+    );
+    assert_eq!(
+        *handler.seen.lock().unwrap(),
+        [
+            ("slow".to_string(), false),
+            ("yes".to_string(), true),
+            ("yes".to_string(), false)
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_slots_and_queued_follow_ups_are_counted_for_the_metrics() {
+    // busy_count and pending_total feed telegate_busy_sessions and
+    // telegate_queue_depth.
+    let (adapter, handler, recorder) = claiming_adapter();
+    assert_eq!((adapter.busy_count(), adapter.pending_total()), (0, 0));
+    adapter.handle_message(make_event("slow", 1)).await;
+    adapter.handle_message(make_event("slow", 2)).await;
+    assert!(eventually(WAIT, || handler.seen.lock().unwrap().len() == 2).await);
+    for text in ["a", "b", "c"] {
+        adapter.handle_message(make_event(text, 1)).await;
+    }
+    assert_eq!((adapter.busy_count(), adapter.pending_total()), (2, 3));
+    handler.release.notify_waiters();
+    assert!(recorder.wait_for_text("done:c", WAIT).await);
+    assert!(
+        eventually(WAIT, || adapter.busy_count() == 0
+            && adapter.pending_total() == 0)
+        .await
     );
 }

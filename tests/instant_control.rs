@@ -446,6 +446,10 @@ async fn a_wakeup_during_a_slow_new_waits_for_it() {
 
     adapter.handle_message(make_event("slow", 1)).await;
     assert!(eventually(WAIT, || logged("start:slow")).await);
+    assert!(
+        !adapter.owner_task_finished(&key),
+        "the turn is still running"
+    );
     let command = {
         let adapter = adapter.clone();
         tokio::spawn(async move { adapter.handle_message(make_event("/new", 1)).await })

@@ -304,6 +304,27 @@ async fn stale_lock_with_done_task_is_healed_on_next_message() {
 }
 
 #[tokio::test]
+async fn a_stale_lock_heals_on_request_and_leaves_the_slot_free() {
+    let (adapter, _sent) = make_adapter(reply_with_command_or_text());
+    let sk = session_key(12345);
+    let done_task = tokio::spawn(async {});
+    let owner = OwnerTask::watching(&done_task);
+    done_task.await.unwrap();
+    adapter.install_lock(&sk, SessionGuard::new(), Some(owner));
+
+    assert!(
+        adapter.heal_stale_session_lock(&sk),
+        "a stale lock must heal"
+    );
+    assert!(!adapter.is_active(&sk));
+    assert!(!adapter.has_owner_task(&sk));
+    assert!(
+        !adapter.heal_stale_session_lock(&sk),
+        "nothing left to heal"
+    );
+}
+
+#[tokio::test]
 async fn no_owner_task_is_not_treated_as_stale() {
     // Tests and rare legitimate paths install guards directly; healing
     // those would break them.
