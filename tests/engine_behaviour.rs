@@ -599,9 +599,10 @@ async fn a_message_the_handler_claims_is_answered_mid_turn_but_never_an_internal
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn busy_slots_and_queued_follow_ups_are_counted_for_the_metrics() {
+async fn busy_slots_and_queued_follow_ups_are_counted_and_forgotten_when_idle() {
     // busy_count and pending_total feed telegate_busy_sessions and
-    // telegate_queue_depth.
+    // telegate_queue_depth; map_sizes is what the engine bench watches for
+    // leaks.
     let (adapter, handler, recorder) = claiming_adapter();
     assert_eq!((adapter.busy_count(), adapter.pending_total()), (0, 0));
     adapter.handle_message(make_event("slow", 1)).await;
@@ -611,11 +612,18 @@ async fn busy_slots_and_queued_follow_ups_are_counted_for_the_metrics() {
         adapter.handle_message(make_event(text, 1)).await;
     }
     assert_eq!((adapter.busy_count(), adapter.pending_total()), (2, 3));
+    // (guards, owner tasks, slots with a queue, acknowledgement records)
+    assert_eq!(adapter.map_sizes(), (2, 2, 1, 1));
     handler.release.notify_waiters();
     assert!(recorder.wait_for_text("done:c", WAIT).await);
     assert!(
         eventually(WAIT, || adapter.busy_count() == 0
             && adapter.pending_total() == 0)
         .await
+    );
+    assert!(
+        eventually(WAIT, || adapter.map_sizes() == (0, 0, 0, 0)).await,
+        "the adapter's maps kept entries of idle slots: {:?}",
+        adapter.map_sizes()
     );
 }

@@ -435,9 +435,9 @@ async fn finished_turn_after_a_guard_swap_keeps_its_owner_so_the_lock_heals() {
 }
 
 #[tokio::test]
-async fn follow_ups_kept_across_a_heal_go_before_the_message_that_heals() {
-    // Queued follow-ups outlive a stale lock: the message that heals it
-    // must not overtake them.
+async fn follow_ups_kept_across_a_heal_go_before_the_next_message() {
+    // Queued follow-ups outlive a stale lock: the next message must not
+    // overtake them.
     let release = Arc::new(Notify::new());
     let started = Arc::new(Notify::new());
     let (r, s) = (release.clone(), started.clone());
@@ -473,6 +473,13 @@ async fn follow_ups_kept_across_a_heal_go_before_the_message_that_heals() {
     release.notify_one();
     assert!(eventually(WAIT, || adapter.session_task_is_stale(&sk)).await);
 
+    // Healed, the slot has no guard and no owner, but it is not idle: the
+    // follow-ups still wait.
+    assert!(adapter.heal_stale_session_lock(&sk));
+    assert!(!adapter.is_active(&sk) && !adapter.has_owner_task(&sk));
+    assert!(!adapter.is_idle(), "queued follow-ups count as work");
+    assert_eq!(adapter.pending_total(), 2);
+
     adapter.handle_message(make_event("next", 12345)).await;
     assert!(recorder.wait_for_text("handled:text:next", WAIT).await);
     let answers: Vec<String> = recorder
@@ -483,7 +490,7 @@ async fn follow_ups_kept_across_a_heal_go_before_the_message_that_heals() {
     assert_eq!(
         answers,
         ["handled:text:q1", "handled:text:q2", "handled:text:next"],
-        "the healing message overtook the queue"
+        "the next message overtook the queue"
     );
 }
 
