@@ -627,3 +627,93 @@ async fn busy_slots_and_queued_follow_ups_are_counted_and_forgotten_when_idle() 
         adapter.map_sizes()
     );
 }
+
+/// Records every outcome the adapter reports, by message id.
+#[derive(Default)]
+struct OutcomeLog(std::sync::Mutex<Vec<(i64, telegate::adapter::EventOutcome)>>);
+
+impl telegate::adapter::EventLedger for OutcomeLog {
+    fn record(
+        &self,
+        _source: &SessionSource,
+        message_id: i64,
+        outcome: telegate::adapter::EventOutcome,
+    ) {
+        self.0.lock().unwrap().push((message_id, outcome));
+    }
+}
+
+/// Delivers everything but replies whose text starts with "undeliverable".
+struct PickyOutbound(Arc<Recorder>);
+
+impl telegate::reply::Outbound for PickyOutbound {
+    fn deliver<'a>(
+        &'a self,
+        to: &'a SessionSource,
+        reply: telegate::reply::Reply,
+    ) -> futures::future::BoxFuture<'a, Result<(), telegate::reply::DeliveryError>> {
+        if reply.text.starts_with("undeliverable") {
+            return Box::pin(async {
+                Err(telegate::reply::DeliveryError::Rejected(
+                    "chat not found".into(),
+                ))
+            });
+        }
+        self.0.deliver(to, reply)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_message_is_recorded_answered_failed_or_dropped_as_it_ended() {
+    use telegate::adapter::EventOutcome;
+    use telegate::reply::Reply;
+    let handler = |event: MessageEvent, _ctx: telegate::adapter::DispatchContext| async move {
+        match event.text.as_str() {
+            "ok" => Some(Reply::answer("fine").into()),
+            "error" => Some(Reply::error("⚠️ it broke").into()),
+            "undeliverable" => Some(Reply::answer("undeliverable answer").into()),
+            _ => None,
+        }
+    };
+    let recorder = Recorder::new();
+    let ledger = Arc::new(OutcomeLog::default());
+    let adapter = telegate::adapter::Adapter::with_ledger(
+        Arc::new(handler),
+        Arc::new(PickyOutbound(recorder.clone())),
+        AdapterConfig::default(),
+        Some(ledger.clone()),
+    );
+    for (chat, text) in [(1, "ok"), (2, "error"), (3, "undeliverable"), (4, "silent")] {
+        let mut event = make_event(text, chat);
+        event.message_id = Some(100 + chat);
+        adapter.handle_message(event).await;
+    }
+    assert!(eventually(WAIT, || adapter.is_idle()).await);
+    let finals = |id: i64| -> Vec<EventOutcome> {
+        ledger
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, o)| *m == id && *o != EventOutcome::Running)
+            .map(|(_, o)| *o)
+            .collect()
+    };
+    assert!(
+        eventually(WAIT, || (101..=104).all(|id| finals(id).len() == 1)).await,
+        "{:?}",
+        ledger.0.lock().unwrap()
+    );
+    assert_eq!(finals(101), [EventOutcome::Answered]);
+    assert_eq!(
+        finals(102),
+        [EventOutcome::Failed],
+        "an error reply is a failure"
+    );
+    assert_eq!(
+        finals(103),
+        [EventOutcome::Failed],
+        "an undelivered answer is a failure"
+    );
+    assert_eq!(finals(104), [EventOutcome::Dropped("no reply")]);
+}
