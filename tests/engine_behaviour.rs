@@ -717,3 +717,83 @@ async fn each_message_is_recorded_answered_failed_or_dropped_as_it_ended() {
     );
     assert_eq!(finals(104), [EventOutcome::Dropped("no reply")]);
 }
+
+/// Lets every task that can run, run (the clock is paused: nothing else
+/// moves it).
+async fn run_ready_tasks() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_are_reported_once_per_interval_and_the_notifier_then_goes_quiet() {
+    let (adapter, handler, recorder) = {
+        let handler = Arc::new(ClaimingHandler {
+            release: Arc::new(tokio::sync::Notify::new()),
+            seen: std::sync::Mutex::new(Vec::new()),
+        });
+        let recorder = Recorder::new();
+        let adapter = telegate::adapter::Adapter::new(
+            handler.clone(),
+            recorder.clone(),
+            AdapterConfig {
+                busy_mode: BusyMode::Queue,
+                max_pending: 2,
+                ack_interval: Duration::from_secs(2),
+                ..AdapterConfig::default()
+            },
+        );
+        (adapter, handler, recorder)
+    };
+    let refusals = || -> Vec<String> {
+        recorder
+            .texts()
+            .into_iter()
+            .filter(|t| t.contains("not queued"))
+            .collect()
+    };
+    adapter.handle_message(make_event("slow", 1)).await;
+    run_ready_tasks().await;
+    // Two fit in the queue, three are refused: one notice for the three.
+    for i in 0..5 {
+        adapter
+            .handle_message(make_event(&format!("m{i}"), 1))
+            .await;
+    }
+    run_ready_tasks().await;
+    assert_eq!(refusals().len(), 1, "{:?}", recorder.texts());
+    assert!(
+        refusals()[0].contains("3 messages were not queued"),
+        "{:?}",
+        refusals()
+    );
+
+    // Two more refused within the interval: reported only when it ends.
+    for i in 5..7 {
+        adapter
+            .handle_message(make_event(&format!("m{i}"), 1))
+            .await;
+    }
+    run_ready_tasks().await;
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    run_ready_tasks().await;
+    assert_eq!(refusals().len(), 1, "a second notice within the interval");
+    tokio::time::advance(Duration::from_millis(600)).await;
+    run_ready_tasks().await;
+    assert_eq!(refusals().len(), 2, "{:?}", recorder.texts());
+    assert!(
+        refusals()[1].contains("2 messages were not queued"),
+        "{:?}",
+        refusals()
+    );
+
+    // Nothing refused since: no more notices, however long it stays busy.
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_secs(2)).await;
+        run_ready_tasks().await;
+    }
+    assert_eq!(refusals().len(), 2, "an empty notice: {:?}", refusals());
+    handler.release.notify_one();
+    run_ready_tasks().await;
+}
