@@ -7,10 +7,15 @@
 //! Alongside the throughput it prints the Bot API calls per update and the
 //! whole process's CPU time per update (telegate, the fake Bot API and both
 //! sides of their HTTP): on a shared machine the wall-clock figure swings
-//! with the other load, the CPU cost much less. And the store's cost per
-//! turn (from `Store::stats`): calls, commits (group commit shares one
-//! commit among the calls queued together) and the store thread's busy
-//! time.
+//! with the other load, the CPU cost much less. The fake serves from a
+//! runtime thread of its own and starts with the whole backlog queued (as
+//! Telegram holds it), so the CPU is also printed per thread: telegate's
+//! runtime and store thread, the fake, the bench's waiter. And the store's
+//! cost per turn (from `Store::stats`): calls, commits (group commit shares
+//! one commit among the calls queued together) and the store thread's busy
+//! time. `PIPELINE_PER_CHAT` (default 4) sets the messages per chat: longer
+//! runs weigh the first-contact work of 500 new sessions less, but each
+//! turn loads a longer history.
 //!
 //! Prints its figures and the target (10,000 updates/s end to end); asserts
 //! nothing about time (these machines are noisy).
