@@ -371,7 +371,7 @@ fn message(chat_id: i64, text: impl Into<String>) -> MessageEvent {
 /// True when nothing is left anywhere in the engine.
 fn engine_is_empty(engine: &Engine) -> bool {
     engine.adapter.is_idle()
-        && engine.adapter.map_sizes() == (0, 0, 0, 0)
+        && engine.adapter.map_sizes().is_empty()
         && engine.runner.running_count() == 0
         && engine.runner.generation_entries() == 0
 }
@@ -673,7 +673,7 @@ struct W2Result {
     empty_right_after: bool,
     settled: bool,
     settle_time: Duration,
-    map_sizes: (usize, usize, usize, usize),
+    map_sizes: telegate::adapter::MapSizes,
     running: usize,
 }
 
@@ -810,7 +810,7 @@ fn report_w2(flavor: Flavor, runs: &[W2Result], checks: &mut Checks) -> W2Result
             ),
         );
         checks.check(
-            r.settled && r.map_sizes == (0, 0, 0, 0) && r.running == 0,
+            r.settled && r.map_sizes.is_empty() && r.running == 0,
             format!(
                 "rep {rep}: all maps empty afterwards: adapter {:?}, runner running {} \
                  (empty right after the last /stop returned: {}; settled after {:.1} ms)",

@@ -612,8 +612,12 @@ async fn busy_slots_and_queued_follow_ups_are_counted_and_forgotten_when_idle() 
         adapter.handle_message(make_event(text, 1)).await;
     }
     assert_eq!((adapter.busy_count(), adapter.pending_total()), (2, 3));
-    // (guards, owner tasks, slots with a queue, acknowledgement records)
-    assert_eq!(adapter.map_sizes(), (2, 2, 1, 1));
+    let sizes = adapter.map_sizes();
+    assert_eq!(
+        (sizes.guards, sizes.owners, sizes.queues, sizes.acks),
+        (2, 2, 1, 1),
+        "{sizes:?}"
+    );
     handler.release.notify_waiters();
     assert!(recorder.wait_for_text("done:c", WAIT).await);
     assert!(
@@ -622,7 +626,7 @@ async fn busy_slots_and_queued_follow_ups_are_counted_and_forgotten_when_idle() 
         .await
     );
     assert!(
-        eventually(WAIT, || adapter.map_sizes() == (0, 0, 0, 0)).await,
+        eventually(WAIT, || adapter.map_sizes().is_empty()).await,
         "the adapter's maps kept entries of idle slots: {:?}",
         adapter.map_sizes()
     );
@@ -796,4 +800,50 @@ async fn refusals_are_reported_once_per_interval_and_the_notifier_then_goes_quie
     assert_eq!(refusals().len(), 2, "an empty notice: {:?}", refusals());
     handler.release.notify_one();
     run_ready_tasks().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_notice_that_goes_out_after_the_slot_fell_idle_leaves_no_entry_behind() {
+    let handler = Arc::new(ClaimingHandler {
+        release: Arc::new(tokio::sync::Notify::new()),
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let recorder = Recorder::new();
+    let adapter = telegate::adapter::Adapter::new(
+        handler.clone(),
+        recorder.clone(),
+        AdapterConfig {
+            busy_mode: BusyMode::Queue,
+            max_pending: 1,
+            ack_interval: Duration::from_secs(2),
+            ..AdapterConfig::default()
+        },
+    );
+    adapter.handle_message(make_event("slow", 1)).await;
+    run_ready_tasks().await;
+    for text in ["a", "b"] {
+        adapter.handle_message(make_event(text, 1)).await;
+    }
+    run_ready_tasks().await;
+    // Refused within the first notice's interval: reported when it ends.
+    adapter.handle_message(make_event("c", 1)).await;
+    handler.release.notify_one();
+    run_ready_tasks().await;
+    assert!(recorder.any_contains("done:a"), "{:?}", recorder.texts());
+    assert!(adapter.is_idle(), "the slot fell idle before the notice");
+    tokio::time::advance(Duration::from_millis(2100)).await;
+    run_ready_tasks().await;
+    let notices = recorder
+        .texts()
+        .into_iter()
+        .filter(|t| t.contains("not queued"))
+        .count();
+    assert_eq!(notices, 2, "{:?}", recorder.texts());
+    tokio::time::advance(Duration::from_secs(3)).await;
+    run_ready_tasks().await;
+    assert!(
+        adapter.map_sizes().is_empty(),
+        "an idle slot kept entries: {:?}",
+        adapter.map_sizes()
+    );
 }

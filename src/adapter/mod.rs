@@ -665,15 +665,42 @@ impl Adapter {
             && state.pending.is_empty()
     }
 
-    /// Sizes of (active_sessions, session_tasks, pending, ack records).
-    pub fn map_sizes(&self) -> (usize, usize, usize, usize) {
+    /// How many slots each of the adapter's maps holds (all zero once every
+    /// slot is idle and its notices are out: anything else is a leak).
+    pub fn map_sizes(&self) -> MapSizes {
         let state = self.state();
-        (
-            state.active_sessions.len(),
-            state.session_tasks.len(),
-            state.pending.len(),
-            state.last_ack.len(),
-        )
+        MapSizes {
+            guards: state.active_sessions.len(),
+            owners: state.session_tasks.len(),
+            queues: state.pending.len(),
+            acks: state.last_ack.len(),
+            notices: state.last_notice.len(),
+            refusals: state.refusals.len(),
+        }
+    }
+}
+
+/// Entries of the adapter's per-slot maps ([`Adapter::map_sizes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapSizes {
+    /// `active_sessions`: slots with a guard.
+    pub guards: usize,
+    /// `session_tasks`: slots with an owner task recorded.
+    pub owners: usize,
+    /// Slots with a follow-up queue.
+    pub queues: usize,
+    /// Slots with a recent acknowledgement.
+    pub acks: usize,
+    /// Slots with a notice on its way (replies wait for it, to keep order).
+    pub notices: usize,
+    /// Slots with refusals to report.
+    pub refusals: usize,
+}
+
+impl MapSizes {
+    /// True when every map is empty.
+    pub fn is_empty(&self) -> bool {
+        *self == MapSizes::default()
     }
 }
 
