@@ -847,3 +847,59 @@ async fn a_notice_that_goes_out_after_the_slot_fell_idle_leaves_no_entry_behind(
         adapter.map_sizes()
     );
 }
+
+/// Makes every new session fail to be recorded (as on a full disk) until
+/// the returned trigger is dropped with [`store_heals`].
+async fn store_refuses_new_sessions(store: &telegate::store::Store) {
+    store
+        .call(|c| {
+            Ok(c.execute_batch(
+                "CREATE TEMP TRIGGER no_new_sessions BEFORE INSERT ON session_history
+                 BEGIN SELECT RAISE(FAIL, 'database or disk is full (injected)'); END;",
+            )?)
+        })
+        .await
+        .unwrap();
+}
+
+async fn store_heals(store: &telegate::store::Store) {
+    store
+        .call(|c| Ok(c.execute_batch("DROP TRIGGER no_new_sessions")?))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_store_is_retried_with_growing_pauses_before_a_session_is_given_up() {
+    let store = telegate::store::Store::open_in_memory().unwrap();
+    let runner = telegate::runner::Runner::with_store(
+        ScriptedAgent::new(),
+        Recorder::new(),
+        store.clone(),
+        RunnerConfig::default(),
+    );
+    store_refuses_new_sessions(&store).await;
+    // Failing throughout: three attempts, 250 ms then 500 ms apart, then
+    // the error (the clock is paused: only the pauses move it).
+    let started = tokio::time::Instant::now();
+    let result = runner.resolve_session(&session_key(1)).await;
+    assert!(result.is_err(), "{result:?}");
+    assert_eq!(started.elapsed(), Duration::from_millis(750));
+    assert!(runner.current_session(&session_key(1)).is_none());
+
+    // Failing once: the retry after 250 ms gets the session.
+    let healer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            store_heals(&store).await;
+        })
+    };
+    let started = tokio::time::Instant::now();
+    let session = runner.resolve_session(&session_key(2)).await;
+    assert!(session.is_ok(), "{session:?}");
+    // (While the first attempt waits for the store, the paused clock may
+    // jump to the healer's timer: 250 ms after that at most.)
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    healer.await.unwrap();
+}
