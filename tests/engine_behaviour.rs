@@ -62,6 +62,9 @@ async fn stop_during_a_turn_answers_at_once_and_the_turn_never_replies() {
     let (engine, agent, sent) = engine(BusyMode::Interrupt);
     send(&engine, 1, "block").await;
     assert!(eventually(WAIT, || agent.started() == 1).await);
+    // The running turn holds its slot and its generation.
+    assert_eq!(engine.runner.running_count(), 1);
+    assert_eq!(engine.runner.generation_entries(), 1);
 
     send(&engine, 1, "/stop").await;
     // handle_message returned: the command was answered and the turn is gone.
