@@ -59,7 +59,7 @@ tests_of() {
         slots | pending | guard) echo "${engine_tests[*]}" ;;
         identity | wakeup) echo "--lib --test xsession_wakeup --test terminal_e2e" ;;
         split | entity) echo "--lib --test telegram_e2e" ;;
-        adapter | runner) echo "${engine_tests[*]} --test instant_control --test xsession_wakeup --test telegram_e2e --test terminal_e2e" ;;
+        adapter | runner) echo "${engine_tests[*]} --test instant_control --test xsession_wakeup --test telegram_e2e --test terminal_e2e --test approval_authority_e2e --test terminal_approval_e2e" ;;
         ledger | intake) echo "--lib --test crash_recovery --test telegram_e2e --test outbox_once" ;;
         delivery) echo "--lib --test telegram_e2e --test outbox_once --test chaos" ;;
     esac

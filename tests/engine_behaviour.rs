@@ -906,3 +906,14 @@ async fn a_failing_store_is_retried_with_growing_pauses_before_a_session_is_give
     assert!(started.elapsed() >= Duration::from_millis(250));
     healer.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_kind_it_cannot_read_is_told_so_and_never_reaches_the_agent() {
+    let (engine, agent, sent) = engine(BusyMode::Interrupt);
+    let mut sticker = make_event("", 1);
+    sticker.kind = telegate::event::MessageKind::Unsupported;
+    engine.adapter.handle_message(sticker).await;
+    assert!(sent.wait_for_text("can only read text", WAIT).await);
+    settle(&engine).await;
+    assert_eq!(agent.started(), 0);
+}

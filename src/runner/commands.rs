@@ -317,6 +317,15 @@ mod tests {
     }
 
     #[test]
+    fn start_names_the_backend_and_the_controls() {
+        let text = start_text("claude");
+        assert!(text.contains("(claude)"), "{text}");
+        for command in ["/stop", "/new", "/help"] {
+            assert!(text.contains(command), "{command} missing: {text}");
+        }
+    }
+
+    #[test]
     fn commands_parse_case_insensitively() {
         assert_eq!(KnownCommand::parse("STOP"), Some(KnownCommand::Stop));
         assert_eq!(KnownCommand::parse("Model"), Some(KnownCommand::Model));

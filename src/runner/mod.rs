@@ -454,3 +454,18 @@ impl MessageHandler for Runner {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::panic_message;
+
+    #[test]
+    fn a_panic_reads_as_its_message() {
+        let text = std::panic::catch_unwind(|| panic!("the agent exploded")).unwrap_err();
+        assert_eq!(panic_message(&*text), "the agent exploded");
+        let formatted = std::panic::catch_unwind(|| panic!("failed at step {}", 3)).unwrap_err();
+        assert_eq!(panic_message(&*formatted), "failed at step 3");
+        let other = std::panic::catch_unwind(|| std::panic::panic_any(7_u8)).unwrap_err();
+        assert_eq!(panic_message(&*other), "unknown panic");
+    }
+}
