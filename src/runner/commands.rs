@@ -333,6 +333,52 @@ mod tests {
     }
 
     #[test]
+    fn status_leaves_out_what_is_zero() {
+        let text = status_text(&StatusView {
+            session_id: "abc".into(),
+            history_len: Some(3),
+            history_trimmed: 0,
+            running_for: None,
+            starting: false,
+            queue_depth: 0,
+            backend: "echo".into(),
+            processes: None,
+            agent_usage: Some(usage_text(
+                None,
+                &AgentUsage {
+                    turns: 1,
+                    ..AgentUsage::default()
+                },
+            )),
+            model: None,
+        });
+        assert!(text.contains("History: 3 messages"), "{text}");
+        assert!(!text.contains("left out"), "nothing was trimmed: {text}");
+        assert!(!text.contains('$'), "a cost of zero is not shown: {text}");
+        assert!(text.contains("all sessions: 1 turn,"), "{text}");
+    }
+
+    #[test]
+    fn counts_read_as_units_thousands_and_millions() {
+        assert_eq!(human_count(950), "950");
+        assert_eq!(human_count(12_300), "12.3k");
+        assert_eq!(human_count(4_500_000), "4.5M");
+        assert_eq!(human_count(999), "999");
+        assert_eq!(human_count(1_000), "1.0k");
+        assert_eq!(human_count(1_000_000), "1.0M");
+    }
+
+    #[test]
+    fn a_command_of_exactly_the_limit_is_shown_whole() {
+        let exact = "y".repeat(80);
+        let line = process_line("p1", "running", Duration::from_secs(1), &exact);
+        assert!(line.ends_with(&exact) && !line.contains('…'), "{line}");
+        let longer = "y".repeat(81);
+        let line = process_line("p1", "running", Duration::from_secs(1), &longer);
+        assert!(line.ends_with(&format!("{}…", "y".repeat(80))), "{line}");
+    }
+
+    #[test]
     fn status_reads_well() {
         let text = status_text(&StatusView {
             session_id: "abc".into(),
