@@ -369,6 +369,16 @@ mod tests {
     }
 
     #[test]
+    fn durations_change_unit_exactly_at_a_minute_and_an_hour() {
+        let read = |secs| human_duration(Duration::from_secs(secs));
+        assert_eq!(read(59), "59s");
+        assert_eq!(read(60), "1m 00s");
+        assert_eq!(read(3599), "59m 59s");
+        assert_eq!(read(3600), "1h 00m");
+        assert_eq!(read(3 * 3600 + 5 * 60 + 9), "3h 05m");
+    }
+
+    #[test]
     fn a_command_of_exactly_the_limit_is_shown_whole() {
         let exact = "y".repeat(80);
         let line = process_line("p1", "running", Duration::from_secs(1), &exact);
