@@ -369,6 +369,30 @@ mod tests {
     }
 
     #[test]
+    fn undo_quotes_the_message_on_one_line_cut_past_80_characters() {
+        let text = undone_text("fix\n  the   build", 2);
+        assert!(text.contains("(2 messages): \"fix the build\""), "{text}");
+        let text = undone_text("hi", 1);
+        assert!(text.contains("(1 message): \"hi\""), "{text}");
+        let exact = "z".repeat(80);
+        assert!(undone_text(&exact, 2).contains(&format!("\"{exact}\"")));
+        let longer = "z".repeat(81);
+        assert!(undone_text(&longer, 2).contains(&format!("\"{exact}…\"")));
+    }
+
+    #[test]
+    fn model_lists_the_choices_or_says_how_to_offer_some() {
+        let text = models_text("big", &["big".into(), "small".into()]);
+        assert_eq!(
+            text,
+            "Model: big\nChoose one (or send /model NAME):\n• big\n• small"
+        );
+        let text = models_text("big", &[]);
+        assert!(text.starts_with("Model: big\n"), "{text}");
+        assert!(text.contains("models = [...]"), "{text}");
+    }
+
+    #[test]
     fn durations_change_unit_exactly_at_a_minute_and_an_hour() {
         let read = |secs| human_duration(Duration::from_secs(secs));
         assert_eq!(read(59), "59s");
