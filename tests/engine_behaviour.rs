@@ -537,7 +537,21 @@ impl telegate::adapter::MessageHandler for ClaimingHandler {
     }
 }
 
+/// An adapter in queue mode around a [`ClaimingHandler`].
 fn claiming_adapter() -> (
+    telegate::adapter::Adapter,
+    Arc<ClaimingHandler>,
+    Arc<Recorder>,
+) {
+    claiming_adapter_with(AdapterConfig {
+        busy_mode: BusyMode::Queue,
+        ..AdapterConfig::default()
+    })
+}
+
+fn claiming_adapter_with(
+    config: AdapterConfig,
+) -> (
     telegate::adapter::Adapter,
     Arc<ClaimingHandler>,
     Arc<Recorder>,
@@ -547,14 +561,7 @@ fn claiming_adapter() -> (
         seen: std::sync::Mutex::new(Vec::new()),
     });
     let recorder = Recorder::new();
-    let adapter = telegate::adapter::Adapter::new(
-        handler.clone(),
-        recorder.clone(),
-        AdapterConfig {
-            busy_mode: BusyMode::Queue,
-            ..AdapterConfig::default()
-        },
-    );
+    let adapter = telegate::adapter::Adapter::new(handler.clone(), recorder.clone(), config);
     (adapter, handler, recorder)
 }
 
@@ -735,24 +742,12 @@ async fn run_ready_tasks() {
 
 #[tokio::test(start_paused = true)]
 async fn refusals_are_reported_once_per_interval_and_the_notifier_then_goes_quiet() {
-    let (adapter, handler, recorder) = {
-        let handler = Arc::new(ClaimingHandler {
-            release: Arc::new(tokio::sync::Notify::new()),
-            seen: std::sync::Mutex::new(Vec::new()),
-        });
-        let recorder = Recorder::new();
-        let adapter = telegate::adapter::Adapter::new(
-            handler.clone(),
-            recorder.clone(),
-            AdapterConfig {
-                busy_mode: BusyMode::Queue,
-                max_pending: 2,
-                ack_interval: Duration::from_secs(2),
-                ..AdapterConfig::default()
-            },
-        );
-        (adapter, handler, recorder)
-    };
+    let (adapter, handler, recorder) = claiming_adapter_with(AdapterConfig {
+        busy_mode: BusyMode::Queue,
+        max_pending: 2,
+        ack_interval: Duration::from_secs(2),
+        ..AdapterConfig::default()
+    });
     let refusals = || -> Vec<String> {
         recorder
             .texts()
@@ -807,21 +802,12 @@ async fn refusals_are_reported_once_per_interval_and_the_notifier_then_goes_quie
 
 #[tokio::test(start_paused = true)]
 async fn a_notice_that_goes_out_after_the_slot_fell_idle_leaves_no_entry_behind() {
-    let handler = Arc::new(ClaimingHandler {
-        release: Arc::new(tokio::sync::Notify::new()),
-        seen: std::sync::Mutex::new(Vec::new()),
+    let (adapter, handler, recorder) = claiming_adapter_with(AdapterConfig {
+        busy_mode: BusyMode::Queue,
+        max_pending: 1,
+        ack_interval: Duration::from_secs(2),
+        ..AdapterConfig::default()
     });
-    let recorder = Recorder::new();
-    let adapter = telegate::adapter::Adapter::new(
-        handler.clone(),
-        recorder.clone(),
-        AdapterConfig {
-            busy_mode: BusyMode::Queue,
-            max_pending: 1,
-            ack_interval: Duration::from_secs(2),
-            ..AdapterConfig::default()
-        },
-    );
     adapter.handle_message(make_event("slow", 1)).await;
     run_ready_tasks().await;
     for text in ["a", "b"] {
@@ -851,27 +837,6 @@ async fn a_notice_that_goes_out_after_the_slot_fell_idle_leaves_no_entry_behind(
     );
 }
 
-/// Makes every new session fail to be recorded (as on a full disk) until
-/// the returned trigger is dropped with [`store_heals`].
-async fn store_refuses_new_sessions(store: &telegate::store::Store) {
-    store
-        .call(|c| {
-            Ok(c.execute_batch(
-                "CREATE TEMP TRIGGER no_new_sessions BEFORE INSERT ON session_history
-                 BEGIN SELECT RAISE(FAIL, 'database or disk is full (injected)'); END;",
-            )?)
-        })
-        .await
-        .unwrap();
-}
-
-async fn store_heals(store: &telegate::store::Store) {
-    store
-        .call(|c| Ok(c.execute_batch("DROP TRIGGER no_new_sessions")?))
-        .await
-        .unwrap();
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_failing_store_is_retried_with_growing_pauses_before_a_session_is_given_up() {
     let store = telegate::store::Store::open_in_memory().unwrap();
@@ -881,7 +846,7 @@ async fn a_failing_store_is_retried_with_growing_pauses_before_a_session_is_give
         store.clone(),
         RunnerConfig::default(),
     );
-    store_refuses_new_sessions(&store).await;
+    support::store_faults::refuse_new_sessions(&store).await;
     // Failing throughout: three attempts, 250 ms then 500 ms apart, then
     // the error (the clock is paused: only the pauses move it).
     let started = tokio::time::Instant::now();
@@ -895,7 +860,7 @@ async fn a_failing_store_is_retried_with_growing_pauses_before_a_session_is_give
         let store = store.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            store_heals(&store).await;
+            support::store_faults::allow_new_sessions(&store).await;
         })
     };
     let started = tokio::time::Instant::now();

@@ -279,6 +279,14 @@ fn reply_with_command_or_text(
     }
 }
 
+/// The owner entry of a task that has already finished.
+async fn finished_owner() -> OwnerTask {
+    let done_task = tokio::spawn(async {});
+    let owner = OwnerTask::watching(&done_task);
+    done_task.await.unwrap();
+    owner
+}
+
 #[tokio::test]
 async fn stale_lock_with_done_task_is_healed_on_next_message() {
     let (adapter, sent) = make_adapter(reply_with_command_or_text());
@@ -286,9 +294,7 @@ async fn stale_lock_with_done_task_is_healed_on_next_message() {
 
     // The production split-brain: a guard is installed AND a recorded owner
     // task, but that task is already done.
-    let done_task = tokio::spawn(async {});
-    let owner = OwnerTask::watching(&done_task);
-    done_task.await.unwrap();
+    let owner = finished_owner().await;
     assert!(owner.is_finished());
     adapter.install_lock(&sk, SessionGuard::new(), Some(owner));
 
@@ -307,10 +313,7 @@ async fn stale_lock_with_done_task_is_healed_on_next_message() {
 async fn a_stale_lock_heals_on_request_and_leaves_the_slot_free() {
     let (adapter, _sent) = make_adapter(reply_with_command_or_text());
     let sk = session_key(12345);
-    let done_task = tokio::spawn(async {});
-    let owner = OwnerTask::watching(&done_task);
-    done_task.await.unwrap();
-    adapter.install_lock(&sk, SessionGuard::new(), Some(owner));
+    adapter.install_lock(&sk, SessionGuard::new(), Some(finished_owner().await));
 
     assert!(
         adapter.heal_stale_session_lock(&sk),

@@ -171,15 +171,7 @@ async fn a_failing_store_is_told_to_the_chat_and_to_healthz_never_papered_over()
     let addr = bot.metrics_addr.expect("the metrics listener runs");
     // Creating a session fails from now on (as on a full disk); the inbox
     // still records updates.
-    bot.store
-        .call(|c| {
-            Ok(c.execute_batch(
-                "CREATE TEMP TRIGGER no_new_sessions BEFORE INSERT ON session_history
-                 BEGIN SELECT RAISE(FAIL, 'database or disk is full (injected)'); END;",
-            )?)
-        })
-        .await
-        .unwrap();
+    support::store_faults::refuse_new_sessions(&bot.store).await;
     fake.push_text(USER, USER, "hello");
     let told = "I cannot save this conversation right now";
     assert!(
@@ -205,10 +197,7 @@ async fn a_failing_store_is_told_to_the_chat_and_to_healthz_never_papered_over()
     );
 
     // Writes work again: the chat works and /healthz recovers.
-    bot.store
-        .call(|c| Ok(c.execute_batch("DROP TRIGGER no_new_sessions")?))
-        .await
-        .unwrap();
+    support::store_faults::allow_new_sessions(&bot.store).await;
     fake.push_text(USER, USER, "again");
     assert!(
         fake.wait_for(

@@ -374,6 +374,20 @@ impl Store {
             .await
     }
 
+    /// [`Store::call_one_write`] when the work changes the database with at
+    /// most one statement (`writes <= 1`), else [`Store::call`].
+    pub(crate) async fn call_with_writes<R, F>(&self, writes: usize, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        if writes <= 1 {
+            self.call_one_write(f).await
+        } else {
+            self.call(f).await
+        }
+    }
+
     async fn submit<R>(
         &self,
         job: Box<dyn batch::Job>,

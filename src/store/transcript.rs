@@ -112,21 +112,16 @@ impl Store {
         session_id: &str,
         entries: Vec<TranscriptEntry>,
     ) -> Result<Vec<i64>, StoreError> {
-        let single = entries.len() <= 1;
         let session_id = session_id.to_owned();
         // A call is all-or-nothing already (its own savepoint; one entry is
         // one statement and needs none).
-        let work = move |conn: &mut Connection| {
+        self.call_with_writes(entries.len(), move |conn| {
             entries
                 .iter()
                 .map(|e| insert_entry(conn, &session_id, e))
                 .collect::<Result<Vec<_>, _>>()
-        };
-        if single {
-            self.call_one_write(work).await
-        } else {
-            self.call(work).await
-        }
+        })
+        .await
     }
 
     /// [`Store::load_history`], then [`Store::append_many`] of `entries`,
@@ -139,21 +134,16 @@ impl Store {
         max_entries: Option<usize>,
         entries: Vec<TranscriptEntry>,
     ) -> Result<Vec<TranscriptEntry>, StoreError> {
-        let single = entries.len() <= 1;
         let session_id = session_id.to_owned();
-        let work = move |conn: &mut Connection| {
+        // A read, then (usually) one insert: then no savepoint is needed.
+        self.call_with_writes(entries.len(), move |conn| {
             let history = select_last(conn, &session_id, max_entries)?;
             for entry in &entries {
                 insert_entry(conn, &session_id, entry)?;
             }
             Ok(history)
-        };
-        // A read, then (usually) one insert: no savepoint needed.
-        if single {
-            self.call_one_write(work).await
-        } else {
-            self.call(work).await
-        }
+        })
+        .await
     }
 
     /// The transcript of `session_id` in chronological order; with

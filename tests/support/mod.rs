@@ -8,4 +8,5 @@ pub mod fake_files;
 pub mod fake_openai;
 pub mod fake_transcribe;
 pub mod recorder;
+pub mod store_faults;
 pub mod tools_bot;
