@@ -16,6 +16,9 @@
 #                     target/mutants, kept apart from the normal build)
 #   PROPTEST_CASES    proptest cases per property inside mutant runs
 #                     (default 64: enough to hit the engine's paths)
+#   MUTANTS_ARGS      more cargo-mutants arguments, split on spaces: e.g.
+#                     "-E controls\.rs:(18|66): -E src/runner/mod\.rs" to
+#                     skip mutants an interrupted run already tested
 # Survivors must be killed by a new test or listed, with the reason they
 # are equivalent, in mutants-accepted.md.
 set -euo pipefail
@@ -78,6 +81,9 @@ if cargo nextest --version >/dev/null 2>&1; then
     test_tool=(--test-tool nextest)
 fi
 
+# Split on spaces only (no globbing: the arguments are regexes).
+read -r -a extra_args <<<"${MUTANTS_ARGS:-}"
+
 mkdir -p target/mutants-out
 status=0
 for group in "${groups[@]}"; do
@@ -94,7 +100,7 @@ for group in "${groups[@]}"; do
         "${test_tool[@]}" \
         --build-timeout 1800 --baseline skip --copy-target false \
         --output "target/mutants-out/$group" \
-        "${target_args[@]}" || status=$?
+        "${extra_args[@]}" "${target_args[@]}" || status=$?
     # cargo-mutants writes the outcome lists; summarise them.
     out="target/mutants-out/$group/mutants.out"
     for kind in caught missed unviable timeout; do
