@@ -13,7 +13,8 @@
 #   MUTANTS_JOBS      parallel builds (default 1: the machine is shared)
 #   MUTANTS_TIMEOUT   per-mutant test timeout in seconds (default 300)
 #   MUTANTS_TARGET    target dir for the mutated builds (default
-#                     target/mutants, kept apart from the normal build)
+#                     target/mutants, kept apart from the normal build;
+#                     with MUTANTS_JOBS > 1 each job keeps its own)
 #   PROPTEST_CASES    proptest cases per property inside mutant runs
 #                     (default 64: enough to hit the engine's paths)
 #   MUTANTS_ARGS      more cargo-mutants arguments, split on spaces: e.g.
@@ -26,7 +27,19 @@ cd "$(dirname "$0")/.."
 
 jobs=${MUTANTS_JOBS:-1}
 timeout=${MUTANTS_TIMEOUT:-300}
-export CARGO_TARGET_DIR=${MUTANTS_TARGET:-$PWD/target/mutants}
+if [ "$jobs" -gt 1 ]; then
+    # Parallel jobs must not share a target dir: one job's build would
+    # overwrite the test binaries the other is running. Each of
+    # cargo-mutants' build dirs keeps a target of its own instead (one cold
+    # build each).
+    if [ -n "${MUTANTS_TARGET:-}" ]; then
+        echo "MUTANTS_TARGET cannot be shared by MUTANTS_JOBS=$jobs" >&2
+        exit 2
+    fi
+    unset CARGO_TARGET_DIR
+else
+    export CARGO_TARGET_DIR=${MUTANTS_TARGET:-$PWD/target/mutants}
+fi
 export PROPTEST_CASES=${PROPTEST_CASES:-64}
 # Most of a mutant's time is relinking the test binaries: no debug info
 # (nobody reads a mutant's backtrace) and mold, when installed
