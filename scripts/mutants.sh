@@ -50,7 +50,7 @@ if command -v mold >/dev/null && [ -z "${RUSTFLAGS:-}" ]; then
     export RUSTFLAGS="-C link-arg=-fuse-ld=mold"
 fi
 
-engine_tests=(--lib --test session_split_brain --test engine_behaviour --test engine_properties)
+engine_tests=(--lib --test session_split_brain --test engine_behaviour --test adapter_alone --test engine_properties)
 
 files_of() {
     case "$1" in
