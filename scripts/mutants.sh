@@ -76,7 +76,8 @@ tests_of() {
         identity | wakeup) echo "--lib --test xsession_wakeup --test terminal_e2e" ;;
         split | entity) echo "--lib --test telegram_e2e" ;;
         adapter | runner) echo "${engine_tests[*]} --test instant_control --test xsession_wakeup --test telegram_e2e --test terminal_e2e --test approval_authority_e2e --test terminal_approval_e2e" ;;
-        ledger | intake) echo "--lib --test crash_recovery --test telegram_e2e --test outbox_once" ;;
+        ledger) echo "--lib --test crash_recovery --test telegram_e2e --test outbox_once" ;;
+        intake) echo "--lib --test crash_recovery --test telegram_e2e --test outbox_once --test media_e2e --test store_integrity" ;;
         delivery) echo "--lib --test telegram_e2e --test outbox_once --test chaos" ;;
     esac
 }

@@ -377,12 +377,21 @@ async fn oversized_files_get_a_clear_message_and_nothing_else_breaks() {
     let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
         .await
         .unwrap();
+    // The refusal is slow to go out (Telegram answers it late): a message
+    // sent meanwhile waits behind it in the chat's worker, and is answered.
+    fake.fail_next("sendMessage", 1, Failure::Delay(Duration::from_millis(800)));
     fake.push_media(
         USER,
         USER,
         document_json(&big, "ubig", "big.bin", "application/octet-stream", 10),
     );
+    fake.push_text(USER, USER, "and this?");
     assert!(wait_sent(&fake, "above the 5 bytes limit (media.max_file_bytes)").await);
+    assert!(
+        wait_exact(&fake, "ok").await,
+        "a message queued behind a refused file was lost: {:?}",
+        fake.sent_texts(USER)
+    );
     bot.shutdown().await;
 
     let agent = format!(
@@ -403,8 +412,9 @@ async fn oversized_files_get_a_clear_message_and_nothing_else_breaks() {
         fake.sent_texts(USER)
     );
     fake.push_text(USER, USER, "still there?");
-    assert!(wait_exact(&fake, "ok").await);
-    assert_eq!(llm.requests().len(), 1);
+    let answers = || fake.sent_texts(USER).iter().filter(|t| *t == "ok").count();
+    assert!(fake.wait_for(|_| answers() == 2, WAIT).await);
+    assert_eq!(llm.requests().len(), 2);
     bot.shutdown().await;
 }
 
