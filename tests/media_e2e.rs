@@ -28,11 +28,16 @@ const USER: i64 = 42;
 /// A config for the fake servers; `agent` is the `[agent]` section and
 /// whatever follows it.
 fn config(fake: &FakeBotApi, data_dir: &Path, agent: &str) -> Config {
+    config_with_sessions(fake, data_dir, "", agent)
+}
+
+/// [`config`] with more `[sessions]` settings.
+fn config_with_sessions(fake: &FakeBotApi, data_dir: &Path, sessions: &str, agent: &str) -> Config {
     let text = format!(
         "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
          [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
          global_messages_per_second = 100000\n\n\
-         [sessions]\nshutdown_grace_secs = 1\n\n\
+         [sessions]\nshutdown_grace_secs = 1\n{sessions}\n\n\
          [store]\ndata_dir = \"{}\"\n\n{agent}",
         fake.token(),
         fake.url(),
@@ -631,9 +636,10 @@ async fn a_restart_mid_download_finishes_the_message_once() {
     let log = "line one\nline two\n";
     let file = fake.files().add(log.as_bytes().to_vec(), "txt");
     let agent = openai(&llm, false);
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    // Queue mode: the message sent during the download is answered after
+    // the document, not in place of it.
+    let config = config_with_sessions(&fake, data.path(), "busy_mode = \"queue\"", &agent);
+    let bot = TelegramBot::start(&config).await.unwrap();
     fake.files().hold_downloads();
     fake.push_media(
         USER,
@@ -642,10 +648,18 @@ async fn a_restart_mid_download_finishes_the_message_once() {
     );
     // getFile answered: the download itself is now held.
     assert!(fake.wait_for_ok_calls("getFile", 1, WAIT).await);
+    // A message sent meanwhile is recorded and waits behind the document
+    // in the chat's worker.
+    fake.push_text(USER, USER, "meanwhile");
+    assert!(
+        fake.wait_for(|_| fake.pending_updates_len() == 0, WAIT)
+            .await
+    );
     bot.shutdown().await;
     fake.files().release_downloads();
     // The stopped bot's chat worker must not finish the download and run
-    // the turn on its own (it once kept going on a token nobody cancelled).
+    // the turn on its own (it once kept going on a token nobody cancelled),
+    // nor go on to the message behind it while the bot shuts down.
     let mut late = false;
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -654,19 +668,20 @@ async fn a_restart_mid_download_finishes_the_message_once() {
     assert!(!late, "the stopped bot went on with the message");
 
     llm.push_when(last_user_contains("line two"), Script::text("Read it."));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = TelegramBot::start(&config).await.unwrap();
     assert!(
         wait_sent(&fake, "Read it.").await,
         "{:?}",
         fake.sent_texts(USER)
     );
+    // The message behind it was kept for this start, and is answered once.
+    assert!(wait_exact(&fake, "ok").await, "{:?}", fake.sent_texts(USER));
     // Once more through the chat: still exactly one turn for the document.
     fake.push_text(USER, USER, "anything else?");
-    assert!(wait_exact(&fake, "ok").await);
+    let answers = || fake.sent_texts(USER).iter().filter(|t| *t == "ok").count();
+    assert!(fake.wait_for(|_| answers() == 2, WAIT).await);
     assert_eq!(sent_containing(&fake, "Read it.").len(), 1);
-    assert_eq!(llm.requests().len(), 2);
+    assert_eq!(llm.requests().len(), 3);
     assert_eq!(fake.files().downloads(), 1);
     bot.shutdown().await;
 }
