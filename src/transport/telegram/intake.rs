@@ -16,28 +16,24 @@
 //! confirm an update it could not record, and never await a turn.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use futures::future::BoxFuture;
 use std::time::Duration;
 
 use serde_json::Value;
 use teloxide::types::{CallbackQuery, Update, UpdateKind};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use super::callback::{CallbackHandler, DraftStop};
 use super::inbound::{classify, Inbound, InboundPolicy};
+use super::ledger::wakeup_from_payload;
 use super::media::{has_media, IntakeMedia};
-use crate::adapter::{EventLedger, EventOutcome};
 use crate::delivery::outbound::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
-use crate::identity::SessionId;
-use crate::media::album::AlbumAliases;
+use crate::event::{MessageEvent, SessionSource};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{InboxState, NewUpdate, Store, StoreError};
@@ -144,179 +140,6 @@ async fn chat_worker(
         };
         engine.adapter.handle_message(event).await
     }
-}
-
-/// At most this many outcomes go to the store in one call.
-const LEDGER_BATCH: usize = 512;
-
-/// The [`EventLedger`] backed by the store: outcomes go, in order, to one
-/// writer task (the adapter never waits for the disk).
-#[derive(Clone)]
-pub struct StoreLedger {
-    tx: mpsc::UnboundedSender<LedgerOp>,
-    store: Store,
-    aliases: AlbumAliases,
-}
-
-enum LedgerOp {
-    Record(i64, i64, EventOutcome),
-    Flush(oneshot::Sender<()>),
-}
-
-impl StoreLedger {
-    /// Start the writer task for `store`.
-    pub fn spawn(store: Store) -> (StoreLedger, tokio::task::JoinHandle<()>) {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let aliases = AlbumAliases::default();
-        let ledger = StoreLedger {
-            tx,
-            store: store.clone(),
-            aliases: aliases.clone(),
-        };
-        let writer = tokio::spawn(async move {
-            // Everything queued is written in one store call (in order):
-            // one writer awaiting one commit per outcome falls behind as
-            // soon as the store's group commits are shared by many callers.
-            let mut ops = Vec::new();
-            while rx.recv_many(&mut ops, LEDGER_BATCH).await > 0 {
-                let mut changes = Vec::new();
-                let mut flushed = Vec::new();
-                for op in ops.drain(..) {
-                    match op {
-                        LedgerOp::Record(chat_id, message_id, outcome) => {
-                            let (state, reason) = inbox_state(outcome);
-                            // An album's first part stands for all of its parts.
-                            let parts = aliases.of(chat_id, message_id, state.is_terminal());
-                            for id in std::iter::once(message_id).chain(parts) {
-                                changes.push((chat_id, id, state, reason.clone()));
-                            }
-                        }
-                        LedgerOp::Flush(done) => flushed.push(done),
-                    }
-                }
-                if !changes.is_empty() {
-                    let count = changes.len();
-                    if let Err(error) = store.set_message_states(changes).await {
-                        tracing::error!(count, %error, "could not record message states");
-                    }
-                }
-                for done in flushed {
-                    let _ = done.send(());
-                }
-            }
-        });
-        (ledger, writer)
-    }
-
-    /// The album aliases this ledger applies (shared with the intake).
-    pub fn album_aliases(&self) -> AlbumAliases {
-        self.aliases.clone()
-    }
-
-    /// Wait until every outcome recorded so far is written.
-    pub async fn flush(&self) {
-        let (done, written) = oneshot::channel();
-        if self.tx.send(LedgerOp::Flush(done)).is_ok() {
-            let _ = written.await;
-        }
-    }
-}
-
-fn inbox_state(outcome: EventOutcome) -> (InboxState, Option<String>) {
-    match outcome {
-        EventOutcome::Running => (InboxState::Running, None),
-        EventOutcome::Answered => (InboxState::Answered, None),
-        EventOutcome::Failed => (InboxState::Failed, None),
-        EventOutcome::Dropped(reason) => (InboxState::Dropped, Some(reason.to_string())),
-    }
-}
-
-impl EventLedger for StoreLedger {
-    fn record(&self, source: &SessionSource, message_id: i64, outcome: EventOutcome) {
-        let _ = self
-            .tx
-            .send(LedgerOp::Record(source.chat_id, message_id, outcome));
-    }
-
-    fn journal<'a>(&'a self, event: &'a MessageEvent) -> BoxFuture<'a, Option<i64>> {
-        Box::pin(async move {
-            let id = synthetic_id();
-            let recorded = self
-                .store
-                .record_update(
-                    id,
-                    event.source.chat_id,
-                    Some(id),
-                    wakeup_payload(event),
-                    InboxState::Received,
-                    None,
-                )
-                .await;
-            match recorded {
-                Ok(_) => Some(id),
-                Err(error) => {
-                    tracing::error!(%error, "could not journal a wakeup; it is delivered but not kept across a restart");
-                    None
-                }
-            }
-        })
-    }
-}
-
-/// A negative id for a journaled internal event: never a Telegram update or
-/// message id (those are positive), unique across restarts (time-based).
-fn synthetic_id() -> i64 {
-    static COUNTER: AtomicI64 = AtomicI64::new(0);
-    let millis = crate::store::now_ms().max(1);
-    let sequence = COUNTER.fetch_add(1, Ordering::Relaxed).rem_euclid(1000);
-    -(millis.saturating_mul(1000) + sequence)
-}
-
-/// The inbox payload of a journaled wakeup: enough to rebuild the event.
-fn wakeup_payload(event: &MessageEvent) -> Value {
-    let source = &event.source;
-    serde_json::json!({
-        "telegate_wakeup": {
-            "text": event.text,
-            "chat_id": source.chat_id,
-            "chat_type": source.chat_type.as_str(),
-            "thread_id": source.thread_id,
-            "user_id": source.user_id,
-            "user_name": source.user_name,
-            "session_id": event.session_override.as_ref().map(|s| s.as_str().to_string()),
-        }
-    })
-}
-
-/// The wakeup event a journaled payload describes.
-fn wakeup_from_payload(payload: &Value) -> Option<MessageEvent> {
-    let wakeup = payload.get("telegate_wakeup")?;
-    let chat_type = match wakeup.get("chat_type")?.as_str()? {
-        "dm" => ChatType::Dm,
-        "group" => ChatType::Group,
-        "supergroup" => ChatType::Supergroup,
-        _ => ChatType::Channel,
-    };
-    let source = SessionSource {
-        platform: Platform::Telegram,
-        chat_id: wakeup.get("chat_id")?.as_i64()?,
-        chat_type,
-        thread_id: wakeup
-            .get("thread_id")
-            .and_then(Value::as_i64)
-            .and_then(|t| i32::try_from(t).ok()),
-        user_id: wakeup.get("user_id").and_then(Value::as_u64),
-        user_name: wakeup
-            .get("user_name")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-    };
-    let text = wakeup.get("text")?.as_str()?;
-    let mut event = MessageEvent::internal(source, text);
-    if let Some(session) = wakeup.get("session_id").and_then(Value::as_str) {
-        event = event.with_session_override(SessionId::new(session));
-    }
-    Some(event)
 }
 
 /// Answers strangers (once per user per interval) with their user id.

@@ -15,6 +15,7 @@ pub mod callback;
 pub mod health;
 pub mod inbound;
 pub mod intake;
+pub mod ledger;
 pub mod media;
 pub mod polling;
 pub mod raw;
@@ -35,7 +36,8 @@ use tokio_util::task::TaskTracker;
 
 use self::health::{BotHealth, UpdatesHealth};
 use self::inbound::InboundPolicy;
-use self::intake::{Intake, StoreLedger};
+use self::intake::Intake;
+use self::ledger::StoreLedger;
 use crate::adapter::AdapterConfig;
 use crate::agent::Agent;
 use crate::config::{Config, UpdateMode};

@@ -1,0 +1,295 @@
+//! The store-backed [`EventLedger`]: the adapter's outcomes (running,
+//! answered, failed, dropped) become inbox states, written in order by one
+//! writer task so the adapter never waits for the disk; and the journal of
+//! internal events (wakeups), so a wakeup survives a restart.
+//!
+//! This module owns the mapping from outcomes to inbox states and the
+//! wakeup's inbox payload. It must never block the caller of `record`.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::adapter::{EventLedger, EventOutcome};
+use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
+use crate::identity::SessionId;
+use crate::media::album::AlbumAliases;
+use crate::store::{InboxState, Store};
+
+/// At most this many outcomes go to the store in one call.
+const LEDGER_BATCH: usize = 512;
+
+/// The [`EventLedger`] backed by the store: outcomes go, in order, to one
+/// writer task (the adapter never waits for the disk).
+#[derive(Clone)]
+pub struct StoreLedger {
+    tx: mpsc::UnboundedSender<LedgerOp>,
+    store: Store,
+    aliases: AlbumAliases,
+}
+
+enum LedgerOp {
+    Record(i64, i64, EventOutcome),
+    Flush(oneshot::Sender<()>),
+}
+
+impl StoreLedger {
+    /// Start the writer task for `store`.
+    pub fn spawn(store: Store) -> (StoreLedger, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let aliases = AlbumAliases::default();
+        let ledger = StoreLedger {
+            tx,
+            store: store.clone(),
+            aliases: aliases.clone(),
+        };
+        let writer = tokio::spawn(async move {
+            // Everything queued is written in one store call (in order):
+            // one writer awaiting one commit per outcome falls behind as
+            // soon as the store's group commits are shared by many callers.
+            let mut ops = Vec::new();
+            while rx.recv_many(&mut ops, LEDGER_BATCH).await > 0 {
+                let mut changes = Vec::new();
+                let mut flushed = Vec::new();
+                for op in ops.drain(..) {
+                    match op {
+                        LedgerOp::Record(chat_id, message_id, outcome) => {
+                            let (state, reason) = inbox_state(outcome);
+                            // An album's first part stands for all of its parts.
+                            let parts = aliases.of(chat_id, message_id, state.is_terminal());
+                            for id in std::iter::once(message_id).chain(parts) {
+                                changes.push((chat_id, id, state, reason.clone()));
+                            }
+                        }
+                        LedgerOp::Flush(done) => flushed.push(done),
+                    }
+                }
+                if !changes.is_empty() {
+                    let count = changes.len();
+                    if let Err(error) = store.set_message_states(changes).await {
+                        tracing::error!(count, %error, "could not record message states");
+                    }
+                }
+                for done in flushed {
+                    let _ = done.send(());
+                }
+            }
+        });
+        (ledger, writer)
+    }
+
+    /// The album aliases this ledger applies (shared with the intake).
+    pub fn album_aliases(&self) -> AlbumAliases {
+        self.aliases.clone()
+    }
+
+    /// Wait until every outcome recorded so far is written.
+    pub async fn flush(&self) {
+        let (done, written) = oneshot::channel();
+        if self.tx.send(LedgerOp::Flush(done)).is_ok() {
+            let _ = written.await;
+        }
+    }
+}
+
+fn inbox_state(outcome: EventOutcome) -> (InboxState, Option<String>) {
+    match outcome {
+        EventOutcome::Running => (InboxState::Running, None),
+        EventOutcome::Answered => (InboxState::Answered, None),
+        EventOutcome::Failed => (InboxState::Failed, None),
+        EventOutcome::Dropped(reason) => (InboxState::Dropped, Some(reason.to_string())),
+    }
+}
+
+impl EventLedger for StoreLedger {
+    fn record(&self, source: &SessionSource, message_id: i64, outcome: EventOutcome) {
+        let _ = self
+            .tx
+            .send(LedgerOp::Record(source.chat_id, message_id, outcome));
+    }
+
+    fn journal<'a>(&'a self, event: &'a MessageEvent) -> BoxFuture<'a, Option<i64>> {
+        Box::pin(async move {
+            let id = synthetic_id();
+            let recorded = self
+                .store
+                .record_update(
+                    id,
+                    event.source.chat_id,
+                    Some(id),
+                    wakeup_payload(event),
+                    InboxState::Received,
+                    None,
+                )
+                .await;
+            match recorded {
+                Ok(_) => Some(id),
+                Err(error) => {
+                    tracing::error!(%error, "could not journal a wakeup; it is delivered but not kept across a restart");
+                    None
+                }
+            }
+        })
+    }
+}
+
+/// A negative id for a journaled internal event: never a Telegram update or
+/// message id (those are positive). Unique within a process (each id is
+/// past the last one, even for more than a thousand ids in a millisecond)
+/// and across restarts (time-based: the clock in microseconds' room).
+fn synthetic_id() -> i64 {
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let now = crate::store::now_ms().max(1).saturating_mul(1000);
+    let next = |last: i64| now.max(last.saturating_add(1));
+    let previous = LAST
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(next(last))
+        })
+        .unwrap_or_else(|last| last);
+    -next(previous)
+}
+
+/// The inbox payload of a journaled wakeup: enough to rebuild the event.
+fn wakeup_payload(event: &MessageEvent) -> Value {
+    let source = &event.source;
+    serde_json::json!({
+        "telegate_wakeup": {
+            "text": event.text,
+            "chat_id": source.chat_id,
+            "chat_type": source.chat_type.as_str(),
+            "thread_id": source.thread_id,
+            "user_id": source.user_id,
+            "user_name": source.user_name,
+            "session_id": event.session_override.as_ref().map(|s| s.as_str().to_string()),
+        }
+    })
+}
+
+/// The wakeup event a journaled payload describes.
+pub(super) fn wakeup_from_payload(payload: &Value) -> Option<MessageEvent> {
+    let wakeup = payload.get("telegate_wakeup")?;
+    let chat_type = match wakeup.get("chat_type")?.as_str()? {
+        "dm" => ChatType::Dm,
+        "group" => ChatType::Group,
+        "supergroup" => ChatType::Supergroup,
+        _ => ChatType::Channel,
+    };
+    let source = SessionSource {
+        platform: Platform::Telegram,
+        chat_id: wakeup.get("chat_id")?.as_i64()?,
+        chat_type,
+        thread_id: wakeup
+            .get("thread_id")
+            .and_then(Value::as_i64)
+            .and_then(|t| i32::try_from(t).ok()),
+        user_id: wakeup.get("user_id").and_then(Value::as_u64),
+        user_name: wakeup
+            .get("user_name")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    };
+    let text = wakeup.get("text")?.as_str()?;
+    let mut event = MessageEvent::internal(source, text);
+    if let Some(session) = wakeup.get("session_id").and_then(Value::as_str) {
+        event = event.with_session_override(SessionId::new(session));
+    }
+    Some(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn source(chat_id: i64) -> SessionSource {
+        SessionSource::dm(Platform::Telegram, chat_id)
+    }
+
+    /// Record message `message_id` of chat 7 as received (update id =
+    /// message id).
+    async fn received(store: &Store, message_id: i64) {
+        store
+            .record_update(
+                message_id,
+                7,
+                Some(message_id),
+                serde_json::json!({}),
+                InboxState::Received,
+                None,
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn state_of(store: &Store, update_id: i64) -> InboxState {
+        store.inbox_entry(update_id).await.unwrap().unwrap().state
+    }
+
+    #[tokio::test]
+    async fn flush_returns_once_every_outcome_recorded_before_it_is_written() {
+        let store = Store::open_in_memory().unwrap();
+        received(&store, 1).await;
+        let (ledger, _writer) = StoreLedger::spawn(store.clone());
+        ledger.record(&source(7), 1, EventOutcome::Answered);
+        ledger.flush().await;
+        assert_eq!(state_of(&store, 1).await, InboxState::Answered);
+    }
+
+    #[tokio::test]
+    async fn an_albums_first_part_records_the_outcome_of_every_part() {
+        let store = Store::open_in_memory().unwrap();
+        for id in [1, 2, 3] {
+            received(&store, id).await;
+        }
+        let (ledger, _writer) = StoreLedger::spawn(store.clone());
+        // The intake registers the album through the ledger's aliases.
+        ledger.album_aliases().add(7, 1, &[2, 3]);
+        ledger.record(&source(7), 1, EventOutcome::Answered);
+        ledger.flush().await;
+        for id in [1, 2, 3] {
+            assert_eq!(
+                state_of(&store, id).await,
+                InboxState::Answered,
+                "part {id}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_writer_ends_once_every_ledger_is_gone() {
+        let store = Store::open_in_memory().unwrap();
+        let (ledger, writer) = StoreLedger::spawn(store);
+        drop(ledger);
+        tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .expect("the writer outlived its ledgers")
+            .unwrap();
+    }
+
+    #[test]
+    fn journal_ids_are_negative_and_never_repeat() {
+        let ids: Vec<i64> = (0..2000).map(|_| synthetic_id()).collect();
+        assert!(ids.iter().all(|id| *id < 0), "a Telegram id could collide");
+        let distinct: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+    }
+
+    #[tokio::test]
+    async fn a_journaled_wakeup_is_kept_and_read_back_as_the_same_event() {
+        let store = Store::open_in_memory().unwrap();
+        let (ledger, _writer) = StoreLedger::spawn(store.clone());
+        let mut event = MessageEvent::internal(source(7), "the build finished");
+        event = event.with_session_override(SessionId::new("s-1"));
+        let first = ledger.journal(&event).await.expect("journaled");
+        let second = ledger.journal(&event).await.expect("journaled");
+        assert_ne!(first, second);
+        let entry = store.inbox_entry(first).await.unwrap().expect("kept");
+        assert_eq!(entry.state, InboxState::Received);
+        let back = wakeup_from_payload(&entry.payload).expect("readable");
+        assert_eq!(back.text, "the build finished");
+        assert_eq!(back.source.chat_id, 7);
+        assert_eq!(back.session_override, event.session_override);
+    }
+}
