@@ -148,11 +148,24 @@ struct StrangerReplies {
     interval: Duration,
 }
 
+/// Past this many strangers remembered, those whose interval has passed
+/// are forgotten: a flood of strangers cannot grow the map without bound.
+const STRANGERS_KEPT: usize = 10_000;
+
 impl StrangerReplies {
+    fn new(interval: Duration) -> Self {
+        StrangerReplies {
+            last: Mutex::new(HashMap::new()),
+            interval,
+        }
+    }
+
+    /// Whether `user`, a stranger, is to be told their id now (and if so,
+    /// not again within the interval).
     fn due(&self, user: u64) -> bool {
         let now = Instant::now();
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.len() > 10_000 {
+        if last.len() > STRANGERS_KEPT {
             last.retain(|_, t| now.duration_since(*t) < self.interval);
         }
         match last.get(&user) {
@@ -230,10 +243,7 @@ impl Intake {
             delivery,
             store,
             policy: Arc::new(policy),
-            strangers: Arc::new(StrangerReplies {
-                last: Mutex::new(HashMap::new()),
-                interval: Duration::from_secs(600),
-            }),
+            strangers: Arc::new(StrangerReplies::new(Duration::from_secs(600))),
             resume_interrupted,
             metrics,
             workers: Arc::default(),
@@ -691,5 +701,30 @@ mod tests {
         let raw = json!({"update_id": 5, "message": message});
         let update = parse_update(&raw).expect("a deep but valid update parses");
         assert!(matches!(update.kind, UpdateKind::Message(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stranger_is_told_once_per_interval() {
+        let replies = StrangerReplies::new(Duration::from_secs(60));
+        assert!(replies.due(1));
+        assert!(!replies.due(1), "told twice within the interval");
+        assert!(replies.due(2), "one stranger silenced another");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(replies.due(1), "never told again after the interval");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_strangers_is_forgotten_once_their_interval_passed() {
+        let replies = StrangerReplies::new(Duration::from_secs(60));
+        for user in 0..=STRANGERS_KEPT as u64 {
+            assert!(replies.due(user));
+        }
+        // Past the limit, the map is pruned, but of expired entries only:
+        // the first stranger is still within their interval.
+        assert!(!replies.due(0));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(replies.due(1_000_000));
+        let kept = replies.last.lock().unwrap().len();
+        assert_eq!(kept, 1, "expired strangers were kept");
     }
 }

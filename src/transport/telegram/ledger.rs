@@ -292,4 +292,23 @@ mod tests {
         assert_eq!(back.source.chat_id, 7);
         assert_eq!(back.session_override, event.session_override);
     }
+
+    #[test]
+    fn a_wakeups_chat_type_and_sender_survive_the_journal() {
+        for chat_type in [
+            ChatType::Dm,
+            ChatType::Group,
+            ChatType::Supergroup,
+            ChatType::Channel,
+        ] {
+            let mut from = source(-100);
+            from.chat_type = chat_type;
+            from.thread_id = Some(12);
+            from.user_id = Some(42);
+            from.user_name = Some("ann".to_string());
+            let event = MessageEvent::internal(from.clone(), "done");
+            let back = wakeup_from_payload(&wakeup_payload(&event)).expect("readable");
+            assert_eq!(back.source, from, "{chat_type:?}");
+        }
+    }
 }
