@@ -424,6 +424,47 @@ async fn oversized_files_get_a_clear_message_and_nothing_else_breaks() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_under_way_at_shutdown_is_finished_and_not_repeated() {
+    let fake = FakeBotApi::start().await;
+    let llm = FakeOpenAi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let big = fake.files().add(vec![7; 10], "bin");
+    let agent = format!("{}[media]\nmax_file_bytes = 5\n", openai(&llm, false));
+    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
+        .await
+        .unwrap();
+    // Telegram takes its time with the refusal (within the shutdown's
+    // one-second grace); the bot is stopped meanwhile.
+    fake.fail_next("sendMessage", 1, Failure::Delay(Duration::from_millis(500)));
+    fake.push_media(
+        USER,
+        USER,
+        document_json(&big, "ubig", "big.bin", "application/octet-stream", 10),
+    );
+    assert!(
+        fake.wait_for(|_| !fake.calls_to("sendMessage").is_empty(), WAIT)
+            .await
+    );
+    bot.shutdown().await;
+    // The shutdown waited for the chat's worker: the refusal went out and
+    // its message was closed, so the next start does not refuse it again.
+    let refusal = "above the 5 bytes limit";
+    assert_eq!(sent_containing(&fake, refusal).len(), 1);
+    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
+        .await
+        .unwrap();
+    fake.push_text(USER, USER, "hi");
+    assert!(wait_exact(&fake, "ok").await, "{:?}", fake.sent_texts(USER));
+    assert_eq!(
+        sent_containing(&fake, refusal).len(),
+        1,
+        "{:?}",
+        fake.sent_texts(USER)
+    );
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_file_delivers_workspace_files_and_refuses_escapes() {
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;
