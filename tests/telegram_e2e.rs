@@ -615,6 +615,39 @@ async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
+    use telegate::event::{MessageEvent, Platform, SessionSource};
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let text = config_text(&fake, "", "[sessions]\nshutdown_grace_secs = 0\n").replace(
+        "[store]\nin_memory = true\n",
+        &format!("[store]\ndata_dir = \"{}\"\n", data.path().display()),
+    );
+    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap();
+
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+        .await
+        .unwrap();
+    // A background job's wakeup starts a turn in an idle chat (one that
+    // shows no progress), and the bot stops in the middle of it: the
+    // wakeup is the only unfinished entry.
+    let wakeup =
+        MessageEvent::internal(SessionSource::dm(Platform::Telegram, USER), "block: job 7");
+    bot.engine.adapter.wake(wakeup).await;
+    assert!(fake.wait_for(|_| agent.started() == 1, WAIT).await);
+    bot.shutdown().await;
+
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+        .await
+        .unwrap();
+    assert!(fake.wait_for(|_| agent.started() == 1, WAIT).await);
+    assert_eq!(agent.turn_texts(), vec!["block: job 7"]);
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owners_of_background_processes_lost_in_a_restart_are_told() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
