@@ -415,6 +415,44 @@ async fn a_press_recorded_before_a_restart_is_carried_out_once() {
     fake.push_text(USER, USER, "/status");
     assert!(wait_text(&fake, USER, "Model: big").await);
     assert_eq!(count_texts(&fake, USER, "🧠 Model: big"), 1);
+    // Its row is closed as carried out, not as "not resumable".
+    let entry = bot.store.inbox_entry(update_id).await.unwrap().unwrap();
+    assert_eq!(
+        (entry.state, entry.reason.as_deref()),
+        (InboxState::Answered, None)
+    );
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_press_recorded_before_a_restart_is_closed_not_kept() {
+    let fake = FakeBotApi::start().await;
+    let llm = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A press recorded by an earlier version that this one cannot read
+    // (no `from`): nothing to carry out.
+    {
+        let path = config(
+            &fake,
+            &format!("[store]\ndata_dir = \"{}\"\n", dir.path().display()),
+        )
+        .store
+        .database_path();
+        let store = Store::open_async(path).await.expect("the store opens");
+        let payload = json!({"update_id": 5, "callback_query": {"id": "cbq-odd", "data": "b:1"}});
+        assert!(store
+            .record_update(5, USER, None, payload, InboxState::Received, None)
+            .await
+            .unwrap());
+        store.close().await.unwrap();
+    }
+    let bot = start_openai(&fake, &llm, dir.path()).await;
+    let entry = bot.store.inbox_entry(5).await.unwrap().unwrap();
+    assert_eq!(
+        (entry.state, entry.reason.as_deref()),
+        (InboxState::Dropped, Some("not resumable"))
+    );
+    assert!(bot.store.open_inbox().await.unwrap().is_empty());
     bot.shutdown().await;
 }
 

@@ -46,6 +46,7 @@ use telegate::agent::EchoAgent;
 use telegate::config::{Config, Purpose};
 use telegate::event::parse_command;
 use telegate::store::InboxState;
+use telegate::transport::telegram::callback::CallbackHandler;
 use telegate::transport::telegram::inbound::InboundPolicy;
 use telegate::transport::telegram::intake::{Intake, Intook};
 use telegate::transport::telegram::TelegramBot;
@@ -91,6 +92,8 @@ struct Harness {
     fake: FakeBotApi,
     bot: TelegramBot,
     intake: Intake,
+    /// The same intake with the bot's button handler, as the bot runs it.
+    intake_with_buttons: Intake,
     next_id: AtomicI64,
     /// Update ids already taken: taking one again is a redelivery.
     seen: Mutex<HashSet<i64>>,
@@ -139,12 +142,19 @@ fn harness() -> &'static Harness {
             true,
             bot.metrics.clone(),
         );
+        let intake_with_buttons = intake.clone().with_callbacks(Arc::new(CallbackHandler::new(
+            bot.engine.clone(),
+            bot.delivery.clone(),
+            bot.store.clone(),
+            vec![],
+        )));
         Harness {
             stats: Mutex::default(),
             runtime,
             fake,
             bot,
             intake,
+            intake_with_buttons,
             next_id: AtomicI64::new(FRESH_IDS),
             seen: Mutex::new(HashSet::new()),
             pings: AtomicI64::new(0),
@@ -979,4 +989,22 @@ fn hostile_updates_never_panic_and_every_update_gets_an_outcome() {
         "a 100 KB message was accepted and answered"
     );
     assert!(stats.deep > 0, "deeply nested updates were taken");
+}
+
+#[test]
+fn a_button_press_is_taken_once_and_its_redelivery_is_a_duplicate() {
+    let h = harness();
+    h.runtime.block_on(async {
+        let id = h.next_id.fetch_add(1, Ordering::Relaxed);
+        let press = json!({
+            "update_id": id,
+            "callback_query": {
+                "id": "cbq-dup", "chat_instance": "i", "data": "b:nosuchbutton",
+                "from": {"id": ALLOWED, "is_bot": false, "first_name": "A"},
+            },
+        });
+        let intake = &h.intake_with_buttons;
+        assert_eq!(intake.take(press.clone()).await.unwrap(), Intook::Accepted);
+        assert_eq!(intake.take(press).await.unwrap(), Intook::Duplicate);
+    });
 }
