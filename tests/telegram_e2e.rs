@@ -648,6 +648,58 @@ async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wakeup_killed_mid_turn_is_resumed_without_being_recorded_twice() {
+    use telegate::store::{InboxState, Role, TranscriptEntry};
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let text = config_text(&fake, "", "").replace(
+        "[store]\nin_memory = true\n",
+        &format!("[store]\ndata_dir = \"{}\"\n", data.path().display()),
+    );
+    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap();
+    // As a kill -9 leaves a wakeup's turn: its inbox row running, and the
+    // transcript ending with it (nothing of the answer recorded yet).
+    let key = format!("agent:main:telegram:dm:{USER}");
+    {
+        let store = telegate::engine::open_store(&config.store).await.unwrap();
+        let session = store
+            .get_or_create_session(&key, "s-killed".into())
+            .await
+            .unwrap();
+        // (An internal event's entry is named as the runner names it.)
+        let mut entry = TranscriptEntry::user("job 7 done");
+        entry.name = Some("telegate".into());
+        store.append(&session.session_id, entry).await.unwrap();
+        let id = -1_700_000_000_000_007;
+        let payload = json!({"telegate_wakeup": {
+            "text": "job 7 done", "chat_id": USER, "chat_type": "dm",
+            "thread_id": null, "user_id": null, "user_name": null, "session_id": null,
+        }});
+        store
+            .record_update(id, USER, Some(id), payload, InboxState::Running, None)
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+    }
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+        .await
+        .unwrap();
+    assert!(wait_text(&fake, USER, "answer:job 7 done").await);
+    assert_eq!(agent.turn_texts(), vec!["job 7 done"]);
+    let history = bot.store.load_history("s-killed", None).await.unwrap();
+    let recorded = history
+        .iter()
+        .filter(|m| m.role == Role::User && m.content == "job 7 done")
+        .count();
+    assert_eq!(
+        recorded, 1,
+        "the resumed wakeup was recorded again: {history:?}"
+    );
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owners_of_background_processes_lost_in_a_restart_are_told() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
