@@ -709,22 +709,31 @@ mod tests {
         assert!(replies.due(1));
         assert!(!replies.due(1), "told twice within the interval");
         assert!(replies.due(2), "one stranger silenced another");
-        tokio::time::advance(Duration::from_secs(61)).await;
-        assert!(replies.due(1), "never told again after the interval");
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(!replies.due(1), "told again within the interval");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(replies.due(1), "not told again once the interval passed");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_flood_of_strangers_is_forgotten_once_their_interval_passed() {
         let replies = StrangerReplies::new(Duration::from_secs(60));
-        for user in 0..=STRANGERS_KEPT as u64 {
+        let kept = || replies.last.lock().unwrap().len();
+        let limit = STRANGERS_KEPT as u64;
+        for user in 0..limit {
             assert!(replies.due(user));
         }
-        // Past the limit, the map is pruned, but of expired entries only:
-        // the first stranger is still within their interval.
-        assert!(!replies.due(0));
-        tokio::time::advance(Duration::from_secs(61)).await;
-        assert!(replies.due(1_000_000));
-        let kept = replies.last.lock().unwrap().len();
-        assert_eq!(kept, 1, "expired strangers were kept");
+        tokio::time::advance(Duration::from_secs(60)).await;
+        // Up to the limit, nobody is forgotten (no pruning on every call).
+        assert!(replies.due(limit));
+        assert_eq!(kept(), STRANGERS_KEPT + 1);
+        // Past it, the expired are forgotten, and only they: the stranger
+        // just told is still within their interval.
+        assert!(replies.due(limit + 1));
+        assert_eq!(kept(), 2, "expired strangers were kept");
+        assert!(
+            !replies.due(limit),
+            "a stranger within their interval was forgotten"
+        );
     }
 }
