@@ -65,7 +65,7 @@ files_of() {
         runner) echo "src/runner/mod.rs src/runner/turn.rs src/runner/controls.rs src/runner/commands.rs src/runner/sessions.rs src/runner/watchdog.rs" ;;
         ledger) echo src/store/ledger.rs ;;
         intake) echo "src/transport/telegram/intake.rs src/transport/telegram/ledger.rs" ;;
-        delivery) echo src/delivery/telegram.rs ;;
+        delivery) echo "src/delivery/telegram.rs src/delivery/lanes.rs" ;;
         *) echo "unknown group: $1" >&2; exit 2 ;;
     esac
 }

@@ -17,8 +17,9 @@
 //!
 //! The I/O edge sits in two files of its own: [`telegram`] (the engine that
 //! sends, edits and shows "typing", pacing every request with the limiter,
-//! honouring `retry_after` and retrying only what is safe to repeat) and
-//! [`live`] (a running turn's typing indicator and streamed preview).
+//! honouring `retry_after` and retrying only what is safe to repeat; whose
+//! turn it is to send to a chat is kept by `lanes`) and [`live`] (a running
+//! turn's typing indicator and streamed preview).
 //!
 //! What it never does: it never decides *whether* a reply should be sent
 //! (that is the runner's job; by the time text reaches this layer the
@@ -31,6 +32,7 @@ pub mod buttons;
 pub mod draft;
 pub mod entity;
 pub mod files;
+mod lanes;
 pub mod live;
 pub mod markdown;
 pub mod outbound;

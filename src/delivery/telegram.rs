@@ -28,7 +28,6 @@
 //! should be sent (the adapter and runner did that) and never log message
 //! text above debug level.
 
-use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -39,11 +38,11 @@ use teloxide::types::{
     ChatAction, ChatId, InlineKeyboardMarkup, MessageId, ReplyParameters, ThreadId,
 };
 use teloxide::{ApiError, Bot, RequestError};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::entity::{to_telegram, FormattedText};
+use super::lanes::ChatLanes;
 use super::markdown::render;
 use super::outbound::ReplyRecord;
 pub use super::ratelimit::Priority;
@@ -112,72 +111,8 @@ struct DeliveryInner {
     limiter: Mutex<RateLimiter>,
     stats: Mutex<DeliveryStats>,
     config: DeliveryConfig,
-    /// One lane per chat with a request in flight or waiting (see the
-    /// module docs); an entry is removed when nobody holds or waits for it.
-    chat_lanes: Mutex<HashMap<i64, ChatLane>>,
-}
-
-/// Who sends next to one chat: the holder of the turn, then the control
-/// lane's waiters, then the others, each in arrival order.
-#[derive(Default)]
-struct ChatLane {
-    busy: bool,
-    control: VecDeque<oneshot::Sender<()>>,
-    normal: VecDeque<oneshot::Sender<()>>,
-}
-
-impl DeliveryInner {
-    fn lanes(&self) -> std::sync::MutexGuard<'_, HashMap<i64, ChatLane>> {
-        self.chat_lanes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Hand `chat_id`'s turn to the next waiter (control first), or free it.
-    fn pass_turn(&self, chat_id: i64) {
-        let mut lanes = self.lanes();
-        let Some(lane) = lanes.get_mut(&chat_id) else {
-            return;
-        };
-        while let Some(next) = lane.control.pop_front().or_else(|| lane.normal.pop_front()) {
-            // A waiter that gave up has dropped its receiver: try the next.
-            if next.send(()).is_ok() {
-                return;
-            }
-        }
-        lanes.remove(&chat_id);
-    }
-}
-
-/// The right to send the next request to one chat; passed on when dropped.
-struct ChatTurn {
-    inner: Arc<DeliveryInner>,
-    chat_id: i64,
-}
-
-impl Drop for ChatTurn {
-    fn drop(&mut self) {
-        self.inner.pass_turn(self.chat_id);
-    }
-}
-
-/// A request waiting for its chat's turn. If it is dropped after the turn
-/// was handed to it but before it took it, it passes the turn on.
-struct TurnWaiter {
-    inner: Arc<DeliveryInner>,
-    chat_id: i64,
-    handed: Option<oneshot::Receiver<()>>,
-}
-
-impl Drop for TurnWaiter {
-    fn drop(&mut self) {
-        if let Some(mut handed) = self.handed.take() {
-            handed.close();
-            if handed.try_recv().is_ok() {
-                self.inner.pass_turn(self.chat_id);
-            }
-        }
-    }
+    /// Whose turn it is to send to each chat (see the module docs).
+    chat_lanes: Arc<ChatLanes>,
 }
 
 /// The delivery engine (cheap to clone).
@@ -249,7 +184,7 @@ impl Delivery {
                 limiter: Mutex::new(RateLimiter::new(config.limits)),
                 stats: Mutex::new(DeliveryStats::default()),
                 config,
-                chat_lanes: Mutex::new(HashMap::new()),
+                chat_lanes: Arc::default(),
             }),
         }
     }
@@ -281,66 +216,6 @@ impl Delivery {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         );
-    }
-
-    /// Wait until no other request to `chat_id` is in flight and every
-    /// request queued before this one in its lane (and, for a normal
-    /// request, every control request) has had its turn.
-    async fn chat_turn(&self, chat_id: i64, priority: Priority) -> ChatTurn {
-        loop {
-            let handed = {
-                let mut lanes = self.inner.lanes();
-                let lane = lanes.entry(chat_id).or_default();
-                if !lane.busy {
-                    lane.busy = true;
-                    return ChatTurn {
-                        inner: self.inner.clone(),
-                        chat_id,
-                    };
-                }
-                let (tx, rx) = oneshot::channel();
-                match priority {
-                    Priority::Control => lane.control.push_back(tx),
-                    Priority::Normal => lane.normal.push_back(tx),
-                }
-                rx
-            };
-            // Built before the wait, so a cancelled wait still passes on a
-            // turn handed to it.
-            let mut waiter = TurnWaiter {
-                inner: self.inner.clone(),
-                chat_id,
-                handed: Some(handed),
-            };
-            let received = match waiter.handed.as_mut() {
-                Some(handed) => handed.await.is_ok(),
-                None => false,
-            };
-            waiter.handed = None;
-            if received {
-                return ChatTurn {
-                    inner: self.inner.clone(),
-                    chat_id,
-                };
-            }
-            // The lane was dropped under us (cannot happen while we wait in
-            // it); queue again rather than send out of turn.
-        }
-    }
-
-    /// The chat's turn right now, or `None` if a request holds or waits
-    /// for it.
-    fn chat_turn_now(&self, chat_id: i64) -> Option<ChatTurn> {
-        let mut lanes = self.inner.lanes();
-        let lane = lanes.entry(chat_id).or_default();
-        if lane.busy {
-            return None;
-        }
-        lane.busy = true;
-        Some(ChatTurn {
-            inner: self.inner.clone(),
-            chat_id,
-        })
     }
 
     async fn pace(&self, target: ChatTarget, priority: Priority) {
@@ -441,7 +316,7 @@ impl Delivery {
             let turn = tokio::select! {
                 biased;
                 _ = &mut withdrawn => return Err(DeliveryError::Withdrawn),
-                turn = self.chat_turn(target.chat_id, priority) => turn,
+                turn = self.inner.chat_lanes.turn(target.chat_id, priority) => turn,
             };
             tokio::select! {
                 biased;
@@ -644,7 +519,7 @@ impl Delivery {
     /// retries; otherwise skipped. It never delays a message. Returns
     /// whether it was sent.
     pub async fn typing(&self, target: ChatTarget) -> bool {
-        let Some(turn) = self.chat_turn_now(target.chat_id) else {
+        let Some(turn) = self.inner.chat_lanes.turn_now(target.chat_id) else {
             return false;
         };
         let booked = self
