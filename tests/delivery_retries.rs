@@ -6,13 +6,17 @@
 //! ones, from sockets on 127.0.0.1: a refused connection (nothing was sent)
 //! and a connection closed after the request was read (it may have been).
 
+mod support;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use support::fake_bot::{Failure, FakeBotApi};
+use telegate::delivery::render;
 use telegate::delivery::telegram::{Idempotence, Priority};
 use telegate::delivery::{ChatTarget, Delivery, DeliveryConfig, RateLimits};
-use telegate::reply::DeliveryError;
+use telegate::reply::{DeliveryError, Reply};
 use teloxide::types::Seconds;
 use teloxide::{ApiError, Bot, RequestError};
 
@@ -23,8 +27,12 @@ const CHAT: ChatTarget = ChatTarget {
 };
 
 fn delivery(max_attempts: u32) -> Delivery {
+    delivery_through(Bot::new("0:test"), max_attempts)
+}
+
+fn delivery_through(bot: Bot, max_attempts: u32) -> Delivery {
     Delivery::new(
-        Bot::new("0:test"),
+        bot,
         DeliveryConfig {
             limits: RateLimits {
                 per_chat_interval: Duration::from_millis(1),
@@ -307,4 +315,148 @@ async fn a_send_that_could_not_connect_is_retried_one_that_got_no_answer_is_not(
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn backoffs_double_and_neither_429s_nor_the_plain_fallback_use_up_attempts() {
+    let delivery = delivery(3);
+    // Two transient failures: 400 ms, then 800 ms of backoff.
+    let started = tokio::time::Instant::now();
+    let (result, _) = call(&delivery, Idempotence::Unsafe, 2, io_error).await;
+    assert_eq!(result.unwrap(), Some(42));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1200) && waited < Duration::from_millis(1300),
+        "{waited:?}"
+    );
+    // Three 429s, then two transient failures: still within 3 attempts.
+    let failures = Arc::new(AtomicU32::new(0));
+    let mixed = move || match failures.fetch_add(1, Ordering::SeqCst) {
+        0..=2 => RequestError::RetryAfter(Seconds::from_seconds(1)),
+        _ => io_error(),
+    };
+    let (result, attempts) = call(&delivery, Idempotence::Unsafe, 5, mixed).await;
+    assert_eq!(result.unwrap(), Some(42), "429s used up the attempts");
+    assert_eq!(attempts.count(), 6);
+    // Refused entities once, then two transient failures: the same.
+    let failures = Arc::new(AtomicU32::new(0));
+    let mixed = move || match failures.fetch_add(1, Ordering::SeqCst) {
+        0 => RequestError::Api(ApiError::CantParseEntities("bad offset".into())),
+        _ => io_error(),
+    };
+    let (result, attempts) = call(&delivery, Idempotence::Unsafe, 3, mixed).await;
+    assert_eq!(
+        result.unwrap(),
+        Some(42),
+        "the plain fallback used up an attempt"
+    );
+    assert_eq!(attempts.count(), 4);
+}
+
+const FAKE_CHAT: i64 = 42;
+
+fn fake_chat() -> ChatTarget {
+    ChatTarget {
+        chat_id: FAKE_CHAT,
+        thread_id: None,
+        is_group: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commands_reply_goes_out_before_replies_already_waiting() {
+    let fake = FakeBotApi::start().await;
+    let delivery = delivery_through(fake.bot(), 3);
+    // The first answer is slow to be answered: the others wait behind it.
+    fake.fail_next("sendMessage", 1, Failure::Delay(Duration::from_millis(500)));
+    let mut sending = Vec::new();
+    for (text, command) in [
+        ("one", false),
+        ("two", false),
+        ("three", false),
+        ("Stopped", true),
+    ] {
+        let delivery = delivery.clone();
+        let reply = if command {
+            Reply::command(text)
+        } else {
+            Reply::answer(text)
+        };
+        sending.push(tokio::spawn(async move {
+            delivery.deliver_reply(fake_chat(), &reply, None).await
+        }));
+        // Queued in this order.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for sent in sending {
+        sent.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        fake.sent_texts(FAKE_CHAT),
+        ["one", "Stopped", "two", "three"],
+        "the command's reply waited behind answers"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_whose_entities_are_refused_is_redone_in_plain_text() {
+    let fake = FakeBotApi::start().await;
+    let delivery = delivery_through(fake.bot(), 3);
+    let ids = delivery
+        .deliver_reply(fake_chat(), &Reply::answer("draft"), None)
+        .await
+        .unwrap();
+    let formatted = render("**bold** move");
+    assert!(!formatted.entities.is_empty());
+    delivery
+        .edit_chunk(fake_chat(), ids[0], &formatted)
+        .await
+        .unwrap();
+    fake.fail_next(
+        "editMessageText",
+        1,
+        Failure::BadRequest("Bad Request: can't parse entities: unsupported start tag".into()),
+    );
+    let formatted = render("**bolder** move");
+    delivery
+        .edit_chunk(fake_chat(), ids[0], &formatted)
+        .await
+        .unwrap();
+    let edits: Vec<Option<serde_json::Value>> = fake
+        .calls_to("editMessageText")
+        .into_iter()
+        .map(|call| call.body.get("entities").cloned())
+        .collect();
+    assert_eq!(edits.len(), 3, "{edits:?}");
+    assert!(
+        edits[0].is_some(),
+        "a formatted edit went out without its entities"
+    );
+    assert!(edits[1].is_some());
+    assert!(
+        edits[2].is_none(),
+        "the plain-text redo still carried entities"
+    );
+    assert_eq!(delivery.stats().plain_fallbacks, 1);
+    // A plain edit carries no entities at all.
+    delivery
+        .edit_chunk(fake_chat(), ids[0], &render("plain words"))
+        .await
+        .unwrap();
+    let last = fake.calls_to("editMessageText").pop().unwrap();
+    assert!(last.body.get("entities").is_none(), "{:?}", last.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typing_action_refused_with_429_is_counted_and_not_retried() {
+    let fake = FakeBotApi::start().await;
+    let delivery = delivery_through(fake.bot(), 3);
+    fake.fail_next("sendChatAction", 1, Failure::RetryAfter(2));
+    assert!(!delivery.typing(fake_chat()).await);
+    let stats = delivery.stats();
+    assert_eq!(
+        (stats.retry_after_hits, stats.retry_after_wait_ms),
+        (1, 2000)
+    );
+    assert_eq!(fake.calls_to("sendChatAction").len(), 1);
 }

@@ -399,18 +399,8 @@ impl Delivery {
         }
     }
 
-    /// Send one chunk as a new message. Returns its message id.
-    pub async fn send_chunk(
-        &self,
-        target: ChatTarget,
-        chunk: &FormattedText,
-        reply_to: Option<i64>,
-    ) -> Result<i32, DeliveryError> {
-        self.send_chunk_with(target, chunk, reply_to, Priority::Normal)
-            .await
-    }
-
-    /// [`Delivery::send_chunk`] in the given lane.
+    /// Send one chunk as a new message in the given lane. Returns its
+    /// message id.
     pub async fn send_chunk_with(
         &self,
         target: ChatTarget,
