@@ -364,6 +364,35 @@ async fn retry_undo_and_model_change_what_the_llm_receives() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_chosen_before_a_restart_is_still_the_sessions_after_it() {
+    let fake = FakeBotApi::start().await;
+    let llm = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let bot = start_openai(&fake, &llm, dir.path()).await;
+    fake.push_text(USER, USER, "/model");
+    let (list, _, big) = wait_button(&fake, USER, "big").await;
+    fake.push_callback_query(USER, USER, list, &big);
+    assert!(wait_text(&fake, USER, "🧠 Model: big").await);
+    bot.shutdown().await;
+
+    // A new process knows the choice only from the store.
+    let bot = start_openai(&fake, &llm, dir.path()).await;
+    llm.push_when(last_user_contains("after"), Script::text("answered after"));
+    fake.push_text(USER, USER, "after the restart");
+    assert!(wait_text(&fake, USER, "answered after").await);
+    let requests = llm.requests();
+    assert_eq!(requests.last().unwrap()["model"], json!("big"));
+    // /new starts a session on the configured model again.
+    fake.push_text(USER, USER, "/new");
+    assert!(wait_text(&fake, USER, "Started a fresh session").await);
+    llm.push_when(last_user_contains("fresh"), Script::text("answered fresh"));
+    fake.push_text(USER, USER, "fresh start");
+    assert!(wait_text(&fake, USER, "answered fresh").await);
+    assert_eq!(llm.requests().last().unwrap()["model"], json!("small"));
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_press_recorded_before_a_restart_is_carried_out_once() {
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;

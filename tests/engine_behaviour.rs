@@ -85,6 +85,28 @@ async fn stop_when_idle_says_there_is_nothing_to_stop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_says_a_task_was_stopped_only_when_one_was() {
+    let (engine, agent, sent) = engine(BusyMode::Interrupt);
+    send(&engine, 1, "/new").await;
+    assert!(sent.wait_for_text("Started a fresh session", WAIT).await);
+    assert!(
+        !sent.any_contains("stopped"),
+        "an idle /new claimed to stop a task: {:?}",
+        sent.texts()
+    );
+    send(&engine, 1, "block").await;
+    assert!(eventually(WAIT, || agent.started() == 1).await);
+    send(&engine, 1, "/reset").await;
+    let texts = sent.texts();
+    let reply = texts.last().expect("/reset answered");
+    assert!(
+        reply.contains("Session reset") && reply.contains("The running task was stopped."),
+        "{reply}"
+    );
+    settle(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupt_mode_discards_the_interrupted_turn_and_runs_the_new_message() {
     let (engine, agent, sent) = engine(BusyMode::Interrupt);
     send(&engine, 1, "block").await;

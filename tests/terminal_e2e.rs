@@ -335,6 +335,15 @@ async fn ps_status_and_kill_manage_background_processes_without_a_wakeup() {
     assert!(ps.contains("sleep 30 & sleep 30; wait"), "{ps}");
     t.send(CHAT_A, "/status");
     assert!(t.wait_text(CHAT_A, "Background processes running: 1").await);
+    let status = t
+        .texts(CHAT_A)
+        .into_iter()
+        .find(|m| m.contains("Background processes running"))
+        .unwrap();
+    assert!(
+        status.contains(process.id.as_str()) && status.contains("sleep 30"),
+        "/status does not show the process: {status}"
+    );
     // Another chat neither sees nor kills it.
     t.send(CHAT_B, &format!("/kill {}", process.id));
     assert!(t.wait_text(CHAT_B, "There is no process").await);
