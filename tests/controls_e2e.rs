@@ -382,6 +382,21 @@ async fn a_model_chosen_before_a_restart_is_still_the_sessions_after_it() {
     assert!(wait_text(&fake, USER, "answered after").await);
     let requests = llm.requests();
     assert_eq!(requests.last().unwrap()["model"], json!("big"));
+    // The /model list ticks the session's model.
+    fake.push_text(USER, USER, "/model");
+    let ticked = |label: &str| {
+        let shown = buttons(&fake, USER);
+        let newest = shown.iter().map(|b| b.0).max();
+        shown
+            .iter()
+            .any(|b| Some(b.0) == newest && b.0 != list && b.1 == label)
+    };
+    assert!(
+        fake.wait_for(|_| ticked("✓ big"), WAIT).await,
+        "{:?}",
+        buttons(&fake, USER)
+    );
+    assert!(ticked("small") && !ticked("✓ small"));
     // /new starts a session on the configured model again.
     fake.push_text(USER, USER, "/new");
     assert!(wait_text(&fake, USER, "Started a fresh session").await);

@@ -6,6 +6,7 @@
 mod support;
 
 use serde_json::json;
+use support::fake_bot::{Failure, RecordedCall};
 use support::fake_openai::{last_tool_result, last_user_contains, tool_result_after, Script};
 use support::tools_bot::{ToolsBot, CHAT_A};
 
@@ -164,7 +165,25 @@ async fn stop_denies_the_pending_approval() {
     script(&t, "A: clean up", "rm -rf build", "A: never said");
     t.send(CHAT_A, "A: clean up");
     assert!(t.wait_text(CHAT_A, ASKED).await);
+    // "Stopped" is slow to be answered: while it is on its way (the old
+    // turn is cancelled only after it), the approval must already be
+    // refused, or an Approve press could still run the command.
+    t.fake.fail_next(
+        "sendMessage",
+        1,
+        Failure::Delay(std::time::Duration::from_millis(800)),
+    );
     t.send(CHAT_A, "/stop");
+    let stopping = |calls: &[RecordedCall]| {
+        calls
+            .iter()
+            .any(|c| c.method == "sendMessage" && c.text().is_some_and(|t| t.contains("Stopped")))
+    };
+    assert!(t.fake.wait_for(stopping, support::tools_bot::WAIT).await);
+    assert!(
+        !approval_pending(&t),
+        "the approval was still pending while \"Stopped\" was on its way"
+    );
     assert!(t.wait_text(CHAT_A, "Stopped").await);
     assert!(!approval_pending(&t));
     assert!(t.settled(CHAT_A).await);

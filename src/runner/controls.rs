@@ -494,3 +494,46 @@ impl Drop for OpenGateAfterSending {
         self.gate.cancel();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Platform, SessionSource};
+
+    /// Delivers nothing, successfully.
+    struct Nowhere;
+
+    impl Outbound for Nowhere {
+        fn deliver<'a>(
+            &'a self,
+            _to: &'a SessionSource,
+            _reply: Reply,
+        ) -> BoxFuture<'a, Result<(), DeliveryError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    fn stopping_reply(gate: &CancellationToken) -> OpenGateAfterSending {
+        OpenGateAfterSending {
+            outbound: Arc::new(Nowhere),
+            to: SessionSource::dm(Platform::Telegram, 1),
+            gate: gate.clone(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_stopped_previews_gate_opens_once_the_reply_is_sent() {
+        let gate = CancellationToken::new();
+        let reply = Box::new(stopping_reply(&gate));
+        assert!(!gate.is_cancelled());
+        reply.finish(Reply::command("⏹ Stopped.")).await.unwrap();
+        assert!(gate.is_cancelled());
+    }
+
+    #[test]
+    fn the_stopped_previews_gate_opens_when_the_reply_is_dropped_unsent() {
+        let gate = CancellationToken::new();
+        drop(stopping_reply(&gate));
+        assert!(gate.is_cancelled(), "the marker would wait for ever");
+    }
+}
