@@ -647,55 +647,93 @@ async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
     bot.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wakeup_killed_mid_turn_is_resumed_without_being_recorded_twice() {
-    use telegate::store::{InboxState, Role, TranscriptEntry};
-    let fake = FakeBotApi::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let text = config_text(&fake, "", "").replace(
+/// The config of a bot storing in `data`.
+fn file_backed_config(fake: &FakeBotApi, data: &Path) -> Config {
+    let text = config_text(fake, "", "").replace(
         "[store]\nin_memory = true\n",
-        &format!("[store]\ndata_dir = \"{}\"\n", data.path().display()),
+        &format!("[store]\ndata_dir = \"{}\"\n", data.display()),
     );
-    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap();
-    // As a kill -9 leaves a wakeup's turn: its inbox row running, and the
-    // transcript ending with it (nothing of the answer recorded yet).
+    Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap()
+}
+
+/// Leave the store as a kill -9 during a wakeup's turn does: the wakeup's
+/// inbox row running, and `transcript` (user messages) in USER's session
+/// "s-killed".
+async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) {
+    use telegate::store::{InboxState, TranscriptEntry};
     let key = format!("agent:main:telegram:dm:{USER}");
-    {
-        let store = telegate::engine::open_store(&config.store).await.unwrap();
-        let session = store
-            .get_or_create_session(&key, "s-killed".into())
-            .await
-            .unwrap();
+    let store = telegate::engine::open_store(&config.store).await.unwrap();
+    let session = store
+        .get_or_create_session(&key, "s-killed".into())
+        .await
+        .unwrap();
+    for text in transcript {
         // (An internal event's entry is named as the runner names it.)
-        let mut entry = TranscriptEntry::user("job 7 done");
+        let mut entry = TranscriptEntry::user(*text);
         entry.name = Some("telegate".into());
         store.append(&session.session_id, entry).await.unwrap();
-        let id = -1_700_000_000_000_007;
-        let payload = json!({"telegate_wakeup": {
-            "text": "job 7 done", "chat_id": USER, "chat_type": "dm",
-            "thread_id": null, "user_id": null, "user_name": null, "session_id": null,
-        }});
-        store
-            .record_update(id, USER, Some(id), payload, InboxState::Running, None)
-            .await
-            .unwrap();
-        store.close().await.unwrap();
     }
+    let id = -1_700_000_000_000_007;
+    let payload = json!({"telegate_wakeup": {
+        "text": wakeup, "chat_id": USER, "chat_type": "dm",
+        "thread_id": null, "user_id": null, "user_name": null, "session_id": null,
+    }});
+    store
+        .record_update(id, USER, Some(id), payload, InboxState::Running, None)
+        .await
+        .unwrap();
+    store.close().await.unwrap();
+}
+
+/// How often the user messages of session "s-killed" say `text`.
+async fn recorded_times(bot: &TelegramBot, text: &str) -> usize {
+    let history = bot.store.load_history("s-killed", None).await.unwrap();
+    history
+        .iter()
+        .filter(|m| m.role == telegate::store::Role::User && m.content == text)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wakeup_killed_mid_turn_is_resumed_without_being_recorded_twice() {
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let config = file_backed_config(&fake, data.path());
+    // Killed after the turn recorded the wakeup, before any answer.
+    seed_killed_wakeup(&config, &["job 7 done"], "job 7 done").await;
     let agent = ScriptedAgent::new();
     let bot = TelegramBot::start_with_agent(&config, agent.clone())
         .await
         .unwrap();
     assert!(wait_text(&fake, USER, "answer:job 7 done").await);
     assert_eq!(agent.turn_texts(), vec!["job 7 done"]);
-    let history = bot.store.load_history("s-killed", None).await.unwrap();
-    let recorded = history
-        .iter()
-        .filter(|m| m.role == Role::User && m.content == "job 7 done")
-        .count();
     assert_eq!(
-        recorded, 1,
-        "the resumed wakeup was recorded again: {history:?}"
+        recorded_times(&bot, "job 7 done").await,
+        1,
+        "recorded again"
     );
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wakeup_killed_before_it_was_recorded_is_recorded_on_resuming() {
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let config = file_backed_config(&fake, data.path());
+    // Killed before the turn recorded the wakeup: the transcript ends with
+    // an older user message, which is not this one.
+    seed_killed_wakeup(&config, &["an older question"], "job 8 done").await;
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+        .await
+        .unwrap();
+    assert!(wait_text(&fake, USER, "answer:job 8 done").await);
+    assert_eq!(
+        recorded_times(&bot, "job 8 done").await,
+        1,
+        "never recorded"
+    );
+    assert_eq!(recorded_times(&bot, "an older question").await, 1);
     bot.shutdown().await;
 }
 

@@ -43,14 +43,4 @@ impl SessionTable {
         let old = self.current.insert(key.clone(), new.clone());
         (old, new)
     }
-
-    /// Number of known slots.
-    pub fn len(&self) -> usize {
-        self.current.len()
-    }
-
-    /// True when no slot is known.
-    pub fn is_empty(&self) -> bool {
-        self.current.is_empty()
-    }
 }
