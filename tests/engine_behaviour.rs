@@ -437,6 +437,67 @@ async fn a_turn_dropped_at_shutdown_fires_its_cancel_token_for_work_it_handed_of
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transcript_keeps_an_answer_whole_and_a_failed_turn_as_interrupted() {
+    use telegate::adapter::{DispatchContext, MessageHandler};
+    use telegate::store::Role;
+    let store = telegate::store::Store::open_in_memory().unwrap();
+    let metrics = telegate::metrics::Metrics::default();
+    let runner = telegate::runner::Runner::with_store(
+        ScriptedAgent::new(),
+        Recorder::new(),
+        store.clone(),
+        RunnerConfig {
+            metrics: metrics.clone(),
+            ..RunnerConfig::default()
+        },
+    );
+    let ctx = || DispatchContext {
+        key: session_key(1),
+        interrupt: tokio_util::sync::CancellationToken::new(),
+        slot_busy: false,
+        queue_depth: 0,
+        claimed_while_busy: false,
+    };
+    let entries = || async {
+        let session = runner.current_session(&session_key(1)).unwrap();
+        store
+            .load_history(session.as_str(), None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.role, e.content, e.interrupted))
+            .collect::<Vec<_>>()
+    };
+    // Streamed, then answered: the answer alone, not also its preview.
+    let out = runner.handle(make_event("slow:10", 1), ctx()).await;
+    assert_eq!(out.unwrap().reply.text, "answer:slow:10");
+    assert_eq!(
+        entries().await,
+        [
+            (Role::User, "slow:10".to_string(), false),
+            (Role::Assistant, "answer:slow:10".to_string(), false),
+        ]
+    );
+    // Failed halfway: what the user saw is kept, marked as interrupted.
+    let out = runner
+        .handle(make_event("fail after progress", 1), ctx())
+        .await;
+    assert!(out.unwrap().reply.text.contains("The backend broke."));
+    let after = entries().await;
+    assert_eq!(
+        after[2..],
+        [
+            (Role::User, "fail after progress".to_string(), false),
+            (Role::Assistant, "half an answer".to_string(), true),
+        ]
+    );
+    assert_eq!(metrics.turns_cancelled.get(), 0, "nothing was cancelled");
+    // An agent that ends as cancelled on its own counts as cancelled.
+    runner.handle(make_event("gives up", 1), ctx()).await;
+    assert_eq!(metrics.turns_cancelled.get(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failing_store_is_retried_with_growing_pauses_before_a_session_is_given_up() {
     let store = telegate::store::Store::open_in_memory().unwrap();

@@ -812,6 +812,9 @@ async fn a_stale_turn_resuming_after_stop_cannot_release_the_newer_turn_or_answe
     assert_eq!(reply_text(new_out).as_deref(), Some("answer:new"));
     assert!(runner.running_agent(&sk).is_none());
     assert_eq!(runner.generation_entries(), 0);
+    // The stopped turn counts as cancelled (although its agent answered);
+    // the answered one does not.
+    assert_eq!(metrics.turns_cancelled.get(), 1);
 }
 
 #[tokio::test]

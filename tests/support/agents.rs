@@ -5,6 +5,9 @@
 //! * `slow:<ms>`  answers after `ms` milliseconds (cancellable), pinging progress;
 //! * `silent`     hangs without any progress (for the watchdog);
 //! * `fail`       returns a backend error;
+//! * `fail after progress`  shows "half an answer", then fails the same way;
+//! * `gives up`   ends as cancelled on its own (as a CLI agent killed from
+//!   outside does);
 //! * `panic`      panics;
 //! * `near:<n>`   answers plain text of exactly `n` UTF-16 units (emoji
 //!   included), `nearbold:<n>` the same wrapped in `**…**`;
@@ -127,6 +130,16 @@ impl Agent for ScriptedAgent {
                 return Ok(AgentReply::new(format!("**{inner}**")));
             } else if text == "silent" {
                 wait(Duration::from_secs(3600)).await?;
+            } else if text == "fail after progress" {
+                turn.progress.push_text("half an answer");
+                ended_early.0 = None;
+                return Err(AgentError::Backend {
+                    user_message: "The backend broke.".into(),
+                    detail: "broke halfway".into(),
+                });
+            } else if text == "gives up" {
+                ended_early.0 = None;
+                return Err(AgentError::Cancelled);
             } else if text == "fail" {
                 return Err(AgentError::Backend {
                     user_message: "The backend broke.".into(),
