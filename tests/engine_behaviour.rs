@@ -123,6 +123,20 @@ async fn interrupt_mode_discards_the_interrupted_turn_and_runs_the_new_message()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_turn_that_ignores_its_cancel_still_never_answers() {
+    let (engine, agent, sent) = engine(BusyMode::Interrupt);
+    send(&engine, 1, "deaf:300").await;
+    assert!(eventually(WAIT, || agent.started() == 1).await);
+    send(&engine, 1, "second").await;
+    assert!(sent.wait_for_text("answer:second", WAIT).await);
+    settle(&engine).await;
+    assert_eq!(
+        sent.texts(),
+        vec!["⚡ Interrupting the current task…", "answer:second"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_mode_answers_follow_ups_in_order_each_once() {
     let (engine, agent, sent) = engine(BusyMode::Queue);
     send(&engine, 1, "slow:200").await;
@@ -496,6 +510,20 @@ async fn the_transcript_keeps_an_answer_whole_and_a_failed_turn_as_interrupted()
     // An agent that ends as cancelled on its own counts as cancelled.
     runner.handle(make_event("gives up", 1), ctx()).await;
     assert_eq!(metrics.turns_cancelled.get(), 1);
+    // It showed nothing, so nothing of it is kept but the message.
+    assert_eq!(
+        entries().await[4..],
+        [(Role::User, "gives up".to_string(), false)]
+    );
+    // /status says when the last turn left old history out, and only then.
+    let status = || async {
+        let out = runner.handle(make_event("/status", 1), ctx()).await;
+        out.unwrap().reply.text
+    };
+    runner.handle(make_event("trimmed:3", 1), ctx()).await;
+    assert!(status().await.contains("(3 oldest left out"));
+    runner.handle(make_event("all of it", 1), ctx()).await;
+    assert!(!status().await.contains("left out"));
 }
 
 #[tokio::test(start_paused = true)]

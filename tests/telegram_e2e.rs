@@ -728,6 +728,12 @@ async fn a_wakeup_killed_before_it_was_recorded_is_recorded_on_resuming() {
         .await
         .unwrap();
     assert!(wait_text(&fake, USER, "answer:job 8 done").await);
+    // Resumed with the session's history.
+    assert_eq!(
+        agent.histories.lock().unwrap()[0],
+        ["an older question"],
+        "the resumed turn lost its history"
+    );
     assert_eq!(
         recorded_times(&bot, "job 8 done").await,
         1,

@@ -6,6 +6,8 @@
 //! * `silent`     hangs without any progress (for the watchdog);
 //! * `fail`       returns a backend error;
 //! * `fail after progress`  shows "half an answer", then fails the same way;
+//! * `deaf:<ms>`  answers after `ms` milliseconds, ignoring cancellation;
+//! * `trimmed:<n>`  answers, saying it left the `n` oldest history messages out;
 //! * `gives up`   ends as cancelled on its own (as a CLI agent killed from
 //!   outside does);
 //! * `panic`      panics;
@@ -26,6 +28,8 @@ pub struct ScriptedAgent {
     pub cancelled: AtomicUsize,
     /// (chat id, text, session id) of every started turn, in start order.
     pub turns: Mutex<Vec<(i64, String, String)>>,
+    /// The history (message contents) each started turn was given.
+    pub histories: Mutex<Vec<Vec<String>>>,
 }
 
 impl ScriptedAgent {
@@ -73,6 +77,10 @@ impl Agent for ScriptedAgent {
                 turn.text.clone(),
                 turn.session_id.to_string(),
             ));
+            self.histories
+                .lock()
+                .unwrap()
+                .push(turn.history.iter().map(|m| m.content.clone()).collect());
             let text = turn.text.clone();
             // A turn is cancelled either by its token or by its future being
             // dropped; the guard counts both.
@@ -137,6 +145,15 @@ impl Agent for ScriptedAgent {
                     user_message: "The backend broke.".into(),
                     detail: "broke halfway".into(),
                 });
+            } else if let Some(ms) = text.strip_prefix("deaf:") {
+                // Ignores its cancel token: answers after `ms` regardless.
+                let ms: u64 = ms.parse().unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            } else if let Some(n) = text.strip_prefix("trimmed:") {
+                ended_early.0 = None;
+                let mut reply = AgentReply::new(format!("answer:{text}"));
+                reply.history_trimmed = n.parse().unwrap_or(0);
+                return Ok(reply);
             } else if text == "gives up" {
                 ended_early.0 = None;
                 return Err(AgentError::Cancelled);
