@@ -75,7 +75,7 @@ tests_of() {
         slots | pending | guard) echo "${engine_tests[*]}" ;;
         identity | wakeup) echo "--lib --test xsession_wakeup --test terminal_e2e" ;;
         split | entity) echo "--lib --test telegram_e2e" ;;
-        adapter | runner) echo "${engine_tests[*]} --test instant_control --test xsession_wakeup --test telegram_e2e --test terminal_e2e --test approval_authority_e2e --test terminal_approval_e2e --test controls_e2e --test cli_agents_e2e" ;;
+        adapter | runner) echo "${engine_tests[*]} --test instant_control --test xsession_wakeup --test telegram_e2e --test terminal_e2e --test approval_authority_e2e --test terminal_approval_e2e --test controls_e2e --test cli_agents_e2e --test media_e2e" ;;
         ledger) echo "--lib --test crash_recovery --test telegram_e2e --test outbox_once" ;;
         intake) echo "--lib --test crash_recovery --test telegram_e2e --test outbox_once --test media_e2e --test store_integrity --test instance_lock --test controls_e2e --test inbound_fuzz" ;;
         delivery) echo "--lib --test telegram_e2e --test outbox_once --test chaos --test delivery_retries" ;;
