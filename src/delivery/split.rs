@@ -511,6 +511,29 @@ mod tests {
     }
 
     #[test]
+    fn whitespace_after_a_cut_is_dropped_outside_code_blocks_and_after_their_end() {
+        let pre =
+            |offset, length| TextEntity::new(EntityKind::Pre { language: None }, offset, length);
+        // Prose cut at its spaces, with a code block elsewhere in the text.
+        let text = FormattedText {
+            text: "alpha beta   gamma delta\nx".into(),
+            entities: vec![pre(25, 1)],
+        };
+        let chunks = split(&text, 12);
+        assert_eq!(texts(&chunks), vec!["alpha beta", "gamma delta", "x"]);
+        assert_valid_split(&text, &chunks, 12);
+        // A cut right where a code block ends: the spaces after it are not
+        // its indentation.
+        let text = FormattedText {
+            text: "code  ok".into(),
+            entities: vec![pre(0, 4)],
+        };
+        let chunks = split(&text, 4);
+        assert_eq!(texts(&chunks), vec!["code", "ok"]);
+        assert_valid_split(&text, &chunks, 4);
+    }
+
+    #[test]
     fn whitespace_only_stretches_produce_no_chunks() {
         let text = FormattedText::plain(format!("a{}b", " ".repeat(30)));
         assert_eq!(texts(&split(&text, 8)), vec!["a", "b"]);
