@@ -21,7 +21,8 @@
 #                     "-E controls\.rs:(18|66): -E src/runner/mod\.rs" to
 #                     skip mutants an interrupted run already tested
 # Survivors must be killed by a new test or listed, with the reason they
-# are equivalent, in mutants-accepted.md.
+# are equivalent, in mutants-accepted.md (its `text accepted` block); the
+# script exits 2 if any survivor is not listed there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -98,8 +99,38 @@ fi
 # Split on spaces only (no globbing: the arguments are regexes).
 read -r -a extra_args <<<"${MUTANTS_ARGS:-}"
 
+# Prints the survivors listed in `$1` that mutants-accepted.md does not
+# accept (names compared without line and column; each accepted line
+# covers one survivor) and fails if there is any.
+unexplained() {
+    python3 - "$1" mutants-accepted.md <<'PY'
+import re, sys
+from collections import Counter
+missed_path, accepted_path = sys.argv[1], sys.argv[2]
+text = open(accepted_path, encoding="utf-8").read()
+block = re.search(r"```text accepted\n(.*?)```", text, re.S)
+accepted = Counter(l.strip() for l in (block.group(1) if block else "").splitlines() if l.strip())
+try:
+    missed = [l.strip() for l in open(missed_path, encoding="utf-8") if l.strip()]
+except FileNotFoundError:
+    missed = []
+bad = []
+for name in missed:
+    key = re.sub(r"^([^:]+):\d+:\d+:", r"\1:", name)
+    if accepted[key] > 0:
+        accepted[key] -= 1
+        print(f"   accepted   {name}")
+    else:
+        bad.append(name)
+for name in bad:
+    print(f"   UNEXPLAINED {name}")
+sys.exit(1 if bad else 0)
+PY
+}
+
 mkdir -p target/mutants-out
 status=0
+failed=0
 for group in "${groups[@]}"; do
     file_args=()
     for f in $(files_of "$group"); do file_args+=(-f "$f"); done
@@ -120,6 +151,17 @@ for group in "${groups[@]}"; do
     for kind in caught missed unviable timeout; do
         printf '   %-8s %s\n' "$kind" "$(wc -l <"$out/$kind.txt" 2>/dev/null || echo 0)"
     done
+    # Survivors are fine only when mutants-accepted.md lists them.
+    if ! unexplained "$out/missed.txt"; then
+        failed=1
+    fi
 done
-# 0: every mutant caught (or unviable); 2: survivors; 3: timeouts.
-exit $status
+# 0: every survivor is listed in mutants-accepted.md (timeouts count as
+# caught: the mutant hung a test); 2: unexplained survivors.
+if [ "$failed" -ne 0 ]; then
+    exit 2
+fi
+if [ "$status" -ne 0 ] && [ "$status" -ne 2 ] && [ "$status" -ne 3 ]; then
+    exit "$status"
+fi
+exit 0
