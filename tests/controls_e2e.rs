@@ -260,6 +260,17 @@ async fn start_openai(fake: &FakeBotApi, llm: &FakeOpenAi, dir: &Path) -> Telegr
         .expect("bot starts against the fakes")
 }
 
+/// The store a bot storing in `dir` uses, opened while no bot runs.
+async fn store_in(fake: &FakeBotApi, dir: &Path) -> Store {
+    let path = config(
+        fake,
+        &format!("[store]\ndata_dir = \"{}\"\n", dir.display()),
+    )
+    .store
+    .database_path();
+    Store::open_async(path).await.expect("the store opens")
+}
+
 /// Wait until the private chat of USER has no task running or queued (an
 /// answer may be visible as a preview before its turn has ended).
 async fn idle(bot: &TelegramBot) {
@@ -433,13 +444,7 @@ async fn a_press_recorded_before_a_restart_is_carried_out_once() {
         }
     });
     {
-        let path = config(
-            &fake,
-            &format!("[store]\ndata_dir = \"{}\"\n", dir.path().display()),
-        )
-        .store
-        .database_path();
-        let store = Store::open_async(path).await.expect("the store reopens");
+        let store = store_in(&fake, dir.path()).await;
         assert!(store
             .record_update(update_id, USER, None, payload, InboxState::Received, None)
             .await
@@ -476,13 +481,7 @@ async fn an_unreadable_press_recorded_before_a_restart_is_closed_not_kept() {
     // A press recorded by an earlier version that this one cannot read
     // (no `from`): nothing to carry out.
     {
-        let path = config(
-            &fake,
-            &format!("[store]\ndata_dir = \"{}\"\n", dir.path().display()),
-        )
-        .store
-        .database_path();
-        let store = Store::open_async(path).await.expect("the store opens");
+        let store = store_in(&fake, dir.path()).await;
         let payload = json!({"update_id": 5, "callback_query": {"id": "cbq-odd", "data": "b:1"}});
         assert!(store
             .record_update(5, USER, None, payload, InboxState::Received, None)

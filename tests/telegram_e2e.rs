@@ -563,11 +563,7 @@ async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
     use telegate::event::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let text = config_text(&fake, "", "[sessions]\nshutdown_grace_secs = 0\n").replace(
-        "[store]\nin_memory = true\n",
-        &format!("[store]\ndata_dir = \"{}\"\n", data.path().display()),
-    );
-    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap();
+    let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
 
     let agent = ScriptedAgent::new();
     let bot = TelegramBot::start_with_agent(&config, agent.clone())
@@ -619,11 +615,7 @@ async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
     use telegate::event::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let text = config_text(&fake, "", "[sessions]\nshutdown_grace_secs = 0\n").replace(
-        "[store]\nin_memory = true\n",
-        &format!("[store]\ndata_dir = \"{}\"\n", data.path().display()),
-    );
-    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap();
+    let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
 
     let agent = ScriptedAgent::new();
     let bot = TelegramBot::start_with_agent(&config, agent.clone())
@@ -647,9 +639,9 @@ async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
     bot.shutdown().await;
 }
 
-/// The config of a bot storing in `data`.
-fn file_backed_config(fake: &FakeBotApi, data: &Path) -> Config {
-    let text = config_text(fake, "", "").replace(
+/// The config of a bot storing in `data` (`rest`: more settings).
+fn file_backed_config(fake: &FakeBotApi, data: &Path, rest: &str) -> Config {
+    let text = config_text(fake, "", rest).replace(
         "[store]\nin_memory = true\n",
         &format!("[store]\ndata_dir = \"{}\"\n", data.display()),
     );
@@ -698,7 +690,7 @@ async fn recorded_times(bot: &TelegramBot, text: &str) -> usize {
 async fn a_wakeup_killed_mid_turn_is_resumed_without_being_recorded_twice() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = file_backed_config(&fake, data.path());
+    let config = file_backed_config(&fake, data.path(), "");
     // Killed after the turn recorded the wakeup, before any answer.
     seed_killed_wakeup(&config, &["job 7 done"], "job 7 done").await;
     let agent = ScriptedAgent::new();
@@ -719,7 +711,7 @@ async fn a_wakeup_killed_mid_turn_is_resumed_without_being_recorded_twice() {
 async fn a_wakeup_killed_before_it_was_recorded_is_recorded_on_resuming() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = file_backed_config(&fake, data.path());
+    let config = file_backed_config(&fake, data.path(), "");
     // Killed before the turn recorded the wakeup: the transcript ends with
     // an older user message, which is not this one.
     seed_killed_wakeup(&config, &["an older question"], "job 8 done").await;
@@ -747,11 +739,7 @@ async fn a_wakeup_killed_before_it_was_recorded_is_recorded_on_resuming() {
 async fn owners_of_background_processes_lost_in_a_restart_are_told() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let text = config_text(&fake, "", "").replace(
-        "[store]\nin_memory = true\n",
-        &format!("[store]\ndata_dir = \"{}\"\n", data.path().display()),
-    );
-    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap();
+    let config = file_backed_config(&fake, data.path(), "");
     // The previous run died while chat 42's job was still running.
     let store = telegate::engine::open_store(&config.store).await.unwrap();
     store
