@@ -153,27 +153,28 @@ mod tests {
 
     type Waiting = Pin<Box<dyn Future<Output = ChatTurn>>>;
 
+    /// Polls `waiting` once: the turn, if it has it now.
+    fn poll_once(waiting: &mut Waiting) -> Option<ChatTurn> {
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        match waiting.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(turn) => Some(turn),
+            std::task::Poll::Pending => None,
+        }
+    }
+
     /// A request queued for `chat_id`'s turn (polled once, so it is in its
     /// lane).
     fn queued(lanes: &Arc<ChatLanes>, chat_id: i64, priority: Priority) -> Waiting {
         let lanes = lanes.clone();
         let mut waiting: Waiting = Box::pin(async move { lanes.turn(chat_id, priority).await });
-        let waker = futures::task::noop_waker();
-        let mut cx = std::task::Context::from_waker(&waker);
-        assert!(waiting.as_mut().poll(&mut cx).is_pending(), "not queued");
+        assert!(poll_once(&mut waiting).is_none(), "not queued");
         waiting
     }
 
+    /// Whether `waiting` has the turn now (which it then drops at once).
     fn is_ready(waiting: &mut Waiting) -> bool {
-        let waker = futures::task::noop_waker();
-        let mut cx = std::task::Context::from_waker(&waker);
-        match waiting.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(turn) => {
-                drop(turn);
-                true
-            }
-            std::task::Poll::Pending => false,
-        }
+        poll_once(waiting).is_some()
     }
 
     #[tokio::test]
@@ -226,11 +227,7 @@ mod tests {
         let mut second = queued(&lanes, 1, Priority::Normal);
         drop(holder);
         assert!(!is_ready(&mut second), "the turn skipped a waiter");
-        let waker = futures::task::noop_waker();
-        let mut cx = std::task::Context::from_waker(&waker);
-        let std::task::Poll::Ready(turn) = first.as_mut().poll(&mut cx) else {
-            panic!("the first waiter did not get the turn");
-        };
+        let turn = poll_once(&mut first).expect("the first waiter did not get the turn");
         assert!(!is_ready(&mut second), "two requests held one chat's turn");
         drop(turn);
         assert!(is_ready(&mut second));

@@ -138,7 +138,7 @@ impl EventLedger for StoreLedger {
 /// A negative id for a journaled internal event: never a Telegram update or
 /// message id (those are positive). Unique within a process (each id is
 /// past the last one, even for more than a thousand ids in a millisecond)
-/// and across restarts (time-based: the clock in microseconds' room).
+/// and across restarts (time-based: the clock in milliseconds, times 1000).
 fn synthetic_id() -> i64 {
     static LAST: AtomicI64 = AtomicI64::new(0);
     let now = crate::store::now_ms().max(1).saturating_mul(1000);
