@@ -15,9 +15,9 @@
 //! telegate's overhead per command turn = command - in_process - bare.
 //! Target: under 5 ms. Prints its figures; asserts nothing about time.
 
-#[path = "../tests/support/fake_bot.rs"]
+#[path = "../tests/it/support/fake_bot.rs"]
 mod fake_bot;
-#[path = "../tests/support/fake_files.rs"]
+#[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;
 
 use std::path::{Path, PathBuf};

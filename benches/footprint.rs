@@ -11,9 +11,9 @@
 //! (LTO, one codegen unit). Prints figures and targets; asserts nothing
 //! (these machines are noisy).
 
-#[path = "../tests/support/fake_bot.rs"]
+#[path = "../tests/it/support/fake_bot.rs"]
 mod fake_bot;
-#[path = "../tests/support/fake_files.rs"]
+#[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;
 
 use std::path::{Path, PathBuf};

@@ -20,9 +20,9 @@
 //! Prints its figures and the target (10,000 updates/s end to end); asserts
 //! nothing about time (these machines are noisy).
 
-#[path = "../tests/support/fake_bot.rs"]
+#[path = "../tests/it/support/fake_bot.rs"]
 mod fake_bot;
-#[path = "../tests/support/fake_files.rs"]
+#[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;
 
 use std::path::Path;

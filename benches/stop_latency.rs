@@ -9,9 +9,9 @@
 //!
 //! Ten chats run their trials at once (ten rounds), as a busy bot would.
 
-#[path = "../tests/support/fake_bot.rs"]
+#[path = "../tests/it/support/fake_bot.rs"]
 mod fake_bot;
-#[path = "../tests/support/fake_files.rs"]
+#[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;
 
 use std::path::Path;

@@ -51,7 +51,9 @@ if command -v mold >/dev/null && [ -z "${RUSTFLAGS:-}" ]; then
     export RUSTFLAGS="-C link-arg=-fuse-ld=mold"
 fi
 
-engine_tests=(--lib --test session_split_brain --test engine_behaviour --test adapter_alone --test engine_properties)
+# The integration tests are one binary (`it`), a module per area: a group
+# names the modules that exercise its files (plus the library's unit tests).
+engine_tests=(session_split_brain engine_behaviour adapter_alone engine_properties)
 
 files_of() {
     case "$1" in
@@ -74,12 +76,12 @@ files_of() {
 tests_of() {
     case "$1" in
         slots | pending | guard) echo "${engine_tests[*]}" ;;
-        identity | wakeup) echo "--lib --test xsession_wakeup --test terminal_e2e" ;;
-        split | entity) echo "--lib --test telegram_e2e" ;;
-        adapter | runner) echo "${engine_tests[*]} --test instant_control --test xsession_wakeup --test telegram_e2e --test terminal_e2e --test approval_authority_e2e --test terminal_approval_e2e --test controls_e2e --test cli_agents_e2e --test media_e2e" ;;
-        ledger) echo "--lib --test crash_recovery --test telegram_e2e --test outbox_once" ;;
-        intake) echo "--lib --test crash_recovery --test telegram_e2e --test outbox_once --test media_e2e --test store_integrity --test instance_lock --test controls_e2e --test inbound_fuzz" ;;
-        delivery) echo "--lib --test telegram_e2e --test outbox_once --test chaos --test delivery_retries" ;;
+        identity | wakeup) echo "xsession_wakeup terminal_e2e" ;;
+        split | entity) echo "telegram_e2e" ;;
+        adapter | runner) echo "${engine_tests[*]} instant_control xsession_wakeup telegram_e2e terminal_e2e approval_authority_e2e terminal_approval_e2e controls_e2e cli_agents_e2e media_e2e" ;;
+        ledger) echo "crash_recovery telegram_e2e outbox_once" ;;
+        intake) echo "crash_recovery telegram_e2e outbox_once media_e2e store_integrity instance_lock controls_e2e inbound_fuzz" ;;
+        delivery) echo "telegram_e2e outbox_once chaos delivery_retries" ;;
     esac
 }
 
@@ -139,8 +141,16 @@ for group in "${groups[@]}"; do
     # to `cargo test` after `--`: otherwise each mutant's build links all
     # of the crate's ~36 test binaries, which took over 30 minutes a mutant
     # on a loaded two-core machine.
-    target_args=()
-    for arg in $(tests_of "$group"); do target_args+=("--cargo-arg=$arg"); done
+    # Only the library and the `it` binary are built (--cargo-arg goes to
+    # every cargo invocation, so each mutant links two test binaries), and
+    # of `it` only the group's modules run: a nextest filterset where
+    # nextest is installed, else the whole binary.
+    target_args=(--cargo-arg=--lib --cargo-arg=--test --cargo-arg=it)
+    if [ ${#test_tool[@]} -gt 0 ]; then
+        filter="kind(lib)"
+        for module in $(tests_of "$group"); do filter+=" | test(/^${module}::/)"; done
+        target_args+=("--cargo-test-arg=-E" "--cargo-test-arg=$filter")
+    fi
     cargo mutants "${file_args[@]}" -j "$jobs" --timeout "$timeout" \
         "${test_tool[@]}" \
         --build-timeout 1800 --baseline skip --copy-target false \

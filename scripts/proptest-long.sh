@@ -9,4 +9,4 @@ if [ "$cases" -lt 10000 ]; then
     echo "the long run uses at least 10,000 cases (got $cases)" >&2
     exit 2
 fi
-PROPTEST_CASES=$cases exec cargo test --locked --test engine_properties -- --test-threads=2
+PROPTEST_CASES=$cases exec cargo test --locked --test it engine_properties:: -- --test-threads=2

@@ -373,7 +373,7 @@ mod tests {
     #[test]
     fn entities_that_do_not_fit_the_text_are_ignored_without_panicking() {
         // Out of range, past the end, splitting the surrogate pair of 😀,
-        // overflowing: found by tests/inbound_fuzz.rs (teloxide's
+        // overflowing: found by tests/it/inbound_fuzz.rs (teloxide's
         // `parse_entities` panicked on each).
         for (offset, length) in [(0, 1), (3, 2), (1, 1), (0, usize::MAX), (usize::MAX, 1)] {
             let entities =

@@ -686,7 +686,7 @@ mod tests {
 
     #[test]
     fn a_deep_reply_chain_is_parsed_without_overflowing_the_stack() {
-        // Found by tests/inbound_fuzz.rs: a dozen nested `reply_to_message`
+        // Found by tests/it/inbound_fuzz.rs: a dozen nested `reply_to_message`
         // overflowed the stack inside teloxide and aborted the process.
         let base = json!({
             "message_id": 1, "date": 1, "text": "hi",

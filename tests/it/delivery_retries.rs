@@ -1,0 +1,462 @@
+//! The delivery engine's retry rules, failure by failure, through
+//! `Delivery::call_with` with requests that fail as told: what is retried
+//! (429s, transient failures, an unanswered idempotent request), what is
+//! never repeated (an unanswered send: it may have arrived), when a send
+//! falls back to plain text, and when it gives up. Network failures are real
+//! ones, from sockets on 127.0.0.1: a refused connection (nothing was sent)
+//! and a connection closed after the request was read (it may have been).
+
+use crate::support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::fake_bot::{Failure, FakeBotApi};
+use telegate::delivery::render;
+use telegate::delivery::telegram::{Idempotence, Priority};
+use telegate::delivery::{ChatTarget, Delivery, DeliveryConfig, RateLimits};
+use telegate::reply::{DeliveryError, Reply};
+use teloxide::types::Seconds;
+use teloxide::{ApiError, Bot, RequestError};
+
+const CHAT: ChatTarget = ChatTarget {
+    chat_id: 7,
+    thread_id: None,
+    is_group: false,
+};
+
+fn delivery(max_attempts: u32) -> Delivery {
+    delivery_through(Bot::new("0:test"), max_attempts)
+}
+
+fn delivery_through(bot: Bot, max_attempts: u32) -> Delivery {
+    Delivery::new(
+        bot,
+        DeliveryConfig {
+            limits: RateLimits {
+                per_chat_interval: Duration::from_millis(1),
+                group_per_minute: 0,
+                global_per_second: 0,
+            },
+            max_attempts,
+            ..DeliveryConfig::default()
+        },
+    )
+}
+
+/// What the request did on each attempt, in order: `true` when it was
+/// asked for plain text.
+#[derive(Default)]
+struct Attempts {
+    count: AtomicU32,
+    plain: std::sync::Mutex<Vec<bool>>,
+}
+
+impl Attempts {
+    fn note(&self, plain: bool) -> u32 {
+        self.plain.lock().unwrap().push(plain);
+        self.count.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn count(&self) -> u32 {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+/// Fails with `failure()` on the first `failing` attempts, then answers 42.
+async fn call(
+    delivery: &Delivery,
+    idempotence: Idempotence,
+    failing: u32,
+    failure: impl Fn() -> RequestError + Send + Sync + 'static,
+) -> (Result<Option<u32>, DeliveryError>, Arc<Attempts>) {
+    let attempts = Arc::new(Attempts::default());
+    let failure = Arc::new(failure);
+    let result = {
+        let attempts = attempts.clone();
+        delivery
+            .call_with(CHAT, idempotence, Priority::Normal, move |plain| {
+                let attempt = attempts.note(plain);
+                let failure = failure.clone();
+                async move {
+                    if attempt <= failing {
+                        Err(failure())
+                    } else {
+                        Ok(42)
+                    }
+                }
+            })
+            .await
+    };
+    (result, attempts)
+}
+
+/// `calling`, which must give up: within an hour of tokio's paused clock
+/// (every backoff together is far less), not by retrying without end.
+async fn give_up<T>(calling: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(3600), calling)
+        .await
+        .expect("retried without end")
+}
+
+fn io_error() -> RequestError {
+    RequestError::Io(Arc::new(std::io::Error::other("broken pipe")))
+}
+
+/// An answer that is not JSON: Telegram may have carried the request out.
+fn garbled_answer() -> RequestError {
+    let source = serde_json::from_str::<serde_json::Value>("<html>").unwrap_err();
+    RequestError::InvalidJson {
+        source: Arc::new(source),
+        raw: "<html>".into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answered_request_gives_its_value_through_call_and_call_with() {
+    let delivery = delivery(3);
+    let (result, attempts) = call(&delivery, Idempotence::Unsafe, 0, io_error).await;
+    assert_eq!(result.unwrap(), Some(42));
+    assert_eq!(attempts.count(), 1);
+    let value = delivery
+        .call(CHAT, Idempotence::Unsafe, |_| async {
+            Ok::<_, RequestError>(7)
+        })
+        .await;
+    assert_eq!(value.unwrap(), Some(7));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_failure_is_retried_until_it_succeeds_or_attempts_run_out() {
+    let delivery = delivery(3);
+    let (result, attempts) = call(&delivery, Idempotence::Unsafe, 2, io_error).await;
+    assert_eq!(result.unwrap(), Some(42));
+    assert_eq!(attempts.count(), 3);
+
+    let (result, attempts) =
+        give_up(call(&delivery, Idempotence::Unsafe, u32::MAX, io_error)).await;
+    assert!(
+        matches!(result, Err(DeliveryError::Unavailable(_))),
+        "{result:?}"
+    );
+    assert_eq!(attempts.count(), 3, "gave up after max_attempts");
+    assert_eq!(delivery.stats().failures, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_waits_and_never_counts_as_an_attempt() {
+    let delivery = delivery(2);
+    let (result, attempts) = call(&delivery, Idempotence::Unsafe, 4, || {
+        RequestError::RetryAfter(Seconds::from_seconds(3))
+    })
+    .await;
+    assert_eq!(result.unwrap(), Some(42));
+    assert_eq!(attempts.count(), 5, "a 429 made the message give up");
+    assert_eq!(delivery.stats().retry_after_hits, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_send_is_never_repeated_but_an_idempotent_request_is() {
+    let delivery = delivery(3);
+    let (result, attempts) = call(&delivery, Idempotence::Unsafe, 1, garbled_answer).await;
+    match result {
+        Err(DeliveryError::Unavailable(why)) => {
+            assert!(why.contains("may or may not have arrived"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        attempts.count(),
+        1,
+        "a send that may have arrived was repeated"
+    );
+
+    let (result, attempts) = call(&delivery, Idempotence::Safe, 2, garbled_answer).await;
+    assert_eq!(result.unwrap(), Some(42));
+    assert_eq!(attempts.count(), 3);
+
+    let (result, attempts) =
+        give_up(call(&delivery, Idempotence::Safe, u32::MAX, garbled_answer)).await;
+    assert!(result.is_err());
+    assert_eq!(attempts.count(), 3, "gave up after max_attempts");
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_entities_fall_back_to_plain_text_once_then_give_up() {
+    let delivery = delivery(3);
+    let refused = || RequestError::Api(ApiError::CantParseEntities("bad offset".into()));
+    let (result, attempts) = call(&delivery, Idempotence::Unsafe, 1, refused).await;
+    assert_eq!(result.unwrap(), Some(42));
+    assert_eq!(*attempts.plain.lock().unwrap(), [false, true]);
+    assert_eq!(delivery.stats().plain_fallbacks, 1);
+
+    let (result, attempts) = give_up(call(&delivery, Idempotence::Unsafe, u32::MAX, refused)).await;
+    assert!(
+        matches!(result, Err(DeliveryError::Rejected(_))),
+        "{result:?}"
+    );
+    assert_eq!(*attempts.plain.lock().unwrap(), [false, true]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unchanged_edit_is_a_success_with_nothing_to_return() {
+    let delivery = delivery(3);
+    let (result, attempts) = call(&delivery, Idempotence::Safe, 1, || {
+        RequestError::Api(ApiError::MessageNotModified)
+    })
+    .await;
+    assert_eq!(result.unwrap(), None);
+    assert_eq!(attempts.count(), 1);
+}
+
+#[tokio::test]
+async fn a_panicking_request_panics_its_caller() {
+    let delivery = delivery(3);
+    let caller = tokio::spawn(async move {
+        delivery
+            .call(CHAT, Idempotence::Unsafe, |_| async {
+                if true {
+                    panic!("deliberate");
+                }
+                Ok::<u32, RequestError>(1)
+            })
+            .await
+    });
+    let failed = caller.await.expect_err("the panic was swallowed");
+    assert!(failed.is_panic());
+}
+
+/// A real network error from `url`.
+async fn network_error(url: String) -> RequestError {
+    let error = reqwest::Client::new()
+        .post(url)
+        .body("{}")
+        .send()
+        .await
+        .expect_err("the request fails");
+    RequestError::from(error)
+}
+
+/// A port on 127.0.0.1 with nothing listening on it.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A server that reads each request and closes the connection unanswered.
+async fn hanging_up_server() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let mut buf = [0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                drop(socket);
+            });
+        }
+    });
+    port
+}
+
+/// Sends as `op` would, once per attempt, through a real socket.
+async fn send_through(
+    delivery: &Delivery,
+    url: String,
+) -> (Result<Option<u32>, DeliveryError>, Arc<Attempts>) {
+    let attempts = Arc::new(Attempts::default());
+    let counted = attempts.clone();
+    let result = delivery
+        .call_with(CHAT, Idempotence::Unsafe, Priority::Normal, move |plain| {
+            counted.note(plain);
+            let url = url.clone();
+            async move { Err::<u32, _>(network_error(url).await) }
+        })
+        .await;
+    (result, attempts)
+}
+
+#[tokio::test]
+async fn a_send_that_could_not_connect_is_retried_one_that_got_no_answer_is_not() {
+    let delivery = delivery(2);
+    // Refused: the request never left, so trying again is safe.
+    let refused = format!("http://127.0.0.1:{}/bot0:test/sendMessage", closed_port());
+    let (result, attempts) =
+        tokio::time::timeout(Duration::from_secs(30), send_through(&delivery, refused))
+            .await
+            .expect("retried without end");
+    assert_eq!(attempts.count(), 2, "a refused connection was not retried");
+    match result {
+        Err(DeliveryError::Unavailable(why)) => {
+            assert!(!why.contains("may or may not"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Read, then hung up on: the message may be in the chat.
+    let port = hanging_up_server().await;
+    let unanswered = format!("http://127.0.0.1:{port}/bot0:test/sendMessage");
+    let (result, attempts) =
+        tokio::time::timeout(Duration::from_secs(30), send_through(&delivery, unanswered))
+            .await
+            .expect("retried without end");
+    assert_eq!(
+        attempts.count(),
+        1,
+        "a send that may have arrived was repeated"
+    );
+    match result {
+        Err(DeliveryError::Unavailable(why)) => {
+            assert!(why.contains("may or may not have arrived"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn backoffs_double_and_neither_429s_nor_the_plain_fallback_use_up_attempts() {
+    let delivery = delivery(3);
+    // Two transient failures: 400 ms, then 800 ms of backoff.
+    let started = tokio::time::Instant::now();
+    let (result, _) = call(&delivery, Idempotence::Unsafe, 2, io_error).await;
+    assert_eq!(result.unwrap(), Some(42));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1200) && waited < Duration::from_millis(1300),
+        "{waited:?}"
+    );
+    // Three 429s, then two transient failures: still within 3 attempts.
+    let failures = Arc::new(AtomicU32::new(0));
+    let mixed = move || match failures.fetch_add(1, Ordering::SeqCst) {
+        0..=2 => RequestError::RetryAfter(Seconds::from_seconds(1)),
+        _ => io_error(),
+    };
+    let (result, attempts) = call(&delivery, Idempotence::Unsafe, 5, mixed).await;
+    assert_eq!(result.unwrap(), Some(42), "429s used up the attempts");
+    assert_eq!(attempts.count(), 6);
+    // Refused entities once, then two transient failures: the same.
+    let failures = Arc::new(AtomicU32::new(0));
+    let mixed = move || match failures.fetch_add(1, Ordering::SeqCst) {
+        0 => RequestError::Api(ApiError::CantParseEntities("bad offset".into())),
+        _ => io_error(),
+    };
+    let (result, attempts) = call(&delivery, Idempotence::Unsafe, 3, mixed).await;
+    assert_eq!(
+        result.unwrap(),
+        Some(42),
+        "the plain fallback used up an attempt"
+    );
+    assert_eq!(attempts.count(), 4);
+}
+
+const FAKE_CHAT: i64 = 42;
+
+fn fake_chat() -> ChatTarget {
+    ChatTarget {
+        chat_id: FAKE_CHAT,
+        thread_id: None,
+        is_group: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commands_reply_goes_out_before_replies_already_waiting() {
+    let fake = FakeBotApi::start().await;
+    let delivery = delivery_through(fake.bot(), 3);
+    // The first answer is slow to be answered: the others wait behind it.
+    fake.fail_next("sendMessage", 1, Failure::Delay(Duration::from_millis(500)));
+    let mut sending = Vec::new();
+    for (text, command) in [
+        ("one", false),
+        ("two", false),
+        ("three", false),
+        ("Stopped", true),
+    ] {
+        let delivery = delivery.clone();
+        let reply = if command {
+            Reply::command(text)
+        } else {
+            Reply::answer(text)
+        };
+        sending.push(tokio::spawn(async move {
+            delivery.deliver_reply(fake_chat(), &reply, None).await
+        }));
+        // Queued in this order.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for sent in sending {
+        sent.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        fake.sent_texts(FAKE_CHAT),
+        ["one", "Stopped", "two", "three"],
+        "the command's reply waited behind answers"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_whose_entities_are_refused_is_redone_in_plain_text() {
+    let fake = FakeBotApi::start().await;
+    let delivery = delivery_through(fake.bot(), 3);
+    let ids = delivery
+        .deliver_reply(fake_chat(), &Reply::answer("draft"), None)
+        .await
+        .unwrap();
+    let formatted = render("**bold** move");
+    assert!(!formatted.entities.is_empty());
+    delivery
+        .edit_chunk(fake_chat(), ids[0], &formatted)
+        .await
+        .unwrap();
+    fake.fail_next(
+        "editMessageText",
+        1,
+        Failure::BadRequest("Bad Request: can't parse entities: unsupported start tag".into()),
+    );
+    let formatted = render("**bolder** move");
+    delivery
+        .edit_chunk(fake_chat(), ids[0], &formatted)
+        .await
+        .unwrap();
+    let edits: Vec<Option<serde_json::Value>> = fake
+        .calls_to("editMessageText")
+        .into_iter()
+        .map(|call| call.body.get("entities").cloned())
+        .collect();
+    assert_eq!(edits.len(), 3, "{edits:?}");
+    assert!(
+        edits[0].is_some(),
+        "a formatted edit went out without its entities"
+    );
+    assert!(edits[1].is_some());
+    assert!(
+        edits[2].is_none(),
+        "the plain-text redo still carried entities"
+    );
+    assert_eq!(delivery.stats().plain_fallbacks, 1);
+    // A plain edit carries no entities at all.
+    delivery
+        .edit_chunk(fake_chat(), ids[0], &render("plain words"))
+        .await
+        .unwrap();
+    let last = fake.calls_to("editMessageText").pop().unwrap();
+    assert!(last.body.get("entities").is_none(), "{:?}", last.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typing_action_refused_with_429_is_counted_and_not_retried() {
+    let fake = FakeBotApi::start().await;
+    let delivery = delivery_through(fake.bot(), 3);
+    fake.fail_next("sendChatAction", 1, Failure::RetryAfter(2));
+    assert!(!delivery.typing(fake_chat()).await);
+    let stats = delivery.stats();
+    assert_eq!(
+        (stats.retry_after_hits, stats.retry_after_wait_ms),
+        (1, 2000)
+    );
+    assert_eq!(fake.calls_to("sendChatAction").len(), 1);
+}

@@ -1,0 +1,46 @@
+//! The integration tests, as one binary (ripgrep's layout): a module per
+//! area, sharing `support` (fakes of the Bot API, the LLM and the
+//! transcription endpoint, test agents, a recording outbound).
+//!
+//! One binary links the crate once instead of once per file: touching a
+//! source file relinks one test binary, not thirty-five. Tests that change
+//! process-global state (the environment) live in `tests/process_env.rs`,
+//! a binary of their own.
+
+mod support;
+
+mod adapter_alone;
+mod approval_authority_e2e;
+mod backends_e2e;
+mod chaos;
+mod cli;
+mod cli_agents_e2e;
+mod command_backend;
+mod config_security_cli;
+mod controls_e2e;
+mod crash_recovery;
+mod delivery_retries;
+mod deploy_files;
+mod drafts_e2e;
+mod engine_behaviour;
+mod engine_properties;
+mod fake_bot_smoke;
+mod http_endpoints;
+mod inbound_fuzz;
+mod instance_lock;
+mod instant_control;
+mod media_e2e;
+mod openai_backend;
+mod outbox_once;
+mod process_registry;
+mod sd_notify;
+mod secrets_e2e;
+mod session_split_brain;
+mod store_integrity;
+mod telegram_e2e;
+mod terminal_approval_e2e;
+mod terminal_e2e;
+mod terminal_isolation_e2e;
+mod webhook_lifecycle;
+mod xsession_wakeup;
+mod zero_config;
