@@ -186,6 +186,11 @@ pub struct TelegramConfig {
     /// The Bot API root URL.
     #[serde(default = "default_api_url")]
     pub api_url: String,
+    /// The Bot API server at `api_url` runs on this machine with
+    /// `--local`: files it names by an absolute path are read from disk.
+    /// Off, such a path is refused.
+    #[serde(default)]
+    pub local_bot_api: bool,
     /// User ids allowed to talk to the bot.
     #[serde(default)]
     pub allowed_users: Vec<u64>,
@@ -215,6 +220,7 @@ impl Default for TelegramConfig {
             token: None,
             token_file: None,
             api_url: default_api_url(),
+            local_bot_api: false,
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             approvers: Vec::new(),

@@ -1,20 +1,18 @@
 //! Albums: the parts of one `media_group_id` become one message.
 //!
 //! Telegram delivers each part of an album as its own update, one right
-//! after the other. The per-chat intake worker, holding the first part,
-//! waits up to `[media] album_window_ms` for each next one and merges the
-//! parts that belong together ([`gather`]). The first part's message id
-//! stands for the album; the others are recorded as its aliases
-//! ([`AlbumAliases`]) so every part's inbox row gets the album's outcome —
-//! and after a restart the unfinished parts are all resumed, and gathered
-//! again. It must never hold a part that is not of the album: the first
-//! other event ends the wait and is handed back.
+//! after the other. The chat's preparation stage ([`super::stage`]),
+//! holding the first part, waits up to `[media] album_window_ms` after each
+//! part for the next one and merges the parts that belong together
+//! ([`same_album`], [`merge`]). The first part's message id stands for the
+//! album; the others are recorded as its aliases ([`AlbumAliases`]) so
+//! every part's inbox row gets the album's outcome — and after a restart
+//! the unfinished parts are all resumed, and gathered again. It must never
+//! hold a part that is not of the album: the first other event ends the
+//! wait.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::event::MessageEvent;
 
@@ -75,32 +73,6 @@ pub fn merge(album: &mut MessageEvent, part: MessageEvent) {
     album.replayed |= part.replayed;
 }
 
-/// Starting from `first` (an album part), take the following parts of the
-/// same album from `queue`, waiting up to `window` for each. Returns the
-/// album and the first event that was not part of it, if one arrived.
-pub async fn gather(
-    mut first: MessageEvent,
-    queue: &mut UnboundedReceiver<MessageEvent>,
-    window: Duration,
-) -> (MessageEvent, Option<MessageEvent>) {
-    if first.media.group.is_none() {
-        return (first, None);
-    }
-    loop {
-        let next = match queue.try_recv() {
-            Ok(event) => Some(event),
-            Err(_) => tokio::time::timeout(window, queue.recv())
-                .await
-                .ok()
-                .flatten(),
-        };
-        match next {
-            Some(part) if same_album(&first, &part) => merge(&mut first, part),
-            other => return (first, other),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,25 +85,18 @@ mod tests {
         e
     }
 
-    #[tokio::test]
-    async fn parts_of_one_album_are_merged_and_the_next_message_handed_back() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        tx.send(part(2, Some("g"), "")).unwrap();
-        tx.send(part(3, Some("g"), "second")).unwrap();
-        tx.send(part(4, None, "after")).unwrap();
-        let (album, rest) =
-            gather(part(1, Some("g"), "first"), &mut rx, Duration::from_secs(5)).await;
+    #[test]
+    fn parts_are_merged_with_their_captions_and_ids() {
+        let mut album = part(1, Some("g"), "first");
+        let second = part(2, Some("g"), "");
+        let third = part(3, Some("g"), "second");
+        assert!(same_album(&album, &second));
+        assert!(!same_album(&album, &part(4, None, "after")));
+        assert!(!same_album(&album, &part(5, Some("h"), "")));
+        merge(&mut album, second);
+        merge(&mut album, third);
         assert_eq!(album.media.merged, vec![2, 3]);
         assert_eq!(album.text, "first\n\nsecond");
-        assert_eq!(rest.unwrap().message_id, Some(4));
-    }
-
-    #[tokio::test]
-    async fn the_wait_ends_after_the_window() {
-        let (_tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let (album, rest) =
-            gather(part(1, Some("g"), ""), &mut rx, Duration::from_millis(10)).await;
-        assert!(album.media.merged.is_empty() && rest.is_none());
     }
 
     #[test]

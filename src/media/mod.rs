@@ -3,10 +3,12 @@
 //!
 //! Inbound, a Telegram message's media is described by
 //! [`describe::describe`] (pure) into [`MediaRef`]s on the event; the
-//! per-chat intake worker gathers album parts ([`album`]), then
-//! [`prepare::MediaStage`] downloads ([`download`]), transcribes
-//! ([`transcribe`]) and turns them into text, image attachments or saved
-//! paths — or into a clear refusal. Files live under
+//! chat's preparation stage ([`stage`], its release order in [`order`])
+//! gathers album parts ([`album`]) and prepares each message in a task of
+//! its own, off the chat's queue, where [`prepare::MediaStage`] downloads
+//! ([`download`]), transcribes ([`transcribe`]) and turns them into text,
+//! image attachments or saved paths — or into a clear refusal in the
+//! user's words. Files live under
 //! `<data_dir>/media/<session id>/` and are removed by [`retention`].
 //!
 //! Outbound, the runner binds a [`TurnFiles`] task-locally around each turn
@@ -24,9 +26,11 @@ pub mod album;
 pub mod command_files;
 pub mod describe;
 pub mod download;
+pub mod order;
 pub mod outbox;
 pub mod prepare;
 pub mod retention;
+pub mod stage;
 pub mod transcribe;
 pub mod vision;
 
@@ -65,6 +69,11 @@ pub struct MediaConfig {
     /// How long to wait for the next part of an album (milliseconds).
     #[serde(default = "default_album_window_ms")]
     pub album_window_ms: u64,
+    /// The longest one download may take (seconds). Each download gets 30 s
+    /// plus its size at 64 KiB/s, up to this; one that receives nothing for
+    /// 30 s is given up.
+    #[serde(default = "default_download_timeout_secs")]
+    pub download_timeout_secs: u64,
     /// `[media.transcription]`: voice, audio and video notes to text.
     #[serde(default)]
     pub transcription: Option<TranscriptionConfig>,
@@ -82,6 +91,9 @@ fn default_keep_days() -> u64 {
 fn default_album_window_ms() -> u64 {
     1500
 }
+fn default_download_timeout_secs() -> u64 {
+    600
+}
 
 impl Default for MediaConfig {
     fn default() -> Self {
@@ -90,6 +102,7 @@ impl Default for MediaConfig {
             max_inline_bytes: default_max_inline_bytes(),
             keep_days: default_keep_days(),
             album_window_ms: default_album_window_ms(),
+            download_timeout_secs: default_download_timeout_secs(),
             transcription: None,
         }
     }
@@ -100,6 +113,9 @@ impl MediaConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.max_file_bytes == 0 {
             return Err("media.max_file_bytes must be above 0".into());
+        }
+        if self.download_timeout_secs == 0 {
+            return Err("media.download_timeout_secs must be above 0".into());
         }
         if let Some(t) = &self.transcription {
             t.validate()?;
@@ -229,6 +245,10 @@ pub struct EventMedia {
     pub merged: Vec<i64>,
     /// Prepared files (set by [`MediaStage`]).
     pub attachments: Vec<Attachment>,
+    /// On /stop, /new or /reset: how many of the slot's messages this
+    /// command stopped while they were still being prepared (set by the
+    /// [`stage`]); the command stopped something even if no turn ran.
+    pub stopped: usize,
 }
 
 impl EventMedia {

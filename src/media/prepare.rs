@@ -1,12 +1,15 @@
 //! Preparing a message's media before its turn: download, transcribe,
 //! inline, attach — or refuse with a message that says why.
 //!
-//! Runs in the intake's per-chat worker, after the update is recorded and
-//! before the event reaches the adapter, so a restart during a download or
-//! transcription finds the message still unanswered in the inbox and
-//! prepares it again (a file already complete on disk is not fetched
-//! twice). It must never run a turn or send anything itself: the worker
-//! sends the echo and refusal texts it returns.
+//! Runs in a task of its own, started by the chat's preparation stage
+//! ([`super::stage`]) after the update is recorded and before the event
+//! reaches the adapter, so a restart during a download or transcription
+//! finds the message still unanswered in the inbox and prepares it again (a
+//! file already complete on disk is not fetched twice). A [`Refusal`] is
+//! worded for the user; the owner's detail (which setting, what the
+//! service said) goes to the log. It must never run a turn or send
+//! anything itself: the intake sends the echo and refusal texts it
+//! returns.
 
 use std::path::{Path, PathBuf};
 
@@ -53,14 +56,21 @@ pub struct MediaStage {
     images: ImageMode,
 }
 
-/// How voice is enabled, for the refusal message.
-pub const NO_TRANSCRIPTION: &str = "🎤 I cannot listen to voice, audio or video notes yet: \
-     the bot's owner can enable it by setting [media.transcription] base_url and model \
-     (an OpenAI-compatible /audio/transcriptions endpoint) in the config. Please type your message instead.";
+/// Voice without a transcription endpoint, as the user is told (the
+/// owner's detail, [`NO_TRANSCRIPTION_LOG`], goes to the log).
+pub const NO_TRANSCRIPTION: &str = "🎤 I cannot listen to voice, audio or video notes here. \
+     Please type your message instead.";
 
-/// Photos with a model that cannot see them.
-pub const NO_VISION: &str = "🖼 The configured model cannot see images. If it can, set \
-     vision = true under [agent.openai]; otherwise describe the picture in words.";
+/// Why voice was refused, for the owner.
+pub const NO_TRANSCRIPTION_LOG: &str = "voice refused: no [media.transcription] is configured \
+     (base_url and model of an OpenAI-compatible /audio/transcriptions endpoint)";
+
+/// Photos with a model that cannot see them, as the user is told.
+pub const NO_VISION: &str = "🖼 I cannot see images here. Please describe the picture in words.";
+
+/// Why a photo was refused, for the owner.
+pub const NO_VISION_LOG: &str = "photo refused: the model is not set up to see images \
+     (vision = true under [agent.openai] if it can)";
 
 impl MediaStage {
     /// A stage saving under `root` (`<data_dir>/media`).
@@ -102,15 +112,17 @@ impl MediaStage {
         let mut notes = Vec::new();
         for (index, media) in refs.iter().enumerate() {
             if media.kind == MediaKind::Photo && self.images == ImageMode::Refuse {
+                tracing::info!(message_id, "{NO_VISION_LOG}");
                 return Err(Refusal(NO_VISION.to_string()));
             }
             if media.kind.is_speech() && self.transcriber.is_none() {
+                tracing::info!(message_id, "{NO_TRANSCRIPTION_LOG}");
                 return Err(Refusal(NO_TRANSCRIPTION.to_string()));
             }
             let file = self.choose(media)?;
             let name = file_name(media, file, message_id, index);
             let path = dir.join(&name);
-            let size = self.fetch(file, &path).await?;
+            let size = self.fetch(file, &path, message_id).await?;
             let mime = media
                 .mime
                 .clone()
@@ -122,10 +134,12 @@ impl MediaStage {
                     let Some(transcriber) = &self.transcriber else {
                         return Err(Refusal(NO_TRANSCRIPTION.to_string()));
                     };
-                    let text = transcriber
-                        .transcribe(&path, &name, &mime)
-                        .await
-                        .map_err(|e| Refusal(format!("🎤 I could not transcribe that: {e}.")))?;
+                    let text = transcriber.transcribe(&path, &name, &mime).await.map_err(
+                        |error| {
+                            tracing::warn!(message_id, %error, "a recording was not transcribed");
+                            Refusal(error.user_text().to_string())
+                        },
+                    )?;
                     if text.is_empty() {
                         return Err(Refusal(
                             "🎤 I could not make out any words in that recording.".to_string(),
@@ -176,15 +190,21 @@ impl MediaStage {
         let fitting = media.candidates.iter().rev().find(|c| c.size <= limit);
         fitting.ok_or_else(|| {
             let size = media.candidates.iter().map(|c| c.size).min().unwrap_or(0);
+            tracing::info!(size, limit, "file not read: above media.max_file_bytes");
             Refusal(format!(
-                "📎 That file is {}, above the {} limit (media.max_file_bytes), so I did not read it.",
+                "📎 That file is {}, and I can only read files of up to {}, so I did not read it.",
                 human_size(size),
                 human_size(limit)
             ))
         })
     }
 
-    async fn fetch(&self, file: &FileCandidate, path: &Path) -> Result<u64, Refusal> {
+    async fn fetch(
+        &self,
+        file: &FileCandidate,
+        path: &Path,
+        message_id: i64,
+    ) -> Result<u64, Refusal> {
         // Complete from an earlier attempt (renamed only when whole).
         if let Ok(meta) = tokio::fs::metadata(path).await {
             if meta.is_file() {
@@ -192,9 +212,15 @@ impl MediaStage {
             }
         }
         self.downloader
-            .fetch(&file.file_id, path, self.config.max_file_bytes)
+            .fetch(&file.file_id, path, self.config.max_file_bytes, file.size)
             .await
-            .map_err(|e| Refusal(format!("📎 I could not read that file: {e}.")))
+            .map_err(|error| {
+                tracing::warn!(message_id, %error, "a file was not downloaded");
+                Refusal(format!(
+                    "📎 I could not read that file: {}.",
+                    error.user_text()
+                ))
+            })
     }
 
     /// The file's text if it is text-like, small enough and UTF-8.

@@ -4,23 +4,68 @@
 //! with `{"text": "..."}` (`response_format=json`). OpenAI, Groq,
 //! whisper.cpp's server and faster-whisper servers all speak it.
 //!
-//! Errors say what to check without showing response bodies in the chat
-//! (they go to the log, shortened); the API key is never logged.
+//! A failure is told to the user in their terms
+//! ([`TranscribeError::user_text`]: the service is not answering, the
+//! recording could not be made out, voice cannot be transcribed here); what
+//! the owner needs (the status, the shortened response body, which setting
+//! to check) goes to the log. The API key is never logged.
 
 use std::path::Path;
 use std::time::Duration;
 
 use super::TranscriptionConfig;
 
-/// Why a transcription failed. The `Display` text is shown to the user.
+/// Why a transcription failed. The `Display` text is the owner's detail
+/// (for the log); [`TranscribeError::user_text`] is what the chat is told.
 #[derive(Debug, thiserror::Error)]
 pub enum TranscribeError {
-    /// The endpoint could not be reached or answered with an error.
-    #[error("the transcription service failed ({0}); check media.transcription")]
-    Service(String),
-    /// The audio file could not be read.
+    /// The endpoint could not be reached, timed out, is overloaded or
+    /// failed on its side (5xx, 429): worth trying again later.
+    #[error("the transcription service is unavailable ({0})")]
+    Unavailable(String),
+    /// The endpoint refused the request for a reason of its setup (bad
+    /// key, unknown model or path): the owner's to fix.
+    #[error("the transcription service refused the request ({0}); check [media.transcription]")]
+    Misconfigured(String),
+    /// The endpoint could not read this recording (400, 413, 415, 422):
+    /// damaged, too long, or in a format it does not take.
+    #[error("the transcription service could not read the recording ({0})")]
+    BadAudio(String),
+    /// The saved audio file could not be read.
     #[error("the audio could not be read ({0})")]
     Io(String),
+}
+
+impl TranscribeError {
+    /// What the chat is told (no config keys, no internals).
+    pub fn user_text(&self) -> &'static str {
+        match self {
+            TranscribeError::Unavailable(_) => {
+                "🎤 The speech-to-text service is not answering right now, so I could not \
+                 listen to that. Please try again in a while, or type your message."
+            }
+            TranscribeError::Misconfigured(_) => {
+                "🎤 I cannot turn voice messages into text right now. Please type your message instead."
+            }
+            TranscribeError::BadAudio(_) => {
+                "🎤 I could not make out that recording (it may be damaged, too long or in a \
+                 format I cannot read). Please send it again, or type your message."
+            }
+            TranscribeError::Io(_) => {
+                "🎤 I could not read that recording. Please send it again."
+            }
+        }
+    }
+}
+
+/// The failure an HTTP status of the endpoint stands for.
+fn status_error(status: u16) -> TranscribeError {
+    let detail = format!("HTTP {status}");
+    match status {
+        400 | 413 | 415 | 422 => TranscribeError::BadAudio(detail),
+        429 | 500..=599 => TranscribeError::Unavailable(detail),
+        _ => TranscribeError::Misconfigured(detail),
+    }
 }
 
 /// A client for the configured endpoint.
@@ -101,23 +146,23 @@ impl Transcriber {
             request = request.bearer_auth(key);
         }
         let response = request.send().await.map_err(|e| {
-            TranscribeError::Service(if e.is_timeout() {
+            TranscribeError::Unavailable(if e.is_timeout() {
                 "timed out".into()
             } else {
                 "could not connect".into()
             })
         })?;
         let status = response.status();
-        let body = response
-            .text()
-            .await
-            .map_err(|_| TranscribeError::Service("the answer could not be read".into()))?;
+        let body = response.text().await.map_err(|e| {
+            TranscribeError::Unavailable(if e.is_timeout() {
+                "timed out".into()
+            } else {
+                "the answer could not be read".into()
+            })
+        })?;
         if !status.is_success() {
             tracing::warn!(status = status.as_u16(), body = %body.chars().take(300).collect::<String>(), "transcription failed");
-            return Err(TranscribeError::Service(format!(
-                "HTTP {}",
-                status.as_u16()
-            )));
+            return Err(status_error(status.as_u16()));
         }
         parse_answer(&body)
     }
@@ -130,7 +175,7 @@ fn parse_answer(body: &str) -> Result<String, TranscribeError> {
             .get("text")
             .and_then(serde_json::Value::as_str)
             .map(|t| t.trim().to_string())
-            .ok_or_else(|| TranscribeError::Service("the answer had no text".into())),
+            .ok_or_else(|| TranscribeError::Misconfigured("the answer had no text".into())),
         Err(_) => Ok(body.trim().to_string()),
     }
 }
@@ -144,5 +189,40 @@ mod tests {
         assert_eq!(parse_answer(r#"{"text":" hello "}"#).unwrap(), "hello");
         assert_eq!(parse_answer("plain words\n").unwrap(), "plain words");
         assert!(parse_answer(r#"{"error":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn a_recording_the_service_cannot_read_is_not_blamed_on_the_setup() {
+        for status in [400, 413, 415, 422] {
+            assert!(matches!(status_error(status), TranscribeError::BadAudio(_)));
+        }
+        for status in [429, 500, 503] {
+            assert!(matches!(
+                status_error(status),
+                TranscribeError::Unavailable(_)
+            ));
+        }
+        for status in [401, 403, 404] {
+            let error = status_error(status);
+            assert!(matches!(error, TranscribeError::Misconfigured(_)));
+            // The owner is told what to check, in the log.
+            assert!(error.to_string().contains("[media.transcription]"));
+        }
+    }
+
+    #[test]
+    fn what_the_user_is_told_names_no_setting() {
+        let errors = [
+            TranscribeError::Unavailable("timed out".into()),
+            TranscribeError::Misconfigured("HTTP 401".into()),
+            TranscribeError::BadAudio("HTTP 400".into()),
+            TranscribeError::Io("permission denied".into()),
+        ];
+        for error in errors {
+            let text = error.user_text();
+            for word in ["media.", "[", "HTTP", "config", "permission"] {
+                assert!(!text.contains(word), "{text}");
+            }
+        }
     }
 }

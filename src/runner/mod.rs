@@ -388,7 +388,15 @@ impl Runner {
                     Some(known == KnownCommand::Approve),
                     command.args,
                 ),
-                Some(known) => self.command(known, command.args, &ctx).await,
+                Some(known) => {
+                    // A message still being prepared that this command
+                    // stopped kept the slot busy, as far as its user can tell.
+                    let ctx = DispatchContext {
+                        slot_busy: ctx.slot_busy || event.media.stopped > 0,
+                        ..ctx.clone()
+                    };
+                    self.command(known, command.args, &ctx).await
+                }
                 None => Reply::command(commands::unknown_command_text(command.name)),
             };
             let reply = reply.in_reply_to(event.message_id);

@@ -30,6 +30,7 @@ mod inbound_fuzz;
 mod instance_lock;
 mod instant_control;
 mod media_e2e;
+mod media_queue_e2e;
 mod openai_backend;
 mod outbox_once;
 mod process_registry;

@@ -456,6 +456,11 @@ async fn a_stranger_gets_their_id_and_no_turn() {
     assert_eq!(agent.started(), 1);
     // Rate-limited: one notice, not one per message.
     assert_eq!(fake.sent_texts(7).len(), 1);
+    let notice = &fake.sent_texts(7)[0];
+    assert!(
+        !notice.contains("telegram."),
+        "a setting shown to a stranger: {notice}"
+    );
     bot.shutdown().await;
 }
 

@@ -10,7 +10,11 @@
 //! in arrival order within a chat, concurrently across chats. The adapter
 //! may have to deliver something before it returns (a "Queued" notice, a
 //! command's reply, which can wait out a `retry_after`); one chat's wait
-//! must never hold up the updates of every other chat.
+//! must never hold up the updates of every other chat. With media, the
+//! worker feeds the chat's preparation stage ([`crate::media::stage`]):
+//! downloads and transcriptions run in tasks of their own, so the chat's
+//! commands and button presses never wait behind them, and a message
+//! waits only for the preparations before it in its slot.
 //!
 //! This module owns recording, classification and recovery. It must never
 //! confirm an update it could not record, and never await a turn.
@@ -29,11 +33,12 @@ use tokio_util::task::TaskTracker;
 use super::callback::{CallbackHandler, DraftStop};
 use super::inbound::{classify, Inbound, InboundPolicy};
 use super::ledger::wakeup_from_payload;
-use super::media::{has_media, IntakeMedia};
+use super::media::{has_media, ChatStage, IntakeMedia};
 use crate::delivery::outbound::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::event::{MessageEvent, SessionSource};
+use crate::media::stage::{PreparationStage, Wake};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{InboxState, NewUpdate, Store, StoreError};
@@ -103,43 +108,72 @@ fn nesting_depth(value: &Value) -> usize {
 }
 
 /// Hand one chat's messages to the adapter, in order; leave when none is
-/// waiting. Messages with media are prepared first (see [`super::media`]).
+/// waiting. With media, they go through the chat's preparation stage
+/// ([`crate::media::stage`]): media is prepared off this queue, so the
+/// chat's commands never wait for a download.
 async fn chat_worker(
     engine: Engine,
     workers: ChatWorkers,
     chat_id: i64,
     mut queue: mpsc::UnboundedReceiver<MessageEvent>,
     media: Option<Arc<IntakeMedia>>,
+    tasks: TaskTracker,
 ) {
-    // An event taken from the queue while gathering an album.
-    let mut held: Option<MessageEvent> = None;
+    let Some(media) = media else {
+        while let Some(event) = next_or_leave(&workers, chat_id, &mut queue) {
+            engine.adapter.handle_message(event).await;
+        }
+        return;
+    };
+    let stop = media.stop.clone();
+    let mut stage = PreparationStage::new(Arc::new(ChatStage::new(engine, media)), tasks);
+    let mut open = true;
     loop {
-        let next = match held.take() {
-            Some(event) => Some(event),
-            None => {
-                let mut workers = workers.lock().unwrap_or_else(PoisonError::into_inner);
-                let next = queue.try_recv().ok();
-                if next.is_none() {
-                    workers.remove(&chat_id);
-                }
-                next
+        // A stopping intake hands nothing more on: what is left stays
+        // unfinished in the inbox for the next start.
+        if stop.is_cancelled() {
+            return;
+        }
+        if stage.is_idle() {
+            match next_or_leave(&workers, chat_id, &mut queue) {
+                Some(event) => stage.take(event).await,
+                None => return,
             }
+            continue;
+        }
+        let next = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            event = queue.recv(), if open => Next::Event(event),
+            wake = stage.wait() => Next::Wake(wake),
         };
-        let event = match (next, &media) {
-            (Some(event), Some(media)) if has_media(&event) => {
-                let (prepared, rest) = media.take(&engine, event, &mut queue).await;
-                held = rest;
-                match prepared {
-                    Some(event) => event,
-                    None if media.stop.is_cancelled() => return,
-                    None => continue,
-                }
-            }
-            (Some(event), _) => event,
-            (None, _) => return,
-        };
-        engine.adapter.handle_message(event).await
+        match next {
+            Next::Event(Some(event)) => stage.take(event).await,
+            Next::Event(None) => open = false,
+            Next::Wake(wake) => stage.wake(wake).await,
+        }
     }
+}
+
+/// What a chat worker with preparations under way saw first.
+enum Next {
+    Event(Option<MessageEvent>),
+    Wake(Wake),
+}
+
+/// The queue's next event; without one the worker leaves the map, under
+/// its lock (a send that succeeded there is always handled).
+fn next_or_leave(
+    workers: &ChatWorkers,
+    chat_id: i64,
+    queue: &mut mpsc::UnboundedReceiver<MessageEvent>,
+) -> Option<MessageEvent> {
+    let mut workers = workers.lock().unwrap_or_else(PoisonError::into_inner);
+    let next = queue.try_recv().ok();
+    if next.is_none() {
+        workers.remove(&chat_id);
+    }
+    next
 }
 
 /// Answers strangers (once per user per interval) with their user id.
@@ -221,8 +255,9 @@ pub struct Intake {
     resume_interrupted: bool,
     metrics: Metrics,
     workers: ChatWorkers,
-    /// Every chat worker ever started, so a shutdown can wait for them to
-    /// finish what they began (a refusal's inbox row, a prepared message).
+    /// Every chat worker ever started, and every preparation they started,
+    /// so a shutdown can wait for them to finish what they began (a
+    /// refusal's inbox row, a stopped message's report).
     worker_tasks: TaskTracker,
     media: Option<Arc<IntakeMedia>>,
     callbacks: Option<Arc<CallbackHandler>>,
@@ -443,11 +478,16 @@ impl Intake {
                 Intook::Accepted
             }
             Inbound::Stranger { chat_id, user_id } => {
-                tracing::info!(user_id, "message from a user who is not allowed");
+                tracing::info!(
+                    user_id,
+                    "message from a user who is not allowed (add the id to \
+                     telegram.allowed_users to let them in)"
+                );
                 if self.strangers.due(user_id) {
+                    // The setting is the owner's business: the log names it.
                     let reply = Reply::notice(format!(
                         "Sorry, this bot is private. Your user id is {user_id}; \
-                         ask the owner to add it to telegram.allowed_users."
+                         send it to the bot's owner if you should have access."
                     ));
                     let target = ChatTarget {
                         chat_id,
@@ -494,6 +534,7 @@ impl Intake {
             chat_id,
             rx,
             self.media.clone(),
+            self.worker_tasks.clone(),
         ));
     }
 

@@ -1,26 +1,40 @@
-//! The intake's media step: what a chat worker does with a message that
-//! carries media before handing it to the adapter — gather the album,
-//! prepare the files (see [`crate::media::prepare`]), echo a transcript,
-//! or refuse with a clear message and close the message's inbox rows.
+//! The intake's media step: what happens to a message that carries media
+//! before it is handed to the adapter — prepare the files (see
+//! [`crate::media::prepare`]), echo a transcript, or refuse with a clear
+//! message and close the message's inbox rows — and the chat's
+//! [`StageIo`]: the bridge from the chat's preparation stage
+//! ([`crate::media::stage`]) to the engine.
 //!
-//! It runs inside the per-chat worker (so one chat's download never holds
-//! up another chat) after the update is recorded, and stops with the
-//! intake: a preparation cut short by a shutdown is resumed by the next
-//! start's recovery. It must never run a turn.
+//! Each preparation runs in its own task (so neither the chat's later
+//! commands nor another chat wait for a download), shows "typing…" while
+//! it runs, and ends early when /stop, /new or /reset cancel it: its
+//! message is then reported stopped (the user told, its inbox rows
+//! closed), never dropped silently. A shutdown also ends it, but leaves
+//! the message unfinished: the next start's recovery prepares it again. It
+//! must never run a turn.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc::UnboundedReceiver;
+use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::adapter::MessageHandler;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::{MessageEvent, SessionSource};
-use crate::media::album::{self, AlbumAliases};
+use crate::event::{MessageEvent, SessionKey, SessionSource};
+use crate::media::album::AlbumAliases;
+use crate::media::prepare::Refusal;
+use crate::media::stage::{lane_of, Lane, Preparation, StageIo};
 use crate::media::MediaStage;
 use crate::reply::Reply;
 use crate::store::{InboxState, Store};
+
+/// What a user is told about a message of theirs that /stop, /new or
+/// /reset stopped while it was still being prepared.
+pub const STOPPED_TEXT: &str =
+    "⏹ Stopped before I finished reading this; send it again if you still need it.";
 
 /// What the chat workers need for media.
 pub struct IntakeMedia {
@@ -43,49 +57,69 @@ pub fn has_media(event: &MessageEvent) -> bool {
     event.media.needs_preparing() || event.media.group.is_some()
 }
 
+/// The message ids an event stands for: its own and its album parts'.
+fn ids_of(event: &MessageEvent) -> Vec<i64> {
+    event
+        .message_id
+        .into_iter()
+        .chain(event.media.merged.iter().copied())
+        .collect()
+}
+
 impl IntakeMedia {
-    /// Gather `event`'s album from `queue`, then prepare it. Returns the
-    /// event to hand on (`None`: refused, or stopping) and the next event
-    /// taken from the queue that was not part of the album.
-    pub async fn take(
-        self: &Arc<Self>,
+    /// Prepare `album` (one message, or an album already gathered).
+    /// Returns the event to hand on, or says there is none: refused, or
+    /// stopped by `cancel` (both reported), or cut short by the intake's
+    /// stop (left for the next start).
+    pub async fn prepare(
+        &self,
         engine: &Engine,
-        event: MessageEvent,
-        queue: &mut UnboundedReceiver<MessageEvent>,
-    ) -> (Option<MessageEvent>, Option<MessageEvent>) {
-        let window = Duration::from_millis(self.stage.config().album_window_ms);
-        let (album, rest) = album::gather(event, queue, window).await;
+        album: MessageEvent,
+        cancel: CancellationToken,
+    ) -> Preparation {
         let chat = album.source.chat_id;
         let first = album.message_id.unwrap_or_default();
         self.aliases.add(chat, first, &album.media.merged);
         let key = engine.adapter.session_key(&album.source);
-        let session = engine.runner.resolve_session(&key).await;
-        let merged = album.media.merged.clone();
+        let original = album.clone();
         let reply_to = album.message_id;
         let target = ChatTarget::of(&album.source);
-        let prepared = match session {
-            Ok(session) => {
-                let dir = self.stage.session_dir(session.as_str());
-                tokio::select! {
-                    _ = self.stop.cancelled() => return (None, rest),
-                    prepared = self.stage.prepare(album, &dir) => prepared,
+        let work = async {
+            match engine.runner.resolve_session(&key).await {
+                Ok(session) => {
+                    let dir = self.stage.session_dir(session.as_str());
+                    self.stage.prepare(album, &dir).await
+                }
+                Err(unavailable) => {
+                    tracing::error!(error = %unavailable.0, "no session to keep a file in");
+                    Err(Refusal(
+                        "⚠️ I cannot keep files right now; please send it again in a moment."
+                            .to_string(),
+                    ))
                 }
             }
-            Err(unavailable) => {
-                tracing::error!(error = %unavailable.0, "no session to keep a file in");
-                Err(crate::media::prepare::Refusal(
-                    "telegate cannot store files right now (its database is unavailable); \
-                     please send it again in a moment."
-                        .to_string(),
-                ))
+        };
+        let working = async {
+            tokio::select! {
+                prepared = work => prepared,
+                never = keep_typing(&self.delivery, target) => match never {},
             }
+        };
+        let prepared = tokio::select! {
+            biased;
+            () = self.stop.cancelled() => return Preparation::Abandoned,
+            () = cancel.cancelled() => {
+                self.report_stopped(&original).await;
+                return Preparation::Closed;
+            }
+            prepared = working => prepared,
         };
         match prepared {
             Ok(prepared) => {
                 if let Some(echo) = prepared.echo {
                     self.echo_once(target, chat, reply_to, echo).await;
                 }
-                (Some(prepared.event), rest)
+                Preparation::Ready(prepared.event)
             }
             Err(refusal) => {
                 tracing::info!(chat_id = chat, reason = %refusal.0, "media not read");
@@ -93,24 +127,132 @@ impl IntakeMedia {
                 if let Err(error) = self.delivery.deliver_reply(target, &reply, None).await {
                     tracing::warn!(%error, "could not tell a user why their file was not read");
                 }
-                self.aliases.of(chat, first, true);
-                for id in std::iter::once(first).chain(merged) {
-                    if let Err(error) = self
-                        .store
-                        .set_message_state(
-                            chat,
-                            id,
-                            InboxState::Dropped,
-                            Some("media not read".into()),
-                        )
-                        .await
-                    {
-                        tracing::error!(%error, "could not record a message state");
-                    }
-                }
-                (None, rest)
+                self.close(&original, "media not read").await;
+                Preparation::Closed
             }
         }
+    }
+
+    /// `event` was stopped while (or right after) it was prepared: tell
+    /// its sender and close its inbox rows.
+    pub async fn report_stopped(&self, event: &MessageEvent) {
+        tracing::info!(
+            chat_id = event.source.chat_id,
+            message_id = ?event.message_id,
+            "a message being prepared was stopped"
+        );
+        let reply = Reply::notice(STOPPED_TEXT).in_reply_to(event.message_id);
+        let target = ChatTarget::of(&event.source);
+        if let Err(error) = self.delivery.deliver_reply(target, &reply, None).await {
+            tracing::warn!(%error, "could not tell a user their message was stopped");
+        }
+        self.close(event, "stopped").await;
+    }
+
+    /// `events` waited behind a preparation when a new session started:
+    /// they belonged to the old one, like the adapter's queue. One notice
+    /// tells their sender.
+    pub async fn report_dropped(&self, events: &[MessageEvent]) {
+        let Some(first) = events.first() else {
+            return;
+        };
+        let n = events.len();
+        let note = format!(
+            "{n} message{} sent before the new session {} dropped; send {} again if still needed.",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "was" } else { "were" },
+            if n == 1 { "it" } else { "them" },
+        );
+        let reply = Reply::notice(note).in_reply_to(first.message_id);
+        if let Err(error) = self
+            .delivery
+            .deliver_reply(ChatTarget::of(&first.source), &reply, None)
+            .await
+        {
+            tracing::warn!(%error, "could not tell a user their messages were dropped");
+        }
+        for event in events {
+            self.close(event, "a new session started").await;
+        }
+    }
+
+    /// Close every inbox row `event` stands for as dropped for `reason`.
+    async fn close(&self, event: &MessageEvent, reason: &str) {
+        let chat = event.source.chat_id;
+        if let Some(first) = event.message_id {
+            self.aliases.of(chat, first, true);
+        }
+        let changes = ids_of(event)
+            .into_iter()
+            .map(|id| (chat, id, InboxState::Dropped, Some(reason.to_string())))
+            .collect();
+        if let Err(error) = self.store.set_message_states(changes).await {
+            tracing::error!(%error, "could not record a message state");
+        }
+    }
+}
+
+/// "typing…" in the chat while a preparation runs (first after the
+/// delivery's typing delay, so a quick one shows none); through the
+/// delivery engine, which sends it only when the chat's turn is free.
+async fn keep_typing(delivery: &Delivery, target: ChatTarget) -> Infallible {
+    let config = delivery.config();
+    tokio::time::sleep(config.typing_delay).await;
+    let every = config.typing_interval.max(Duration::from_millis(100));
+    loop {
+        delivery.typing(target).await;
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// One chat's [`StageIo`]: events go to the engine's adapter, media is
+/// prepared by [`IntakeMedia`].
+pub struct ChatStage {
+    engine: Engine,
+    media: Arc<IntakeMedia>,
+}
+
+impl ChatStage {
+    /// The stage I/O of a chat of `engine`.
+    pub fn new(engine: Engine, media: Arc<IntakeMedia>) -> Self {
+        ChatStage { engine, media }
+    }
+}
+
+impl StageIo for ChatStage {
+    fn slot(&self, event: &MessageEvent) -> SessionKey {
+        self.engine.adapter.session_key(&event.source)
+    }
+
+    fn lane(&self, event: &MessageEvent) -> Lane {
+        lane_of(event, has_media(event), || {
+            let key = self.slot(event);
+            self.engine.runner.claims_while_busy(&key, event)
+        })
+    }
+
+    fn album_window(&self) -> Duration {
+        Duration::from_millis(self.media.stage.config().album_window_ms)
+    }
+
+    fn prepare(
+        self: Arc<Self>,
+        event: MessageEvent,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'static, Preparation> {
+        Box::pin(async move { self.media.prepare(&self.engine, event, cancel).await })
+    }
+
+    fn report_stopped(self: Arc<Self>, event: MessageEvent) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.media.report_stopped(&event).await })
+    }
+
+    fn report_dropped(self: Arc<Self>, events: Vec<MessageEvent>) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.media.report_dropped(&events).await })
+    }
+
+    fn hand_on(&self, event: MessageEvent) -> BoxFuture<'_, ()> {
+        Box::pin(self.engine.adapter.handle_message(event))
     }
 }
 
@@ -244,7 +386,16 @@ pub fn build(
         Some(scratch) => scratch.path().to_path_buf(),
         None => crate::media::media_root(&config.store.data_dir),
     };
-    let downloader = crate::media::download::Downloader::new(bot.clone(), api_url, token)?;
+    let time = crate::media::download::DownloadTime::capped(Duration::from_secs(
+        config.media.download_timeout_secs,
+    ));
+    let downloader = crate::media::download::Downloader::new(
+        bot.clone(),
+        api_url,
+        token,
+        config.telegram.local_bot_api,
+        time,
+    )?;
     let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?;
     crate::media::retention::spawn_retention(root.clone(), config.media.keep_days, stop.clone());
     let sender = Arc::new(crate::delivery::files::TelegramFileSender::new(

@@ -372,10 +372,10 @@ impl TelegramBot {
     pub async fn shutdown(self) {
         self.stop_intake.cancel();
         let _ = self.intake_task.await;
-        // Chat workers finish the step they are in (a download is cut short
-        // by the token; a refusal closes its inbox row) before the engine
-        // and the store go away. Messages they did not get to stay in the
-        // inbox for the next start.
+        // Chat workers and their preparations finish the step they are in
+        // (a download is cut short by the token; a refusal closes its inbox
+        // row) before the engine and the store go away. Messages they did
+        // not get to stay in the inbox for the next start.
         self.chat_workers.close();
         if tokio::time::timeout(self.shutdown_grace, self.chat_workers.wait())
             .await

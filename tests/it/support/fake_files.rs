@@ -6,8 +6,11 @@
 //! `file_id`, `file_unique_id`, `file_size` and a relative `file_path`;
 //! an unknown id is `400 Bad Request: invalid file_id`; files above 20 MB
 //! are `400 Bad Request: file is too big`; the download URL serves the
-//! bytes and 404 for anything else. Downloads can be held (to stop a bot
-//! mid-download) and are counted.
+//! bytes and 404 for anything else. Downloads can be held before their
+//! headers (to stop a bot mid-download) or stalled after them (headers
+//! and a first byte, then nothing: a hung transfer), and are counted. A
+//! file can also be "on the Bot API server's disk": getFile then answers
+//! its absolute path, as a local server (`--local`) does.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -26,6 +29,7 @@ pub const DOWNLOAD_LIMIT: usize = 20 * 1024 * 1024;
 #[derive(Clone, Debug)]
 struct StoredFile {
     unique_id: String,
+    /// Relative (served at the download URL), or absolute (on disk).
     path: String,
     bytes: Arc<Vec<u8>>,
     /// The size getFile reports (the real size unless overridden).
@@ -55,6 +59,10 @@ struct State {
     next: u64,
     uploads: Vec<Upload>,
     downloads: usize,
+    /// Bodies stalled right now (headers sent, the rest held).
+    stalled_now: usize,
+    /// Stalled bodies the client hung up on before they were finished.
+    abandoned: usize,
 }
 
 /// The fake's file store (cheap to clone).
@@ -63,6 +71,8 @@ pub struct FakeFiles {
     state: Arc<Mutex<State>>,
     /// `true` while downloads are held.
     hold: Arc<watch::Sender<bool>>,
+    /// `true` while bodies stall after their first byte.
+    stall: Arc<watch::Sender<bool>>,
 }
 
 impl Default for FakeFiles {
@@ -70,6 +80,24 @@ impl Default for FakeFiles {
         FakeFiles {
             state: Arc::default(),
             hold: Arc::new(watch::channel(false).0),
+            stall: Arc::new(watch::channel(false).0),
+        }
+    }
+}
+
+/// A stalled body's bookkeeping: counted while it stalls; dropped before
+/// it finished, it counts as abandoned by the client.
+struct StallGuard {
+    files: FakeFiles,
+    finished: bool,
+}
+
+impl Drop for StallGuard {
+    fn drop(&mut self) {
+        let mut state = self.files.lock();
+        state.stalled_now -= 1;
+        if !self.finished {
+            state.abandoned += 1;
         }
     }
 }
@@ -105,6 +133,25 @@ impl FakeFiles {
         id
     }
 
+    /// A file "on the Bot API server's disk" at `path` (absolute): getFile
+    /// answers that path, as a local Bot API server does. Returns the id.
+    pub fn add_on_disk(&self, path: &std::path::Path, size: usize) -> String {
+        let mut state = self.lock();
+        state.next += 1;
+        let n = state.next;
+        let id = format!("fakefile-{n}");
+        state.files.insert(
+            id.clone(),
+            StoredFile {
+                unique_id: format!("uniq{n}"),
+                path: path.display().to_string(),
+                bytes: Arc::new(Vec::new()),
+                size,
+            },
+        );
+        id
+    }
+
     /// The unique id of `file_id`.
     pub fn unique_id(&self, file_id: &str) -> String {
         self.lock().files[file_id].unique_id.clone()
@@ -118,6 +165,27 @@ impl FakeFiles {
     /// Let held and later downloads through.
     pub fn release_downloads(&self) {
         self.hold.send_replace(false);
+    }
+
+    /// From now on every download answers its headers and first byte,
+    /// then sends nothing until [`FakeFiles::release_stalls`].
+    pub fn stall_bodies(&self) {
+        self.stall.send_replace(true);
+    }
+
+    /// Let stalled bodies finish (and later ones through whole).
+    pub fn release_stalls(&self) {
+        self.stall.send_replace(false);
+    }
+
+    /// Bodies stalled right now.
+    pub fn stalled_now(&self) -> usize {
+        self.lock().stalled_now
+    }
+
+    /// Stalled bodies the client hung up on.
+    pub fn abandoned(&self) -> usize {
+        self.lock().abandoned
     }
 
     /// How many downloads were answered with the file.
@@ -168,6 +236,12 @@ impl FakeFiles {
             .find(|f| f.path == path)
             .map(|f| f.bytes.clone());
         match found {
+            Some(bytes) if *self.stall.borrow() && !bytes.is_empty() => {
+                state.downloads += 1;
+                state.stalled_now += 1;
+                drop(state);
+                self.stalled_body(bytes)
+            }
             Some(bytes) => {
                 state.downloads += 1;
                 (StatusCode::OK, bytes.as_ref().clone()).into_response()
@@ -178,6 +252,44 @@ impl FakeFiles {
             )
                 .into_response(),
         }
+    }
+
+    /// Headers (with the whole length) and the first byte now, the rest
+    /// once stalls are released.
+    fn stalled_body(&self, bytes: Arc<Vec<u8>>) -> Response {
+        let guard = StallGuard {
+            files: self.clone(),
+            finished: false,
+        };
+        let stall = self.stall.subscribe();
+        let length = bytes.len();
+        let body = futures::stream::unfold(
+            (0u8, guard, stall, bytes),
+            |(step, mut guard, mut stall, bytes)| async move {
+                match step {
+                    0 => {
+                        let first = axum::body::Bytes::copy_from_slice(&bytes[..1]);
+                        Some((Ok::<_, std::io::Error>(first), (1, guard, stall, bytes)))
+                    }
+                    1 => {
+                        while *stall.borrow_and_update() {
+                            if stall.changed().await.is_err() {
+                                break;
+                            }
+                        }
+                        guard.finished = true;
+                        let rest = axum::body::Bytes::copy_from_slice(&bytes[1..]);
+                        Some((Ok(rest), (2, guard, stall, bytes)))
+                    }
+                    _ => None,
+                }
+            },
+        );
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(axum::http::header::CONTENT_LENGTH, length)
+            .body(axum::body::Body::from_stream(body))
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
     }
 
     /// `sendPhoto` / `sendDocument`: record the upload and answer with the

@@ -6,7 +6,9 @@
 //! answer is `{"text": …}`. The transcript is the one a test registered
 //! for exactly these audio bytes; unknown audio is answered 400
 //! ("Invalid file format"), so a test can only pass if the bot sent the
-//! very bytes Telegram served. Every request is recorded.
+//! very bytes Telegram served. Every request is recorded. A test can make
+//! requests hang (until released or the client gives up) or answer with
+//! an error status, as a misconfigured endpoint does.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -33,15 +35,57 @@ pub struct TranscriptionRequest {
 struct State_ {
     transcripts: HashMap<Vec<u8>, String>,
     requests: Vec<TranscriptionRequest>,
+    /// Answer every request with this status and an error.
+    fail_with: Option<u16>,
+    /// Requests hanging right now.
+    hanging_now: usize,
 }
 
 /// The endpoint's state (cheap to clone).
-#[derive(Clone, Default)]
-pub struct FakeTranscriber(Arc<Mutex<State_>>);
+#[derive(Clone)]
+pub struct FakeTranscriber(Arc<Mutex<State_>>, Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for FakeTranscriber {
+    fn default() -> Self {
+        FakeTranscriber(
+            Arc::default(),
+            Arc::new(tokio::sync::watch::channel(false).0),
+        )
+    }
+}
+
+/// Counts a hanging request while it hangs.
+struct Hanging(FakeTranscriber);
+
+impl Drop for Hanging {
+    fn drop(&mut self) {
+        self.0.lock().hanging_now -= 1;
+    }
+}
 
 impl FakeTranscriber {
     fn lock(&self) -> std::sync::MutexGuard<'_, State_> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Requests from now on hang until [`FakeTranscriber::release`].
+    pub fn hang(&self) {
+        self.1.send_replace(true);
+    }
+
+    /// Let hanging and later requests be answered.
+    pub fn release(&self) {
+        self.1.send_replace(false);
+    }
+
+    /// Requests hanging right now.
+    pub fn hanging_now(&self) -> usize {
+        self.lock().hanging_now
+    }
+
+    /// Answer every request with `status` (an OpenAI-shaped error).
+    pub fn fail_with(&self, status: u16) {
+        self.lock().fail_with = Some(status);
     }
 
     /// Answer `text` for exactly these audio bytes.
@@ -87,6 +131,20 @@ async fn handle(State(state): State<FakeTranscriber>, headers: HeaderMap, body: 
     };
     let request = parse(&body, &boundary);
     state.lock().requests.push(request.clone());
+    let mut hold = state.1.subscribe();
+    if *hold.borrow_and_update() {
+        state.lock().hanging_now += 1;
+        let _hanging = Hanging(state.clone());
+        while *hold.borrow_and_update() {
+            if hold.changed().await.is_err() {
+                break;
+            }
+        }
+    }
+    if let Some(status) = state.lock().fail_with {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::UNAUTHORIZED);
+        return error(status, "Incorrect API key provided.");
+    }
     if request.model.as_deref().unwrap_or("").is_empty() {
         return error(
             StatusCode::BAD_REQUEST,
