@@ -88,9 +88,18 @@ fn the_listeners_limits_have_defaults_and_bounds() {
     assert_eq!(config.metrics.limits().max_connections, 64);
 
     for (extra, named) in [
-        ("connection_limit = 0\n", "telegram.webhook.connection_limit 0"),
-        ("header_timeout_secs = 0\n", "telegram.webhook.header_timeout_secs"),
-        ("body_timeout_secs = 601\n", "telegram.webhook.body_timeout_secs"),
+        (
+            "connection_limit = 0\n",
+            "telegram.webhook.connection_limit 0",
+        ),
+        (
+            "header_timeout_secs = 0\n",
+            "telegram.webhook.header_timeout_secs",
+        ),
+        (
+            "body_timeout_secs = 601\n",
+            "telegram.webhook.body_timeout_secs",
+        ),
         (
             "max_connections = 50\nconnection_limit = 40\n",
             "below max_connections 50",
