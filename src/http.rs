@@ -7,7 +7,9 @@
 //! scrape, independently of whether Telegram reaches us by polling or by
 //! webhook. [`serve`] binds before it returns, so a caller that asked for
 //! port 0 learns the real address, and stops when its
-//! [`CancellationToken`] is cancelled.
+//! [`CancellationToken`] is cancelled. Connections are capped and must
+//! send their requests in time ([`crate::listener`], shared with the
+//! webhook), so stalled clients cannot starve the probe.
 //!
 //! This module must never expose a secret or user content (the metrics are
 //! numbers, the health body carries component names and short reasons),
@@ -28,6 +30,7 @@ use serde_json::{Map, Value};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::listener::{self, ListenerLimits};
 use crate::metrics::Metrics;
 
 /// The `Content-Type` of `/metrics` (Prometheus text format 0.0.4).
@@ -184,27 +187,18 @@ impl HealthServer {
     }
 }
 
-/// Bind `listen`, then serve [`HealthServer`]'s routes until `shutdown` is
-/// cancelled. Returns the bound address (the real port when `listen` asked
-/// for port 0) and the server task, which ends once in-flight requests are
-/// answered.
+/// Bind `listen`, then serve [`HealthServer`]'s routes within `limits`
+/// until `shutdown` is cancelled. Returns the bound address (the real port
+/// when `listen` asked for port 0) and the server task, which ends once
+/// in-flight requests are answered.
 pub async fn serve(
     listen: SocketAddr,
-    metrics: Metrics,
-    health: Arc<dyn HealthCheck>,
+    limits: ListenerLimits,
+    server: HealthServer,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, JoinHandle<()>), std::io::Error> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    let bound = listener.local_addr()?;
-    let router = HealthServer::new(metrics, health).router();
-    let task = tokio::spawn(async move {
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
-        if let Err(error) = served {
-            tracing::error!(%bound, %error, "the health/metrics listener stopped");
-        }
-    });
+    let (tcp, bound) = listener::bind(listen).await?;
+    let task = listener::serve(tcp, server.router(), limits, "health/metrics", shutdown);
     tracing::info!(%bound, "health and metrics listener started");
     Ok((bound, task))
 }

@@ -15,7 +15,9 @@
 //!   streaming edits;
 //! * [`store`]: SQLite sessions and transcripts on a dedicated thread;
 //! * [`metrics`]: the explicit metrics registry every component records into;
-//! * [`http`]: the optional `/healthz` and `/metrics` listener.
+//! * [`http`]: the optional `/healthz` and `/metrics` listener;
+//! * [`listener`]: the accept loop both HTTP listeners share (connection
+//!   cap, read deadlines).
 //!
 //! Everything is re-exported here for the binary, the tests and the benches.
 
@@ -30,6 +32,7 @@ pub mod event;
 pub mod http;
 pub mod identity;
 pub mod instance_lock;
+pub mod listener;
 pub mod media;
 pub mod memory;
 pub mod metrics;

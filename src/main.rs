@@ -123,6 +123,17 @@ fn main() -> ExitCode {
             "could not fully protect telegate's memory from its child processes"
         );
     }
+    // After the hardening (which must come before any thread), before the
+    // runtime: the listeners' caps, not the default 1024 descriptors,
+    // decide how many connections are served (see listener.rs).
+    match telegate::listener::raise_open_files_limit() {
+        Ok(files) => tracing::debug!(
+            before = files.before,
+            now = files.now,
+            "open files soft limit set to the hard limit"
+        ),
+        Err(error) => tracing::warn!(%error, "could not raise the open files limit"),
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {

@@ -301,6 +301,17 @@ impl Config {
                         webhook.max_connections
                     )));
                 }
+                webhook
+                    .limit_settings()
+                    .validate("telegram.webhook")
+                    .map_err(invalid)?;
+                if webhook.connection_limit < usize::from(webhook.max_connections) {
+                    return Err(invalid(format!(
+                        "telegram.webhook.connection_limit {} is below max_connections {}: \
+                         Telegram's own connections would be refused",
+                        webhook.connection_limit, webhook.max_connections
+                    )));
+                }
                 if webhook.secret_token.is_none() {
                     return Err(invalid(format!(
                         "telegram.webhook.secret_token is missing: set it in the file or in {WEBHOOK_SECRET_ENV}"

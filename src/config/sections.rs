@@ -156,6 +156,39 @@ pub struct WebhookConfig {
     /// Simultaneous HTTPS connections Telegram may open (1-100).
     #[serde(default = "default_webhook_max_connections")]
     pub max_connections: u8,
+    /// Connections the listener serves at once (at least
+    /// `max_connections`); more are closed at once.
+    #[serde(default = "default_webhook_connection_limit")]
+    pub connection_limit: usize,
+    /// Seconds a request's head may take to arrive.
+    #[serde(default = "default_listener_timeout_secs")]
+    pub header_timeout_secs: u64,
+    /// Seconds a request's body may take to arrive.
+    #[serde(default = "default_listener_timeout_secs")]
+    pub body_timeout_secs: u64,
+}
+
+impl WebhookConfig {
+    /// The listener's connection cap and read deadlines, as written.
+    pub fn limit_settings(&self) -> crate::listener::LimitSettings {
+        crate::listener::LimitSettings {
+            connection_limit: self.connection_limit,
+            header_timeout_secs: self.header_timeout_secs,
+            body_timeout_secs: self.body_timeout_secs,
+        }
+    }
+
+    /// The listener's connection cap and read deadlines.
+    pub fn limits(&self) -> crate::listener::ListenerLimits {
+        crate::listener::ListenerLimits::from_settings(&self.limit_settings())
+    }
+}
+
+pub(super) fn default_webhook_connection_limit() -> usize {
+    256
+}
+pub(super) fn default_listener_timeout_secs() -> u64 {
+    10
 }
 
 pub(super) fn default_webhook_max_connections() -> u8 {

@@ -70,3 +70,47 @@ fn token_comes_from_the_environment_when_the_file_has_none() {
     .unwrap();
     assert_eq!(config.telegram.token.unwrap().expose(), "1:ENV");
 }
+
+#[test]
+fn the_listeners_limits_have_defaults_and_bounds() {
+    let webhook = |extra: &str| {
+        format!(
+            "[telegram]\ntoken = \"1:a\"\nallow_all_users = true\nmode = \"webhook\"\n\
+             [telegram.webhook]\nlisten = \"127.0.0.1:8443\"\n\
+             public_url = \"https://bot.example.com/t\"\nsecret_token = \"s\"\n{extra}"
+        )
+    };
+    let config = parse(&webhook(""), Purpose::Telegram).unwrap();
+    let limits = config.telegram.webhook.as_ref().unwrap().limits();
+    assert_eq!(limits.max_connections, 256);
+    assert_eq!(limits.header_timeout, std::time::Duration::from_secs(10));
+    assert_eq!(limits.body_timeout, std::time::Duration::from_secs(10));
+    assert_eq!(config.metrics.limits().max_connections, 64);
+
+    for (extra, named) in [
+        (
+            "connection_limit = 0\n",
+            "telegram.webhook.connection_limit 0",
+        ),
+        (
+            "header_timeout_secs = 0\n",
+            "telegram.webhook.header_timeout_secs",
+        ),
+        (
+            "body_timeout_secs = 601\n",
+            "telegram.webhook.body_timeout_secs",
+        ),
+        (
+            "max_connections = 50\nconnection_limit = 40\n",
+            "below max_connections 50",
+        ),
+    ] {
+        let error = parse(&webhook(extra), Purpose::Telegram).unwrap_err();
+        assert!(error.to_string().contains(named), "{extra}: {error}");
+    }
+    let error = parse("[metrics]\nconnection_limit = 0\n", Purpose::Console).unwrap_err();
+    assert!(
+        error.to_string().contains("metrics.connection_limit"),
+        "{error}"
+    );
+}

@@ -35,25 +35,68 @@ use prometheus_client::metrics::MetricType;
 use serde::Deserialize;
 
 use crate::delivery::DeliveryStats;
+use crate::listener::{LimitSettings, ListenerLimits};
 
 /// Prefix of every metric name.
 #[cfg(test)]
 const PREFIX: &str = "telegate_";
 
 /// `[metrics]`: the optional health and metrics HTTP listener.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Address the `/healthz` and `/metrics` listener binds, e.g.
     /// `listen = "127.0.0.1:9464"`. Absent: no listener is started. The
     /// endpoints have no authentication; keep them on a private address.
     pub listen: Option<String>,
+    /// Connections served at once; more are closed at once.
+    #[serde(default = "default_connection_limit")]
+    pub connection_limit: usize,
+    /// Seconds a request's head may take to arrive.
+    #[serde(default = "default_timeout_secs")]
+    pub header_timeout_secs: u64,
+    /// Seconds a request's body may take to arrive.
+    #[serde(default = "default_timeout_secs")]
+    pub body_timeout_secs: u64,
+}
+
+fn default_connection_limit() -> usize {
+    64
+}
+
+fn default_timeout_secs() -> u64 {
+    10
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: None,
+            connection_limit: default_connection_limit(),
+            header_timeout_secs: default_timeout_secs(),
+            body_timeout_secs: default_timeout_secs(),
+        }
+    }
 }
 
 impl MetricsConfig {
     /// Check the table without binding anything.
     pub fn validate(&self) -> Result<(), String> {
+        self.limit_settings().validate("metrics")?;
         self.listen_addr().map(|_| ())
+    }
+
+    /// The listener's connection cap and read deadlines.
+    pub fn limits(&self) -> ListenerLimits {
+        ListenerLimits::from_settings(&self.limit_settings())
+    }
+
+    fn limit_settings(&self) -> LimitSettings {
+        LimitSettings {
+            connection_limit: self.connection_limit,
+            header_timeout_secs: self.header_timeout_secs,
+            body_timeout_secs: self.body_timeout_secs,
+        }
     }
 
     /// The address to listen on, or `None` when no listener is configured.

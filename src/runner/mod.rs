@@ -265,12 +265,9 @@ impl Runner {
                 .get_or_create_session(key.as_str(), SessionId::generate().to_string())
                 .await
             {
-                Ok(record) => {
-                    store.write_health().succeeded();
-                    break SessionId::new(record.session_id);
-                }
+                Ok(record) => break SessionId::new(record.session_id),
+                // The store reports the failure to /healthz itself.
                 Err(error) => {
-                    store.write_health().failed(&error);
                     attempt += 1;
                     if attempt >= SESSION_WRITE_ATTEMPTS {
                         tracing::error!(session_key = %key, %error, attempts = attempt, "cannot create or load the session: the store is failing");

@@ -11,7 +11,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, Store, StoreError};
+use super::{now_ms, Store, StoreError, WriteKind};
 
 /// Tokens and cost, of one turn or summed.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -71,7 +71,7 @@ impl Store {
         agent_session_id: Option<String>,
     ) -> Result<(), StoreError> {
         let (session_id, backend) = (session_id.to_owned(), backend.to_owned());
-        self.call(move |conn| {
+        self.write(WriteKind::AgentSession, move |conn| {
             conn.prepare_cached(
                 "INSERT INTO agent_sessions (session_id, backend, agent_session_id, updated_at)
                  VALUES (?1, ?2, ?3, ?4)
@@ -94,7 +94,7 @@ impl Store {
         usage: AgentUsage,
     ) -> Result<(), StoreError> {
         let (session_id, backend) = (session_id.to_owned(), backend.to_owned());
-        self.call(move |conn| {
+        self.write(WriteKind::AgentSession, move |conn| {
             conn.prepare_cached(
                 "INSERT INTO agent_sessions (session_id, backend, turns, input_tokens,
                      cached_input_tokens, output_tokens, cost_usd, updated_at)

@@ -13,7 +13,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, InboxState, Store, StoreError};
+use super::{now_ms, InboxState, Store, StoreError, WriteKind};
 
 /// A button to remember.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,7 +53,7 @@ const KEEP_EXPIRED_MS: i64 = 24 * 3600 * 1000;
 impl Store {
     /// Remember `buttons` (and forget buttons long expired).
     pub async fn create_buttons(&self, buttons: Vec<NewButton>) -> Result<(), StoreError> {
-        self.call(move |conn| {
+        self.write(WriteKind::Button, move |conn| {
             let tx = conn.savepoint()?;
             let now = now_ms();
             tx.execute(
@@ -131,7 +131,7 @@ impl Store {
     /// very press used it before (a replay after a restart).
     pub async fn claim_button(&self, id: &str, update_id: i64) -> Result<bool, StoreError> {
         let id = id.to_owned();
-        self.call(move |conn| {
+        self.write(WriteKind::Button, move |conn| {
             let tx = conn.savepoint()?;
             tx.execute(
                 "UPDATE buttons SET used_by = ?2, used_at = ?3
@@ -158,7 +158,7 @@ impl Store {
         state: InboxState,
         reason: Option<String>,
     ) -> Result<bool, StoreError> {
-        self.call(move |conn| {
+        self.write(WriteKind::InboxState, move |conn| {
             let changed = conn
                 .prepare_cached(
                     "UPDATE inbox SET state = ?2, reason = ?3, updated_at = ?4

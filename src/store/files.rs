@@ -4,7 +4,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, Store, StoreError};
+use super::{now_ms, Store, StoreError, WriteKind};
 
 /// What the record says of one file of one answered message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl Store {
         message_id: i64,
         key: String,
     ) -> Result<(), StoreError> {
-        self.call(move |conn| {
+        self.write(WriteKind::SentFile, move |conn| {
             conn.prepare_cached(
                 "DELETE FROM outbox_files
                  WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3
@@ -122,7 +122,7 @@ impl Store {
         key: String,
         sent_id: i64,
     ) -> Result<(), StoreError> {
-        self.call(move |conn| {
+        self.write(WriteKind::SentFile, move |conn| {
             let sql = match mode {
                 WriteRow::UnlessRecorded => {
                     "INSERT OR IGNORE INTO outbox_files

@@ -17,7 +17,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde_json::Value;
 
-use super::{now_ms, Store, StoreError};
+use super::{now_ms, Store, StoreError, WriteKind};
 
 /// Where a message stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -147,7 +147,7 @@ impl Store {
     /// `getUpdates` batch this way: one store round trip instead of one per
     /// update.
     pub async fn record_updates(&self, rows: Vec<NewUpdate>) -> Result<Vec<bool>, StoreError> {
-        self.call(move |conn| {
+        self.write(WriteKind::Inbox, move |conn| {
             let now = now_ms();
             let mut statement = conn.prepare_cached(
                 "INSERT OR IGNORE INTO inbox
@@ -181,7 +181,7 @@ impl Store {
         state: InboxState,
         reason: Option<String>,
     ) -> Result<bool, StoreError> {
-        self.call(move |conn| {
+        self.write(WriteKind::InboxState, move |conn| {
             let changed = conn
                 .prepare_cached(
                     "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
@@ -208,7 +208,7 @@ impl Store {
         &self,
         changes: Vec<(i64, i64, InboxState, Option<String>)>,
     ) -> Result<(), StoreError> {
-        self.call(move |conn| {
+        self.write(WriteKind::InboxState, move |conn| {
             let now = now_ms();
             let mut statement = conn.prepare_cached(
                 "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
@@ -322,7 +322,7 @@ impl Store {
         message_id: i64,
         reply_ids: Vec<i32>,
     ) -> Result<(), StoreError> {
-        self.call_one_write(move |conn| {
+        self.write_one(WriteKind::Outbox, move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
             let now = now_ms();
             conn.prepare_cached(
@@ -348,7 +348,7 @@ impl Store {
         reply_ids: Vec<i32>,
         delivered: bool,
     ) -> Result<(), StoreError> {
-        self.call_one_write(move |conn| {
+        self.write_one(WriteKind::Outbox, move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
             conn.prepare_cached(
                 "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at)
@@ -418,7 +418,7 @@ pub struct RunningProcess {
 impl Store {
     /// Record a background process as running.
     pub async fn process_started(&self, process: RunningProcess) -> Result<(), StoreError> {
-        self.call(move |conn| {
+        self.write(WriteKind::Process, move |conn| {
             conn.prepare_cached(
                 "INSERT OR REPLACE INTO background_processes
                  (process_id, chat_id, thread_id, command, started_at) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -438,7 +438,7 @@ impl Store {
     /// Forget a background process (it ended and its owner was told, or
     /// will be by its wakeup).
     pub async fn process_ended(&self, process_id: String) -> Result<(), StoreError> {
-        self.call(move |conn| {
+        self.write(WriteKind::Process, move |conn| {
             conn.prepare_cached("DELETE FROM background_processes WHERE process_id = ?1")?
                 .execute(params![process_id])?;
             Ok(())
@@ -449,7 +449,7 @@ impl Store {
     /// Take every process still recorded as running (at start: they died
     /// with the previous process), removing them.
     pub async fn take_lost_processes(&self) -> Result<Vec<RunningProcess>, StoreError> {
-        self.call(|conn| {
+        self.write(WriteKind::Process, |conn| {
             let tx = conn.savepoint()?;
             let lost = {
                 let mut statement = tx.prepare(

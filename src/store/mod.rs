@@ -122,7 +122,7 @@ pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
 pub use transcript::{Role, TranscriptEntry};
 pub use undo::UndoneExchange;
-pub use write_health::WriteHealth;
+pub use write_health::{WriteHealth, WriteKind};
 
 /// How long SQLite retries when another process holds the write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -12,7 +12,7 @@
 
 use rusqlite::params;
 
-use super::{now_ms, Store, StoreError};
+use super::{now_ms, Store, StoreError, WriteKind};
 
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 
@@ -23,7 +23,7 @@ impl Store {
         let age = i64::try_from(days)
             .unwrap_or(i64::MAX)
             .saturating_mul(DAY_MS);
-        self.call(move |conn| {
+        self.write(WriteKind::Retention, move |conn| {
             let cutoff = now_ms().saturating_sub(age);
             let deleted = conn.execute(
                 "DELETE FROM inbox

@@ -21,7 +21,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{now_ms, Store, StoreError};
+use super::{now_ms, Store, StoreError, WriteKind};
 
 /// Per-session settings, a JSON object such as `{"model": "gpt-x"}`.
 pub type Overrides = Map<String, Value>;
@@ -71,7 +71,7 @@ impl Store {
         new_id: String,
     ) -> Result<SessionRecord, StoreError> {
         let key = key.to_owned();
-        self.call(move |conn| {
+        self.write(WriteKind::Session, move |conn| {
             let tx = conn.savepoint()?;
             if let Some(existing) = select_current(&tx, &key)? {
                 return Ok(existing);
@@ -96,7 +96,7 @@ impl Store {
         new_id: String,
     ) -> Result<(Option<SessionRecord>, SessionRecord), StoreError> {
         let key = key.to_owned();
-        self.call(move |conn| {
+        self.write(WriteKind::Session, move |conn| {
             let tx = conn.savepoint()?;
             let now = now_ms();
             let old = select_current(&tx, &key)?;
@@ -120,7 +120,7 @@ impl Store {
     /// the key has no session.
     pub async fn touch(&self, key: &str) -> Result<bool, StoreError> {
         let key = key.to_owned();
-        self.call(move |conn| {
+        self.write(WriteKind::Session, move |conn| {
             let changed = conn
                 .prepare_cached(
                     "UPDATE sessions SET last_active_at = max(last_active_at, ?2)
@@ -143,7 +143,7 @@ impl Store {
         value: Value,
     ) -> Result<(), StoreError> {
         let (key, name) = (key.to_owned(), name.to_owned());
-        self.call(move |conn| {
+        self.write(WriteKind::Session, move |conn| {
             let tx = conn.savepoint()?;
             let mut overrides = select_current(&tx, &key)?
                 .ok_or_else(|| StoreError::NoSuchSession { key: key.clone() })?

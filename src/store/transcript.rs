@@ -17,7 +17,7 @@ use rusqlite::{params, Connection, Row, ToSql};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{now_ms, Store, StoreError};
+use super::{now_ms, Store, StoreError, WriteKind};
 
 pub use crate::agent::Role;
 
@@ -101,8 +101,10 @@ impl Store {
         entry: TranscriptEntry,
     ) -> Result<i64, StoreError> {
         let session_id = session_id.to_owned();
-        self.call(move |conn| insert_entry(conn, &session_id, &entry))
-            .await
+        self.write(WriteKind::Transcript, move |conn| {
+            insert_entry(conn, &session_id, &entry)
+        })
+        .await
     }
 
     /// Appends several entries in one transaction (all or none); returns
@@ -115,7 +117,7 @@ impl Store {
         let session_id = session_id.to_owned();
         // A call is all-or-nothing already (its own savepoint; one entry is
         // one statement and needs none).
-        self.call_with_writes(entries.len(), move |conn| {
+        self.write_with_writes(WriteKind::Transcript, entries.len(), move |conn| {
             entries
                 .iter()
                 .map(|e| insert_entry(conn, &session_id, e))
@@ -136,7 +138,7 @@ impl Store {
     ) -> Result<Vec<TranscriptEntry>, StoreError> {
         let session_id = session_id.to_owned();
         // A read, then (usually) one insert: then no savepoint is needed.
-        self.call_with_writes(entries.len(), move |conn| {
+        self.write_with_writes(WriteKind::Transcript, entries.len(), move |conn| {
             let history = select_last(conn, &session_id, max_entries)?;
             for entry in &entries {
                 insert_entry(conn, &session_id, entry)?;
@@ -176,7 +178,7 @@ impl Store {
     /// Returns `false` if the transcript is empty.
     pub async fn mark_last_interrupted(&self, session_id: &str) -> Result<bool, StoreError> {
         let session_id = session_id.to_owned();
-        self.call(move |conn| {
+        self.write(WriteKind::Transcript, move |conn| {
             let changed = conn
                 .prepare_cached(
                     "UPDATE transcripts SET interrupted = 1

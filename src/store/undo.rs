@@ -9,7 +9,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, Store, StoreError};
+use super::{now_ms, Store, StoreError, WriteKind};
 
 /// What /undo took out of the history.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,7 +45,7 @@ impl Store {
         session_id: &str,
     ) -> Result<Option<UndoneExchange>, StoreError> {
         let session_id = session_id.to_owned();
-        self.call(move |conn| {
+        self.write(WriteKind::Transcript, move |conn| {
             let tx = conn.savepoint()?;
             let last = tx
                 .prepare_cached(

@@ -39,6 +39,8 @@ fn the_systemd_unit_keeps_its_promises() {
         "ProtectHome=yes",
         "PrivateTmp=yes",
         "CapabilityBoundingSet=",
+        // Stalled clients must hit the listeners' caps, not EMFILE.
+        "LimitNOFILE=65536",
     ] {
         assert!(lines.contains(&needed), "{needed} missing from the unit");
     }

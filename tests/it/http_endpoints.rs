@@ -8,7 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use telegate::http::{serve, HealthCheck, HealthReport, StaticHealth, METRICS_CONTENT_TYPE};
+use telegate::http::{
+    serve, HealthCheck, HealthReport, HealthServer, StaticHealth, METRICS_CONTENT_TYPE,
+};
+use telegate::listener::ListenerLimits;
 use telegate::metrics::{InboxCounts, Metrics};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -24,12 +27,18 @@ struct Server {
     bound: SocketAddr,
 }
 
+/// The defaults of `[metrics]`.
+fn limits() -> ListenerLimits {
+    telegate::metrics::MetricsConfig::default().limits()
+}
+
 async fn start() -> Server {
     let metrics = Metrics::new();
     let health = Arc::new(StaticHealth::healthy(["updates", "store"]));
     let shutdown = CancellationToken::new();
     let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let (bound, task) = serve(listen, metrics.clone(), health.clone(), shutdown.clone())
+    let server = HealthServer::new(metrics.clone(), health.clone());
+    let (bound, task) = serve(listen, limits(), server, shutdown.clone())
         .await
         .unwrap();
     assert!(bound.ip().is_loopback());
@@ -164,7 +173,8 @@ impl HealthCheck for Hanging {
 async fn a_hanging_health_check_is_a_503_not_a_hang() {
     let shutdown = CancellationToken::new();
     let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let (bound, _task) = serve(listen, Metrics::new(), Arc::new(Hanging), shutdown.clone())
+    let server = HealthServer::new(Metrics::new(), Arc::new(Hanging));
+    let (bound, _task) = serve(listen, limits(), server, shutdown.clone())
         .await
         .unwrap();
     // The paused clock auto-advances past the check timeout once every task

@@ -29,6 +29,7 @@ mod http_endpoints;
 mod inbound_fuzz;
 mod instance_lock;
 mod instant_control;
+mod listener_limits;
 mod media_e2e;
 mod media_queue_e2e;
 mod openai_backend;

@@ -7,6 +7,10 @@
 //!   `/healthz` reports it, instead of a memory-only session whose history
 //!   would vanish at the next restart; once writes work again, so does the
 //!   chat;
+//! * a failing write of the intake (inbox rows), the ledger (message
+//!   states), the outbox or the transcripts turns `/healthz` into a 503
+//!   naming it, until a write of that kind works again (another kind
+//!   working does not hide it);
 //! * finished inbox rows older than `inbox_retention_days` are pruned at
 //!   start, unfinished ones and transcripts stay;
 //! * `[store] synchronous` reaches SQLite;
@@ -211,6 +215,81 @@ async fn a_failing_store_is_told_to_the_chat_and_to_healthz_never_papered_over()
     );
     let (status, body) = healthz(addr).await;
     assert_eq!(status, 200, "{body}");
+    bot.shutdown().await;
+}
+
+/// Ask `/healthz` until its status is `status` and its body contains
+/// `needle` (bounded); returns the body.
+async fn wait_health(addr: std::net::SocketAddr, status: u16, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (got, body) = healthz(addr).await;
+        if got == status && body.contains(needle) {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/healthz never answered {status} with {needle:?}; last {got} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_failing_kind_of_write_turns_healthz_503_until_it_works_again() {
+    let fake = FakeBotApi::start().await;
+    let text = config_text(
+        &fake,
+        "in_memory = true",
+        "[metrics]\nlisten = \"127.0.0.1:0\"",
+    );
+    let config = Config::parse(Path::new("t.toml"), &text, Purpose::Telegram, |_| None).unwrap();
+    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
+        .await
+        .unwrap();
+    let addr = bot.metrics_addr.expect("the metrics listener runs");
+    let answered = |text: &str| {
+        let fake = &fake;
+        let answer = format!("answer:{text}");
+        move |_: &[support::fake_bot::RecordedCall]| {
+            fake.sent_texts(USER).iter().any(|t| t.contains(&answer))
+        }
+    };
+    // (writer, the write that fails, what /healthz names)
+    let writers = [
+        ("intake", "INSERT", "inbox", "inbox writes are failing"),
+        (
+            "ledger",
+            "UPDATE",
+            "inbox",
+            "message states writes are failing",
+        ),
+        ("outbox", "INSERT", "outbox", "outbox writes are failing"),
+        (
+            "transcript",
+            "INSERT",
+            "transcripts",
+            "transcripts writes are failing",
+        ),
+    ];
+    for (writer, event, table, named) in writers {
+        wait_health(addr, 200, "\"store\":\"ok\"").await;
+        support::store_faults::fail_writes(&bot.store, event, table).await;
+        let failing = format!("while {writer} fails");
+        fake.push_text(USER, USER, &failing);
+        let body = wait_health(addr, 503, named).await;
+        assert!(body.contains("disk is full"), "{writer}: {body}");
+
+        // Writes of that kind work again: so does /healthz, once one is made.
+        // (The message is answered first, so the next one cannot interrupt
+        // its turn; the intake's is answered only once it can be recorded.)
+        support::store_faults::allow_writes(&bot.store, event, table).await;
+        assert!(fake.wait_for(answered(&failing), WAIT).await, "{writer}");
+        let again = format!("after {writer}");
+        fake.push_text(USER, USER, &again);
+        assert!(fake.wait_for(answered(&again), WAIT).await, "{writer}");
+        wait_health(addr, 200, "\"store\":\"ok\"").await;
+    }
     bot.shutdown().await;
 }
 

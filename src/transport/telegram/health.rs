@@ -1,6 +1,7 @@
 //! What `/healthz` reports for a running bot: are updates arriving (the
-//! last `getUpdates` succeeded, or the webhook server runs) and does the
-//! store answer.
+//! last `getUpdates` succeeded, or the webhook server runs), does the
+//! store answer, and do its writes work (every kind of write the store
+//! saw fail since it last worked: [`crate::store::WriteHealth`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::http::{HealthCheck, HealthReport};
-use crate::store::Store;
+use crate::store::{Store, WriteKind};
 
 /// Whether the update source works, updated by the polling loop.
 #[derive(Clone, Debug)]
@@ -58,12 +59,41 @@ impl HealthCheck for BotHealth {
                 .call(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
                 .await
             {
-                Ok(()) => match self.store.write_health().failure() {
+                Ok(()) => match failing_writes(&self.store.write_health().failures()) {
                     None => report.ok("store"),
-                    Some(error) => report.failing("store", format!("writes are failing: {error}")),
+                    Some(reason) => report.failing("store", reason),
                 },
                 Err(error) => report.failing("store", error.to_string()),
             }
         })
+    }
+}
+
+/// `"<kinds> writes are failing: <first error>"`, kinds first (the reason
+/// shown is cut to a line), or `None` when every write works.
+fn failing_writes(failures: &[(WriteKind, String)]) -> Option<String> {
+    let (_, first_error) = failures.first()?;
+    let kinds: Vec<&str> = failures.iter().map(|(kind, _)| kind.as_str()).collect();
+    Some(format!(
+        "{} writes are failing: {first_error}",
+        kinds.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_writes_name_every_kind_before_the_error() {
+        assert_eq!(failing_writes(&[]), None);
+        let failures = [
+            (WriteKind::Inbox, "disk full".to_string()),
+            (WriteKind::Transcript, "read-only".to_string()),
+        ];
+        assert_eq!(
+            failing_writes(&failures).as_deref(),
+            Some("inbox, transcripts writes are failing: disk full")
+        );
     }
 }

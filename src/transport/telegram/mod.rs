@@ -279,8 +279,10 @@ impl TelegramBot {
                     updates: updates_health.clone(),
                     store: store.clone(),
                 });
+                let server = crate::http::HealthServer::new(metrics.clone(), health);
+                let limits = config.metrics.limits();
                 let (bound, _task) =
-                    crate::http::serve(listen, metrics.clone(), health, stop_intake.clone())
+                    crate::http::serve(listen, limits, server, stop_intake.clone())
                         .await
                         .map_err(|e| StartError::Webhook(format!("metrics listener: {e}")))?;
                 tracing::info!(%bound, "serving /healthz and /metrics");
@@ -330,10 +332,14 @@ impl TelegramBot {
                     "" => "/".to_string(),
                     path => path.to_string(),
                 };
-                let (bound, task) =
-                    webhook::serve(listen, &path, secret.clone(), intake, stop_intake.clone())
-                        .await
-                        .map_err(|e| StartError::Webhook(e.to_string()))?;
+                let at = webhook::WebhookListen {
+                    listen,
+                    path: &path,
+                    limits: webhook.limits(),
+                };
+                let (bound, task) = webhook::serve(at, secret.clone(), intake, stop_intake.clone())
+                    .await
+                    .map_err(|e| StartError::Webhook(e.to_string()))?;
                 let wanted = registration::WantedWebhook {
                     url: &url,
                     secret: &secret,

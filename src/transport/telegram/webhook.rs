@@ -4,12 +4,16 @@
 //! Answering 200 tells Telegram the update is ours. So the answer waits for
 //! the inbox write: a crash before it makes Telegram deliver the update
 //! again, and a store failure answers 503 so Telegram retries later. A
-//! missing or wrong secret gets 401 and touches nothing.
+//! missing or wrong secret gets 401 and touches nothing: the secret is
+//! checked on the request's head, before a byte of its body is read, so a
+//! stranger cannot make the listener wait for (or hold) a body. A body
+//! longer than [`MAX_UPDATE_BYTES`] gets 413, one that does not arrive in
+//! time 408 (the connection cap and the read deadlines are
+//! [`crate::listener`]'s, shared with the metrics listener).
 
 use std::net::SocketAddr;
 
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
@@ -19,6 +23,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::intake::Intake;
 use crate::config::Secret;
+use crate::listener::{self, BodyError, ListenerLimits};
+
+/// The largest update body read (Telegram's are a few kilobytes; this is
+/// axum's default limit, which the webhook had before).
+pub const MAX_UPDATE_BYTES: usize = 2 * 1024 * 1024;
+
+/// The header carrying the webhook's secret.
+const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
 
 #[derive(Clone)]
 struct WebhookState {
@@ -36,15 +48,33 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
             == 0
 }
 
-async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: Bytes) -> StatusCode {
+/// Whether the request's head carries the secret.
+fn has_secret(headers: &HeaderMap, secret: &Secret) -> bool {
     let given = headers
-        .get("x-telegram-bot-api-secret-token")
+        .get(SECRET_HEADER)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    if !same_secret(given, state.secret.expose().as_bytes()) {
+    same_secret(given, secret.expose().as_bytes())
+}
+
+async fn receive(State(state): State<WebhookState>, request: Request) -> StatusCode {
+    // The head first: the body of a request without the secret is never
+    // read (answering drops it, and hyper closes the connection).
+    if !has_secret(request.headers(), &state.secret) {
         tracing::warn!("webhook request with a missing or wrong secret refused");
         return StatusCode::UNAUTHORIZED;
     }
+    let body = match listener::read_body(request.into_body(), MAX_UPDATE_BYTES).await {
+        Ok(body) => body,
+        Err(error) => {
+            tracing::warn!(%error, "webhook body refused");
+            return match error {
+                BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                BodyError::TimedOut => StatusCode::REQUEST_TIMEOUT,
+                BodyError::Broken => StatusCode::BAD_REQUEST,
+            };
+        }
+    };
     let raw: Value = match serde_json::from_slice(&body) {
         Ok(raw) => raw,
         Err(error) => {
@@ -61,28 +91,29 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: By
     }
 }
 
-/// Serve the webhook on `listen` at `path` until `stop` fires. Returns the
-/// bound address.
+/// Where and how the webhook listens.
+pub struct WebhookListen<'a> {
+    /// The address to bind.
+    pub listen: SocketAddr,
+    /// The path Telegram posts to.
+    pub path: &'a str,
+    /// The connection cap and read deadlines.
+    pub limits: ListenerLimits,
+}
+
+/// Serve the webhook until `stop` fires. Returns the bound address and
+/// the server task (which ends once its connections are drained).
 pub async fn serve(
-    listen: SocketAddr,
-    path: &str,
+    at: WebhookListen<'_>,
     secret: Secret,
     intake: Intake,
     stop: CancellationToken,
 ) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
     let app = Router::new()
-        .route(path, post(receive))
+        .route(at.path, post(receive))
         .with_state(WebhookState { intake, secret });
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    let bound = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(error) = served {
-            tracing::error!(%error, "webhook server stopped");
-        }
-    });
+    let (tcp, bound) = listener::bind(at.listen).await?;
+    let task = listener::serve(tcp, app, at.limits, "webhook", stop);
     Ok((bound, task))
 }
 
