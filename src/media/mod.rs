@@ -14,8 +14,13 @@
 //! command backend reads it for `{files}`, `TELEGATE_FILES` and
 //! `TELEGATE_OUTBOX`; the openai backend for image parts ([`vision`]) and
 //! the `send_file` tool ([`crate::tools::send_file`]). Every outbound file
-//! goes through [`outbox`]: confined paths, the 50 MB cap, and the store's
-//! record of sent files so a restart never sends one twice.
+//! goes through [`outbox`]: opened once by handle below its directory and
+//! through no link ([`handle`]), checked on that handle (a regular file
+//! with one link, the 50 MB cap, readable by the `run_as` user) and
+//! uploaded from it, and the store's record of sent files so a restart
+//! never sends one twice. The command backend's outbox directory
+//! ([`outbox_dir`]) is sent after the answer, at most
+//! `max_files_per_answer` files, and /stop ends such a batch.
 //!
 //! This module must never run a turn, decide whether an answer is
 //! delivered, or log a file URL (it contains the bot token).
@@ -24,13 +29,16 @@ pub mod album;
 pub mod command_files;
 pub mod describe;
 pub mod download;
+pub mod handle;
 pub mod outbox;
+pub mod outbox_dir;
 pub mod prepare;
 pub mod retention;
 pub mod transcribe;
 pub mod vision;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -45,6 +53,8 @@ pub const UPLOAD_LIMIT: u64 = 50 * 1024 * 1024;
 /// Telegram accepts photos (sendPhoto) up to this size; larger images go
 /// as documents.
 pub const PHOTO_UPLOAD_LIMIT: u64 = 10 * 1024 * 1024;
+/// Files one answer carries at most, unless configured.
+pub const DEFAULT_MAX_FILES_PER_ANSWER: usize = 20;
 
 /// `[media]`: downloads, inlining, retention, albums.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -65,6 +75,10 @@ pub struct MediaConfig {
     /// How long to wait for the next part of an album (milliseconds).
     #[serde(default = "default_album_window_ms")]
     pub album_window_ms: u64,
+    /// Files sent with one answer at most (the `send_file` tool's and the
+    /// outbox's together); the rest are reported in one line.
+    #[serde(default = "default_max_files_per_answer")]
+    pub max_files_per_answer: usize,
     /// `[media.transcription]`: voice, audio and video notes to text.
     #[serde(default)]
     pub transcription: Option<TranscriptionConfig>,
@@ -82,6 +96,9 @@ fn default_keep_days() -> u64 {
 fn default_album_window_ms() -> u64 {
     1500
 }
+fn default_max_files_per_answer() -> usize {
+    DEFAULT_MAX_FILES_PER_ANSWER
+}
 
 impl Default for MediaConfig {
     fn default() -> Self {
@@ -90,6 +107,7 @@ impl Default for MediaConfig {
             max_inline_bytes: default_max_inline_bytes(),
             keep_days: default_keep_days(),
             album_window_ms: default_album_window_ms(),
+            max_files_per_answer: default_max_files_per_answer(),
             transcription: None,
         }
     }
@@ -101,12 +119,23 @@ impl MediaConfig {
         if self.max_file_bytes == 0 {
             return Err("media.max_file_bytes must be above 0".into());
         }
+        if !(1..=MAX_FILES_PER_ANSWER_LIMIT).contains(&self.max_files_per_answer) {
+            return Err(format!(
+                "media.max_files_per_answer must be between 1 and {MAX_FILES_PER_ANSWER_LIMIT} (it is {})",
+                self.max_files_per_answer
+            ));
+        }
         if let Some(t) = &self.transcription {
             t.validate()?;
         }
         Ok(())
     }
 }
+
+/// The highest `max_files_per_answer` accepted: at Telegram's pace of
+/// about one message a second per chat, more would hold the chat for
+/// minutes.
+const MAX_FILES_PER_ANSWER_LIMIT: usize = 200;
 
 /// `[media.transcription]`: an OpenAI-compatible `/audio/transcriptions`
 /// endpoint (OpenAI, Groq, whisper.cpp's server, faster-whisper servers).
@@ -249,6 +278,26 @@ pub struct TurnFiles {
     pub answering: Option<i64>,
     /// Sends files to the chat (absent where nothing can be sent).
     pub sender: Option<Arc<OutboxFiles>>,
+    /// Files this answer carries so far (shared by every clone).
+    pub carried: FileCount,
+}
+
+/// How many files one answer carries so far: the `send_file` tool's and
+/// the outbox's together, against `max_files_per_answer`. Clones share
+/// the count.
+#[derive(Clone, Debug, Default)]
+pub struct FileCount(Arc<AtomicUsize>);
+
+impl FileCount {
+    /// The files counted.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Count one more.
+    pub fn add(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for TurnFiles {
@@ -258,6 +307,7 @@ impl std::fmt::Debug for TurnFiles {
             .field("outbox", &self.outbox)
             .field("answering", &self.answering)
             .field("sender", &self.sender.is_some())
+            .field("carried", &self.carried.get())
             .finish()
     }
 }
