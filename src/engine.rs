@@ -11,7 +11,6 @@
 //! adapter and the runner only weakly, so an engine that is dropped is not
 //! kept alive by its own forwarder.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,12 +20,17 @@ use crate::buttons::Button;
 use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
 use crate::event::{ChatType, Platform, SessionSource};
 use crate::identity::SessionId;
+use crate::media::handle::Reader;
+use crate::media::outbox::Workspace;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
 use crate::store::{RunningProcess, Store, StoreError};
+use crate::tools::runas::RunAs;
 use crate::tools::send_file::WithSendFile;
 use crate::tools::wakeup::{OwnerHistory, Wakeup};
-use crate::tools::{tool_events, NoTools, TerminalTool, ToolEvent, ToolEventReceiver};
+use crate::tools::{
+    tool_events, NoTools, TerminalTool, ToolEvent, ToolEventReceiver, ToolRegistry,
+};
 
 /// The session engine: the adapter that transports feed, and the runner
 /// behind it.
@@ -338,11 +342,28 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
         sender,
     )?);
     let key = openai.api_key();
-    let workspace = terminal
-        .workdir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("."));
-    let tools = Arc::new(WithSendFile::new(tool.clone(), workspace));
+    // `send_file` sends from the workdir only, on behalf of the `run_as`
+    // user if there is one; without a workdir it is not offered (never
+    // telegate's own directory, which holds its config and database).
+    let tools: Arc<dyn ToolRegistry> = match &terminal.workdir {
+        Some(workdir) => {
+            let reader = terminal
+                .run_as
+                .as_deref()
+                .map(RunAs::resolve)
+                .transpose()?
+                .map(|user| Reader {
+                    uid: user.uid,
+                    gid: user.gid,
+                });
+            let workspace = Workspace::new(workdir, reader);
+            Arc::new(WithSendFile::new(tool.clone(), workspace))
+        }
+        None => {
+            tracing::info!("send_file is not offered: it needs [tools.terminal] workdir");
+            tool.clone()
+        }
+    };
     let agent = OpenAiAgent::new(openai, key, tools)?;
     Ok(AgentSetup {
         agent: Arc::new(agent),

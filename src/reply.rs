@@ -5,7 +5,8 @@
 //! the console printer and the test recorders implement that one trait, so
 //! the session engine is identical everywhere.
 //!
-//! This module owns the reply types and the trait. It must never decide
+//! This module owns the reply types and the trait, and [`SendingStop`],
+//! how a stop reaches an answer that is being sent. It must never decide
 //! *whether* something is sent: that is the adapter's guard and the runner's
 //! generation check.
 
@@ -191,4 +192,163 @@ pub struct TurnStart<'a> {
     /// ([`crate::event::MessageEvent::replayed`]): part of its answer may
     /// be recorded already.
     pub replayed: bool,
+}
+
+/// The sending of one turn's answer (its parts, then its files), as /stop
+/// sees it: the adapter opens it around the delivery
+/// ([`SendingStop::scope`]) and fires it when /stop, /new or /reset reach
+/// a slot that is only delivering; whatever sends an answer's parts or
+/// files reads it ([`SendingStop::current`]), sends nothing more once it
+/// fired, and notes what it left unsent, which the adapter then reports
+/// in one line ([`unsent_line`]). A request already sent runs to its
+/// answer: a stop never cuts one in half.
+#[derive(Clone, Debug, Default)]
+pub struct SendingStop {
+    token: tokio_util::sync::CancellationToken,
+    unsent: std::sync::Arc<std::sync::Mutex<Unsent>>,
+}
+
+/// What a stop left unsent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unsent {
+    /// Parts of the answer not sent…
+    pub parts: usize,
+    /// …of this many.
+    pub of_parts: usize,
+    /// Files not sent.
+    pub files: usize,
+}
+
+tokio::task_local! {
+    static SENDING: SendingStop;
+}
+
+impl SendingStop {
+    /// A sending that stops when `token` fires.
+    pub fn new(token: tokio_util::sync::CancellationToken) -> Self {
+        SendingStop {
+            token,
+            unsent: std::sync::Arc::default(),
+        }
+    }
+
+    /// Run `future` (a delivery) as this sending.
+    pub async fn scope<F: std::future::Future>(self, future: F) -> F::Output {
+        SENDING.scope(self, future).await
+    }
+
+    /// The sending the current task delivers in, if any.
+    pub fn current() -> Option<SendingStop> {
+        SENDING.try_with(Clone::clone).ok()
+    }
+
+    /// True once the sending was stopped.
+    pub fn is_stopped(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// The token that fires on stop (to withdraw a waiting request).
+    pub fn token(&self) -> &tokio_util::sync::CancellationToken {
+        &self.token
+    }
+
+    fn update(&self, change: impl FnOnce(&mut Unsent)) {
+        change(
+            &mut self
+                .unsent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+    }
+
+    /// `parts` of the answer's `of` parts were not sent.
+    pub fn note_parts(&self, parts: usize, of: usize) {
+        self.update(|u| {
+            u.parts += parts;
+            u.of_parts = u.of_parts.max(of);
+        });
+    }
+
+    /// `files` files were not sent.
+    pub fn note_files(&self, files: usize) {
+        self.update(|u| u.files += files);
+    }
+
+    /// What was left unsent so far.
+    pub fn unsent(&self) -> Unsent {
+        *self
+            .unsent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The one line telling the user what a stop left unsent (none if
+/// nothing was).
+pub fn unsent_line(unsent: Unsent) -> Option<String> {
+    let parts = match unsent.parts {
+        0 => None,
+        1 => Some(format!("1 of {} parts of the answer", unsent.of_parts)),
+        n => Some(format!("{n} of {} parts of the answer", unsent.of_parts)),
+    };
+    let files = match unsent.files {
+        0 => None,
+        1 => Some("1 file".to_string()),
+        n => Some(format!("{n} files")),
+    };
+    let (what, one) = match (parts, files) {
+        (None, None) => return None,
+        (Some(parts), None) => (parts, unsent.parts == 1),
+        (None, Some(files)) => (files, unsent.files == 1),
+        (Some(parts), Some(files)) => (format!("{parts} and {files}"), false),
+    };
+    let verb = if one { "was" } else { "were" };
+    Some(format!("⏹ Stopped: {what} {verb} not sent."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_reports_what_it_left_unsent_in_one_line() {
+        let line = |parts, of_parts, files| {
+            unsent_line(Unsent {
+                parts,
+                of_parts,
+                files,
+            })
+        };
+        assert_eq!(line(0, 0, 0), None);
+        assert_eq!(
+            line(7, 10, 0).unwrap(),
+            "⏹ Stopped: 7 of 10 parts of the answer were not sent."
+        );
+        assert_eq!(
+            line(1, 3, 0).unwrap(),
+            "⏹ Stopped: 1 of 3 parts of the answer was not sent."
+        );
+        assert_eq!(line(0, 0, 1).unwrap(), "⏹ Stopped: 1 file was not sent.");
+        assert_eq!(
+            line(2, 4, 15).unwrap(),
+            "⏹ Stopped: 2 of 4 parts of the answer and 15 files were not sent."
+        );
+    }
+
+    #[tokio::test]
+    async fn the_sending_is_seen_inside_its_scope_only() {
+        assert!(SendingStop::current().is_none());
+        let stop = SendingStop::new(tokio_util::sync::CancellationToken::new());
+        let seen = stop
+            .clone()
+            .scope(async {
+                let current = SendingStop::current().unwrap();
+                current.note_files(3);
+                current.token().cancel();
+            })
+            .await;
+        let () = seen;
+        assert!(stop.is_stopped());
+        assert_eq!(stop.unsent().files, 3);
+    }
 }

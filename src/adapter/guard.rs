@@ -29,6 +29,9 @@ pub struct SessionGuard {
     kind: GuardKind,
     interrupt: CancellationToken,
     finishing: Arc<AtomicBool>,
+    /// Fires when /stop, /new or /reset end the delivery of this turn's
+    /// answer (see [`SessionGuard::stop_sending`]).
+    sending: CancellationToken,
     /// Set when the command that holds a [`GuardKind::Command`] guard ended
     /// without handing the slot on (its future was dropped): only then may
     /// the guard be healed. Unused for turn guards.
@@ -49,6 +52,7 @@ impl SessionGuard {
             kind,
             interrupt: CancellationToken::new(),
             finishing: Arc::new(AtomicBool::new(false)),
+            sending: CancellationToken::new(),
             abandoned: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -80,6 +84,17 @@ impl SessionGuard {
     /// See [`SessionGuard::mark_finishing`].
     pub fn is_finishing(&self) -> bool {
         self.finishing.load(Ordering::Acquire)
+    }
+
+    /// End the delivery of this turn's answer: parts and files not sent
+    /// yet are not sent (a request already sent runs to its answer).
+    pub fn stop_sending(&self) {
+        self.sending.cancel();
+    }
+
+    /// The token [`SessionGuard::stop_sending`] fires.
+    pub fn sending(&self) -> &CancellationToken {
+        &self.sending
     }
 
     /// Turn or command.

@@ -20,6 +20,9 @@ pub struct DispatchContext {
     /// True when the slot was busy with a turn the handler did not start
     /// (a command on the command path, or a bypass command mid-turn).
     pub slot_busy: bool,
+    /// True for a command on the command path while the slot's turn has
+    /// its answer and is only delivering it (/stop then ends the sending).
+    pub slot_sending: bool,
     /// Messages waiting in the slot's queue when this was dispatched.
     pub queue_depth: usize,
     /// True for an ordinary message the handler claimed while the slot was

@@ -9,8 +9,10 @@
 //!   turn, sends its reply, then drains the slot's queue in arrival order;
 //! * **busy slot, /stop /new /reset**: the *command path* swaps in a command
 //!   guard, lets the handler (the runner) act, sends the command's reply
-//!   first, then cancels the old task (bounded wait), then releases the
-//!   command guard and starts the oldest follow-up exactly once;
+//!   first, then cancels the old task (bounded wait; one only delivering
+//!   its answer is not aborted, its sending is stopped instead), then
+//!   releases the command guard and starts the oldest follow-up exactly
+//!   once;
 //! * **busy slot, other commands**: answered at once, the turn untouched;
 //!   so is an ordinary message the handler claims as an answer the running
 //!   turn waits for (a "yes" to a pending approval, see
@@ -349,6 +351,7 @@ impl Adapter {
                 key,
                 interrupt: CancellationToken::new(),
                 slot_busy: true,
+                slot_sending: false,
                 queue_depth,
                 claimed_while_busy: claimed,
             };
@@ -472,10 +475,12 @@ impl Adapter {
         // A turn that already has its answer and is only delivering it is
         // not "running" any more: /stop then has nothing to stop.
         let slot_busy = previous.as_ref().is_some_and(|g| !g.is_finishing());
+        let slot_sending = previous.as_ref().is_some_and(SessionGuard::is_finishing);
         let ctx = DispatchContext {
             key: key.clone(),
             interrupt: guard.interrupt().clone(),
             slot_busy,
+            slot_sending,
             queue_depth,
             claimed_while_busy: false,
         };
@@ -537,6 +542,11 @@ impl Adapter {
         }
         // 1. The command's reply goes out first.
         self.inner.answer(&source, message_id, outgoing).await;
+        // 2a. A turn delivering its answer sends no more of it (that task
+        //     records and reports what it left out).
+        if let Some(previous) = &previous {
+            previous.stop_sending();
+        }
         // 2. Then the old task is cancelled, with a bounded wait. A task
         //    that is only delivering its finished answer is not aborted:
         //    cutting a delivery short would leave the answer half sent and
@@ -735,7 +745,13 @@ impl AdapterInner {
         message_id: Option<i64>,
         outgoing: Option<Outgoing>,
     ) {
-        let outcome = match outgoing {
+        let outcome = self.deliver(to, outgoing).await;
+        self.note(to, message_id, outcome);
+    }
+
+    /// Deliver `outgoing` (if any); the message's outcome, to be noted.
+    async fn deliver(&self, to: &SessionSource, outgoing: Option<Outgoing>) -> EventOutcome {
+        match outgoing {
             None => EventOutcome::Dropped("no reply"),
             Some(out) => {
                 let failed = out.reply.kind == ReplyKind::Error;
@@ -744,8 +760,7 @@ impl AdapterInner {
                     _ => EventOutcome::Failed,
                 }
             }
-        };
-        self.note(to, message_id, outcome);
+        }
     }
 
     fn note(&self, to: &SessionSource, message_id: Option<i64>, outcome: EventOutcome) {

@@ -1,9 +1,12 @@
 //! The tasks the adapter spawns: a slot's owner task (runs the event, sends
 //! its reply while it still owns the slot, then takes the next follow-up or
 //! releases), and a slot's refusal notifier (coalesced "not queued" notices,
-//! never awaited by anyone routing a message).
+//! never awaited by anyone routing a message). A reply being sent can be
+//! stopped (/stop, /new, /reset: [`SendingStop`]); the owner task then says
+//! in one line what was left unsent.
 
 use super::*;
+use crate::reply::{unsent_line, SendingStop};
 
 /// The body of a slot's owner task: run the event, send its reply if the
 /// task still owns the slot, then take the next follow-up or release.
@@ -25,6 +28,7 @@ pub(super) async fn owner_task(
             key: key.clone(),
             interrupt: guard.interrupt().clone(),
             slot_busy: false,
+            slot_sending: false,
             queue_depth: inner.state().pending_len(&key),
             claimed_while_busy: false,
         };
@@ -51,7 +55,21 @@ pub(super) async fn owner_task(
             if let Some(notice) = notice {
                 notice.cancelled().await;
             }
-            inner.answer(&source, message_id, outgoing).await;
+            // /stop, /new or /reset may end the sending (see
+            // `SessionGuard::stop_sending`); what it left unsent is said
+            // in one line (even though the guard is gone by then) before
+            // the message's outcome is recorded.
+            let sending = SendingStop::new(guard.sending().clone());
+            let outcome = sending
+                .clone()
+                .scope(inner.deliver(&source, outgoing))
+                .await;
+            if let Some(line) = unsent_line(sending.unsent()) {
+                inner
+                    .send(&source, Reply::notice(line).in_reply_to(message_id).into())
+                    .await;
+            }
+            inner.note(&source, message_id, outcome);
         } else if !inner.shutting_down() {
             inner.note(&source, message_id, EventOutcome::Dropped("stopped"));
         }

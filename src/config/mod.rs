@@ -219,6 +219,12 @@ impl Config {
             )
             .map_err(invalid)?;
         }
+        if !(1..=MAX_ANSWER_PARTS).contains(&self.delivery.max_answer_parts) {
+            return Err(invalid(format!(
+                "delivery.max_answer_parts must be between 1 and {MAX_ANSWER_PARTS} (it is {})",
+                self.delivery.max_answer_parts
+            )));
+        }
         if self.sessions.max_pending == 0 {
             return Err(invalid(
                 "sessions.max_pending must be at least 1".to_string(),
@@ -397,6 +403,7 @@ impl Config {
             typing_delay: Duration::from_millis(d.typing_delay_ms),
             max_retry_wait: Duration::from_secs(d.max_retry_wait_secs),
             max_attempts: 5,
+            max_answer_parts: d.max_answer_parts,
         }
     }
 

@@ -98,6 +98,10 @@ pub struct DeliverySettings {
     /// refused), `draft`, or `edit` (a preview message edited in place).
     #[serde(default)]
     pub streaming: crate::delivery::draft::StreamingMode,
+    /// Messages one answer may take (each up to 4096 characters); a
+    /// longer answer's whole text follows them as a file, `answer.md`.
+    #[serde(default = "default_max_answer_parts")]
+    pub max_answer_parts: usize,
 }
 
 impl Default for DeliverySettings {
@@ -112,6 +116,7 @@ impl Default for DeliverySettings {
             max_retry_wait_secs: default_max_retry_wait_secs(),
             reactions: false,
             streaming: crate::delivery::draft::StreamingMode::default(),
+            max_answer_parts: default_max_answer_parts(),
         }
     }
 }
@@ -136,6 +141,13 @@ pub(super) fn default_typing_delay_ms() -> u64 {
 }
 pub(super) fn default_max_retry_wait_secs() -> u64 {
     60
+}
+/// The most messages an answer may be configured to take: at Telegram's
+/// pace of about one message a second per chat, more would hold the chat
+/// for minutes.
+pub(super) const MAX_ANSWER_PARTS: usize = 100;
+pub(super) fn default_max_answer_parts() -> usize {
+    crate::delivery::telegram::DEFAULT_MAX_ANSWER_PARTS
 }
 
 /// `[telegram.webhook]`.

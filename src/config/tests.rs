@@ -18,6 +18,42 @@ fn the_example_config_is_valid() {
 }
 
 #[test]
+fn answer_parts_and_files_per_answer_are_bounded() {
+    let config = parse("[agent]\nbackend = \"echo\"\n", Purpose::Console).unwrap();
+    assert_eq!(config.delivery.max_answer_parts, 10);
+    assert_eq!(config.delivery_config().max_answer_parts, 10);
+    assert_eq!(config.media.max_files_per_answer, 20);
+    let config = parse(
+        "[delivery]\nmax_answer_parts = 3\n[media]\nmax_files_per_answer = 5\n",
+        Purpose::Console,
+    )
+    .unwrap();
+    assert_eq!(config.delivery_config().max_answer_parts, 3);
+    assert_eq!(config.media.max_files_per_answer, 5);
+    for (text, key) in [
+        (
+            "[delivery]\nmax_answer_parts = 0\n",
+            "delivery.max_answer_parts",
+        ),
+        (
+            "[delivery]\nmax_answer_parts = 101\n",
+            "delivery.max_answer_parts",
+        ),
+        (
+            "[media]\nmax_files_per_answer = 0\n",
+            "media.max_files_per_answer",
+        ),
+        (
+            "[media]\nmax_files_per_answer = 201\n",
+            "media.max_files_per_answer",
+        ),
+    ] {
+        let error = parse(text, Purpose::Console).unwrap_err().to_string();
+        assert!(error.contains(key), "{text}: {error}");
+    }
+}
+
+#[test]
 fn the_terminal_tool_is_off_by_default_and_needs_the_openai_backend() {
     let config = parse("[agent]\nbackend = \"echo\"\n", Purpose::Console).unwrap();
     assert!(!config.tools.terminal.enabled);

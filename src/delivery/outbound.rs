@@ -1,16 +1,19 @@
 //! The [`Outbound`] for Telegram: how the engine's replies and turns reach
 //! a chat through [`Delivery`] (live views, drafts, reactions, buttons),
 //! and the outbox record ([`ReplyRecord`]) that makes a final answer go
-//! out at most once across restarts.
+//! out at most once across restarts, in at most `max_answer_parts`
+//! messages, and stop going out on /stop.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::future::BoxFuture;
 
+use tokio_util::sync::CancellationToken;
+
 use super::telegram::{ChatTarget, Delivery};
 use crate::agent::ProgressWatch;
 use crate::event::SessionSource;
-use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind};
+use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind, SendingStop};
 use crate::store::{OutboxEntry, Store};
 
 /// The outbox record of one reply: which Telegram messages carry the answer
@@ -128,6 +131,13 @@ pub const AMBIGUOUS_SEND: &str =
 /// records a send whose outcome is unknown; a recorded preview is finished
 /// by editing it. Before a chunk goes out as a new message the intent is
 /// recorded ([`ReplyRecord::intend`]).
+///
+/// An answer takes at most `max_answer_parts` messages ([`plan_answer`]);
+/// a longer one's whole text follows them as `answer.md`. When the
+/// sending is stopped ([`SendingStop`]: /stop while the answer goes out)
+/// the parts not sent yet are left out and counted for the stop's report;
+/// either way the answer is then recorded as delivered, so nothing of it
+/// is sent later.
 pub async fn deliver_answer_once(
     delivery: &Delivery,
     target: ChatTarget,
@@ -153,13 +163,89 @@ pub async fn deliver_answer_once(
             _ => {}
         }
     }
+    let chunks = super::telegram::render_chunks(reply);
+    let plan = plan_answer(chunks.len(), delivery.config().max_answer_parts);
+    let sending = SendingStop::current();
+    let stop = sending.as_ref().map(SendingStop::token);
     let ids = delivery
-        .deliver_reply_recorded(target, reply, preview, record)
+        .deliver_chunks_recorded(
+            target,
+            reply,
+            &chunks[..plan.messages],
+            preview,
+            record,
+            stop,
+        )
         .await?;
+    let mut unsent = plan.messages - ids.len();
+    if plan.as_file {
+        if unsent > 0 || stop.is_some_and(CancellationToken::is_cancelled) {
+            unsent = chunks.len() - ids.len();
+        } else {
+            if let Some(record) = record {
+                // The file is part of the answer: a restart that finds
+                // this intent does not send it again.
+                record.intend(ids.clone()).await;
+            }
+            send_as_file(delivery, target, reply, plan.messages).await;
+        }
+    }
+    if let (Some(sending), true) = (&sending, unsent > 0) {
+        sending.note_parts(unsent, chunks.len());
+    }
+    // Delivered as far as it will ever be: what a stop left out is not
+    // sent later either.
     if let Some(record) = record {
         record.save(ids, true).await;
     }
     Ok(())
+}
+
+/// How an answer of some parts goes out (pure).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnswerPlan {
+    /// The parts sent as messages (the first ones).
+    pub messages: usize,
+    /// The whole answer follows as a file (it has more parts than that).
+    pub as_file: bool,
+}
+
+/// An answer of `parts` parts with at most `max_parts` messages: all as
+/// messages, or the first `max_parts` and then the whole text as a file.
+pub fn plan_answer(parts: usize, max_parts: usize) -> AnswerPlan {
+    let max_parts = max_parts.max(1);
+    AnswerPlan {
+        messages: parts.min(max_parts),
+        as_file: parts > max_parts,
+    }
+}
+
+/// The name of the file an answer too long for messages comes in.
+pub const ANSWER_FILE_NAME: &str = "answer.md";
+
+/// Send the whole of `reply`'s text as a Markdown document after its
+/// first `messages` parts; a failure is said in the chat.
+async fn send_as_file(delivery: &Delivery, target: ChatTarget, reply: &Reply, messages: usize) {
+    let file = crate::media::outbox::OutgoingFile {
+        name: ANSWER_FILE_NAME.to_string(),
+        body: crate::media::outbox::FileBody::Bytes(bytes::Bytes::from(reply.text.clone())),
+        as_photo: false,
+        caption: Some(format!(
+            "📄 The whole answer: it is longer than {messages} messages."
+        )),
+        reply_to: reply.reply_to,
+    };
+    let sender = super::files::TelegramFileSender::new(delivery.clone());
+    if let Err(error) = sender.upload(target, &file).await {
+        tracing::warn!(chat_id = target.chat_id, %error, "could not send a long answer as a file");
+        let notice = Reply::notice(format!(
+            "⚠️ The rest of this answer (too long for {messages} messages) could not be sent as a file."
+        ))
+        .in_reply_to(reply.reply_to);
+        if let Err(error) = delivery.deliver_reply(target, &notice, None).await {
+            tracing::warn!(chat_id = target.chat_id, %error, "could not say a long answer was cut");
+        }
+    }
 }
 
 /// The [`Outbound`] for Telegram: deliveries go through the engine; turns

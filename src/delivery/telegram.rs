@@ -69,6 +69,9 @@ pub struct DeliveryConfig {
     pub max_retry_wait: Duration,
     /// Attempts for transient (network, 5xx) failures before giving up.
     pub max_attempts: u32,
+    /// Messages one answer may take; a longer answer's whole text follows
+    /// them as a Markdown file (`[delivery] max_answer_parts`).
+    pub max_answer_parts: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -80,9 +83,13 @@ impl Default for DeliveryConfig {
             typing_delay: Duration::from_millis(300),
             max_retry_wait: Duration::from_secs(60),
             max_attempts: 5,
+            max_answer_parts: DEFAULT_MAX_ANSWER_PARTS,
         }
     }
 }
+
+/// Messages an answer takes at most, unless configured.
+pub const DEFAULT_MAX_ANSWER_PARTS: usize = 10;
 
 /// Counters for tests, `/metrics` and benchmarks.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -569,22 +576,27 @@ impl Delivery {
         reply: &Reply,
         first_in_place: Option<i32>,
     ) -> Result<Vec<i32>, DeliveryError> {
-        self.deliver_reply_recorded(target, reply, first_in_place, None)
+        let chunks = render_chunks(reply);
+        self.deliver_chunks_recorded(target, reply, &chunks, first_in_place, None, None)
             .await
     }
 
-    /// [`Delivery::deliver_reply`] that, before the first chunk goes out
-    /// as a new message (not for an edit of the preview: edits are
-    /// idempotent), records in `intent` that the send is under way.
-    pub(super) async fn deliver_reply_recorded(
+    /// Deliver `chunks` (rendered from `reply`) like
+    /// [`Delivery::deliver_reply`]; before the first chunk goes out as a
+    /// new message (not for an edit of the preview: edits are idempotent),
+    /// records in `intent` that the send is under way. Once `stop` fires,
+    /// no further chunk is sent (one waiting for its turn is withdrawn):
+    /// the ids returned are then fewer than the chunks.
+    pub(super) async fn deliver_chunks_recorded(
         &self,
         target: ChatTarget,
         reply: &Reply,
+        chunks: &[FormattedText],
         first_in_place: Option<i32>,
         intent: Option<&ReplyRecord>,
+        stop: Option<&CancellationToken>,
     ) -> Result<Vec<i32>, DeliveryError> {
         let mut intent = intent;
-        let chunks = render_chunks(reply);
         // A command's answer (/stop's "Stopped", /status…) jumps the line.
         let priority = match reply.kind {
             ReplyKind::Command => Priority::Control,
@@ -593,6 +605,9 @@ impl Delivery {
         let mut reply_to = reply.reply_to;
         let mut ids = Vec::with_capacity(chunks.len());
         for (index, chunk) in chunks.iter().enumerate() {
+            if stop.is_some_and(CancellationToken::is_cancelled) {
+                break;
+            }
             let edited = match (index, first_in_place) {
                 (0, Some(preview)) => match self.edit_chunk(target, preview, chunk).await {
                     Ok(()) => {
@@ -616,10 +631,14 @@ impl Delivery {
                 if let Some(record) = intent.take() {
                     record.intend(ids.clone()).await;
                 }
-                ids.push(
-                    self.send_chunk_with(target, chunk, reply_to, priority)
-                        .await?,
-                );
+                match self
+                    .send_chunk_unless_withdrawn(target, chunk, reply_to, priority, stop, None)
+                    .await
+                {
+                    Ok(id) => ids.push(id),
+                    Err(DeliveryError::Withdrawn) => break,
+                    Err(other) => return Err(other),
+                }
             }
             // Only the first chunk quotes the user's message.
             reply_to = None;

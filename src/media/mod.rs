@@ -16,8 +16,13 @@
 //! command backend reads it for `{files}`, `TELEGATE_FILES` and
 //! `TELEGATE_OUTBOX`; the openai backend for image parts ([`vision`]) and
 //! the `send_file` tool ([`crate::tools::send_file`]). Every outbound file
-//! goes through [`outbox`]: confined paths, the 50 MB cap, and the store's
-//! record of sent files so a restart never sends one twice.
+//! goes through [`outbox`]: opened once by handle below its directory and
+//! through no link ([`handle`]), checked on that handle (a regular file
+//! with one link, the 50 MB cap, readable by the `run_as` user) and
+//! uploaded from it, and the store's record of sent files so a restart
+//! never sends one twice. The command backend's outbox directory
+//! ([`outbox_dir`]) is sent after the answer, at most
+//! `max_files_per_answer` files, and /stop ends such a batch.
 //!
 //! This module must never run a turn, decide whether an answer is
 //! delivered, or log a file URL (it contains the bot token).
@@ -26,8 +31,10 @@ pub mod album;
 pub mod command_files;
 pub mod describe;
 pub mod download;
+pub mod handle;
 pub mod order;
 pub mod outbox;
+pub mod outbox_dir;
 pub mod prepare;
 pub mod retention;
 pub mod stage;
@@ -35,6 +42,7 @@ pub mod transcribe;
 pub mod vision;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -49,6 +57,8 @@ pub const UPLOAD_LIMIT: u64 = 50 * 1024 * 1024;
 /// Telegram accepts photos (sendPhoto) up to this size; larger images go
 /// as documents.
 pub const PHOTO_UPLOAD_LIMIT: u64 = 10 * 1024 * 1024;
+/// Files one answer carries at most, unless configured.
+pub const DEFAULT_MAX_FILES_PER_ANSWER: usize = 20;
 
 /// `[media]`: downloads, inlining, retention, albums.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -74,6 +84,11 @@ pub struct MediaConfig {
     /// 30 s is given up.
     #[serde(default = "default_download_timeout_secs")]
     pub download_timeout_secs: u64,
+
+    /// Files sent with one answer at most (the `send_file` tool's and the
+    /// outbox's together); the rest are reported in one line.
+    #[serde(default = "default_max_files_per_answer")]
+    pub max_files_per_answer: usize,
     /// `[media.transcription]`: voice, audio and video notes to text.
     #[serde(default)]
     pub transcription: Option<TranscriptionConfig>,
@@ -94,6 +109,9 @@ fn default_album_window_ms() -> u64 {
 fn default_download_timeout_secs() -> u64 {
     600
 }
+fn default_max_files_per_answer() -> usize {
+    DEFAULT_MAX_FILES_PER_ANSWER
+}
 
 impl Default for MediaConfig {
     fn default() -> Self {
@@ -103,6 +121,8 @@ impl Default for MediaConfig {
             keep_days: default_keep_days(),
             album_window_ms: default_album_window_ms(),
             download_timeout_secs: default_download_timeout_secs(),
+
+            max_files_per_answer: default_max_files_per_answer(),
             transcription: None,
         }
     }
@@ -117,12 +137,23 @@ impl MediaConfig {
         if self.download_timeout_secs == 0 {
             return Err("media.download_timeout_secs must be above 0".into());
         }
+        if !(1..=MAX_FILES_PER_ANSWER_LIMIT).contains(&self.max_files_per_answer) {
+            return Err(format!(
+                "media.max_files_per_answer must be between 1 and {MAX_FILES_PER_ANSWER_LIMIT} (it is {})",
+                self.max_files_per_answer
+            ));
+        }
         if let Some(t) = &self.transcription {
             t.validate()?;
         }
         Ok(())
     }
 }
+
+/// The highest `max_files_per_answer` accepted: at Telegram's pace of
+/// about one message a second per chat, more would hold the chat for
+/// minutes.
+const MAX_FILES_PER_ANSWER_LIMIT: usize = 200;
 
 /// `[media.transcription]`: an OpenAI-compatible `/audio/transcriptions`
 /// endpoint (OpenAI, Groq, whisper.cpp's server, faster-whisper servers).
@@ -269,6 +300,26 @@ pub struct TurnFiles {
     pub answering: Option<i64>,
     /// Sends files to the chat (absent where nothing can be sent).
     pub sender: Option<Arc<OutboxFiles>>,
+    /// Files this answer carries so far (shared by every clone).
+    pub carried: FileCount,
+}
+
+/// How many files one answer carries so far: the `send_file` tool's and
+/// the outbox's together, against `max_files_per_answer`. Clones share
+/// the count.
+#[derive(Clone, Debug, Default)]
+pub struct FileCount(Arc<AtomicUsize>);
+
+impl FileCount {
+    /// The files counted.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Count one more.
+    pub fn add(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for TurnFiles {
@@ -278,6 +329,7 @@ impl std::fmt::Debug for TurnFiles {
             .field("outbox", &self.outbox)
             .field("answering", &self.answering)
             .field("sender", &self.sender.is_some())
+            .field("carried", &self.carried.get())
             .finish()
     }
 }

@@ -1,43 +1,72 @@
-//! Files out: the path rules, the record of sent files, and the sending.
+//! Files out: the rules a file must pass, the record of sent files, and
+//! the sending.
 //!
 //! Every file an agent wants sent — through the `send_file` tool or by
-//! leaving it in `$TELEGATE_OUTBOX` — goes through [`confine`]: the path
-//! may not contain `..`, must resolve (symlinks followed) inside the
-//! allowed directory, must be a regular, non-empty file within Telegram's
-//! 50 MB upload cap. Images (JPEG, PNG, GIF, WebP up to 10 MB) go as
-//! photos, everything else as documents.
+//! leaving it in `$TELEGATE_OUTBOX` ([`super::outbox_dir`]) — is opened
+//! once, by handle, below its directory and through no link, and checked
+//! on that handle ([`super::handle`]): a regular file with one link, not
+//! empty, within Telegram's 50 MB upload cap, and readable by the
+//! workspace's [`Reader`] when there is one (`run_as`). The upload reads
+//! that same handle; the path is never opened again. Images (JPEG, PNG,
+//! GIF, WebP up to 10 MB) go as photos, everything else as documents.
 //!
 //! Each sent file is recorded in the store under the message the turn
 //! answers; a turn replayed after a restart finds the record and does not
-//! send the file again. The outbox directory of a turn is found from its
-//! chat and message alone (`<media>/outbox/<chat>/<message>`), so a restart
-//! between the answer and its files sends the files not yet recorded
-//! ([`OutboxFiles::send_leftovers`], called by the intake's recovery).
-//! Like an answer, a file's send is recorded as intended before its
-//! request: a restart that finds the intent without an outcome does not
-//! send that file again (it may have arrived) and tells the user
-//! ([`FileRefusal::Ambiguous`]); a send that failed for sure takes its
-//! intent back.
+//! send the file again. Like an answer, a file's send is recorded as
+//! intended before its request: a restart that finds the intent without an
+//! outcome does not send that file again (it may have arrived) and tells
+//! the user ([`FileRefusal::Ambiguous`]); a send that failed for sure takes
+//! its intent back. A file left unsent on purpose (/stop) is recorded as
+//! withheld and never sent later.
 //!
 //! This module must never send a file outside the directory it was given,
-//! and never fail a turn: refusals are texts for the model or the user.
+//! never open a path again after its checks, and never fail a turn:
+//! refusals are texts for the model or the user.
 
-use std::path::{Component, Path, PathBuf};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
+use super::handle::{self, OpenError, PathProblem, Reader, Unfit};
+use super::{guess_mime, human_size, is_image_mime, PHOTO_UPLOAD_LIMIT, UPLOAD_LIMIT};
 use crate::event::SessionSource;
-use crate::reply::{DeliveryError, LiveReply, Outbound, Reply};
+use crate::reply::DeliveryError;
 use crate::store::{FileSend, Store};
 
-use super::{guess_mime, human_size, is_image_mime, TurnFiles, PHOTO_UPLOAD_LIMIT, UPLOAD_LIMIT};
+/// What an upload reads.
+#[derive(Clone, Debug)]
+pub enum FileBody {
+    /// A file opened and checked by [`super::handle`] (read from the
+    /// start on each attempt).
+    Opened {
+        /// The open file.
+        file: Arc<std::fs::File>,
+        /// Its size when it was checked.
+        size: u64,
+    },
+    /// Bytes telegate made (an answer too long for messages).
+    Bytes(bytes::Bytes),
+}
+
+impl FileBody {
+    /// The size in bytes (sizes the upload's timeout).
+    pub fn size(&self) -> u64 {
+        match self {
+            FileBody::Opened { size, .. } => *size,
+            FileBody::Bytes(bytes) => bytes.len() as u64,
+        }
+    }
+}
 
 /// One file to send.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct OutgoingFile {
-    /// The confined, canonical path.
-    pub path: PathBuf,
+    /// The file's name in the chat.
+    pub name: String,
+    /// What is uploaded.
+    pub body: FileBody,
     /// Send it as a photo (else as a document).
     pub as_photo: bool,
     /// The caption, if any.
@@ -63,18 +92,35 @@ pub enum FileRefusal {
     /// The path climbs out with `..`.
     #[error("the path {0} contains `..`; give a path inside the workspace")]
     Climbs(String),
-    /// It resolves outside the allowed directory (directly or by symlink).
+    /// An absolute path outside the allowed directory.
     #[error("{0} is outside the workspace {1}; only files inside it can be sent")]
     Outside(String, String),
-    /// It does not exist or is no regular file.
+    /// It, or a directory on its way, is a symbolic link.
+    #[error(
+        "{0} is a symbolic link or inside one; only regular files inside the workspace can be sent"
+    )]
+    Link(String),
+    /// It does not exist.
     #[error("{0} is not a file that exists")]
     Missing(String),
+    /// A directory, FIFO, device...
+    #[error("{0} is not a regular file")]
+    NotAFile(String),
+    /// It has other hard links (it may be another user's file).
+    #[error("{0} has more than one hard link; only a file with a single link can be sent")]
+    Linked(String),
+    /// The user commands run as could not read it.
+    #[error("{0} is not readable by the user commands run as, so it is not sent")]
+    Unreadable(String),
     /// Empty files cannot be sent.
     #[error("{0} is empty; Telegram does not send empty files")]
     Empty(String),
     /// Above Telegram's upload cap.
     #[error("{0} is {1}, above Telegram's 50 MB upload limit")]
     TooBig(String, String),
+    /// This answer already carries the most files it may.
+    #[error("{1} was not sent: at most {0} files go with one answer")]
+    TooMany(usize, String),
     /// Telegram refused or could not be reached.
     #[error("sending {0} failed: {1}")]
     Failed(String, String),
@@ -87,41 +133,105 @@ pub enum FileRefusal {
     Ambiguous(String),
 }
 
-/// The canonical path of `requested` (relative to `root`, or absolute)
-/// if it is a regular file inside `root`, within the limits.
-pub fn confine(root: &Path, requested: &Path) -> Result<(PathBuf, u64), FileRefusal> {
+/// The directory files may be sent from, and on whose behalf.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workspace {
+    root: PathBuf,
+    reader: Option<Reader>,
+}
+
+impl Workspace {
+    /// Files below `root` (the admin's path; made canonical here, once),
+    /// sent only if `reader` (if any) could read them.
+    pub fn new(root: &Path, reader: Option<Reader>) -> Workspace {
+        Workspace {
+            root: root.canonicalize().unwrap_or_else(|_| root.to_path_buf()),
+            reader,
+        }
+    }
+
+    /// The root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+/// A file opened and checked, ready to send.
+#[derive(Debug)]
+pub struct OpenedFile {
+    /// The open file.
+    pub file: std::fs::File,
+    /// Its size.
+    pub size: u64,
+    /// Its name (the last component).
+    pub name: String,
+}
+
+/// The refusal for a handle that failed a check.
+fn unfit(shown: String, why: Unfit) -> FileRefusal {
+    match why {
+        Unfit::NotAFile => FileRefusal::NotAFile(shown),
+        Unfit::Linked => FileRefusal::Linked(shown),
+        Unfit::Empty => FileRefusal::Empty(shown),
+        Unfit::TooBig(size) => FileRefusal::TooBig(shown, human_size(size)),
+        Unfit::Unreadable => FileRefusal::Unreadable(shown),
+    }
+}
+
+/// The refusal for a path that could not be opened.
+pub(crate) fn unopened(shown: String, why: OpenError) -> FileRefusal {
+    match why {
+        OpenError::Link => FileRefusal::Link(shown),
+        OpenError::Missing => FileRefusal::Missing(shown),
+        OpenError::Denied => FileRefusal::Unreadable(shown),
+        OpenError::Io(error) => FileRefusal::Failed(shown, error.to_string()),
+    }
+}
+
+/// Open `relative` below the open directory `dir` and check the handle
+/// (`shown` names it in refusals).
+pub(crate) fn open_checked(
+    dir: std::os::fd::BorrowedFd<'_>,
+    relative: &Path,
+    shown: &str,
+    reader: Option<Reader>,
+) -> Result<OpenedFile, FileRefusal> {
+    let fd = handle::open_file_beneath(dir, relative, reader)
+        .map_err(|why| unopened(shown.to_string(), why))?;
+    let facts = handle::Facts::of(fd.as_fd())
+        .map_err(|error| FileRefusal::Failed(shown.to_string(), error.to_string()))?;
+    handle::check_file(&facts, UPLOAD_LIMIT, reader)
+        .map_err(|why| unfit(shown.to_string(), why))?;
+    let name = relative
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(OpenedFile {
+        file: std::fs::File::from(fd),
+        size: facts.size,
+        name,
+    })
+}
+
+/// Open `requested` (relative to the workspace, or absolute inside it)
+/// and check it; also returns the path below the root it names.
+pub fn open_in(
+    workspace: &Workspace,
+    requested: &Path,
+) -> Result<(OpenedFile, PathBuf), FileRefusal> {
     let shown = requested.display().to_string();
-    if requested
-        .components()
-        .any(|c| matches!(c, Component::ParentDir))
-    {
-        return Err(FileRefusal::Climbs(shown));
-    }
-    let root = root
-        .canonicalize()
-        .map_err(|_| FileRefusal::Missing(root.display().to_string()))?;
-    let joined = if requested.is_absolute() {
-        requested.to_path_buf()
-    } else {
-        root.join(requested)
-    };
-    let real = joined
-        .canonicalize()
-        .map_err(|_| FileRefusal::Missing(shown.clone()))?;
-    if !real.starts_with(&root) {
-        return Err(FileRefusal::Outside(shown, root.display().to_string()));
-    }
-    let meta = std::fs::metadata(&real).map_err(|_| FileRefusal::Missing(shown.clone()))?;
-    if !meta.is_file() {
-        return Err(FileRefusal::Missing(shown));
-    }
-    if meta.len() == 0 {
-        return Err(FileRefusal::Empty(shown));
-    }
-    if meta.len() > UPLOAD_LIMIT {
-        return Err(FileRefusal::TooBig(shown, human_size(meta.len())));
-    }
-    Ok((real, meta.len()))
+    let relative =
+        handle::beneath(&workspace.root, requested).map_err(|problem| match problem {
+            PathProblem::Climbs => FileRefusal::Climbs(shown.clone()),
+            PathProblem::Outside => {
+                FileRefusal::Outside(shown.clone(), workspace.root.display().to_string())
+            }
+            PathProblem::Nothing => FileRefusal::NotAFile(shown.clone()),
+        })?;
+    let root = handle::open_root(&workspace.root)
+        .map_err(|why| unopened(workspace.root.display().to_string(), why))?;
+    let opened = open_checked(root.as_fd(), &relative, &shown, workspace.reader)?;
+    Ok((opened, relative))
 }
 
 /// What came of one send.
@@ -131,81 +241,78 @@ pub enum SendOutcome {
     Sent,
     /// Sent before (a replayed turn); not sent again.
     AlreadySent,
+    /// Left unsent on purpose before (/stop); never sent.
+    Withheld,
 }
 
-/// Sends confined files and keeps the record of what was sent.
+/// Sends checked files and keeps the record of what was sent.
 pub struct OutboxFiles {
     sender: Arc<dyn FileSender>,
-    store: Option<Store>,
-    root: PathBuf,
+    pub(super) store: Option<Store>,
+    pub(super) root: PathBuf,
+    pub(super) max_files: usize,
 }
 
 impl std::fmt::Debug for OutboxFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OutboxFiles")
             .field("root", &self.root)
+            .field("max_files", &self.max_files)
             .finish_non_exhaustive()
     }
 }
 
 impl OutboxFiles {
     /// Sending through `sender`, recording in `store`; outbox directories
-    /// live under `root` (`<data_dir>/media`).
+    /// live under `root` (`<data_dir>/media`). At most
+    /// [`super::MediaConfig::max_files_per_answer`]'s default per answer
+    /// (see [`OutboxFiles::with_max_files`]).
     pub fn new(sender: Arc<dyn FileSender>, store: Option<Store>, root: PathBuf) -> OutboxFiles {
         OutboxFiles {
             sender,
             store,
             root,
+            max_files: super::DEFAULT_MAX_FILES_PER_ANSWER,
         }
     }
 
-    /// Where the outbox of the turn answering `answering` in `chat` lives:
-    /// `<root>/outbox/<chat>/<message id>` (`t<ms>` without a message), so
-    /// a restart finds the directory of a message from the message alone.
-    fn dir_of(&self, chat: i64, answering: Option<i64>) -> PathBuf {
-        let name = match answering {
-            Some(id) => id.to_string(),
-            None => format!("t{}", crate::store::now_ms()),
-        };
-        self.root
-            .join("outbox")
-            .join(super::safe_component(&chat.to_string()))
-            .join(super::safe_component(&name))
+    /// At most `max` files per answer (`[media] max_files_per_answer`).
+    pub fn with_max_files(mut self, max: usize) -> OutboxFiles {
+        self.max_files = max.max(1);
+        self
     }
 
-    /// A fresh, empty outbox directory for the turn answering `answering`
-    /// in `chat` (None if it cannot be made).
-    pub async fn outbox_dir(&self, chat: i64, answering: Option<i64>) -> Option<PathBuf> {
-        let dir = self.dir_of(chat, answering);
-        // A replayed turn starts with an empty outbox: what its first run
-        // left there was either sent (recorded) or is made again.
-        let _ = tokio::fs::remove_dir_all(&dir).await;
-        match tokio::fs::create_dir_all(&dir).await {
-            Ok(()) => Some(dir),
-            Err(error) => {
-                tracing::warn!(%error, "could not create the turn's outbox directory");
-                None
-            }
-        }
+    /// The most files one answer may carry.
+    pub fn max_files(&self) -> usize {
+        self.max_files
     }
 
-    /// Send `requested` (inside `root`) to the chat of `to`.
+    /// Send `requested` (inside `workspace`) to the chat of `to`.
     pub async fn send(
         &self,
         to: &SessionSource,
         answering: Option<i64>,
-        root: &Path,
+        workspace: &Workspace,
         requested: &Path,
         caption: Option<String>,
         key_prefix: &str,
     ) -> Result<SendOutcome, FileRefusal> {
-        let (path, size) = confine(root, requested)?;
-        let key = format!("{key_prefix}{}", path.display());
+        let (opened, relative) = open_in(workspace, requested)?;
+        let key = format!("{key_prefix}{}", workspace.root.join(relative).display());
+        self.send_opened(to, answering, opened, caption, key).await
+    }
+
+    /// Send a file already opened and checked, recorded under `key`.
+    pub(crate) async fn send_opened(
+        &self,
+        to: &SessionSource,
+        answering: Option<i64>,
+        opened: OpenedFile,
+        caption: Option<String>,
+        key: String,
+    ) -> Result<SendOutcome, FileRefusal> {
         let chat = to.chat_id;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = opened.name.clone();
         let record = match (&self.store, answering) {
             (Some(store), Some(answering)) => Some((store, answering)),
             _ => None,
@@ -213,6 +320,7 @@ impl OutboxFiles {
         if let Some((store, answering)) = record {
             match store.file_send(chat, answering, key.clone()).await {
                 Ok(Some(FileSend::Sent)) => return Ok(SendOutcome::AlreadySent),
+                Ok(Some(FileSend::Withheld)) => return Ok(SendOutcome::Withheld),
                 Ok(Some(FileSend::Ambiguous)) => return Err(FileRefusal::Ambiguous(name)),
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "could not read the record of sent files"),
@@ -227,9 +335,13 @@ impl OutboxFiles {
                 tracing::warn!(%error, "could not record the intent to send a file");
             }
         }
-        let as_photo = is_image_mime(&guess_mime(&name)) && size <= PHOTO_UPLOAD_LIMIT;
+        let as_photo = is_image_mime(&guess_mime(&name)) && opened.size <= PHOTO_UPLOAD_LIMIT;
         let file = OutgoingFile {
-            path,
+            name: name.clone(),
+            body: FileBody::Opened {
+                file: Arc::new(opened.file),
+                size: opened.size,
+            },
             as_photo,
             caption: caption.filter(|c| !c.trim().is_empty()),
             reply_to: answering,
@@ -258,157 +370,26 @@ impl OutboxFiles {
         }
         Ok(SendOutcome::Sent)
     }
-
-    /// After a restart: the answer to `answering` went out but the process
-    /// died before the files its turn left in the outbox were all sent.
-    /// Sends those not recorded as sent (each once), then reports refusals
-    /// like [`files_after_answer`]. Nothing happens if the turn left no
-    /// outbox directory.
-    pub async fn send_leftovers(
-        &self,
-        outbound: &dyn Outbound,
-        to: &SessionSource,
-        answering: i64,
-    ) -> usize {
-        let dir = self.dir_of(to.chat_id, Some(answering));
-        if !tokio::fs::try_exists(&dir).await.unwrap_or(false) {
-            return 0;
-        }
-        let (sent, problems) = self.send_dir_counted(to, Some(answering), &dir).await;
-        if sent > 0 {
-            tracing::info!(
-                chat_id = to.chat_id,
-                message_id = answering,
-                sent,
-                "sent outbox files left unsent by the restart"
-            );
-        }
-        report_unsent(outbound, to, Some(answering), problems).await;
-        sent
-    }
-
-    /// Send every regular file in `dir` (by name order); returns the
-    /// refusals as lines for the user.
-    pub async fn send_dir(
-        &self,
-        to: &SessionSource,
-        answering: Option<i64>,
-        dir: &Path,
-    ) -> Vec<String> {
-        self.send_dir_counted(to, answering, dir).await.1
-    }
-
-    /// [`OutboxFiles::send_dir`], also counting the files sent now.
-    async fn send_dir_counted(
-        &self,
-        to: &SessionSource,
-        answering: Option<i64>,
-        dir: &Path,
-    ) -> (usize, Vec<String>) {
-        let mut names = Vec::new();
-        if let Ok(mut entries) = tokio::fs::read_dir(dir).await {
-            while let Ok(Some(entry)) = entries.next_entry().await {
-                names.push(PathBuf::from(entry.file_name()));
-            }
-        }
-        names.sort();
-        let mut problems = Vec::new();
-        let mut sent = 0;
-        for name in names {
-            match self.send(to, answering, dir, &name, None, "outbox:").await {
-                Ok(SendOutcome::Sent) => sent += 1,
-                Ok(SendOutcome::AlreadySent) => {}
-                Err(refusal) => problems.push(refusal.to_string()),
-            }
-        }
-        (sent, problems)
-    }
-}
-
-/// Tell the user which files were not sent (nothing if none).
-async fn report_unsent(
-    outbound: &dyn Outbound,
-    to: &SessionSource,
-    answering: Option<i64>,
-    problems: Vec<String>,
-) {
-    if problems.is_empty() {
-        return;
-    }
-    let text = format!("📎 Some files were not sent:\n{}", problems.join("\n"));
-    let notice = Reply::notice(text).in_reply_to(answering);
-    if let Err(error) = outbound.deliver(to, notice).await {
-        tracing::warn!(%error, "could not report unsent files");
-    }
-}
-
-/// The turn's live reply, finished first; then the files its program left
-/// in the outbox are sent (after the answer, as promised).
-pub fn files_after_answer(
-    live: Option<Box<dyn LiveReply>>,
-    files: &TurnFiles,
-    outbound: Arc<dyn Outbound>,
-    source: SessionSource,
-) -> Option<Box<dyn LiveReply>> {
-    let (Some(dir), Some(sender)) = (files.outbox.clone(), files.sender.clone()) else {
-        return live;
-    };
-    Some(Box::new(FilesAfter {
-        inner: live,
-        outbound,
-        source,
-        dir,
-        sender,
-        answering: files.answering,
-    }))
-}
-
-struct FilesAfter {
-    inner: Option<Box<dyn LiveReply>>,
-    outbound: Arc<dyn Outbound>,
-    source: SessionSource,
-    dir: PathBuf,
-    sender: Arc<OutboxFiles>,
-    answering: Option<i64>,
-}
-
-impl LiveReply for FilesAfter {
-    fn finish(self: Box<Self>, reply: Reply) -> BoxFuture<'static, Result<(), DeliveryError>> {
-        Box::pin(async move {
-            let this = *self;
-            match this.inner {
-                Some(live) => live.finish(reply).await,
-                None => this.outbound.deliver(&this.source, reply).await,
-            }?;
-            let problems = this
-                .sender
-                .send_dir(&this.source, this.answering, &this.dir)
-                .await;
-            report_unsent(
-                this.outbound.as_ref(),
-                &this.source,
-                this.answering,
-                problems,
-            )
-            .await;
-            Ok(())
-        })
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::event::Platform;
+    use std::io::Read;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Mutex;
 
     /// Counts sends; fails them while `failing` is set; checks that the
-    /// intent of each send is recorded while its request is in flight.
+    /// intent of each send is recorded while its request is in flight;
+    /// keeps what each upload read.
     struct CountingSender {
         store: Store,
+        root: PathBuf,
         sends: AtomicUsize,
         failing: AtomicBool,
         intent_missing: AtomicBool,
+        read: Mutex<Vec<Vec<u8>>>,
     }
 
     impl FileSender for CountingSender {
@@ -418,10 +399,15 @@ mod tests {
             file: &'a OutgoingFile,
         ) -> BoxFuture<'a, Result<i64, DeliveryError>> {
             Box::pin(async move {
-                let key = format!("outbox:{}", file.path.display());
+                let key = format!("outbox:{}", self.root.join(&file.name).display());
                 let recorded = self.store.file_send(5, 9, key).await;
                 if !matches!(recorded, Ok(Some(FileSend::Ambiguous))) {
                     self.intent_missing.store(true, Ordering::SeqCst);
+                }
+                if let FileBody::Opened { file, .. } = &file.body {
+                    let mut bytes = Vec::new();
+                    (&**file).read_to_end(&mut bytes).unwrap();
+                    self.read.lock().unwrap().push(bytes);
                 }
                 if self.failing.load(Ordering::SeqCst) {
                     return Err(DeliveryError::Rejected("refused".into()));
@@ -429,6 +415,17 @@ mod tests {
                 Ok(100 + self.sends.fetch_add(1, Ordering::SeqCst) as i64)
             })
         }
+    }
+
+    fn counting(store: &Store, root: &Path) -> Arc<CountingSender> {
+        Arc::new(CountingSender {
+            store: store.clone(),
+            root: root.to_path_buf(),
+            sends: AtomicUsize::new(0),
+            failing: AtomicBool::new(false),
+            intent_missing: AtomicBool::new(false),
+            read: Mutex::new(Vec::new()),
+        })
     }
 
     #[tokio::test]
@@ -439,16 +436,13 @@ mod tests {
             std::fs::write(root.join(name), b"x").unwrap();
         }
         let store = Store::open_in_memory().unwrap();
-        let sender = Arc::new(CountingSender {
-            store: store.clone(),
-            sends: AtomicUsize::new(0),
-            failing: AtomicBool::new(false),
-            intent_missing: AtomicBool::new(false),
-        });
+        let sender = counting(&store, &root);
         let files = OutboxFiles::new(sender.clone(), Some(store.clone()), root.clone());
+        let workspace = Workspace::new(&root, None);
         let to = SessionSource::dm(Platform::Telegram, 5);
-        let send =
-            |name: &'static str| files.send(&to, Some(9), &root, Path::new(name), None, "outbox:");
+        let send = |name: &'static str| {
+            files.send(&to, Some(9), &workspace, Path::new(name), None, "outbox:")
+        };
         assert_eq!(send("a.txt").await, Ok(SendOutcome::Sent));
         assert_eq!(send("a.txt").await, Ok(SendOutcome::AlreadySent));
         assert_eq!(sender.sends.load(Ordering::SeqCst), 1);
@@ -474,6 +468,42 @@ mod tests {
             !sender.intent_missing.load(Ordering::SeqCst),
             "a file was sent with no intent recorded"
         );
+
+        // A file withheld by /stop is never sent.
+        let key = format!("outbox:{}", root.join("a.txt").display());
+        store.record_files_withheld(5, 10, vec![key]).await.unwrap();
+        let again = files
+            .send(
+                &to,
+                Some(10),
+                &workspace,
+                Path::new("a.txt"),
+                None,
+                "outbox:",
+            )
+            .await;
+        assert_eq!(again, Ok(SendOutcome::Withheld));
+        assert_eq!(sender.sends.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn the_upload_reads_the_handle_that_was_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::write(root.join("a.txt"), b"checked").unwrap();
+        let store = Store::open_in_memory().unwrap();
+        let sender = counting(&store, &root);
+        let files = OutboxFiles::new(sender.clone(), Some(store.clone()), root.clone());
+        let workspace = Workspace::new(&root, None);
+        let (opened, relative) = open_in(&workspace, Path::new("a.txt")).unwrap();
+        // Swapped after the check: the upload still reads what was checked.
+        std::fs::remove_file(root.join("a.txt")).unwrap();
+        std::fs::write(root.join("a.txt"), b"swapped").unwrap();
+        let key = format!("outbox:{}", root.join(relative).display());
+        let to = SessionSource::dm(Platform::Telegram, 5);
+        let sent = files.send_opened(&to, Some(9), opened, None, key).await;
+        assert_eq!(sent, Ok(SendOutcome::Sent));
+        assert_eq!(*sender.read.lock().unwrap(), vec![b"checked".to_vec()]);
     }
 
     #[test]
@@ -485,32 +515,58 @@ mod tests {
         std::fs::write(root.join("empty.txt"), b"").unwrap();
         std::fs::write(dir.path().join("secret.txt"), b"s").unwrap();
         std::os::unix::fs::symlink(dir.path().join("secret.txt"), root.join("link.txt")).unwrap();
+        std::os::unix::fs::symlink(root.join("ok.txt"), root.join("inside.txt")).unwrap();
+        std::fs::hard_link(dir.path().join("secret.txt"), root.join("hard.txt")).unwrap();
+        let ws = Workspace::new(&root, None);
+        let open = |p: &Path| open_in(&ws, p).map(|(o, _)| o.size);
 
-        assert!(confine(&root, Path::new("ok.txt")).is_ok());
-        assert!(confine(&root, &root.join("ok.txt")).is_ok());
+        assert_eq!(open(Path::new("ok.txt")), Ok(1));
+        assert_eq!(open(&root.join("ok.txt")), Ok(1));
+        let refused = [
+            ("../secret.txt", "Climbs"),
+            ("link.txt", "Link"),
+            ("inside.txt", "Link"),
+            ("hard.txt", "Linked"),
+            ("empty.txt", "Empty"),
+            ("nope.txt", "Missing"),
+            (".", "NotAFile"),
+        ];
+        for (path, why) in refused {
+            let refusal = open(Path::new(path)).unwrap_err();
+            assert!(
+                format!("{refusal:?}").starts_with(why),
+                "{path}: {refusal:?}"
+            );
+        }
         assert!(matches!(
-            confine(&root, Path::new("../secret.txt")),
-            Err(FileRefusal::Climbs(_))
-        ));
-        assert!(matches!(
-            confine(&root, Path::new("link.txt")),
+            open(&dir.path().join("secret.txt")),
             Err(FileRefusal::Outside(..))
         ));
+    }
+
+    #[test]
+    fn with_a_reader_a_file_only_root_may_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(root.join("private"), b"s").unwrap();
+        std::fs::set_permissions(root.join("private"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        std::fs::write(root.join("public"), b"p").unwrap();
+        std::fs::set_permissions(root.join("public"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        // SAFETY: no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let stranger = Reader {
+            uid: me.wrapping_add(4242),
+            gid: 4242,
+        };
+        let ws = Workspace::new(&root, Some(stranger));
         assert!(matches!(
-            confine(&root, &dir.path().join("secret.txt")),
-            Err(FileRefusal::Outside(..))
+            open_in(&ws, Path::new("private")),
+            Err(FileRefusal::Unreadable(_))
         ));
-        assert!(matches!(
-            confine(&root, Path::new("empty.txt")),
-            Err(FileRefusal::Empty(_))
-        ));
-        assert!(matches!(
-            confine(&root, Path::new("nope.txt")),
-            Err(FileRefusal::Missing(_))
-        ));
-        assert!(matches!(
-            confine(&root, Path::new(".")),
-            Err(FileRefusal::Missing(_))
-        ));
+        assert!(open_in(&ws, Path::new("public")).is_ok());
     }
 }

@@ -260,6 +260,10 @@ pub fn human_duration(d: Duration) -> String {
     }
 }
 
+/// /stop's reply while a finished turn's answer is still going out: what
+/// had not gone out yet is not sent (a line saying what follows).
+pub const STOPPED_SENDING_TEXT: &str = "⏹ Stopped sending the answer.";
+
 /// Said when /retry or /undo come while a task runs.
 pub const BUSY_HISTORY_TEXT: &str =
     "A task is running. Wait for it to finish (or /stop it), then send this again.";

@@ -64,6 +64,11 @@ impl Runner {
                         Reply::command("⏹ Stopped (the task was still starting).")
                     }
                     StopOutcome::NothingRunning if ctx.slot_busy => Reply::command("⏹ Stopped."),
+                    // The turn is done and only its answer is going out:
+                    // the rest of it (parts, files) is not sent.
+                    StopOutcome::NothingRunning if ctx.slot_sending => {
+                        Reply::command(commands::STOPPED_SENDING_TEXT)
+                    }
                     StopOutcome::NothingRunning => Reply::command("Nothing to stop."),
                 }
             }
@@ -93,6 +98,8 @@ impl Runner {
                 };
                 if stopped != StopOutcome::NothingRunning || ctx.slot_busy {
                     text.push_str(" The running task was stopped.");
+                } else if ctx.slot_sending {
+                    text.push_str(" The rest of the last answer is not sent.");
                 }
                 Reply::command(text)
             }

@@ -193,7 +193,7 @@ impl Runner {
                 };
                 self.record(&session_id, entries).await;
                 // Files the program left in its outbox follow the answer.
-                live = crate::media::outbox::files_after_answer(
+                live = crate::media::outbox_dir::files_after_answer(
                     live,
                     &turn_files,
                     self.inner.outbound.clone(),

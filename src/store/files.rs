@@ -1,6 +1,7 @@
 //! The record of files sent to chats (migration "outbox files"): one row
 //! per file per answered message, so a turn replayed after a restart does
-//! not send a file twice. Keys are chosen by [`crate::media::outbox`].
+//! not send a file twice, nor one a stop left unsent. Keys are chosen by
+//! [`crate::media::outbox`].
 
 use rusqlite::{params, OptionalExtension};
 
@@ -15,10 +16,16 @@ pub enum FileSend {
     /// died in between): it may or may not be in the chat, and is not sent
     /// again.
     Ambiguous,
+    /// Left unsent on purpose (/stop ended the answer's files): never
+    /// sent, not even by a restart.
+    Withheld,
 }
 
 /// `sent_message_id` of a row that records only the intent to send.
 const SENDING: i64 = 0;
+/// `sent_message_id` of a row that records a file left unsent on purpose
+/// (message ids are positive).
+const WITHHELD: i64 = -1;
 
 /// How [`Store::write_file_row`] treats a row already there.
 #[derive(Clone, Copy)]
@@ -57,12 +64,10 @@ impl Store {
                 )?
                 .query_row(params![chat_id, message_id, key], |row| row.get(0))
                 .optional()?;
-            Ok(sent_id.map(|id| {
-                if id == SENDING {
-                    FileSend::Ambiguous
-                } else {
-                    FileSend::Sent
-                }
+            Ok(sent_id.map(|id| match id {
+                SENDING => FileSend::Ambiguous,
+                WITHHELD => FileSend::Withheld,
+                _ => FileSend::Sent,
             }))
         })
         .await
@@ -79,6 +84,31 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.write_file_row(WriteRow::UnlessRecorded, chat_id, message_id, key, SENDING)
             .await
+    }
+
+    /// Record that the files `keys` answering `message_id` in `chat_id`
+    /// are left unsent on purpose (one transaction). A file already
+    /// recorded (sent, or its send started) keeps its record.
+    pub async fn record_files_withheld(
+        &self,
+        chat_id: i64,
+        message_id: i64,
+        keys: Vec<String>,
+    ) -> Result<(), StoreError> {
+        // One call: all or nothing (its own savepoint).
+        self.call(move |conn| {
+            let mut insert = conn.prepare_cached(
+                "INSERT OR IGNORE INTO outbox_files
+                 (chat_id, answering_id, file_key, sent_message_id, sent_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            let now = now_ms();
+            for key in keys {
+                insert.execute(params![chat_id, message_id, key, WITHHELD, now])?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Take back the intent to send the file `key` (its send failed for
@@ -180,5 +210,33 @@ mod tests {
         // An intent does not overwrite a recorded send.
         store.record_file_sending(1, 10, "a".into()).await.unwrap();
         assert_eq!(state("a").await.unwrap(), Some(FileSend::Sent));
+    }
+
+    #[tokio::test]
+    async fn withheld_files_stay_withheld_and_never_overwrite_a_send() {
+        let store = Store::open_in_memory().unwrap();
+        let state = |key: &'static str| store.file_send(1, 10, key.into());
+        store
+            .record_file_sent(1, 10, "sent".into(), 5)
+            .await
+            .unwrap();
+        store
+            .record_file_sending(1, 10, "started".into())
+            .await
+            .unwrap();
+        let keys = ["sent", "started", "left", "out"]
+            .map(String::from)
+            .to_vec();
+        store.record_files_withheld(1, 10, keys).await.unwrap();
+        assert_eq!(state("sent").await.unwrap(), Some(FileSend::Sent));
+        assert_eq!(state("started").await.unwrap(), Some(FileSend::Ambiguous));
+        assert_eq!(state("left").await.unwrap(), Some(FileSend::Withheld));
+        assert_eq!(state("out").await.unwrap(), Some(FileSend::Withheld));
+        // An intent does not make a withheld file sendable.
+        store
+            .record_file_sending(1, 10, "left".into())
+            .await
+            .unwrap();
+        assert_eq!(state("left").await.unwrap(), Some(FileSend::Withheld));
     }
 }

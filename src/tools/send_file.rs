@@ -2,13 +2,18 @@
 //! chat (images as photos, everything else as documents, with an optional
 //! caption).
 //!
-//! [`WithSendFile`] adds it to any other registry. The path rules, the
+//! [`WithSendFile`] adds it to any other registry, for the terminal's
+//! `workdir` only (there is no default directory: without one the tool is
+//! not offered). The path rules (opened once by handle below the
+//! workspace, no links, one hard link, readable by the `run_as` user), the
 //! 50 MB cap and the record that keeps a replayed turn from sending a file
 //! twice live in [`crate::media::outbox`]; the chat comes from the
 //! task-local turn identity and the sender from the turn's
-//! [`crate::media::TurnFiles`]. Like every tool, it never fails the turn:
-//! a refused path is an error text the model can act on. Sending is the
-//! one thing this tool does in the chat, and only what the model asked for.
+//! [`crate::media::TurnFiles`], which also counts the answer's files
+//! against `max_files_per_answer`. Like every tool, it never fails the
+//! turn: a refused path is an error text the model can act on. Sending is
+//! the one thing this tool does in the chat, and only what the model asked
+//! for.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,7 +23,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{ToolContext, ToolDefinition, ToolError, ToolRegistry};
-use crate::media::outbox::SendOutcome;
+use crate::media::outbox::{FileRefusal, SendOutcome, Workspace};
 
 /// The tool's name.
 pub const SEND_FILE: &str = "send_file";
@@ -26,12 +31,12 @@ pub const SEND_FILE: &str = "send_file";
 /// Another registry plus `send_file`.
 pub struct WithSendFile {
     inner: Arc<dyn ToolRegistry>,
-    workspace: PathBuf,
+    workspace: Workspace,
 }
 
 impl WithSendFile {
     /// `inner`'s tools and `send_file` for files inside `workspace`.
-    pub fn new(inner: Arc<dyn ToolRegistry>, workspace: PathBuf) -> WithSendFile {
+    pub fn new(inner: Arc<dyn ToolRegistry>, workspace: Workspace) -> WithSendFile {
         WithSendFile { inner, workspace }
     }
 }
@@ -79,7 +84,11 @@ impl WithSendFile {
             ));
         };
         let requested = PathBuf::from(&args.path);
-        match sender
+        if files.carried.get() >= sender.max_files() {
+            let refusal = FileRefusal::TooMany(sender.max_files(), args.path.clone());
+            return Err(ToolError::Failed(refusal.to_string()));
+        }
+        let sent = sender
             .send(
                 &identity.source,
                 files.answering,
@@ -88,11 +97,21 @@ impl WithSendFile {
                 args.caption,
                 "tool:",
             )
-            .await
-        {
+            .await;
+        if matches!(
+            sent,
+            Ok(SendOutcome::Sent | SendOutcome::AlreadySent) | Err(FileRefusal::Ambiguous(_))
+        ) {
+            files.carried.add();
+        }
+        match sent {
             Ok(SendOutcome::Sent) => Ok(format!("sent {}", args.path)),
             Ok(SendOutcome::AlreadySent) => Ok(format!(
                 "{} was already sent for this message; not sent again",
+                args.path
+            )),
+            Ok(SendOutcome::Withheld) => Ok(format!(
+                "{} was left unsent for this message when the user stopped it; not sent",
                 args.path
             )),
             Err(refusal) => Err(ToolError::Failed(refusal.to_string())),
@@ -129,11 +148,12 @@ mod tests {
     use super::*;
     use crate::agent::Progress;
     use crate::tools::NoTools;
+    use std::path::Path;
     use tokio_util::sync::CancellationToken;
 
     #[tokio::test]
     async fn send_file_is_advertised_and_refuses_outside_a_chat() {
-        let tools = WithSendFile::new(Arc::new(NoTools), PathBuf::from("."));
+        let tools = WithSendFile::new(Arc::new(NoTools), Workspace::new(Path::new("/"), None));
         let names: Vec<String> = tools.definitions().into_iter().map(|d| d.name).collect();
         assert_eq!(names, vec!["send_file"]);
         let ctx = ToolContext {

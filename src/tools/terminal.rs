@@ -69,7 +69,9 @@ pub struct TerminalConfig {
     /// Use only `dangerous_patterns`, without the built-in ones.
     #[serde(default)]
     pub replace_default_patterns: bool,
-    /// The working directory of every command (default: the bot's own).
+    /// The working directory of every command (default: the bot's own),
+    /// and the only directory `send_file` sends from (without it, the
+    /// tool is not offered). Required with `run_as`.
     #[serde(default)]
     pub workdir: Option<PathBuf>,
     /// The longest a foreground command may run, in seconds.
@@ -186,6 +188,14 @@ impl TerminalConfig {
             }
         }
         if let Some(user) = &self.run_as {
+            // Without a workdir the commands (and `send_file`) would work
+            // in telegate's own directory, next to its config and database.
+            if self.workdir.is_none() {
+                return Err(format!(
+                    "tools.terminal.run_as = {user:?} needs tools.terminal.workdir: a directory \
+                     owned by that user for its commands and the files it may send"
+                ));
+            }
             super::runas::RunAs::resolve(user)?;
         }
         Ok(())
@@ -661,6 +671,20 @@ mod tests {
         assert!(bad(|c| c.dangerous_patterns = vec!["**".into()]).contains("dangerous_patterns"));
         assert!(bad(|c| c.replace_default_patterns = true).contains("replace_default_patterns"));
         assert!(bad(|c| c.workdir = Some("/definitely/not/here".into())).contains("workdir"));
+    }
+
+    #[test]
+    fn run_as_without_a_workdir_is_refused_whoever_starts_telegate() {
+        // Checked before the user lookup, so it holds as root and not.
+        let mut config = TerminalConfig {
+            run_as: Some("nobody".into()),
+            ..TerminalConfig::default()
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.contains("needs tools.terminal.workdir"), "{error}");
+        config.workdir = Some(std::env::temp_dir());
+        let error = config.validate().err().unwrap_or_default();
+        assert!(!error.contains("workdir"), "{error}");
     }
 
     #[test]

@@ -813,10 +813,12 @@ async fn chaos_in_interrupt_mode_loses_nothing_duplicates_nothing_and_settles() 
 /// Found by the chaos run: `/stop` while a turn was delivering its finished
 /// answer (slowly, under 429s or slow answers) aborted the delivery after
 /// `cancel_wait`. The answer stayed half sent and its message `running`
-/// forever (a restart would have run it again). Now the delivery finishes:
-/// every chunk arrives once and the message ends `answered`.
+/// forever (a restart would have run it again). Now /stop ends the sending
+/// cleanly (issue 21): the chunk in flight runs to its answer, the rest are
+/// not sent and said so in one line, no chunk arrives twice, and the
+/// message ends `answered`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stop_while_an_answer_is_delivered_lets_the_delivery_finish() {
+async fn a_stop_while_an_answer_is_delivered_ends_the_sending_cleanly() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let fake = FakeBotApi::start().await;
     let agent = support::agents::ScriptedAgent::new();
@@ -848,21 +850,33 @@ async fn a_stop_while_an_answer_is_delivered_lets_the_delivery_finish() {
     assert_eq!(
         entry.state,
         InboxState::Answered,
-        "the answer was delivered in full"
+        "the answer is delivered as far as it goes"
     );
     let expected = telegate::delivery::telegram::render_chunks(&telegate::reply::Reply::answer(
         support::agents::long_markdown(12000),
     ));
     let texts = fake.sent_texts(user);
+    let mut arrived = 0;
     for chunk in &expected {
         let n = texts.iter().filter(|t| **t == chunk.text).count();
-        assert_eq!(
-            n,
-            1,
-            "every chunk arrives exactly once: {:?}",
-            &chunk.text[..40]
-        );
+        assert!(n <= 1, "no chunk arrives twice: {:?}", &chunk.text[..40]);
+        arrived += n;
     }
+    assert!(
+        arrived >= 1 && arrived < expected.len(),
+        "{arrived} of {}",
+        expected.len()
+    );
+    let line = format!(
+        "⏹ Stopped: {} of {} parts of the answer",
+        expected.len() - arrived,
+        expected.len()
+    );
+    assert_eq!(
+        texts.iter().filter(|t| t.starts_with(&line)).count(),
+        1,
+        "one line says what was not sent: {texts:?}"
+    );
     bot.shutdown().await;
 }
 

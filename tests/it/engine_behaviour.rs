@@ -470,6 +470,7 @@ async fn the_transcript_keeps_an_answer_whole_and_a_failed_turn_as_interrupted()
         key: session_key(1),
         interrupt: tokio_util::sync::CancellationToken::new(),
         slot_busy: false,
+        slot_sending: false,
         queue_depth: 0,
         claimed_while_busy: false,
     };

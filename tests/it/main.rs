@@ -10,6 +10,7 @@
 mod support;
 
 mod adapter_alone;
+mod answer_sending;
 mod approval_authority_e2e;
 mod backends_e2e;
 mod chaos;
@@ -25,6 +26,7 @@ mod drafts_e2e;
 mod engine_behaviour;
 mod engine_properties;
 mod fake_bot_smoke;
+mod file_handles;
 mod http_endpoints;
 mod inbound_fuzz;
 mod instance_lock;

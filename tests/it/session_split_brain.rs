@@ -748,6 +748,7 @@ fn dispatch_ctx(slot_busy: bool) -> DispatchContext {
         key: session_key(12345),
         interrupt: CancellationToken::new(),
         slot_busy,
+        slot_sending: false,
         queue_depth: 0,
         claimed_while_busy: false,
     }

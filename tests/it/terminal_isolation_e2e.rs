@@ -1,5 +1,6 @@
 //! `[tools.terminal] run_as`: commands run as another user (issue 10,
-//! SECURITY.md). Needs root (telegate switches each command's user); when
+//! SECURITY.md), and `send_file` sends only what that user could read
+//! (issue 21). Needs root (telegate switches each command's user); when
 //! the tests do not run as root this says so and checks only that the
 //! configuration is refused.
 
@@ -22,7 +23,7 @@ fn is_root() -> bool {
 async fn run_as_runs_commands_as_that_user_who_cannot_read_roots_secrets() {
     if !is_root() {
         let text = "[agent]\nbackend = \"openai\"\n[agent.openai]\nmodel = \"m\"\n\
-                    [tools.terminal]\nenabled = true\nrun_as = \"nobody\"\n";
+                    [tools.terminal]\nenabled = true\nrun_as = \"nobody\"\nworkdir = \"/tmp\"\n";
         let error = Config::parse(Path::new("t.toml"), text, Purpose::Console, |_| None)
             .unwrap_err()
             .to_string();
@@ -62,5 +63,63 @@ async fn run_as_runs_commands_as_that_user_who_cannot_read_roots_secrets() {
     assert!(result.contains("FILE-DENIED"), "{result}");
     assert!(result.contains("PROC-DENIED"), "{result}");
     assert!(!result.contains("ROOT_ONLY_SECRET"), "{result}");
+    t.shutdown().await;
+}
+
+/// With `run_as`, `send_file` sends only what that user could read: a
+/// root-only 0600 file in the workspace stays there (telegate, as root,
+/// could read it; the user could not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_file_with_run_as_sends_only_what_that_user_could_read() {
+    if !is_root() {
+        eprintln!("not root: run_as cannot be set up");
+        return;
+    }
+    let t = ToolsBot::start("approval = \"never\"\nrun_as = \"nobody\"\n").await;
+    let ws = t.workdir.path();
+    std::fs::set_permissions(ws, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(ws.join("private.txt"), "ROOT_ONLY_SECRET").unwrap();
+    std::fs::set_permissions(
+        ws.join("private.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::write(ws.join("shared.txt"), "for everyone").unwrap();
+    std::fs::set_permissions(
+        ws.join("shared.txt"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    t.llm.push_when(
+        last_user_contains("send both"),
+        Script::tool_call("send_file", r#"{"path": "private.txt"}"#, "c1"),
+    );
+    t.llm.push_when(
+        tool_result_after("send both"),
+        Script::tool_call("send_file", r#"{"path": "shared.txt"}"#, "c2"),
+    );
+    t.llm
+        .push_when(tool_result_after("send both"), Script::text("tried both"));
+    t.send(CHAT_A, "send both");
+    assert!(
+        t.wait_text(CHAT_A, "tried both").await,
+        "{:?}",
+        t.texts(CHAT_A)
+    );
+    let uploads = t.fake.files().uploads();
+    assert_eq!(uploads.len(), 1, "{uploads:?}");
+    assert_eq!(uploads[0].bytes, b"for everyone");
+    let results: Vec<String> = t
+        .llm
+        .requests()
+        .iter()
+        .filter_map(support::fake_openai::last_tool_result)
+        .collect();
+    assert!(
+        results
+            .iter()
+            .any(|r| r.contains("private.txt is not readable by the user commands run as")),
+        "{results:?}"
+    );
     t.shutdown().await;
 }

@@ -401,11 +401,10 @@ pub fn build(
     let sender = Arc::new(crate::delivery::files::TelegramFileSender::new(
         delivery.clone(),
     ));
-    let files = Arc::new(crate::media::OutboxFiles::new(
-        sender,
-        Some(store.clone()),
-        root,
-    ));
+    let files = Arc::new(
+        crate::media::OutboxFiles::new(sender, Some(store.clone()), root)
+            .with_max_files(config.media.max_files_per_answer),
+    );
     let media = IntakeMedia {
         stage,
         aliases,
