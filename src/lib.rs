@@ -33,6 +33,7 @@ pub mod instance_lock;
 pub mod media;
 pub mod memory;
 pub mod metrics;
+pub mod private_fs;
 pub mod reply;
 pub mod runner;
 pub mod secrets;
