@@ -124,14 +124,23 @@ impl Engine {
         outbound: Arc<dyn Outbound>,
     ) -> Result<Engine, StoreError> {
         let store = open_store(&config.store).await?;
-        Ok(Engine::assemble(
+        let engine = Engine::assemble(
             setup,
             outbound,
             store,
             None,
             config.adapter_config(),
             config.runner_config(),
-        ))
+        );
+        engine.prepare_run().await?;
+        Ok(engine)
+    }
+
+    /// At start, before anything runs again (recovery included): reserve
+    /// this run's turn generations ([`Runner::reserve_generations`]), so a
+    /// button from before never stops a turn of this run.
+    pub async fn prepare_run(&self) -> Result<(), StoreError> {
+        self.runner.reserve_generations().await
     }
 }
 

@@ -92,7 +92,9 @@
 pub mod agent_sessions;
 mod batch;
 pub mod buttons;
+pub mod child_groups;
 mod files;
+pub mod generations;
 mod integrity;
 pub mod ledger;
 mod retention;
@@ -115,6 +117,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use agent_sessions::AgentUsage;
 pub use batch::StoreStats;
 pub use buttons::{NewButton, StoredButton};
+pub use child_groups::{ChildGroup, ChildGroupChange};
 pub use files::FileSend;
 pub use integrity::marker_path;
 pub use ledger::{InboxEntry, InboxState, NewUpdate, OutboxEntry, RunningProcess};
