@@ -24,6 +24,7 @@ use crate::identity::SessionId;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
 use crate::store::{RunningProcess, Store, StoreError};
+use crate::tools::childgroups::{kill_previous_run, GroupLedger};
 use crate::tools::send_file::WithSendFile;
 use crate::tools::wakeup::{OwnerHistory, Wakeup};
 use crate::tools::{tool_events, NoTools, TerminalTool, ToolEvent, ToolEventReceiver};
@@ -91,6 +92,8 @@ impl Engine {
                 Adapter::with_ledger(Arc::new(runner.clone()), outbound, adapter_config, ledger);
             return Engine { adapter, runner };
         };
+        tool.registry()
+            .record_groups(GroupLedger::new(store.clone()));
         let runner = Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
         let adapter = Adapter::with_ledger(
             Arc::new(runner.clone()),
@@ -136,10 +139,20 @@ impl Engine {
         Ok(engine)
     }
 
-    /// At start, before anything runs again (recovery included): reserve
-    /// this run's turn generations ([`Runner::reserve_generations`]), so a
-    /// button from before never stops a turn of this run.
+    /// At start, before anything runs again (recovery included): kill what
+    /// the previous run of this store left running
+    /// ([`kill_previous_run`]) and reserve this run's turn generations
+    /// ([`Runner::reserve_generations`]). Both promises of a restart: a
+    /// program never runs twice, a button from before never stops a turn
+    /// of this run.
     pub async fn prepare_run(&self) -> Result<(), StoreError> {
+        let Some(store) = self.runner.store() else {
+            return Ok(());
+        };
+        let killed = kill_previous_run(store).await?;
+        if killed > 0 {
+            tracing::info!(killed, "killed the programs the previous run left running");
+        }
         self.runner.reserve_generations().await
     }
 }
@@ -295,8 +308,8 @@ pub async fn report_lost_processes(store: &Store, outbound: &dyn Outbound) -> us
         };
         let text = format!(
             "⚠️ telegate restarted while the background process {} (`{}`) was running: \
-             it is no longer tracked and its result will not be reported. Start it again \
-             if you still need it.",
+             it was stopped with telegate and its result will not be reported. Start it \
+             again if you still need it.",
             process.process_id, process.command
         );
         if let Err(error) = outbound.deliver(&to, Reply::notice(text)).await {
