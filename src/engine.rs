@@ -344,7 +344,11 @@ fn secret_env_names(config: &AgentConfig) -> Vec<String> {
 pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
     let terminal = &config.tools.terminal;
     if !terminal.enabled {
-        return Ok(AgentSetup::without_tools(build_agent(&config.agent)?));
+        let data_dir = (!config.store.in_memory).then_some(config.store.data_dir.as_path());
+        return Ok(AgentSetup::without_tools(build_agent_in(
+            &config.agent,
+            data_dir,
+        )?));
     }
     let openai = match (&config.agent.backend, &config.agent.openai) {
         (Backend::Openai, Some(openai)) => openai.clone(),
@@ -375,6 +379,17 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
 /// The configured agent backend, without tools. Fails only for a
 /// configuration that [`Config`] validation would have refused.
 pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
+    build_agent_in(config, None)
+}
+
+/// [`build_agent`] for a store in `data_dir`: the command backend keeps
+/// its history files there (clearing what a killed run left), not in the
+/// shared temporary directory. Call it at start, holding the data
+/// directory's lock.
+pub fn build_agent_in(
+    config: &AgentConfig,
+    data_dir: Option<&std::path::Path>,
+) -> Result<Arc<dyn Agent>, String> {
     let secrets = secret_env_names(config);
     Ok(match config.backend {
         Backend::Echo => Arc::new(EchoAgent {
@@ -385,7 +400,11 @@ pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
                 .command
                 .clone()
                 .ok_or("agent.backend = \"command\" needs [agent.command]")?;
-            Arc::new(CommandAgent::new(command, secrets))
+            let agent = CommandAgent::new(command, secrets);
+            Arc::new(match data_dir {
+                Some(dir) => agent.with_history_dir(dir),
+                None => agent,
+            })
         }
         Backend::Openai => {
             let openai = config

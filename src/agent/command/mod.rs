@@ -109,6 +109,9 @@ pub struct CommandAgent {
     name: &'static str,
     /// Where each run's process group is recorded (with a store).
     groups: Arc<OnceLock<GroupLedger>>,
+    /// Where `history = "env-file"` files go (the temporary directory
+    /// without a data directory).
+    history_dir: Option<PathBuf>,
 }
 
 /// Why one run of the program gave no answer.
@@ -160,7 +163,29 @@ impl CommandAgent {
             sessions: Arc::new(AgentSessions::default()),
             name,
             groups: Arc::new(OnceLock::new()),
+            history_dir: None,
         }
+    }
+
+    /// Keep `history = "env-file"` files in `<data_dir>/command-history`
+    /// (0700) instead of the shared temporary directory, removing what a
+    /// killed process left there. Call it at start, before any turn.
+    pub fn with_history_dir(mut self, data_dir: &Path) -> Self {
+        let dir = history::history_dir(data_dir);
+        if self.config.history != HistoryMode::EnvFile && !dir.exists() {
+            return self;
+        }
+        match history::clear_leftovers(&dir) {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::info!(removed, dir = %dir.display(), "removed history files a killed run left behind");
+            }
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "could not clear the history directory");
+            }
+        }
+        self.history_dir = Some(dir);
+        self
     }
 
     /// The program as configured, for messages.
@@ -381,13 +406,12 @@ impl CommandAgent {
             None
         };
         let history_file = if self.config.history == HistoryMode::EnvFile {
+            let dir = self.history_dir.clone().unwrap_or_else(std::env::temp_dir);
             let file =
-                HistoryFile::write(&std::env::temp_dir(), &turn.history).map_err(|error| {
-                    AgentError::Backend {
-                        user_message: "Could not write the conversation history for the command."
-                            .to_string(),
-                        detail: format!("writing the history file failed: {error}"),
-                    }
+                HistoryFile::write(&dir, &turn.history).map_err(|error| AgentError::Backend {
+                    user_message: "Could not write the conversation history for the command."
+                        .to_string(),
+                    detail: format!("writing the history file failed: {error}"),
                 })?;
             Some(file)
         } else {
