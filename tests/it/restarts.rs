@@ -5,7 +5,7 @@
 //!
 //! * a Stop button, and Telegram's stop control on a draft, from before a
 //!   restart do not stop the new process's turn (a turn's generation is
-//!   unique across restarts);
+//!   unique across restarts), nor does a button an older telegate stored;
 //! * after `kill -9`, a command-backend program and a terminal background
 //!   process are gone: the leader at once (parent-death signal), what it
 //!   left in its group at the next start, before recovery runs the message
@@ -177,6 +177,54 @@ async fn a_stop_button_from_before_a_restart_does_not_stop_the_new_turn() {
     assert_eq!(count_texts(&fake, "⏹ Stopped."), 0);
     stop_finds_the_turn_running(&fake, &second).await;
     second.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_button_stored_by_an_older_telegate_is_stale() {
+    let fake = FakeBotApi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = configure(
+        dir.path(),
+        &config_text(&fake, &data, "edit", &echo_backend(60_000)),
+    );
+    // What an older telegate stored: the Stop button of its turn 1.
+    {
+        let store = telegate::store::Store::open_async(data.join("telegate.db"))
+            .await
+            .unwrap();
+        store
+            .create_buttons(vec![telegate::store::NewButton {
+                id: "oldstop1".into(),
+                row_id: "oldrow1".into(),
+                chat_id: USER,
+                chat_type: "dm".into(),
+                thread_id: None,
+                owner_id: Some(USER as u64),
+                owner_name: None,
+                action: json!({"do": "stop", "generation": 1}),
+                expires_at: telegate::store::now_ms() + 3_600_000,
+            }])
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+    }
+    let mut bot = Telegate::start("upgraded", &config, &fake, None);
+    bot.ready(&fake).await;
+    fake.push_text(USER, USER, "a new turn");
+    wait_turn_running(&fake, bot.first_seq, &bot).await;
+    let since = fake.calls().last().map_or(0, |c| c.seq + 1);
+    fake.push_callback_query(USER, USER, 1, "b:oldstop1");
+    let answered = fake
+        .wait_for(|_| !toasts_since(&fake, since).is_empty(), WAIT)
+        .await;
+    assert!(answered, "the press was never answered\n{}", bot.log());
+    assert_eq!(
+        toasts_since(&fake, since),
+        vec!["Already finished.".to_string()]
+    );
+    stop_finds_the_turn_running(&fake, &bot).await;
+    bot.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
