@@ -26,7 +26,10 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "do", rename_all = "snake_case")]
 pub enum ButtonAction {
     /// /stop, but only while the turn of this generation still runs; a
-    /// press after it ended does nothing ("already finished").
+    /// press after it ended does nothing ("already finished"). Generations
+    /// are unique across restarts, so a button from before a restart
+    /// never matches a turn after it (buttons stored by an older telegate
+    /// carry generations below every new one).
     Stop {
         /// The generation of the turn the button belongs to.
         generation: u64,

@@ -25,6 +25,7 @@ use crate::media::outbox::Workspace;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
 use crate::store::{RunningProcess, Store, StoreError};
+use crate::tools::childgroups::{kill_previous_run, GroupLedger};
 use crate::tools::runas::RunAs;
 use crate::tools::send_file::WithSendFile;
 use crate::tools::wakeup::{OwnerHistory, Wakeup};
@@ -95,6 +96,8 @@ impl Engine {
                 Adapter::with_ledger(Arc::new(runner.clone()), outbound, adapter_config, ledger);
             return Engine { adapter, runner };
         };
+        tool.registry()
+            .record_groups(GroupLedger::new(store.clone()));
         let runner = Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
         let adapter = Adapter::with_ledger(
             Arc::new(runner.clone()),
@@ -128,14 +131,33 @@ impl Engine {
         outbound: Arc<dyn Outbound>,
     ) -> Result<Engine, StoreError> {
         let store = open_store(&config.store).await?;
-        Ok(Engine::assemble(
+        let engine = Engine::assemble(
             setup,
             outbound,
             store,
             None,
             config.adapter_config(),
             config.runner_config(),
-        ))
+        );
+        engine.prepare_run().await?;
+        Ok(engine)
+    }
+
+    /// At start, before anything runs again (recovery included): kill what
+    /// the previous run of this store left running
+    /// ([`kill_previous_run`]) and reserve this run's turn generations
+    /// ([`Runner::reserve_generations`]). Both promises of a restart: a
+    /// program never runs twice, a button from before never stops a turn
+    /// of this run.
+    pub async fn prepare_run(&self) -> Result<(), StoreError> {
+        let Some(store) = self.runner.store() else {
+            return Ok(());
+        };
+        let killed = kill_previous_run(store).await?;
+        if killed > 0 {
+            tracing::info!(killed, "killed the programs the previous run left running");
+        }
+        self.runner.reserve_generations().await
     }
 }
 
@@ -290,8 +312,8 @@ pub async fn report_lost_processes(store: &Store, outbound: &dyn Outbound) -> us
         };
         let text = format!(
             "⚠️ telegate restarted while the background process {} (`{}`) was running: \
-             it is no longer tracked and its result will not be reported. Start it again \
-             if you still need it.",
+             it was stopped with telegate and its result will not be reported. Start it \
+             again if you still need it.",
             process.process_id, process.command
         );
         if let Err(error) = outbound.deliver(&to, Reply::notice(text)).await {
@@ -326,7 +348,11 @@ fn secret_env_names(config: &AgentConfig) -> Vec<String> {
 pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
     let terminal = &config.tools.terminal;
     if !terminal.enabled {
-        return Ok(AgentSetup::without_tools(build_agent(&config.agent)?));
+        let data_dir = (!config.store.in_memory).then_some(config.store.data_dir.as_path());
+        return Ok(AgentSetup::without_tools(build_agent_in(
+            &config.agent,
+            data_dir,
+        )?));
     }
     let openai = match (&config.agent.backend, &config.agent.openai) {
         (Backend::Openai, Some(openai)) => openai.clone(),
@@ -374,6 +400,17 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
 /// The configured agent backend, without tools. Fails only for a
 /// configuration that [`Config`] validation would have refused.
 pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
+    build_agent_in(config, None)
+}
+
+/// [`build_agent`] for a store in `data_dir`: the command backend keeps
+/// its history files there (clearing what a killed run left), not in the
+/// shared temporary directory. Call it at start, holding the data
+/// directory's lock.
+pub fn build_agent_in(
+    config: &AgentConfig,
+    data_dir: Option<&std::path::Path>,
+) -> Result<Arc<dyn Agent>, String> {
     let secrets = secret_env_names(config);
     Ok(match config.backend {
         Backend::Echo => Arc::new(EchoAgent {
@@ -384,7 +421,11 @@ pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
                 .command
                 .clone()
                 .ok_or("agent.backend = \"command\" needs [agent.command]")?;
-            Arc::new(CommandAgent::new(command, secrets))
+            let agent = CommandAgent::new(command, secrets);
+            Arc::new(match data_dir {
+                Some(dir) => agent.with_history_dir(dir),
+                None => agent,
+            })
         }
         Backend::Openai => {
             let openai = config

@@ -63,14 +63,32 @@ impl fmt::Debug for SessionId {
 /// process-wide counter, so they only grow: a newer turn, or an invalidation
 /// by /stop, /new or /reset, always has a larger value than anything before
 /// it in the same slot.
+///
+/// They are also unique across restarts: with a store, the runner moves
+/// the counter into a block the store reserved, above every block an
+/// earlier process reserved (`runner::generations`). That is what lets a
+/// Stop button (24 h) or a draft's stop name its turn by generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TurnGeneration(pub u64);
+
+/// The process-wide counter: the next generation to hand out.
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl TurnGeneration {
     /// The next generation from the process-wide counter.
     pub fn next() -> TurnGeneration {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        TurnGeneration(NEXT.fetch_add(1, Ordering::Relaxed))
+        TurnGeneration(NEXT_GENERATION.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// What [`TurnGeneration::next`] would hand out now.
+    pub fn peek_next() -> u64 {
+        NEXT_GENERATION.load(Ordering::Relaxed)
+    }
+
+    /// Hand out nothing below `first` from now on. The counter never goes
+    /// back: a `first` it already passed changes nothing.
+    pub fn advance_to(first: u64) {
+        NEXT_GENERATION.fetch_max(first, Ordering::Relaxed);
     }
 }
 
@@ -127,6 +145,12 @@ mod tests {
         let a = TurnGeneration::next();
         let b = TurnGeneration::next();
         assert!(b > a);
+        // Advancing moves the counter forward, never back.
+        TurnGeneration::advance_to(b.0 + 100);
+        let c = TurnGeneration::next();
+        assert!(c.0 >= b.0 + 100);
+        TurnGeneration::advance_to(1);
+        assert!(TurnGeneration::next() > c);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -120,12 +121,14 @@ fn open(dir: &Path) -> Result<(File, PathBuf), LockError> {
         path: path.clone(),
         source,
     };
-    std::fs::create_dir_all(dir).map_err(io)?;
+    // The data directory is telegate's alone (0700, see `private_fs`).
+    crate::private_fs::private_dir(dir).map_err(io)?;
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(crate::private_fs::FILE_MODE)
         .open(&path)
         .map_err(io)?;
     Ok((file, path))

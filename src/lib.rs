@@ -36,6 +36,7 @@ pub mod listener;
 pub mod media;
 pub mod memory;
 pub mod metrics;
+pub mod private_fs;
 pub mod reply;
 pub mod runner;
 pub mod secrets;

@@ -10,6 +10,9 @@
 //! native stop control sends a `stopped_message_generation` update with the
 //! draft id, which is the turn's generation (see
 //! `transport::telegram::callback`), and stops the turn like /stop.
+//! Generations are unique across restarts (`runner::generations`), so the
+//! stop of a draft shown before a restart names no turn after it. The Bot
+//! API takes `draft_id` as a 64-bit integer, non-zero.
 //!
 //! `[delivery] streaming`: `edit` never uses drafts; `auto` (the default)
 //! and `draft` use them in private chats only (Telegram refuses them elsewhere). When the Bot

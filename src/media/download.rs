@@ -194,7 +194,7 @@ impl Downloader {
             });
         }
         if let Some(parent) = dest.parent() {
-            tokio::fs::create_dir_all(parent)
+            crate::private_fs::create_private_dir(parent)
                 .await
                 .map_err(|e| DownloadError::Io(e.to_string()))?;
         }

@@ -101,7 +101,7 @@ impl OutboxFiles {
         // A replayed turn starts with an empty outbox: what its first run
         // left there was either sent (recorded) or is made again.
         let _ = tokio::fs::remove_dir_all(&dir).await;
-        match tokio::fs::create_dir_all(&dir).await {
+        match crate::private_fs::create_private_dir(&dir).await {
             Ok(()) => Some(dir),
             Err(error) => {
                 tracing::warn!(%error, "could not create the turn's outbox directory");

@@ -453,6 +453,8 @@ impl Runner {
         };
         state.slots.invalidate_generation(key, reason);
         state.slots.release(key, None);
+        drop(state);
+        self.keep_generations_reserved();
         outcome
     }
 }

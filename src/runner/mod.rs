@@ -31,6 +31,7 @@
 
 mod commands;
 mod controls;
+pub mod generations;
 mod sessions;
 mod slots;
 mod turn;
@@ -44,6 +45,7 @@ pub use slots::{AgentHandle, AgentSlots, InvalidateReason, RunningAgent};
 pub use watchdog::{watch_for_stall, Watched};
 
 use controls::OpenGateAfterSending;
+use generations::GenerationLease;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -134,6 +136,8 @@ struct RunnerInner {
     agent: Arc<dyn Agent>,
     outbound: Arc<dyn Outbound>,
     store: Option<Store>,
+    /// The block of generations reserved in the store (with a store).
+    generations: Option<Arc<GenerationLease>>,
     /// The terminal tool's processes and approvals, when it is enabled.
     tools: Option<Arc<TerminalTool>>,
     config: RunnerConfig,
@@ -221,6 +225,7 @@ impl Runner {
                 state: Mutex::new(RunnerState::default()),
                 agent,
                 outbound,
+                generations: store.clone().map(GenerationLease::new),
                 store,
                 tools,
                 config,
@@ -297,12 +302,33 @@ impl Runner {
 
     /// Start a new generation for `key` (see [`AgentSlots::begin_generation`]).
     pub fn begin_generation(&self, key: &SessionKey) -> TurnGeneration {
-        self.state().slots.begin_generation(key)
+        let generation = self.state().slots.begin_generation(key);
+        self.keep_generations_reserved();
+        generation
     }
 
     /// Make all of `key`'s generations so far stale.
     pub fn invalidate_generation(&self, key: &SessionKey, reason: InvalidateReason) {
-        self.state().slots.invalidate_generation(key, reason)
+        self.state().slots.invalidate_generation(key, reason);
+        self.keep_generations_reserved();
+    }
+
+    /// At start, before any turn: reserve this process's generations in
+    /// the store, above every earlier process's, so a Stop button or a
+    /// draft from before a restart names no turn of this one (see
+    /// [`generations`]). Without a store there is nothing to do.
+    pub async fn reserve_generations(&self) -> Result<(), crate::store::StoreError> {
+        match &self.inner.generations {
+            Some(lease) => lease.reserve().await,
+            None => Ok(()),
+        }
+    }
+
+    /// After handing out generations: keep the reservation ahead of them.
+    fn keep_generations_reserved(&self) {
+        if let Some(lease) = &self.inner.generations {
+            lease.keep_ahead();
+        }
     }
 
     /// Whether `generation` is current for `key`.

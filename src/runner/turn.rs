@@ -17,6 +17,7 @@ impl Runner {
             state.slots.install_pending(&key, Instant::now());
             generation
         };
+        self.keep_generations_reserved();
         tracing::Span::current().record("generation", tracing::field::display(generation));
         // Set-up may await the store; whatever happens, the pending sentinel
         // must not outlive this future.

@@ -83,20 +83,26 @@ pub fn quick_check(conn: &Connection, db: &Path) -> Result<(), StoreError> {
 
 /// Record that `db` holds a database from now on (idempotent).
 pub fn write_marker(db: &Path) -> Result<(), StoreError> {
+    use std::io::Write as _;
     let marker = marker_path(db);
     if marker.exists() {
+        crate::private_fs::tighten_if_present(&marker, crate::private_fs::FILE_MODE)?;
         return Ok(());
     }
-    std::fs::write(
-        &marker,
-        format!(
-            "telegate created its database {} here on {} (ms since the epoch).\n\
+    crate::private_fs::private_file(&marker)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&marker)?
+        .write_all(
+            format!(
+                "telegate created its database {} here on {} (ms since the epoch).\n\
              While this file exists, a missing or empty database is reported instead of\n\
              being replaced by a new, empty one. Delete this file only to start afresh.\n",
-            db.display(),
-            super::now_ms()
-        ),
-    )?;
+                db.display(),
+                super::now_ms()
+            )
+            .as_bytes(),
+        )?;
     Ok(())
 }
 

@@ -92,7 +92,9 @@
 pub mod agent_sessions;
 mod batch;
 pub mod buttons;
+pub mod child_groups;
 mod files;
+pub mod generations;
 mod integrity;
 pub mod ledger;
 mod retention;
@@ -115,6 +117,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use agent_sessions::AgentUsage;
 pub use batch::StoreStats;
 pub use buttons::{NewButton, StoredButton};
+pub use child_groups::{ChildGroup, ChildGroupChange};
 pub use files::FileSend;
 pub use integrity::marker_path;
 pub use ledger::{InboxEntry, InboxState, NewUpdate, OutboxEntry, RunningProcess};
@@ -254,7 +257,9 @@ impl fmt::Debug for Store {
 
 impl Store {
     /// Opens (creating if needed, with parent directories) the database at
-    /// `path`, configures it and runs pending migrations.
+    /// `path`, configures it and runs pending migrations. The directory is
+    /// made 0700 and the database files 0600 whatever the umask, looser
+    /// existing ones are tightened (see [`crate::private_fs`]).
     ///
     /// This blocks the calling thread until the database is ready; call it
     /// at startup or from `spawn_blocking`, or use [`Store::open_async`].
@@ -427,15 +432,23 @@ fn open_connection(target: &Target) -> Result<Connection, StoreError> {
         return Ok(conn);
     };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
+        crate::private_fs::private_dir(dir)?;
     }
     integrity::check_before_open(path)?;
+    // Created by us, 0600, before SQLite creates it with the umask's mode:
+    // SQLite gives the -wal and -shm files the database's mode.
+    crate::private_fs::private_file(path)?;
     let corrupt = |e| integrity::as_corrupt(e, path);
     let mut conn = Connection::open(path).map_err(corrupt)?;
     configure(&mut conn, target).map_err(|e| match e {
         StoreError::Sqlite(e) => corrupt(e),
         other => other,
     })?;
+    for suffix in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        crate::private_fs::tighten_if_present(Path::new(&name), crate::private_fs::FILE_MODE)?;
+    }
     integrity::quick_check(&conn, path)?;
     schema::migrate(&mut conn).map_err(|e| match e {
         StoreError::Sqlite(e) => corrupt(e),

@@ -134,6 +134,33 @@ const V7_SEND_INTENTS: &str = "
 ALTER TABLE outbox ADD COLUMN sending_at INTEGER;
 ";
 
+/// Version 8: what makes a restart safe.
+///
+/// * `reserved_ids`: the highest turn generation a process may have handed
+///   out (`name = 'generation'`), reserved in blocks ahead of use, so the
+///   next process starts above it: a Stop button or a draft from before a
+///   restart never names a turn of the new process.
+/// * `child_groups`: every process group telegate started and that may
+///   still run (the command backend's program, terminal commands), with
+///   what identifies its leader beyond the reusable id: start time in
+///   clock ticks since boot, session and boot id. The next start kills the
+///   groups that are verifiably still the ones recorded, before recovery
+///   runs anything again.
+const V8_RESTART_SAFETY: &str = "
+CREATE TABLE reserved_ids (
+    name TEXT PRIMARY KEY NOT NULL,
+    upto INTEGER NOT NULL
+) STRICT;
+CREATE TABLE child_groups (
+    pgid         INTEGER PRIMARY KEY,
+    leader_start INTEGER NOT NULL,
+    session_id   INTEGER NOT NULL,
+    boot_id      TEXT NOT NULL,
+    what         TEXT NOT NULL,
+    recorded_at  INTEGER NOT NULL
+) STRICT;
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -240,6 +267,10 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new("outbox files", V5_OUTBOX_FILES),
     Migration::new("inline buttons and undone exchanges", V6_CONTROLS),
     Migration::new("outbox send intents", V7_SEND_INTENTS),
+    Migration::new(
+        "restart safety: reserved generations, child groups",
+        V8_RESTART_SAFETY,
+    ),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

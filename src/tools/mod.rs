@@ -43,6 +43,7 @@ pub mod approval;
 pub mod approval_prompt;
 pub mod authority;
 pub mod childenv;
+pub mod childgroups;
 pub mod events;
 pub mod process;
 pub mod procgroup;

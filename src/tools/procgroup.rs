@@ -16,6 +16,20 @@
 //! the plain, copyable id used to signal a group someone else owns (a
 //! background process that a user asks to /kill).
 //!
+//! **Children die with telegate.** [`spawn_leader`] is the one way a
+//! program is started: in its own group, with `PR_SET_PDEATHSIG(SIGKILL)`
+//! set between fork and exec, so the leader is killed by the kernel when
+//! telegate dies, even by `kill -9`. The kernel sends that signal when the
+//! *thread* that forked the child exits, not the process; tokio may run a
+//! turn on a thread that later ends (the blocking pool), so every fork
+//! happens on one thread that lives as long as the process. A leader whose
+//! parent died between the fork and the `prctl` would never get the
+//! signal: the child checks `getppid()` and refuses to run then. Only the
+//! leader gets the signal; what it started in its group is killed at the
+//! next start (`tools::childgroups`). The signal is cleared by exec of a
+//! set-user-ID program and lost by a process that leaves the group
+//! (`setsid`); those can outlive telegate.
+//!
 //! This module must never signal a group it was not given, and never
 //! signal group 0 or 1 (ourselves, or init): [`GroupId::of_leader`] refuses
 //! those ids.
@@ -23,7 +37,7 @@
 use std::io;
 use std::time::Duration;
 
-use tokio::process::Child;
+use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 /// How often a dying process group is checked.
@@ -197,37 +211,186 @@ impl Drop for ProcessGroup {
     }
 }
 
+/// Start `command` as the leader of a new process group that the kernel
+/// kills when telegate dies (see the module docs). Use it for every
+/// program telegate runs.
+pub fn spawn_leader(mut command: Command) -> io::Result<Child> {
+    command.process_group(0);
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec; it calls
+    // only async-signal-safe functions (prctl, getppid) and allocates
+    // nothing, not even for its error.
+    unsafe {
+        command.pre_exec(move || die_with_parent(parent));
+    }
+    spawner::spawn(command)
+}
+
+/// In the child: be killed when the parent dies, and refuse to run if it
+/// already has.
+fn die_with_parent(parent: u32) -> io::Result<()> {
+    let signal = libc::SIGKILL as libc::c_ulong;
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getppid has no preconditions.
+    let now = unsafe { libc::getppid() };
+    if u32::try_from(now).ok() != Some(parent) {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(())
+}
+
+/// The one thread every child is forked from: it lives as long as the
+/// process, so the parent-death signal fires only when telegate dies.
+mod spawner {
+    use std::io;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::mpsc;
+    use std::sync::OnceLock;
+
+    use tokio::process::{Child, Command};
+    use tokio::runtime::Handle;
+
+    struct Job {
+        command: Command,
+        /// The caller's runtime: the child is reaped by it.
+        runtime: Option<Handle>,
+        reply: mpsc::SyncSender<io::Result<Child>>,
+    }
+
+    /// Never dropped, so the thread never ends.
+    static JOBS: OnceLock<Option<mpsc::Sender<Job>>> = OnceLock::new();
+
+    fn jobs() -> Option<&'static mpsc::Sender<Job>> {
+        JOBS.get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let started = std::thread::Builder::new()
+                .name("telegate-spawner".into())
+                .spawn(move || {
+                    for job in rx {
+                        run(job);
+                    }
+                });
+            match started {
+                Ok(_) => Some(tx),
+                Err(error) => {
+                    tracing::error!(%error, "cannot start the thread that starts programs");
+                    None
+                }
+            }
+        })
+        .as_ref()
+    }
+
+    fn run(job: Job) {
+        let Job {
+            mut command,
+            runtime,
+            reply,
+        } = job;
+        // A panic must not end this thread: its children would die with it.
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let _entered = runtime.as_ref().map(Handle::enter);
+            command.spawn()
+        }))
+        .unwrap_or_else(|_| Err(io::Error::other("starting the program panicked")));
+        let _ = reply.send(result);
+    }
+
+    /// Fork `command` on the spawner thread and wait for the result.
+    pub(super) fn spawn(command: Command) -> io::Result<Child> {
+        let gone = || io::Error::other("the thread that starts programs is not running");
+        let jobs = jobs().ok_or_else(gone)?;
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job = Job {
+            command,
+            runtime: Handle::try_current().ok(),
+            reply,
+        };
+        jobs.send(job).map_err(|_| gone())?;
+        answer.recv().map_err(|_| gone())?
+    }
+}
+
+/// What `/proc/<pid>/stat` says about a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Its pid.
+    pub pid: libc::pid_t,
+    /// `R`, `S`, `Z`…
+    pub state: char,
+    /// Its process group.
+    pub pgrp: libc::pid_t,
+    /// Its session.
+    pub session: libc::pid_t,
+    /// When it started, in clock ticks since boot.
+    pub start: u64,
+}
+
+impl ProcStat {
+    /// Dead, only not reaped yet.
+    pub fn is_zombie(&self) -> bool {
+        matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// The process `pid`, if it exists (a zombie too).
+pub fn proc_stat(pid: libc::pid_t) -> Option<ProcStat> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| parse_stat(&stat))
+}
+
+/// Every process `/proc` shows (empty if it cannot be read).
+pub fn all_processes() -> Vec<ProcStat> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse().ok()?;
+            proc_stat(pid)
+        })
+        .collect()
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`): start times count
+/// from the boot.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
+}
+
 /// Whether some process in group `pgid` is not a zombie, per `/proc`. If
 /// `/proc` cannot be read, assume yes.
 pub fn has_running_member(pgid: libc::pid_t) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    if std::fs::read_dir("/proc").is_err() {
         return true;
-    };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            return false;
-        };
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| parse_stat(&stat))
-            .is_some_and(|(state, group)| group == pgid && !matches!(state, 'Z' | 'X' | 'x'))
-    })
+    }
+    all_processes()
+        .iter()
+        .any(|p| p.pgrp == pgid && !p.is_zombie())
 }
 
-/// `(state, process group)` from a `/proc/<pid>/stat` line. The command
-/// name may contain spaces and parentheses, so parsing starts after the last
-/// `)`.
-fn parse_stat(stat: &str) -> Option<(char, libc::pid_t)> {
+/// A `/proc/<pid>/stat` line. The command name may contain spaces and
+/// parentheses, so the fields are counted from after the last `)`.
+fn parse_stat(stat: &str) -> Option<ProcStat> {
+    let pid = stat.split_whitespace().next()?.parse().ok()?;
     let after_name = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after_name.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let _parent = fields.next()?;
-    let group = fields.next()?.parse().ok()?;
-    Some((state, group))
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 3 (state), 5 (pgrp), 6 (session) and 22 (starttime) of proc(5).
+    Some(ProcStat {
+        pid,
+        state: fields.first()?.chars().next()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        session: fields.get(3)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+    })
 }
 
 /// A signal number with its name where it is a common one: `15 (SIGTERM)`.
@@ -255,9 +418,78 @@ mod tests {
 
     #[test]
     fn stat_lines_parse_odd_names() {
-        let stat = "1234 (we(ird) name) S 1 777 777 0 -1";
-        assert_eq!(parse_stat(stat), Some(('S', 777)));
+        let stat =
+            "1234 (we(ird) name) S 1 777 778 0 -1 4194560 130 0 0 0 0 0 0 0 20 0 1 0 987654 1 2";
+        assert_eq!(
+            parse_stat(stat),
+            Some(ProcStat {
+                pid: 1234,
+                state: 'S',
+                pgrp: 777,
+                session: 778,
+                start: 987654
+            })
+        );
         assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (short) S 1 777 777 0"), None);
+    }
+
+    #[test]
+    fn our_own_stat_is_read() {
+        let me = proc_stat(std::process::id() as libc::pid_t).expect("our /proc entry");
+        // SAFETY: getpgrp and getsid have no preconditions.
+        let (pgrp, sid) = unsafe { (libc::getpgrp(), libc::getsid(0)) };
+        assert_eq!((me.pgrp, me.session), (pgrp, sid));
+        assert!(me.start > 0 && !me.is_zombie());
+        assert!(boot_id().is_some());
+    }
+
+    /// A child that prints its own parent-death signal (PR_GET_PDEATHSIG).
+    fn pdeathsig_probe() -> Command {
+        let mut command = Command::new("python3");
+        command
+            .arg("-c")
+            .arg(
+                "import ctypes; s = ctypes.c_int(); \
+                 ctypes.CDLL(None).prctl(2, ctypes.byref(s), 0, 0, 0); print(s.value)",
+            )
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        command
+    }
+
+    #[tokio::test]
+    async fn a_spawned_leader_leads_its_own_group_and_dies_with_telegate() {
+        let child = spawn_leader(pdeathsig_probe()).unwrap();
+        let pid = child.id().unwrap() as libc::pid_t;
+        let stat = proc_stat(pid).unwrap();
+        assert_eq!(stat.pgrp, pid, "leader of its own group");
+        let output = child.wait_with_output().await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout).trim(),
+            libc::SIGKILL.to_string()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_child_outlives_the_thread_that_asked_for_it() {
+        // The parent-death signal follows the forking thread: a program
+        // started from a thread that ends must not die with that thread.
+        let runtime = tokio::runtime::Handle::current();
+        let mut child = std::thread::spawn(move || {
+            let _entered = runtime.enter();
+            let mut command = Command::new("sleep");
+            command.arg("30").kill_on_drop(true);
+            spawn_leader(command).unwrap()
+        })
+        .join()
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child died with the thread that asked for it"
+        );
+        child.kill().await.unwrap();
     }
 
     #[test]

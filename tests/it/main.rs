@@ -37,6 +37,7 @@ mod media_queue_e2e;
 mod openai_backend;
 mod outbox_once;
 mod process_registry;
+mod restarts;
 mod sd_notify;
 mod secrets_e2e;
 mod session_split_brain;

@@ -7,7 +7,10 @@
 //! `tool_call_id` and `name` fields).
 //!
 //! * env-file: that array in a private file (0600, removed when the turn
-//!   ends) whose path is in `TELEGATE_HISTORY_FILE`;
+//!   ends) whose path is in `TELEGATE_HISTORY_FILE`. It lives in
+//!   `<data_dir>/command-history/` (0700), not in the shared temporary
+//!   directory, and what a killed process left there is removed at the
+//!   next start ([`clear_leftovers`]);
 //! * stdin-json: `{"message": "…", "history": […]}` on stdin.
 
 use std::io::Write;
@@ -31,6 +34,32 @@ struct StdinDocument<'a> {
 /// `{"message": …, "history": […]}`.
 pub fn stdin_json(message: &str, history: &[ChatMessage]) -> String {
     serde_json::to_string(&StdinDocument { message, history }).unwrap_or_else(|_| "{}".to_string())
+}
+
+/// The directory of the history files under `data_dir`.
+pub fn history_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("command-history")
+}
+
+/// The name every history file has: `telegate-history-….json`.
+fn is_history_file(name: &str) -> bool {
+    name.starts_with("telegate-history-") && name.ends_with(".json")
+}
+
+/// Create `dir` (0700) and remove the history files left in it (by a
+/// process that was killed mid-turn). Call it at start, before any turn.
+/// Returns how many were removed.
+pub fn clear_leftovers(dir: &Path) -> std::io::Result<usize> {
+    crate::private_fs::private_dir(dir)?;
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name();
+        if name.to_str().is_some_and(is_history_file) && entry.path().is_file() {
+            std::fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// A history file that is removed when dropped.
@@ -117,9 +146,28 @@ mod tests {
         );
         drop(file);
         assert!(!path.exists());
+        assert!(is_history_file(
+            path.file_name().and_then(|n| n.to_str()).unwrap()
+        ));
         assert_eq!(
             stdin_json("now", &history[..1]),
             r#"{"message":"now","history":[{"role":"user","content":"hi"}]}"#
         );
+    }
+
+    #[test]
+    fn leftovers_of_a_killed_process_are_cleared_and_nothing_else() {
+        let data = tempfile::tempdir().unwrap();
+        let dir = history_dir(data.path());
+        assert_eq!(clear_leftovers(&dir).unwrap(), 0);
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let left = HistoryFile::write(&dir, &[]).unwrap();
+        let left_path = left.path().to_path_buf();
+        std::mem::forget(left); // as a kill -9 would
+        std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+        assert_eq!(clear_leftovers(&dir).unwrap(), 1);
+        assert!(!left_path.exists());
+        assert!(dir.join("notes.txt").exists());
     }
 }

@@ -27,8 +27,12 @@
 //!   normally, so turns never leak processes. A guard SIGKILLs the group if
 //!   the turn's future is dropped mid-run (the runner aborts a turn that does
 //!   not stop in time); `kill_on_drop` on the child is only a last resort,
-//!   because it reaches the leader alone. A program that really wants to
-//!   outlive the turn has to leave the group itself (`setsid`).
+//!   because it reaches the leader alone. The group also dies with
+//!   telegate: the leader gets the parent-death signal, and a crash's
+//!   leftovers in the group are killed at the next start, before recovery
+//!   runs the message again (the group is recorded in the store while it
+//!   runs, see [`crate::tools::childgroups`]). A program that really wants
+//!   to outlive the turn has to leave the group itself (`setsid`).
 //! * **Bounded memory.** Stdout is kept up to `output_cap_bytes` (the rest is
 //!   read and discarded, so the program never blocks on a full pipe) and
 //!   stderr only as a small tail for error messages and the debug log.
@@ -63,14 +67,15 @@ use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use futures::future::BoxFuture;
 use tokio::process::{Child, Command};
 
 use super::{Agent, AgentError, AgentReply, TurnRequest};
 use crate::store::Store;
-use crate::tools::procgroup::ProcessGroup;
+use crate::tools::childgroups::{GroupLedger, RecordedGroup};
+use crate::tools::procgroup::{spawn_leader, ProcessGroup};
 use argv::{Substitutions, RESUME_PLACEHOLDER};
 use history::HistoryFile;
 use output::StdoutCollector;
@@ -102,6 +107,11 @@ pub struct CommandAgent {
     sessions: Arc<AgentSessions>,
     /// `command`, or the preset's name.
     name: &'static str,
+    /// Where each run's process group is recorded (with a store).
+    groups: Arc<OnceLock<GroupLedger>>,
+    /// Where `history = "env-file"` files go (the temporary directory
+    /// without a data directory).
+    history_dir: Option<PathBuf>,
 }
 
 /// Why one run of the program gave no answer.
@@ -152,7 +162,30 @@ impl CommandAgent {
             stripped_env,
             sessions: Arc::new(AgentSessions::default()),
             name,
+            groups: Arc::new(OnceLock::new()),
+            history_dir: None,
         }
+    }
+
+    /// Keep `history = "env-file"` files in `<data_dir>/command-history`
+    /// (0700) instead of the shared temporary directory, removing what a
+    /// killed process left there. Call it at start, before any turn.
+    pub fn with_history_dir(mut self, data_dir: &Path) -> Self {
+        let dir = history::history_dir(data_dir);
+        if self.config.history != HistoryMode::EnvFile && !dir.exists() {
+            return self;
+        }
+        match history::clear_leftovers(&dir) {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::info!(removed, dir = %dir.display(), "removed history files a killed run left behind");
+            }
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "could not clear the history directory");
+            }
+        }
+        self.history_dir = Some(dir);
+        self
     }
 
     /// The program as configured, for messages.
@@ -235,8 +268,8 @@ impl CommandAgent {
         }
     }
 
-    /// The process to start: no shell, own process group, scrubbed
-    /// environment.
+    /// The process to start: no shell, scrubbed environment (its own
+    /// process group comes with [`spawn_leader`]).
     fn command(&self, argv: &[String], turn: &TurnRequest, launch: &Launch) -> Command {
         let mut command = Command::new(&argv[0]);
         command
@@ -248,7 +281,6 @@ impl CommandAgent {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true);
         if let Some(dir) = &launch.workdir {
             command.current_dir(dir);
@@ -289,7 +321,7 @@ impl CommandAgent {
 
     /// Start the process, turning failures into messages that say what to
     /// fix.
-    fn spawn(&self, command: &mut Command, workdir: Option<&Path>) -> Result<Child, AgentError> {
+    fn spawn(&self, command: Command, workdir: Option<&Path>) -> Result<Child, AgentError> {
         if let Some(dir) = workdir {
             // Checked here too: a missing directory and a missing program
             // both fail with ENOENT.
@@ -303,7 +335,7 @@ impl CommandAgent {
                 });
             }
         }
-        command.spawn().map_err(|error| {
+        spawn_leader(command).map_err(|error| {
             let program = self.program();
             let key = self.program_key();
             let user_message = match error.kind() {
@@ -374,13 +406,12 @@ impl CommandAgent {
             None
         };
         let history_file = if self.config.history == HistoryMode::EnvFile {
+            let dir = self.history_dir.clone().unwrap_or_else(std::env::temp_dir);
             let file =
-                HistoryFile::write(&std::env::temp_dir(), &turn.history).map_err(|error| {
-                    AgentError::Backend {
-                        user_message: "Could not write the conversation history for the command."
-                            .to_string(),
-                        detail: format!("writing the history file failed: {error}"),
-                    }
+                HistoryFile::write(&dir, &turn.history).map_err(|error| AgentError::Backend {
+                    user_message: "Could not write the conversation history for the command."
+                        .to_string(),
+                    detail: format!("writing the history file failed: {error}"),
                 })?;
             Some(file)
         } else {
@@ -410,8 +441,8 @@ impl CommandAgent {
             None => self.argv_for(turn, resume)?,
         };
         let launch = self.launch(turn, workdir)?;
-        let mut command = self.command(&argv, turn, &launch);
-        let mut child = self.spawn(&mut command, launch.workdir.as_deref())?;
+        let command = self.command(&argv, turn, &launch);
+        let mut child = self.spawn(command, launch.workdir.as_deref())?;
         let Some(group) = child.id().and_then(ProcessGroup::of_leader) else {
             return Err(AgentError::backend(format!(
                 "Could not start `{}`: it has no process id.",
@@ -425,6 +456,14 @@ impl CommandAgent {
             resume,
             "command started"
         );
+        // Recorded until the run is over, so a crash's leftovers are killed
+        // at the next start (`tools::childgroups`).
+        let _recorded = self
+            .groups
+            .get()
+            .map_or_else(RecordedGroup::none, |ledger| {
+                ledger.record(group.id(), "command")
+            });
 
         let stdin = match (launch.stdin.clone(), child.stdin.take()) {
             (Some(text), Some(pipe)) => Some((pipe, text)),
@@ -542,5 +581,6 @@ impl Agent for CommandAgent {
 
     fn attach_store(&self, store: &Store) {
         self.sessions.attach(store);
+        let _ = self.groups.set(GroupLedger::new(store.clone()));
     }
 }

@@ -15,7 +15,10 @@
 //! * **Whole groups.** Each program is `sh -c <command>` in its own process
 //!   group, in the configured working directory, with secrets (bot token,
 //!   API keys) removed from its environment. Stopping it stops its group;
-//!   what the leader leaves running when it exits is stopped too.
+//!   what the leader leaves running when it exits is stopped too. The group
+//!   dies with telegate, even by `kill -9`: the leader at once
+//!   (parent-death signal), the rest at the next start (every group is
+//!   recorded while it runs, [`crate::tools::childgroups`]).
 //! * **Bounded memory.** Output (stdout and stderr, interleaved as it
 //!   arrives) goes into an [`OutputRing`] of `output_cap_bytes`: the oldest
 //!   bytes fall out, so a process printing forever never grows memory. At
@@ -40,7 +43,7 @@ use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -52,8 +55,9 @@ use crate::agent::command::{CHAT_ID_ENV, SESSION_ID_ENV};
 use crate::agent::Progress;
 use crate::event::{SessionKey, SessionSource};
 use crate::identity::{current_identity, SessionId};
+use crate::tools::childgroups::{GroupLedger, RecordedGroup};
 use crate::tools::events::{ToolEvent, ToolEventSender};
-use crate::tools::procgroup::{signal_name, GroupId, ProcessGroup};
+use crate::tools::procgroup::{signal_name, spawn_leader, GroupId, ProcessGroup};
 use crate::tools::wakeup::Wakeup;
 
 /// Bytes read from a pipe at a time.
@@ -194,6 +198,8 @@ struct RegistryInner {
     config: RegistryConfig,
     entries: Mutex<Vec<Arc<Entry>>>,
     events: ToolEventSender,
+    /// Where each process group is recorded (with a store).
+    groups: OnceLock<GroupLedger>,
 }
 
 impl Drop for RegistryInner {
@@ -234,8 +240,15 @@ impl ProcessRegistry {
                 config,
                 entries: Mutex::new(Vec::new()),
                 events,
+                groups: OnceLock::new(),
             }),
         }
+    }
+
+    /// Record every process group from now on in `ledger`, so the next
+    /// start kills what a crash left running (`tools::childgroups`).
+    pub fn record_groups(&self, ledger: GroupLedger) {
+        let _ = self.inner.groups.set(ledger);
     }
 
     /// The configuration in use.
@@ -301,13 +314,18 @@ impl ProcessRegistry {
         if matches!(spec.mode, ProcessMode::Background { .. }) {
             self.check_limits(&entries, spec.owner.as_ref())?;
         }
-        let mut child = self
-            .command(&spec)
-            .spawn()
-            .map_err(|e| SpawnError::Spawn(e.to_string()))?;
+        let mut child =
+            spawn_leader(self.command(&spec)).map_err(|e| SpawnError::Spawn(e.to_string()))?;
         let Some(group) = child.id().and_then(ProcessGroup::of_leader) else {
             return Err(SpawnError::Spawn("the shell has no process id".to_string()));
         };
+        let recorded = self
+            .inner
+            .groups
+            .get()
+            .map_or_else(RecordedGroup::none, |ledger| {
+                ledger.record(group.id(), "terminal")
+            });
         let id = unique_id(&entries);
         let (exited, _) = watch::channel(false);
         let entry = Arc::new(Entry {
@@ -352,7 +370,7 @@ impl ProcessRegistry {
         tokio::spawn(supervise(
             entry.clone(),
             child,
-            group,
+            (group, recorded),
             stdout,
             stderr,
             self.inner.events.clone(),
@@ -388,8 +406,8 @@ impl ProcessRegistry {
         Ok(())
     }
 
-    /// `sh -c <command>`: own group, configured directory, minimal
-    /// environment without secrets.
+    /// `sh -c <command>`: configured directory, minimal environment
+    /// without secrets (its own group comes with [`spawn_leader`]).
     fn command(&self, spec: &SpawnSpec) -> Command {
         let mut command = Command::new("sh");
         command
@@ -398,7 +416,6 @@ impl ProcessRegistry {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true);
         if let Some(dir) = &self.inner.config.workdir {
             command.current_dir(dir);

@@ -9,7 +9,8 @@ use super::*;
 pub(super) async fn supervise(
     entry: Arc<Entry>,
     mut child: Child,
-    mut group: ProcessGroup,
+    // The group and its record, which is dropped (forgotten) with this task.
+    (mut group, _recorded): (ProcessGroup, RecordedGroup),
     stdout: Option<impl AsyncRead + Unpin + Send + 'static>,
     stderr: Option<impl AsyncRead + Unpin + Send + 'static>,
     events: ToolEventSender,

@@ -11,7 +11,9 @@
 //! as the command it stands for, on behalf of that session:
 //!
 //! * Stop: /stop for the slot, but only while the turn of the button's
-//!   generation runs; otherwise "already finished" and nothing is touched;
+//!   generation runs; otherwise "already finished" and nothing is touched
+//!   (generations are unique across restarts, so a button or a draft from
+//!   an earlier process never matches);
 //! * Approve / Deny: exactly `/approve <ticket>` / `/deny <ticket>` from
 //!   the presser (the prompt's one-time ticket, `may_decide`), never a
 //!   newer request; the prompt is edited to say what was decided and by

@@ -228,6 +228,9 @@ impl TelegramBot {
                 ..config.runner_config()
             },
         );
+        // Before recovery runs anything again: what the previous run left
+        // running is killed, and this run's generations are reserved.
+        engine.prepare_run().await?;
         collect_gauges(&metrics, &engine, &delivery);
         let policy = InboundPolicy {
             bot_id: me.id.0,

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod agents;
+pub mod binary;
 pub mod fake_bot;
 pub mod fake_files;
 pub mod fake_openai;
