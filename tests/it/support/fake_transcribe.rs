@@ -6,7 +6,8 @@
 //! answer is `{"text": …}`. The transcript is the one a test registered
 //! for exactly these audio bytes; unknown audio is answered 400
 //! ("Invalid file format"), so a test can only pass if the bot sent the
-//! very bytes Telegram served. Every request is recorded.
+//! very bytes Telegram served. Every request is recorded, with its
+//! `Authorization` header.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -27,6 +28,8 @@ pub struct TranscriptionRequest {
     pub language: Option<String>,
     pub file_name: Option<String>,
     pub file: Vec<u8>,
+    /// The `Authorization` header, as sent.
+    pub authorization: Option<String>,
 }
 
 #[derive(Default)]
@@ -85,7 +88,11 @@ async fn handle(State(state): State<FakeTranscriber>, headers: HeaderMap, body: 
             "Invalid Content-Type header; expected multipart/form-data",
         );
     };
-    let request = parse(&body, &boundary);
+    let mut request = parse(&body, &boundary);
+    request.authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     state.lock().requests.push(request.clone());
     if request.model.as_deref().unwrap_or("").is_empty() {
         return error(
