@@ -399,7 +399,7 @@ impl Config {
             typing_interval: Duration::from_millis(d.typing_interval_ms.max(100)),
             typing_delay: Duration::from_millis(d.typing_delay_ms),
             max_retry_wait: Duration::from_secs(d.max_retry_wait_secs),
-            max_attempts: 5,
+            max_attempts: crate::delivery::DeliveryConfig::default().max_attempts,
         }
     }
 
