@@ -4,7 +4,10 @@
 //! Every check returns one line naming the config key and the fix, and never
 //! a secret's value. This module owns the rules; `config.rs` calls them from
 //! `Config::validate`, so `check-config` and `run` refuse the same files.
-//! It must never read files or the environment.
+//! It must never read files or the environment; [`check_data_dir`] only
+//! looks at what exists on the path (metadata).
+
+use std::path::Path;
 
 use crate::config::{Config, Secret};
 
@@ -191,6 +194,46 @@ pub fn check_pass_env(key: &str, names: &[String], secrets: &[String]) -> Result
     Ok(())
 }
 
+/// `data_dir` must be a directory, or a path where one can be created: an
+/// existing file (`/dev/null`, say) is refused, and so is a path below
+/// one. Nothing is created here.
+pub fn check_data_dir(key: &str, dir: &Path) -> Result<(), String> {
+    if dir.as_os_str().is_empty() {
+        return Err(format!(
+            "{key} is empty: name the directory for telegate's data"
+        ));
+    }
+    if let Ok(meta) = std::fs::metadata(dir) {
+        return if meta.is_dir() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{key} {} exists and is not a directory: name a directory (it is created if missing)",
+                dir.display()
+            ))
+        };
+    }
+    let existing = dir
+        .ancestors()
+        .skip(1)
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                a
+            }
+        })
+        .find_map(|a| std::fs::metadata(a).ok().map(|meta| (a, meta)));
+    match existing {
+        Some((ancestor, meta)) if !meta.is_dir() => Err(format!(
+            "{key} {} cannot be created: {} is not a directory",
+            dir.display(),
+            ancestor.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +263,20 @@ mod tests {
         assert!(check("ümlaut").is_err());
         assert!(check(&"a".repeat(257)).is_err());
         assert!(!check("bad secret!").unwrap_err().contains("bad secret"));
+    }
+
+    #[test]
+    fn data_dir_must_be_a_directory_or_creatable_as_one() {
+        let check = |dir: &str| check_data_dir("store.data_dir", Path::new(dir));
+        assert!(check("/dev/null").unwrap_err().contains("not a directory"));
+        assert!(check("/dev/null/data")
+            .unwrap_err()
+            .contains("cannot be created"));
+        assert!(check("").unwrap_err().contains("empty"));
+        let root = tempfile::tempdir().unwrap();
+        assert!(check(&root.path().display().to_string()).is_ok());
+        assert!(check(&root.path().join("new/deeper").display().to_string()).is_ok());
+        assert!(check("relative-data").is_ok());
     }
 
     #[test]

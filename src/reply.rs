@@ -117,9 +117,14 @@ pub enum DeliveryError {
     /// The platform refused the message (and the plain-text fallback).
     #[error("the platform rejected the message: {0}")]
     Rejected(String),
-    /// The network or the platform was unreachable.
+    /// The network or the platform was unreachable; nothing was delivered.
     #[error("delivery failed: {0}")]
     Unavailable(String),
+    /// The request may have reached the platform but no answer came back
+    /// (a hang, a garbled answer): the message may or may not have
+    /// arrived, and it is never sent again blindly.
+    #[error("no answer from the platform ({0}); the message may or may not have arrived")]
+    Ambiguous(String),
     /// The transport is shutting down.
     #[error("the transport is closed")]
     Closed,

@@ -1,12 +1,16 @@
 //! Secrets: where they come from, and keeping them out of every child's
 //! reach once telegate runs.
 //!
-//! **Sources.** The bot token, the LLM API key and the webhook secret may be
-//! written inline in the config file, read from a file named in it
-//! (`token_file`, `api_key_file`, `secret_token_file`), read from a systemd
-//! credential (`$CREDENTIALS_DIRECTORY/<name>`, see [`TOKEN_CREDENTIAL`] and
-//! friends), or taken from an environment variable, in that order. Inline
-//! and file together are an error (which one was meant?).
+//! **Sources.** The bot token, the LLM API key, the transcription API key
+//! and the webhook secret may be written inline in the config file (not
+//! the API keys), read from a file named in it (`token_file`,
+//! `api_key_file`, `secret_token_file`; at most [`MAX_SECRET_FILE_BYTES`]),
+//! read from a systemd credential (`$CREDENTIALS_DIRECTORY/<name>`, see
+//! [`TOKEN_CREDENTIAL`] and friends), or taken from an environment
+//! variable, in that order. Inline and file together are an error (which
+//! one was meant?). Every secret is resolved when the configuration is
+//! loaded, before hardening scrubs the environment: nothing may read a
+//! secret variable later (it is gone by then).
 //!
 //! **Hardening** ([`harden_process`]), run by `main` once the configuration
 //! is loaded and before any thread starts:
@@ -46,6 +50,13 @@ pub const TOKEN_CREDENTIAL: &str = "telegram_bot_token";
 pub const WEBHOOK_SECRET_CREDENTIAL: &str = "telegram_webhook_secret";
 /// systemd credential name for the LLM API key.
 pub const API_KEY_CREDENTIAL: &str = "openai_api_key";
+/// systemd credential name for the transcription endpoint's API key.
+pub const TRANSCRIPTION_KEY_CREDENTIAL: &str = "transcription_api_key";
+
+/// The largest secret file read (bytes). Tokens and keys are well under
+/// 1 KiB; a bigger file is a mistake (`token_file = "/dev/zero"`, a
+/// config file named by accident) and is refused without reading on.
+pub const MAX_SECRET_FILE_BYTES: u64 = 4096;
 
 /// Where to look for one secret.
 #[derive(Debug)]
@@ -60,8 +71,8 @@ pub struct SecretSources<'a> {
     pub file: Option<&'a Path>,
     /// The systemd credential name.
     pub credential: &'a str,
-    /// The environment variable.
-    pub env_var: &'a str,
+    /// The environment variable (none: the secret has no variable).
+    pub env_var: Option<&'a str>,
 }
 
 impl SecretSources<'_> {
@@ -85,7 +96,9 @@ impl SecretSources<'_> {
                         return read_secret_file(&key, &path).map(Some);
                     }
                 }
-                Ok(env(self.env_var)
+                Ok(self
+                    .env_var
+                    .and_then(env)
                     .filter(|value| !value.trim().is_empty())
                     .map(Secret::new))
             }
@@ -94,10 +107,26 @@ impl SecretSources<'_> {
 }
 
 /// Read a secret from `path`: the whole file without surrounding whitespace
-/// (a trailing newline is usual). Empty counts as an error.
+/// (a trailing newline is usual). Empty counts as an error, and so does a
+/// file larger than [`MAX_SECRET_FILE_BYTES`] (read no further than that,
+/// so `/dev/zero` or any endless stream cannot exhaust memory).
 pub fn read_secret_file(key: &str, path: &Path) -> Result<Secret, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))?;
+    use std::io::Read as _;
+    let cannot_read = |e: std::io::Error| format!("{key}: cannot read {}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(cannot_read)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SECRET_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot_read)?;
+    if bytes.len() as u64 > MAX_SECRET_FILE_BYTES {
+        return Err(format!(
+            "{key}: {} is too large for a secret (more than {MAX_SECRET_FILE_BYTES} bytes): \
+             name the file holding only the token or key",
+            path.display()
+        ));
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("{key}: {} is not UTF-8 text", path.display()))?;
     let value = text.trim();
     if value.is_empty() {
         return Err(format!("{key}: {} is empty", path.display()));
@@ -106,10 +135,11 @@ pub fn read_secret_file(key: &str, path: &Path) -> Result<Secret, String> {
 }
 
 /// Replace every occurrence of a known secret, and anything that looks like
-/// an API key or bearer token, with `***`: for provider error bodies and
-/// other text that goes to the log.
+/// an API key, a bot token or a bearer token, with `***`: for provider
+/// error bodies, configuration errors and other text that is shown or
+/// logged.
 pub fn redact(text: &str, known: &[&str]) -> String {
-    let mut out = text.to_string();
+    let mut out = hide_bot_tokens(text);
     for secret in known.iter().filter(|s| s.len() >= 4) {
         out = out.replace(secret, "***");
     }
@@ -135,6 +165,45 @@ pub fn redact(text: &str, known: &[&str]) -> String {
         }
     }
     redacted
+}
+
+/// The shortest key part (after the colon) of what counts as a bot token:
+/// BotFather's keys are 35 characters.
+const BOT_TOKEN_MIN_KEY: usize = 30;
+
+/// `text` with every bot token in it (digits, `:`, at least
+/// [`BOT_TOKEN_MIN_KEY`] characters of `A-Z a-z 0-9 _ -`), wherever it
+/// stands (alone, inside a URL's `/bot<token>/`), replaced by `***`.
+pub fn hide_bot_tokens(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let is_key = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b':' {
+            i += 1;
+            continue;
+        }
+        let id_start = bytes[..i]
+            .iter()
+            .rposition(|b| !b.is_ascii_digit())
+            .map_or(0, |p| p + 1);
+        let key_end = bytes[i + 1..]
+            .iter()
+            .position(|&b| !is_key(b))
+            .map_or(bytes.len(), |p| i + 1 + p);
+        if id_start < i && key_end - (i + 1) >= BOT_TOKEN_MIN_KEY {
+            out.push_str(&text[copied..id_start]);
+            out.push_str("***");
+            copied = key_end;
+            i = key_end;
+        } else {
+            i += 1;
+        }
+    }
+    out.push_str(&text[copied..]);
+    out
 }
 
 /// Capabilities no child of telegate may have: each one is a way into
@@ -265,7 +334,7 @@ mod tests {
             file_key: "telegram.token_file",
             file,
             credential: TOKEN_CREDENTIAL,
-            env_var: "TOKEN_VAR",
+            env_var: Some("TOKEN_VAR"),
         }
     }
 
@@ -283,6 +352,14 @@ mod tests {
         std::fs::write(&path, " \n").unwrap();
         let error = sources(None, Some(&path)).resolve(&|_| None).unwrap_err();
         assert!(error.contains("is empty"), "{error}");
+        std::fs::write(&path, "1:".to_string() + &"x".repeat(5000)).unwrap();
+        let error = sources(None, Some(&path)).resolve(&|_| None).unwrap_err();
+        assert!(error.contains("too large"), "{error}");
+        assert!(!error.contains("xxxx"), "{error}");
+        let error = sources(None, Some(Path::new("/dev/zero")))
+            .resolve(&|_| None)
+            .unwrap_err();
+        assert!(error.contains("too large"), "{error}");
         let missing = dir.path().join("nope");
         let error = sources(None, Some(&missing))
             .resolve(&|_| None)
@@ -310,6 +387,17 @@ mod tests {
         assert_eq!(secret.unwrap().expose(), "1:ENV");
         let inline = sources(Some("1:IN"), None).resolve(&env).unwrap();
         assert_eq!(inline.unwrap().expose(), "1:IN");
+    }
+
+    #[test]
+    fn bot_tokens_are_hidden_wherever_they_stand() {
+        let token = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw";
+        let text = format!("a {token} b https://api.telegram.org/bot{token}/getMe \"{token}\"");
+        let out = hide_bot_tokens(&text);
+        assert!(!out.contains("AAHdqTcv"), "{out}");
+        assert_eq!(out.matches("***").count(), 3, "{out}");
+        assert_eq!(hide_bot_tokens("12:30 and 1:abc"), "12:30 and 1:abc");
+        assert!(!redact(&text, &[]).contains("AAHdqTcv"));
     }
 
     #[test]

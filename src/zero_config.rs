@@ -120,9 +120,10 @@ pub fn from_environment(
         source: ConfigSource::Environment,
         ..Config::default()
     };
-    config.telegram.token = get(TOKEN_ENV)
-        .map(Secret::new)
-        .or_else(|| credential_token(get(CREDENTIALS_DIRECTORY_ENV)));
+    config.telegram.token = match get(TOKEN_ENV) {
+        Some(token) => Some(Secret::new(token)),
+        None => credential_token(get(CREDENTIALS_DIRECTORY_ENV)).map_err(env_error)?,
+    };
     if let Some(url) = get(API_URL_ENV) {
         config.telegram.api_url = url;
     }
@@ -156,24 +157,34 @@ pub fn from_environment(
 }
 
 /// The bot token systemd passed with `LoadCredential=telegram_bot_token:…`
-/// (in `$CREDENTIALS_DIRECTORY`), trimmed; `None` if there is none.
-pub fn credential_token(credentials_directory: Option<String>) -> Option<Secret> {
-    let path = Path::new(&credentials_directory?).join(TOKEN_CREDENTIAL);
-    let text = std::fs::read_to_string(path).ok()?;
-    let token = text.trim();
-    (!token.is_empty()).then(|| Secret::new(token))
+/// (in `$CREDENTIALS_DIRECTORY`), trimmed; `None` if there is none. A
+/// credential that cannot be read, is empty or too large is an error
+/// naming it (never its content).
+pub fn credential_token(credentials_directory: Option<String>) -> Result<Option<Secret>, String> {
+    let Some(dir) = credentials_directory else {
+        return Ok(None);
+    };
+    let path = Path::new(&dir).join(TOKEN_CREDENTIAL);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let key = format!("the systemd credential {TOKEN_CREDENTIAL}");
+    crate::secrets::read_secret_file(&key, &path).map(Some)
 }
 
 /// Parse `TELEGATE_ALLOWED_USERS`: numeric ids separated by commas (spaces
-/// allowed).
+/// allowed). A bad entry is named by its position, never shown: it may be
+/// a token pasted into the wrong variable.
 pub fn parse_user_list(list: &str) -> Result<Vec<u64>, ConfigError> {
     list.split(',')
         .map(str::trim)
         .filter(|item| !item.is_empty())
-        .map(|item| {
+        .enumerate()
+        .map(|(index, item)| {
             item.parse::<u64>().map_err(|_| {
                 env_error(format!(
-                    "{ALLOWED_USERS_ENV}: {item:?} is not a numeric user id (use a comma list like 123,456)"
+                    "{ALLOWED_USERS_ENV}: entry {} is not a numeric user id (use a comma list like 123,456)",
+                    index + 1
                 ))
             })
         })
@@ -298,9 +309,10 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            error.contains(ALLOWED_USERS_ENV) && error.contains("@me"),
+            error.contains(ALLOWED_USERS_ENV) && error.contains("entry 2"),
             "{error}"
         );
+        assert!(!error.contains("@me"), "{error}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::adapter::{AdapterConfig, BusyMode};
 use crate::event::KeyPolicy;
 use crate::runner::RunnerConfig;
 
+mod locate;
 mod sections;
 
 pub use sections::*;
@@ -163,25 +164,36 @@ impl Config {
             });
         }
         let mut config: Config = toml::from_str(text).map_err(|error| {
-            let (line, column) = error
-                .span()
+            let span = error.span();
+            let (line, column) = span
+                .clone()
                 .map(|span| line_column(text, span.start))
                 .unwrap_or((1, 1));
+            let mut message = one_line(error.message());
+            if let Some(span) = span {
+                // A token pasted into the wrong key must not be printed.
+                message = locate::hide_string_value(&message, text, span);
+            }
             ConfigError::Parse {
                 path: path.to_path_buf(),
                 line,
                 column,
-                message: one_line(error.message()),
+                message: crate::secrets::hide_bot_tokens(&message),
             }
         })?;
+        let located = |message: String, known: &[&str]| {
+            located_error(path, text, &crate::secrets::redact(&message, known))
+        };
         config
             .resolve_secrets(&env)
-            .map_err(|message| ConfigError::Invalid {
-                path: path.to_path_buf(),
-                message,
-            })?;
+            .map_err(|message| located(message, &[]))?;
         config.source = crate::zero_config::ConfigSource::File(path.to_path_buf());
-        config.validate(path, purpose)?;
+        config
+            .validate(path, purpose)
+            .map_err(|error| match error {
+                ConfigError::Invalid { message, .. } => located(message, &config.secret_values()),
+                other => other,
+            })?;
         Ok(config)
     }
 
@@ -259,6 +271,8 @@ impl Config {
             )));
         }
         self.media.validate().map_err(invalid)?;
+        crate::config_checks::check_data_dir("store.data_dir", &self.store.data_dir)
+            .map_err(invalid)?;
         if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
             return Err(invalid(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
@@ -402,7 +416,7 @@ impl Config {
             typing_interval: Duration::from_millis(d.typing_interval_ms.max(100)),
             typing_delay: Duration::from_millis(d.typing_delay_ms),
             max_retry_wait: Duration::from_secs(d.max_retry_wait_secs),
-            max_attempts: 5,
+            max_attempts: crate::delivery::DeliveryConfig::default().max_attempts,
             max_answer_parts: d.max_answer_parts,
         }
     }
@@ -463,6 +477,26 @@ impl Config {
     }
 }
 
+/// A validation problem as an error: at the line and column of the key
+/// it names when the file sets that key, else for the whole file.
+fn located_error(path: &Path, text: &str, message: &str) -> ConfigError {
+    match locate::leading_key(message).and_then(|key| locate::value_offset(text, key)) {
+        Some(offset) => {
+            let (line, column) = line_column(text, offset);
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: message.to_string(),
+            }
+        }
+        None => ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: message.to_string(),
+        },
+    }
+}
+
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
@@ -475,11 +509,15 @@ fn one_line(message: &str) -> String {
 }
 
 impl Config {
-    /// Fill the bot token, the webhook secret and the LLM API key from their
-    /// sources (see [`crate::secrets::SecretSources`]).
+    /// Fill the bot token, the webhook secret, the LLM API key and the
+    /// transcription API key from their sources (see
+    /// [`crate::secrets::SecretSources`]). This runs at load, before `main`
+    /// scrubs the secret variables from the environment: whatever needs a
+    /// key later takes it from here.
     fn resolve_secrets(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
         use crate::secrets::{
-            SecretSources, API_KEY_CREDENTIAL, TOKEN_CREDENTIAL, WEBHOOK_SECRET_CREDENTIAL,
+            SecretSources, API_KEY_CREDENTIAL, TOKEN_CREDENTIAL, TRANSCRIPTION_KEY_CREDENTIAL,
+            WEBHOOK_SECRET_CREDENTIAL,
         };
         let telegram = &mut self.telegram;
         telegram.token = SecretSources {
@@ -488,7 +526,7 @@ impl Config {
             file_key: "telegram.token_file",
             file: telegram.token_file.as_deref(),
             credential: TOKEN_CREDENTIAL,
-            env_var: TOKEN_ENV,
+            env_var: Some(TOKEN_ENV),
         }
         .resolve(env)?;
         if let Some(webhook) = telegram.webhook.as_mut() {
@@ -498,7 +536,7 @@ impl Config {
                 file_key: "telegram.webhook.secret_token_file",
                 file: webhook.secret_token_file.as_deref(),
                 credential: WEBHOOK_SECRET_CREDENTIAL,
-                env_var: WEBHOOK_SECRET_ENV,
+                env_var: Some(WEBHOOK_SECRET_ENV),
             }
             .resolve(env)?;
         }
@@ -509,10 +547,21 @@ impl Config {
                 file_key: "agent.openai.api_key_file",
                 file: openai.api_key_file.as_deref(),
                 credential: API_KEY_CREDENTIAL,
-                env_var: &openai.api_key_env,
+                env_var: Some(&openai.api_key_env),
             }
             .resolve(env)?;
             openai.set_api_key(key);
+        }
+        if let Some(transcription) = self.media.transcription.as_mut() {
+            transcription.resolved_api_key = SecretSources {
+                key: "media.transcription.api_key_env",
+                inline: None,
+                file_key: "media.transcription.api_key_file",
+                file: transcription.api_key_file.as_deref(),
+                credential: TRANSCRIPTION_KEY_CREDENTIAL,
+                env_var: transcription.api_key_env.as_deref(),
+            }
+            .resolve(env)?;
         }
         Ok(())
     }
@@ -533,6 +582,27 @@ impl Config {
         Ok(())
     }
 
+    /// The secrets resolved so far, to keep them out of error texts.
+    fn secret_values(&self) -> Vec<&str> {
+        let webhook = self.telegram.webhook.as_ref();
+        [
+            self.telegram.token.as_ref(),
+            webhook.and_then(|w| w.secret_token.as_ref()),
+            self.agent
+                .openai
+                .as_ref()
+                .and_then(|o| o.resolved_api_key.as_ref()),
+            self.media
+                .transcription
+                .as_ref()
+                .and_then(|t| t.resolved_api_key.as_ref()),
+        ]
+        .into_iter()
+        .flatten()
+        .map(Secret::expose)
+        .collect()
+    }
+
     /// Every environment variable that may hold one of telegate's secrets:
     /// scrubbed from telegate's own environment at start and never passed
     /// to a child.
@@ -544,6 +614,14 @@ impl Config {
             .collect();
         if let Some(openai) = &self.agent.openai {
             names.push(openai.api_key_env.clone());
+        }
+        if let Some(name) = self
+            .media
+            .transcription
+            .as_ref()
+            .and_then(|t| t.api_key_env.clone())
+        {
+            names.push(name);
         }
         names.sort();
         names.dedup();

@@ -15,11 +15,12 @@
 //! * [`ratelimit`] computes *when* each request may go out, so the sender
 //!   paces itself instead of collecting 429s.
 //!
-//! The I/O edge sits in two files of its own: [`telegram`] (the engine that
+//! The I/O edge sits in files of its own: [`telegram`] (the engine that
 //! sends, edits and shows "typing", pacing every request with the limiter,
 //! honouring `retry_after` and retrying only what is safe to repeat; whose
-//! turn it is to send to a chat is kept by `lanes`) and [`live`] (a running
-//! turn's typing indicator and streamed preview).
+//! turn it is to send to a chat is kept by `lanes`), [`api`] (one Bot API
+//! request with its HTTP status kept, for sends and edits) and [`live`] (a
+//! running turn's typing indicator and streamed preview).
 //!
 //! What it never does: it never decides *whether* a reply should be sent
 //! (that is the runner's job; by the time text reaches this layer the
@@ -28,6 +29,7 @@
 //! feeds them input and acts on their answers, which keeps all of this
 //! deterministic and testable with property tests.
 
+pub mod api;
 pub mod buttons;
 pub mod draft;
 pub mod entity;

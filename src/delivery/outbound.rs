@@ -126,6 +126,14 @@ impl ReplyRecord {
 pub const AMBIGUOUS_SEND: &str =
     "the answer's send was cut short; it may or may not have arrived, so it is not sent again";
 
+/// What the sender of a message is told when its answer's send went
+/// unconfirmed while telegate ran (Telegram hung, answered garbage, or
+/// failed for longer than the retries last): it may not have arrived, and
+/// it is not sent again.
+pub const UNCONFIRMED_ANSWER_NOTICE: &str =
+    "⚠️ Telegram did not confirm the answer to this message, so it may not have arrived. \
+     If you don't see it, please send your message again.";
+
 /// Deliver a final answer at most once: skipped if the outbox says it was
 /// delivered already, refused (an ambiguous send, [`AMBIGUOUS_SEND`]) if it
 /// records a send whose outcome is unknown; a recorded preview is finished
@@ -138,6 +146,14 @@ pub const AMBIGUOUS_SEND: &str =
 /// the parts not sent yet are left out and counted for the stop's report;
 /// either way the answer is then recorded as delivered, so nothing of it
 /// is sent later.
+///
+/// When the answer does not get through (no answer from Telegram, or
+/// Telegram unavailable beyond the retries) it is not sent again: its
+/// recorded intent stays, so the outbox keeps it as an ambiguous send, and
+/// once Telegram answers again the sender gets
+/// [`UNCONFIRMED_ANSWER_NOTICE`], once, before this returns the error. The
+/// message's inbox row stays open meanwhile: a restart in between finds
+/// the intent and tells the sender itself (the notice after a restart).
 pub async fn deliver_answer_once(
     delivery: &Delivery,
     target: ChatTarget,
@@ -167,7 +183,7 @@ pub async fn deliver_answer_once(
     let plan = plan_answer(chunks.len(), delivery.config().max_answer_parts);
     let sending = SendingStop::current();
     let stop = sending.as_ref().map(SendingStop::token);
-    let ids = delivery
+    let ids = match delivery
         .deliver_chunks_recorded(
             target,
             reply,
@@ -176,7 +192,19 @@ pub async fn deliver_answer_once(
             record,
             stop,
         )
-        .await?;
+        .await
+    {
+        Ok(ids) => ids,
+        Err(error) => {
+            if matches!(
+                error,
+                DeliveryError::Ambiguous(_) | DeliveryError::Unavailable(_)
+            ) {
+                tell_unconfirmed(delivery, target, reply.reply_to, &error).await;
+            }
+            return Err(error);
+        }
+    };
     let mut unsent = plan.messages - ids.len();
     if plan.as_file {
         if unsent > 0 || stop.is_some_and(CancellationToken::is_cancelled) {
@@ -245,6 +273,27 @@ async fn send_as_file(delivery: &Delivery, target: ChatTarget, reply: &Reply, me
         if let Err(error) = delivery.deliver_reply(target, &notice, None).await {
             tracing::warn!(chat_id = target.chat_id, %error, "could not say a long answer was cut");
         }
+    }
+}
+
+/// Tell the sender of message `reply_to` that its answer may not have
+/// arrived, as soon as Telegram answers again. Sent once: an unanswered
+/// notice is not repeated either.
+async fn tell_unconfirmed(
+    delivery: &Delivery,
+    target: ChatTarget,
+    reply_to: Option<i64>,
+    error: &DeliveryError,
+) {
+    tracing::warn!(
+        chat_id = target.chat_id,
+        %error,
+        "the answer's send went unconfirmed; it is not sent again, and its sender is told once Telegram answers"
+    );
+    delivery.wait_until_answering().await;
+    let notice = Reply::notice(UNCONFIRMED_ANSWER_NOTICE).in_reply_to(reply_to);
+    if let Err(error) = delivery.deliver_reply(target, &notice, None).await {
+        tracing::warn!(chat_id = target.chat_id, %error, "could not tell a user that an answer may not have arrived");
     }
 }
 

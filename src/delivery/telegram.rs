@@ -8,6 +8,20 @@
 //! down), retries transient failures with backoff, and never blindly resends
 //! a message whose request may already have reached Telegram.
 //!
+//! What is transient: an HTTP 5xx (Telegram did not carry the request out)
+//! and a connection that could not be made (the request never left). They
+//! are retried [`DeliveryConfig::max_attempts`] times in all, the waits
+//! doubling from 400 ms up to [`MAX_BACKOFF`] (about a minute together).
+//! What is unknown: no answer after the request was written (the client's
+//! timeout, a connection closed mid-answer) or an answer that is not the
+//! Bot API's JSON. An edit or a chat action is simply repeated; a send is
+//! not (Telegram has no idempotent send): it fails with
+//! [`DeliveryError::Ambiguous`], for the caller to tell the user once
+//! [`Delivery::wait_until_answering`] says Telegram answers again. Sends
+//! and edits go out through [`super::api::post`], which keeps the HTTP
+//! status that teloxide's own request path turns into an API error (after
+//! sleeping 10 s).
+//!
 //! Requests to one chat go out one at a time: a request waits until the
 //! previous one to the same chat has its answer. Otherwise a notice sent
 //! while a turn's edit is in flight could reach Telegram just after that
@@ -32,7 +46,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use teloxide::payloads::{EditMessageTextSetters, SendMessageSetters};
+use teloxide::payloads::{
+    EditMessageText, EditMessageTextSetters, GetMe, SendMessage, SendMessageSetters,
+};
 use teloxide::requests::{Request, Requester};
 use teloxide::types::{
     ChatAction, ChatId, InlineKeyboardMarkup, MessageId, ReplyParameters, ThreadId,
@@ -41,6 +57,7 @@ use teloxide::{ApiError, Bot, RequestError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::api::{post, AttemptError};
 use super::entity::{to_telegram, FormattedText};
 use super::lanes::ChatLanes;
 use super::markdown::render;
@@ -67,12 +84,25 @@ pub struct DeliveryConfig {
     /// `retry_after` waits longer than this are logged as warnings (the
     /// request still waits and is delivered).
     pub max_retry_wait: Duration,
-    /// Attempts for transient (network, 5xx) failures before giving up.
+    /// Attempts for transient (5xx, no connection) failures, and for an
+    /// unanswered edit, before giving up.
     pub max_attempts: u32,
     /// Messages one answer may take; a longer answer's whole text follows
     /// them as a Markdown file (`[delivery] max_answer_parts`).
     pub max_answer_parts: usize,
 }
+
+/// The longest wait between two attempts of a transient failure.
+pub const MAX_BACKOFF: Duration = Duration::from_millis(200 * (1 << 7));
+
+/// How long to wait after the `attempt`-th transient failure: 400 ms,
+/// doubling, at most [`MAX_BACKOFF`].
+pub fn transient_backoff(attempt: u32) -> Duration {
+    Duration::from_millis(200 * 2u64.pow(attempt.clamp(1, 7)))
+}
+
+/// The longest wait between two probes of [`Delivery::wait_until_answering`].
+const MAX_PROBE_WAIT: Duration = Duration::from_secs(30);
 
 impl Default for DeliveryConfig {
     fn default() -> Self {
@@ -82,7 +112,7 @@ impl Default for DeliveryConfig {
             typing_interval: Duration::from_secs(4),
             typing_delay: Duration::from_millis(300),
             max_retry_wait: Duration::from_secs(60),
-            max_attempts: 5,
+            max_attempts: 8,
             max_answer_parts: DEFAULT_MAX_ANSWER_PARTS,
         }
     }
@@ -166,7 +196,13 @@ enum Failure {
     Permanent(String),
 }
 
-fn classify(error: RequestError) -> Failure {
+fn classify(error: AttemptError) -> Failure {
+    let error = match error {
+        AttemptError::Server(status) => {
+            return Failure::Transient(format!("Telegram answered HTTP {status}"))
+        }
+        AttemptError::Request(error) => error,
+    };
     match error {
         RequestError::RetryAfter(seconds) => Failure::RetryAfter(seconds.duration()),
         RequestError::Api(ApiError::MessageNotModified) => Failure::NotModified,
@@ -258,7 +294,7 @@ impl Delivery {
     /// Once sent, a request runs to its answer even if this call is dropped
     /// (a turn cancelled mid-request): a 429 it gets is still booked before
     /// the chat's next request may go.
-    pub async fn call<T, F, Fut>(
+    pub async fn call<T, E, F, Fut>(
         &self,
         target: ChatTarget,
         idempotence: Idempotence,
@@ -266,7 +302,8 @@ impl Delivery {
     ) -> Result<Option<T>, DeliveryError>
     where
         F: Fn(bool) -> Fut,
-        Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Into<AttemptError> + Send + 'static,
         T: Send + 'static,
     {
         self.call_with(target, idempotence, Priority::Normal, op)
@@ -275,7 +312,7 @@ impl Delivery {
 
     /// [`Delivery::call`] in the given lane: a [`Priority::Control`]
     /// request goes before every normal request waiting for the chat.
-    pub async fn call_with<T, F, Fut>(
+    pub async fn call_with<T, E, F, Fut>(
         &self,
         target: ChatTarget,
         idempotence: Idempotence,
@@ -284,7 +321,8 @@ impl Delivery {
     ) -> Result<Option<T>, DeliveryError>
     where
         F: Fn(bool) -> Fut,
-        Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Into<AttemptError> + Send + 'static,
         T: Send + 'static,
     {
         self.call_unless_withdrawn(target, idempotence, priority, None, op)
@@ -297,7 +335,7 @@ impl Delivery {
     /// to its answer whatever happens to `withdraw`, so the caller learns
     /// what Telegram did (a preview's message id must never be lost: the
     /// message exists in the chat).
-    pub async fn call_unless_withdrawn<T, F, Fut>(
+    pub async fn call_unless_withdrawn<T, E, F, Fut>(
         &self,
         target: ChatTarget,
         idempotence: Idempotence,
@@ -307,7 +345,8 @@ impl Delivery {
     ) -> Result<Option<T>, DeliveryError>
     where
         F: Fn(bool) -> Fut,
-        Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Into<AttemptError> + Send + 'static,
         T: Send + 'static,
     {
         let withdrawn = async {
@@ -333,14 +372,14 @@ impl Delivery {
             let request = op(plain);
             let delivery = self.clone();
             let attempt = tokio::spawn(async move {
-                let result = request.await;
-                if let Err(RequestError::RetryAfter(seconds)) = &result {
+                let result = request.await.map_err(Into::into);
+                if let Err(AttemptError::Request(RequestError::RetryAfter(seconds))) = &result {
                     delivery.hold_chat(target, seconds.duration());
                 }
                 drop(turn);
                 result
             });
-            let error = match attempt.await {
+            let error: AttemptError = match attempt.await {
                 Ok(Ok(value)) => return Ok(Some(value)),
                 Ok(Err(error)) => error,
                 Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
@@ -377,7 +416,7 @@ impl Delivery {
                     attempts -= 1;
                 }
                 Failure::Transient(why) if attempts < self.inner.config.max_attempts => {
-                    let backoff = Duration::from_millis(200 * 2u64.pow(attempts.min(6)));
+                    let backoff = transient_backoff(attempts);
                     tracing::debug!(chat_id = target.chat_id, %why, ?backoff, "transient failure; retrying");
                     tokio::time::sleep(backoff).await;
                 }
@@ -390,9 +429,7 @@ impl Delivery {
                 }
                 Failure::Ambiguous(why) => {
                     self.note(|s| s.failures += 1);
-                    return Err(DeliveryError::Unavailable(format!(
-                        "no answer from Telegram ({why}); the message may or may not have arrived"
-                    )));
+                    return Err(DeliveryError::Ambiguous(why));
                 }
                 Failure::Entities(why) | Failure::Permanent(why) => {
                     self.note(|s| s.failures += 1);
@@ -434,10 +471,7 @@ impl Delivery {
         let entities = to_telegram(&chunk.entities);
         let sent = self
             .call_unless_withdrawn(target, Idempotence::Unsafe, priority, withdraw, |plain| {
-                let mut request = self
-                    .inner
-                    .bot
-                    .send_message(ChatId(target.chat_id), chunk.text.clone());
+                let mut request = SendMessage::new(ChatId(target.chat_id), chunk.text.clone());
                 if let Some(markup) = markup {
                     request = request.reply_markup(markup.clone());
                 }
@@ -456,7 +490,7 @@ impl Delivery {
                         ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
                     );
                 }
-                request.send()
+                post(self.inner.bot.clone(), request)
             })
             .await?;
         sent.map(|m| m.id.0)
@@ -493,22 +527,43 @@ impl Delivery {
             Priority::Normal,
             withdraw,
             |plain| {
-                let mut request = self.inner.bot.edit_message_text(
-                    ChatId(target.chat_id),
-                    MessageId(id),
-                    chunk.text.clone(),
-                );
+                let mut request =
+                    EditMessageText::new(ChatId(target.chat_id), MessageId(id), chunk.text.clone());
                 if let Some(markup) = markup {
                     request = request.reply_markup(markup.clone());
                 }
                 if !plain && !entities.is_empty() {
                     request = request.entities(entities.clone());
                 }
-                request.send()
+                post(self.inner.bot.clone(), request)
             },
         )
         .await
         .map(|_| ())
+    }
+
+    /// Return once Telegram answers a request again: `getMe` is asked
+    /// until it gets an answer of the Bot API (a success or an API error;
+    /// not a 5xx, a failed connection, a timeout or a garbled body),
+    /// waiting 1 s, doubling, at most 30 s in between. For an answer whose
+    /// outcome is unknown: its sender is told once Telegram is back.
+    pub async fn wait_until_answering(&self) {
+        let mut wait = Duration::from_secs(1);
+        loop {
+            match post(self.inner.bot.clone(), GetMe::new()).await {
+                Ok(_) => return,
+                Err(AttemptError::Request(
+                    RequestError::Api(_)
+                    | RequestError::RetryAfter(_)
+                    | RequestError::MigrateToChatId(_),
+                )) => return,
+                Err(error) => {
+                    tracing::debug!(%error, ?wait, "Telegram does not answer yet");
+                }
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(MAX_PROBE_WAIT);
+        }
     }
 
     /// Show "typing…" in the chat (best effort): sent only if the chat's

@@ -169,6 +169,14 @@ pub struct TranscriptionConfig {
     /// authorization header, fine for local servers).
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// A file holding the API key (wins over the systemd credential
+    /// `transcription_api_key` and over `api_key_env`).
+    #[serde(default)]
+    pub api_key_file: Option<PathBuf>,
+    /// The key as resolved when the config was loaded, before telegate
+    /// scrubbed its environment (never deserialized; see `crate::secrets`).
+    #[serde(skip)]
+    pub resolved_api_key: Option<crate::config::Secret>,
     /// The spoken language (ISO-639-1), if known; the server guesses
     /// otherwise.
     #[serde(default)]
@@ -198,6 +206,16 @@ impl TranscriptionConfig {
         }
         if self.model.trim().is_empty() {
             return Err("media.transcription.model is empty".into());
+        }
+        if let Some(name) = &self.api_key_env {
+            let valid = !name.is_empty()
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !name.as_bytes()[0].is_ascii_digit();
+            if !valid {
+                return Err(format!(
+                    "media.transcription.api_key_env {name:?} is not an environment variable name"
+                ));
+            }
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::TranscriptionConfig;
+use crate::config::Secret;
 
 /// Why a transcription failed. The `Display` text is the owner's detail
 /// (for the log); [`TranscribeError::user_text`] is what the chat is told.
@@ -73,7 +74,7 @@ fn status_error(status: u16) -> TranscribeError {
 pub struct Transcriber {
     config: TranscriptionConfig,
     client: reqwest::Client,
-    api_key: Option<String>,
+    api_key: Option<Secret>,
 }
 
 impl std::fmt::Debug for Transcriber {
@@ -86,7 +87,9 @@ impl std::fmt::Debug for Transcriber {
 }
 
 impl Transcriber {
-    /// A client for `config`, the key read from its `api_key_env`.
+    /// A client for `config`, with the key resolved when the config was
+    /// loaded (`resolved_api_key`). The environment is never read here:
+    /// by now `main` has scrubbed the secrets from it.
     pub fn new(config: TranscriptionConfig) -> Result<Transcriber, String> {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(20))
@@ -94,10 +97,9 @@ impl Transcriber {
             .build()
             .map_err(|e| format!("cannot set up the transcription client: {e}"))?;
         let api_key = config
-            .api_key_env
-            .as_deref()
-            .and_then(|name| std::env::var(name).ok())
-            .filter(|k| !k.trim().is_empty());
+            .resolved_api_key
+            .clone()
+            .filter(|k| !k.expose().trim().is_empty());
         Ok(Transcriber {
             config,
             client,
@@ -143,7 +145,7 @@ impl Transcriber {
         }
         let mut request = self.client.post(self.endpoint()).multipart(form);
         if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
+            request = request.bearer_auth(key.expose());
         }
         let response = request.send().await.map_err(|e| {
             TranscribeError::Unavailable(if e.is_timeout() {

@@ -246,3 +246,144 @@ fn a_startup_error_names_each_cause_once() {
     }
     assert_eq!(line.matches("error sending request").count(), 1, "{line}");
 }
+
+/// A realistic token (BotFather's shape), never to be printed.
+const PASTED_TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw";
+
+#[test]
+fn a_token_pasted_into_another_key_is_never_printed() {
+    refused(
+        &format!("[telegram]\ntoken = \"1:abc\"\nallowed_users = [\"{PASTED_TOKEN}\"]\n"),
+        &["bot.toml:3:", "expected u64"],
+        "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+    );
+    refused(
+        &format!("[telegram]\ntoken = \"1:abc\"\nallowed_users = \"{PASTED_TOKEN}\"\n"),
+        &["bot.toml:3:"],
+        "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+    );
+    refused(
+        &format!(
+            "[telegram]\ntoken = \"1:abc\"\n{ACCESS}\n[sessions]\nbusy_mode = \"{PASTED_TOKEN}\"\n"
+        ),
+        &["bot.toml:6:", "unknown variant", "interrupt"],
+        "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+    );
+    // Also where a value is echoed after validation.
+    refused(
+        &format!(
+            "[telegram]\ntoken = \"1:abc\"\n{ACCESS}mode = \"webhook\"\n\n[telegram.webhook]\n\
+             listen = \"{PASTED_TOKEN}\"\npublic_url = \"https://example.com/hook\"\n\
+             secret_token = \"Good_secret-1\"\n"
+        ),
+        &["telegram.webhook.listen"],
+        "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+    );
+    // In the environment's user list too.
+    let out = telegate()
+        .arg("check-config")
+        .current_dir(tempfile::tempdir().unwrap().path())
+        .env("TELEGRAM_BOT_TOKEN", "1:abc")
+        .env("TELEGATE_ALLOWED_USERS", format!("42,{PASTED_TOKEN}"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("TELEGATE_ALLOWED_USERS"), "{stderr}");
+    assert!(!stderr.contains("AAHdqTcv"), "{stderr}");
+}
+
+#[test]
+fn a_secret_file_that_never_ends_is_refused_as_too_large() {
+    refused(
+        &format!("[telegram]\ntoken_file = \"/dev/zero\"\n{ACCESS}"),
+        &["bot.toml:2:", "telegram.token_file", "too large"],
+        "",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.key");
+    std::fs::write(&big, "x".repeat(64 * 1024)).unwrap();
+    refused(
+        &format!(
+            "[telegram]\ntoken = \"1:abc\"\n{ACCESS}\n[agent]\nbackend = \"openai\"\n\
+             [agent.openai]\nmodel = \"m\"\napi_key_file = {}\n",
+            toml::Value::String(big.display().to_string())
+        ),
+        &["agent.openai.api_key_file", "too large"],
+        "xxxxxxxx",
+    );
+}
+
+fn command_argv(argv: &str) -> String {
+    format!(
+        "[telegram]\ntoken = \"1:abc\"\n{ACCESS}\n[agent]\nbackend = \"command\"\n\
+         [agent.command]\nargv = {argv}\n"
+    )
+}
+
+#[test]
+fn a_message_inside_a_shell_script_is_refused_as_an_argument_it_is_not() {
+    for argv in [
+        r#"["sh", "-c", "llm {message}"]"#,
+        r#"["/bin/bash", "-lc", "echo '{message}' | llm"]"#,
+        r#"["zsh", "-c", "llm \"{message}\""]"#,
+        r#"["dash", "-c", "{message}"]"#,
+        r#"["env", "-i", "sh", "-c", "llm {message}"]"#,
+        r#"["/usr/bin/env", "bash", "-c", "llm {message}"]"#,
+    ] {
+        refused(
+            &command_argv(argv),
+            &["bot.toml:8:", "inject shell syntax", "\"$1\""],
+            "",
+        );
+    }
+    let (ok, stderr) = run_on(
+        "check-config",
+        &command_argv(r#"["sh", "-c", "llm -- \"$1\"", "sh", "{message}"]"#),
+        &[],
+    );
+    assert!(ok, "the safe form was refused: {stderr}");
+}
+
+#[test]
+fn a_data_dir_that_cannot_be_a_directory_is_refused() {
+    refused(
+        &format!("[telegram]\ntoken = \"1:abc\"\n{ACCESS}\n[store]\ndata_dir = \"/dev/null\"\n"),
+        &["bot.toml:6:12:", "store.data_dir", "not a directory"],
+        "",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    refused(
+        &format!(
+            "[telegram]\ntoken = \"1:abc\"\n{ACCESS}\n[store]\ndata_dir = {}\n",
+            toml::Value::String(file.join("data").display().to_string())
+        ),
+        &["bot.toml:6:12:", "store.data_dir", "cannot be created"],
+        "",
+    );
+    let (ok, stderr) = run_on(
+        "check-config",
+        &format!(
+            "[telegram]\ntoken = \"1:abc\"\n{ACCESS}\n[store]\ndata_dir = {}\n",
+            toml::Value::String(dir.path().join("new/data").display().to_string())
+        ),
+        &[],
+    );
+    assert!(ok, "a directory that can be created was refused: {stderr}");
+}
+
+#[test]
+fn a_per_chat_workdir_pattern_may_not_climb_out() {
+    for workdir in ["/srv/work/{chat_id}/../shared", "/srv/../{chat_id}"] {
+        refused(
+            &format!(
+                "{}workdir = \"{workdir}\"\n",
+                command_argv(r#"["llm", "--", "{message}"]"#)
+            ),
+            &["bot.toml:9:11:", "agent.command.workdir", "'..'"],
+            "",
+        );
+    }
+}

@@ -1,10 +1,13 @@
 //! The delivery engine's retry rules, failure by failure, through
 //! `Delivery::call_with` with requests that fail as told: what is retried
-//! (429s, transient failures, an unanswered idempotent request), what is
-//! never repeated (an unanswered send: it may have arrived), when a send
-//! falls back to plain text, and when it gives up. Network failures are real
-//! ones, from sockets on 127.0.0.1: a refused connection (nothing was sent)
-//! and a connection closed after the request was read (it may have been).
+//! (429s, transient failures, HTTP 5xx, an unanswered idempotent request),
+//! what is never repeated (an unanswered send: it may have arrived), when a
+//! send falls back to plain text, and when it gives up. Network failures
+//! are real ones, from sockets on 127.0.0.1: a refused connection (nothing
+//! was sent) and a connection closed after the request was read (it may
+//! have been). Against the fake Bot API: a send answered 500, one that
+//! hangs, one answered with garbage, and the probe that says when Telegram
+//! answers again.
 
 use crate::support;
 
@@ -13,8 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::fake_bot::{Failure, FakeBotApi};
+use telegate::delivery::api::AttemptError;
 use telegate::delivery::render;
-use telegate::delivery::telegram::{Idempotence, Priority};
+use telegate::delivery::telegram::{transient_backoff, Idempotence, Priority, MAX_BACKOFF};
 use telegate::delivery::{ChatTarget, Delivery, DeliveryConfig, RateLimits};
 use telegate::reply::{DeliveryError, Reply};
 use teloxide::types::Seconds;
@@ -161,8 +165,11 @@ async fn an_unanswered_send_is_never_repeated_but_an_idempotent_request_is() {
     let delivery = delivery(3);
     let (result, attempts) = call(&delivery, Idempotence::Unsafe, 1, garbled_answer).await;
     match result {
-        Err(DeliveryError::Unavailable(why)) => {
-            assert!(why.contains("may or may not have arrived"), "{why}")
+        Err(error @ DeliveryError::Ambiguous(_)) => {
+            assert!(
+                error.to_string().contains("may or may not have arrived"),
+                "{error}"
+            )
         }
         other => panic!("{other:?}"),
     }
@@ -309,12 +316,10 @@ async fn a_send_that_could_not_connect_is_retried_one_that_got_no_answer_is_not(
         1,
         "a send that may have arrived was repeated"
     );
-    match result {
-        Err(DeliveryError::Unavailable(why)) => {
-            assert!(why.contains("may or may not have arrived"), "{why}")
-        }
-        other => panic!("{other:?}"),
-    }
+    assert!(
+        matches!(result, Err(DeliveryError::Ambiguous(_))),
+        "{result:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -459,4 +464,154 @@ async fn a_typing_action_refused_with_429_is_counted_and_not_retried() {
         (1, 2000)
     );
     assert_eq!(fake.calls_to("sendChatAction").len(), 1);
+}
+
+/// Fails with HTTP `status` on the first `failing` attempts, then answers 42.
+async fn call_server_error(
+    delivery: &Delivery,
+    idempotence: Idempotence,
+    failing: u32,
+    status: u16,
+) -> (Result<Option<u32>, DeliveryError>, Arc<Attempts>) {
+    let attempts = Arc::new(Attempts::default());
+    let counted = attempts.clone();
+    let result = delivery
+        .call_with(CHAT, idempotence, Priority::Normal, move |plain| {
+            let attempt = counted.note(plain);
+            async move {
+                if attempt <= failing {
+                    Err(AttemptError::Server(status))
+                } else {
+                    Ok(42)
+                }
+            }
+        })
+        .await;
+    (result, attempts)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_error_is_retried_even_for_a_send_within_bounded_backoff() {
+    let delivery = delivery(8);
+    // A 500 means Telegram did not carry the send out: trying again is safe.
+    let (result, attempts) = call_server_error(&delivery, Idempotence::Unsafe, 6, 500).await;
+    assert_eq!(result.unwrap(), Some(42));
+    assert_eq!(attempts.count(), 7);
+    let (result, attempts) = give_up(call_server_error(
+        &delivery,
+        Idempotence::Unsafe,
+        u32::MAX,
+        502,
+    ))
+    .await;
+    match result {
+        Err(DeliveryError::Unavailable(why)) => assert!(why.contains("HTTP 502"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(attempts.count(), 8, "gave up after max_attempts");
+    // The waits double and stop growing.
+    assert_eq!(transient_backoff(1), Duration::from_millis(400));
+    assert_eq!(transient_backoff(2), Duration::from_millis(800));
+    assert_eq!(transient_backoff(30), MAX_BACKOFF);
+    let total: Duration = (1..8).map(transient_backoff).sum();
+    assert!(
+        total >= Duration::from_secs(30),
+        "a 30 s outage outlasts the retries: {total:?}"
+    );
+}
+
+/// A bot on `fake` whose client gives up on an unanswered request after
+/// half a second (teloxide's own waits 17 s).
+fn impatient_bot(fake: &FakeBotApi) -> Bot {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    Bot::with_client(fake.token(), client).set_api_url(fake.url())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_answered_500_is_retried_and_arrives_once() {
+    let fake = FakeBotApi::start().await;
+    let delivery = delivery_through(impatient_bot(&fake), 5);
+    fake.fail_next("sendMessage", 2, Failure::ServerError(500));
+    let ids = delivery
+        .deliver_reply(fake_chat(), &Reply::answer("hello"), None)
+        .await
+        .expect("delivered after the 500s");
+    assert_eq!(ids.len(), 1);
+    assert_eq!(fake.sent_texts(FAKE_CHAT), ["hello"]);
+    let sends = fake.calls_to("sendMessage");
+    assert_eq!(sends.len(), 3, "{sends:?}");
+    assert_eq!(sends[0].outcome.error_code(), Some(500));
+    // An edit answered 502 is retried the same way.
+    fake.fail_next("editMessageText", 1, Failure::ServerError(502));
+    delivery
+        .edit_chunk(fake_chat(), ids[0], &render("hello again"))
+        .await
+        .expect("edited after the 502");
+    assert_eq!(fake.sent_texts(FAKE_CHAT), ["hello again"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_that_hangs_or_is_answered_with_garbage_is_never_repeated() {
+    let fake = FakeBotApi::start().await;
+    let delivery = delivery_through(impatient_bot(&fake), 5);
+    fake.fail_next("sendMessage", 1, Failure::Hang);
+    let result = delivery
+        .deliver_reply(fake_chat(), &Reply::answer("hung"), None)
+        .await;
+    assert!(
+        matches!(result, Err(DeliveryError::Ambiguous(_))),
+        "{result:?}"
+    );
+    assert_eq!(
+        fake.calls_to("sendMessage").len(),
+        1,
+        "a hung send was repeated"
+    );
+
+    // Carried out, but the answer cannot be read: it is in the chat once.
+    fake.fail_next("sendMessage", 1, Failure::Garbage);
+    let result = delivery
+        .deliver_reply(fake_chat(), &Reply::answer("garbled"), None)
+        .await;
+    assert!(
+        matches!(result, Err(DeliveryError::Ambiguous(_))),
+        "{result:?}"
+    );
+    assert_eq!(
+        fake.calls_to("sendMessage").len(),
+        2,
+        "a garbled send was repeated"
+    );
+    assert_eq!(fake.sent_texts(FAKE_CHAT), ["garbled"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_telegram_ends_with_the_first_answer_of_the_api() {
+    let fake = FakeBotApi::start().await;
+    let delivery = delivery_through(impatient_bot(&fake), 5);
+    fake.fail_next("getMe", 1, Failure::ServerError(503));
+    fake.fail_next("getMe", 1, Failure::Garbage);
+    fake.fail_next("getMe", 1, Failure::Hang);
+    tokio::time::timeout(Duration::from_secs(60), delivery.wait_until_answering())
+        .await
+        .expect("the probe saw the API answer");
+    let probes = fake.calls_to("getMe");
+    assert_eq!(probes.len(), 4, "{probes:?}");
+    assert!(probes[3].outcome.is_ok());
+    // An API error is an answer too.
+    fake.fail_next(
+        "getMe",
+        1,
+        Failure::Api {
+            code: 401,
+            description: "Unauthorized".into(),
+        },
+    );
+    tokio::time::timeout(Duration::from_secs(60), delivery.wait_until_answering())
+        .await
+        .expect("an API error ends the wait");
+    assert_eq!(fake.calls_to("getMe").len(), 5);
 }

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::fake_bot::{Failure, FakeBotApi, FakeConfig};
+use support::fake_files::voice_json;
 use support::fake_openai::{last_user_contains, messages, tool_result_after, FakeOpenAi, Script};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -366,4 +367,98 @@ async fn a_revoked_token_stops_the_bot_after_three_401s() {
             .count(),
         3
     );
+}
+
+/// Send a voice note to the running binary and wait for the echo of its
+/// transcript; returns the `Authorization` header the transcription
+/// endpoint received.
+async fn transcribed_authorization(
+    fake: &FakeBotApi,
+    llm: &FakeOpenAi,
+    telegate: &Telegate,
+    audio: &[u8],
+    words: &str,
+) -> Option<String> {
+    llm.transcriber.register(audio, words);
+    let file = fake.files().add(audio.to_vec(), "oga");
+    let unique = fake.files().unique_id(&file);
+    fake.push_media(USER, USER, voice_json(&file, &unique, audio.len()));
+    wait_text(fake, words, telegate).await;
+    let requests = llm.transcriber.requests();
+    let request = requests
+        .iter()
+        .find(|r| r.file == audio)
+        .unwrap_or_else(|| panic!("no transcription request: {requests:?}"));
+    request.authorization.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transcription_key_reaches_the_endpoint_from_the_environment_or_a_file() {
+    let fake = FakeBotApi::start().await;
+    let llm = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let transcription = |key_line: &str| {
+        format!(
+            "{}[agent]\nbackend = \"echo\"\n\n[media.transcription]\nbase_url = \"{}\"\n\
+             model = \"whisper-test\"\n{key_line}\n",
+            base_config(&fake, &dir.path().join("data")),
+            llm.base_url(),
+        )
+    };
+    // The example's own setting: the key in OPENAI_API_KEY, which telegate
+    // scrubs from its environment at start.
+    let config = write(
+        dir.path(),
+        "env.toml",
+        &transcription("api_key_env = \"OPENAI_API_KEY\""),
+    );
+    let mut telegate = Telegate::spawn(
+        &config,
+        &[("TELEGRAM_BOT_TOKEN", TOKEN), ("OPENAI_API_KEY", API_KEY)],
+    );
+    let authorization = transcribed_authorization(
+        &fake,
+        &llm,
+        &telegate,
+        b"OggS voice with the key from the environment",
+        "lights on please",
+    )
+    .await;
+    assert_eq!(
+        authorization.as_deref(),
+        Some(&format!("Bearer {API_KEY}") as &str),
+        "log:\n{}",
+        telegate.log()
+    );
+    telegate.child.start_kill().unwrap();
+    telegate.wait_exit().await;
+
+    // From a file.
+    let key_file = write(dir.path(), "whisper.key", &format!("{API_KEY}-file\n"));
+    let config = write(
+        dir.path(),
+        "file.toml",
+        &transcription(&format!(
+            "api_key_file = {}",
+            toml::Value::String(key_file.display().to_string())
+        )),
+    );
+    let mut telegate = Telegate::spawn(&config, &[("TELEGRAM_BOT_TOKEN", TOKEN)]);
+    let authorization = transcribed_authorization(
+        &fake,
+        &llm,
+        &telegate,
+        b"OggS voice with the key from a file",
+        "water the plants",
+    )
+    .await;
+    assert_eq!(
+        authorization.as_deref(),
+        Some(&format!("Bearer {API_KEY}-file") as &str),
+        "log:\n{}",
+        telegate.log()
+    );
+    assert!(!telegate.log().contains(API_KEY), "{}", telegate.log());
+    telegate.child.start_kill().unwrap();
+    telegate.wait_exit().await;
 }

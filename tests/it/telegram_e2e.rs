@@ -783,3 +783,95 @@ async fn owners_of_background_processes_lost_in_a_restart_are_told() {
     assert_eq!(fake.sent_texts(USER).len(), before + 1);
     bot.shutdown().await;
 }
+
+/// Sends to `chat` whose text is exactly `text`, in arrival order.
+fn sends_of<'a>(calls: &'a [RecordedCall], chat: i64, text: &str) -> Vec<&'a RecordedCall> {
+    sends_to(calls, chat)
+        .into_iter()
+        .filter(|c| c.text() == Some(text))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_refused_with_500_for_a_while_arrives_once() {
+    let fake = FakeBotApi::start().await;
+    let (bot, _agent) = start(&fake, "", "").await;
+    fake.fail_next("sendMessage", 3, Failure::ServerError(500));
+    fake.push_text(USER, USER, "hello");
+    assert!(
+        wait_text(&fake, USER, "answer:hello").await,
+        "{:?}",
+        fake.calls_to("sendMessage")
+    );
+    bot.shutdown().await;
+    let calls = fake.calls();
+    let attempts = sends_of(&calls, USER, "answer:hello");
+    assert_eq!(attempts.len(), 4, "{attempts:?}");
+    assert_eq!(
+        attempts.iter().filter(|c| c.outcome.is_ok()).count(),
+        1,
+        "{attempts:?}"
+    );
+    assert_eq!(fake.sent_texts(USER), ["answer:hello"]);
+}
+
+/// An answer whose send got no usable answer (`failure`): never sent again,
+/// and once Telegram answers again (here after two more 502s to `getMe`)
+/// its sender is told, once, in reply to the message.
+async fn an_unconfirmed_answer_is_reported_once_telegram_answers(failure: Failure) -> FakeBotApi {
+    use telegate::delivery::outbound::UNCONFIRMED_ANSWER_NOTICE;
+    let fake = FakeBotApi::start().await;
+    let (bot, _agent) = start(&fake, "", "").await;
+    fake.fail_next("sendMessage", 1, failure);
+    fake.fail_next("getMe", 2, Failure::ServerError(502));
+    fake.push_text(USER, USER, "hello");
+    // teloxide's client gives up on a hung request after 17 s.
+    let told = fake
+        .wait_for(
+            |calls| has_text(calls, "sendMessage", USER, UNCONFIRMED_ANSWER_NOTICE),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(told, "{:?}", fake.calls_to("sendMessage"));
+    // Anything else for the chat would come right after: a second notice,
+    // or the answer sent again.
+    fake.push_text(USER, USER, "after");
+    assert!(wait_text(&fake, USER, "answer:after").await);
+    bot.shutdown().await;
+    let calls = fake.calls();
+    let answers = sends_of(&calls, USER, "answer:hello");
+    assert_eq!(answers.len(), 1, "the answer was sent again: {answers:?}");
+    let notices = sends_of(&calls, USER, UNCONFIRMED_ANSWER_NOTICE);
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(
+        notices[0].body["reply_parameters"]["message_id"],
+        answers[0].body["reply_parameters"]["message_id"],
+        "the notice answers the message whose answer went missing"
+    );
+    // Only once the API answered again.
+    let probes: Vec<_> = calls
+        .iter()
+        .filter(|c| c.method == "getMe" && c.seq > answers[0].seq)
+        .collect();
+    assert_eq!(probes.len(), 3, "{probes:?}");
+    assert!(probes[2].outcome.is_ok() && probes[2].seq < notices[0].seq);
+    fake
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_whose_send_hangs_is_not_resent_and_its_sender_is_told_once() {
+    let fake = an_unconfirmed_answer_is_reported_once_telegram_answers(Failure::Hang).await;
+    assert!(!fake.sent_texts(USER).contains(&"answer:hello".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_answered_with_garbage_is_not_resent_and_its_sender_is_told_once() {
+    let fake = an_unconfirmed_answer_is_reported_once_telegram_answers(Failure::Garbage).await;
+    // It did arrive: once.
+    let texts = fake.sent_texts(USER);
+    assert_eq!(
+        texts.iter().filter(|t| *t == "answer:hello").count(),
+        1,
+        "{texts:?}"
+    );
+}

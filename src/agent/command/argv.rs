@@ -110,6 +110,65 @@ fn identifier_end(bytes: &[u8], start: usize) -> Option<usize> {
     Some(start + len)
 }
 
+/// Shells whose `-c` takes a script: a `{message}` inside that script is
+/// parsed by the shell, so a message could inject shell syntax.
+const SHELLS: &[&str] = &[
+    "sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "yash", "fish", "rbash",
+];
+
+/// Shell options that take the next argument as their value.
+const SHELL_OPTIONS_WITH_VALUE: &[&str] = &["-o", "+o", "-O", "+O", "--rcfile", "--init-file"];
+
+/// The index of an argv element that is the script of a shell's `-c`
+/// (`sh -c SCRIPT`, `bash -lc SCRIPT`, `env -i sh -c SCRIPT`,
+/// `timeout 60 bash -c SCRIPT`…) and contains `{message}`. Arguments after
+/// the script are the shell's `$0`, `$1`… and are safe: the shell never
+/// parses them (`["sh", "-c", "llm -- \"$1\"", "sh", "{message}"]`).
+pub(super) fn message_in_shell_script(argv: &[String]) -> Option<usize> {
+    let mut i = 0;
+    while i < argv.len() {
+        let name = argv[i].rsplit('/').next().unwrap_or_default();
+        if !SHELLS.contains(&name) {
+            i += 1;
+            continue;
+        }
+        let mut command_mode = false;
+        let mut j = i + 1;
+        while let Some(arg) = argv.get(j) {
+            if arg == "--" || arg == "-" {
+                j += 1;
+                break;
+            }
+            if SHELL_OPTIONS_WITH_VALUE.contains(&arg.as_str()) {
+                j += 2;
+                continue;
+            }
+            let cluster = arg
+                .strip_prefix('-')
+                .or_else(|| arg.strip_prefix('+'))
+                .filter(|rest| !rest.is_empty());
+            match cluster {
+                Some(rest) if !rest.starts_with('-') => {
+                    command_mode |= arg.starts_with('-') && rest.contains('c');
+                    j += 1;
+                }
+                Some(_) => j += 1,
+                None => break,
+            }
+        }
+        if command_mode {
+            if let Some(script) = argv.get(j) {
+                let tokens = tokenize(script).unwrap_or_default();
+                if tokens.contains(&Token::Field(Field::Message)) {
+                    return Some(j);
+                }
+            }
+        }
+        i = j.max(i + 1);
+    }
+    None
+}
+
 /// The values placeholders are replaced with.
 pub(super) struct Substitutions<'a> {
     pub(super) message: &'a str,
@@ -158,6 +217,33 @@ mod tests {
             files: String::new(),
             resume_id: "r-1",
         }
+    }
+
+    #[test]
+    fn a_message_inside_a_shell_script_is_found_one_passed_as_an_argument_is_not() {
+        let find = |argv: &[&str]| {
+            let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+            message_in_shell_script(&argv)
+        };
+        assert_eq!(find(&["sh", "-c", "llm {message}"]), Some(2));
+        assert_eq!(find(&["/bin/bash", "-lc", "echo '{message}'"]), Some(2));
+        assert_eq!(find(&["zsh", "-e", "-c", "x={message}"]), Some(3));
+        assert_eq!(find(&["dash", "-o", "errexit", "-c", "{message}"]), Some(4));
+        assert_eq!(find(&["/usr/bin/env", "sh", "-c", "a {message}"]), Some(3));
+        assert_eq!(
+            find(&["env", "-i", "A=1", "bash", "-c", "{message}"]),
+            Some(5)
+        );
+        assert_eq!(find(&["timeout", "60", "sh", "-c", "{message}"]), Some(4));
+        // Safe: the message is $1, never parsed by the shell.
+        assert_eq!(
+            find(&["sh", "-c", "llm -- \"$1\"", "sh", "{message}"]),
+            None
+        );
+        assert_eq!(find(&["sh", "script.sh", "{message}"]), None);
+        assert_eq!(find(&["bash", "-e", "run.sh", "{message}"]), None);
+        assert_eq!(find(&["llm", "-c", "{message}"]), None);
+        assert_eq!(find(&["sh", "-c", "{{message}}"]), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::argv::{tokenize, Field, Token, RESUME_PLACEHOLDER};
+use super::argv::{message_in_shell_script, tokenize, Field, Token, RESUME_PLACEHOLDER};
 use super::presets::Preset;
 use super::protocol::Protocol;
 use super::workdir;
@@ -274,6 +274,13 @@ impl CommandConfig {
                         .to_string(),
                 );
             }
+        }
+        if let Some(i) = message_in_shell_script(&self.argv) {
+            return Err(format!(
+                "agent.command.argv[{i}]: {{message}} inside a shell's -c script lets a message \
+                 inject shell syntax; pass it as an argument and use \"$1\" in the script, \
+                 e.g. [\"sh\", \"-c\", \"llm -- \\\"$1\\\"\", \"sh\", \"{{message}}\"]"
+            ));
         }
         for (name, value) in &self.env {
             check_env_name("agent.command.env", name)?;

@@ -14,9 +14,21 @@ pub fn is_template(dir: &Path) -> bool {
     FIELDS.iter().any(|f| text.contains(f))
 }
 
-/// Only `{chat_id}` and `{session_key}` are known.
+/// Only `{chat_id}` and `{session_key}` are known, and a template has no
+/// `..` component: `/w/{chat_id}/..` would be every chat's shared parent,
+/// not a directory of its own.
 pub fn check_template(dir: &Path) -> Result<(), String> {
     let text = dir.to_string_lossy();
+    if is_template(dir)
+        && dir
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(format!(
+            "agent.command.workdir {text} contains '..': a per-chat directory must stay inside the \
+             directory that holds the others; write the path without '..'"
+        ));
+    }
     let mut rest: &str = &text;
     while let Some(start) = rest.find('{') {
         let tail = &rest[start..];
@@ -83,6 +95,11 @@ mod tests {
         assert!(check_template(Path::new("/w/{chat_id}/{session_key}")).is_ok());
         assert!(check_template(Path::new("/w/{user}")).is_err());
         assert!(check_template(Path::new("/w/{weird name}")).is_ok());
+        assert!(check_template(Path::new("/w/{chat_id}/../shared"))
+            .unwrap_err()
+            .contains(".."));
+        assert!(check_template(Path::new("/w/../{chat_id}")).is_err());
+        assert!(check_template(Path::new("/w/x/../fixed")).is_ok());
         let root = tempfile::tempdir().unwrap();
         let template = root.path().join("chats/{chat_id}/{session_key}");
         let dir = resolve(&template, -42, "agent:main:telegram:dm:42/../x").unwrap();

@@ -4,17 +4,19 @@
 //! API that telegate uses, answering the way Telegram does (same JSON shapes,
 //! same error descriptions, so teloxide maps them to the same `ApiError`
 //! variants). Every request is recorded, updates can be injected for long
-//! polling, and failures (429, 400, delays, dropped connections) can be
-//! scripted per method.
+//! polling, and failures (429, 400, 5xx, delays, dropped connections,
+//! hangs, garbled answers) can be scripted per method.
 //!
 //! Point a real teloxide `Bot` at it with [`FakeBotApi::bot`] or
 //! `Bot::new("123:TEST").set_api_url(fake.url())`. The URL is the server
 //! root: teloxide appends `bot{token}/{method}` itself, and a base URL that
 //! already ends in a path with a trailing slash would produce `//bot...`.
 //!
-//! The fake never answers with HTTP 5xx: teloxide sleeps 10 s after any
-//! server error before it even reads the body, which would make tests slow
-//! for no benefit. That is why [`Failure`] offers no `ServerError`.
+//! HTTP 5xx ([`Failure::ServerError`]) is meant for the requests telegate
+//! sends itself (`sendMessage`, `editMessageText`, `getMe` through its own
+//! request path): teloxide's request path sleeps 10 s after any server
+//! error before it even reads the body, so scripting one for a request
+//! teloxide sends (`getUpdates`, uploads, chat actions) makes a test slow.
 //!
 //! Flood limits: with [`FakeBotApi::enforce_flood_limits`] the fake answers
 //! 429 (with a `retry_after`) to a chat-scoped call (send, edit, chat
@@ -293,9 +295,6 @@ impl ChatType {
 }
 
 /// A scripted misbehaviour of the fake for one call.
-///
-/// There is deliberately no `ServerError`: teloxide sleeps 10 s after any
-/// HTTP 5xx, so such a failure would only slow tests down.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Failure {
     /// HTTP 429 with `parameters.retry_after = secs`, which teloxide turns
@@ -313,6 +312,16 @@ pub enum Failure {
     /// Read the request, then close the connection without any answer; the
     /// client sees a network error.
     Drop,
+    /// HTTP 5xx (this code, at least 500) with Telegram's JSON error body;
+    /// the request is not carried out. See the module docs for teloxide's
+    /// 10 s sleep.
+    ServerError(u16),
+    /// Read the request, then never answer (until the client gives up or
+    /// the fake shuts down); the request is not carried out.
+    Hang,
+    /// Carry the request out, then answer HTTP 200 with a body that is not
+    /// JSON (a proxy's error page): the client cannot tell it happened.
+    Garbage,
 }
 
 /// What the fake did with a recorded call.
@@ -329,6 +338,8 @@ pub enum Outcome {
     /// The client went away before the fake answered (hyper cancelled the
     /// handler), e.g. teloxide dropping its in-flight `getUpdates` on shutdown.
     Cancelled,
+    /// Carried out, answered with a body that is not JSON ([`Failure::Garbage`]).
+    Garbled(Value),
 }
 
 impl Outcome {
@@ -1058,7 +1069,7 @@ impl FakeBotApi {
     /// Makes the next `n` calls to `method` fail with `failure`. Scripts
     /// queue up: later `fail_next` calls apply after earlier ones run out.
     pub fn fail_next(&self, method: &str, n: usize, failure: Failure) {
-        assert_not_server_error(&failure);
+        assert_valid(&failure);
         if n == 0 {
             return;
         }
@@ -1078,7 +1089,7 @@ impl FakeBotApi {
     /// `probability <= 0` removes the rule. Scripted `fail_next` failures
     /// take precedence and don't advance the counter.
     pub fn set_failure_rate(&self, method: &str, probability: f64, failure: Failure) {
-        assert_not_server_error(&failure);
+        assert_valid(&failure);
         let method = canonical_method(method);
         let mut inner = self.shared.lock();
         if probability <= 0.0 || probability.is_nan() {
@@ -1125,13 +1136,12 @@ impl Drop for FakeBotApi {
     }
 }
 
-/// Test-setup guard: 5xx answers would make teloxide sleep 10 s.
-fn assert_not_server_error(failure: &Failure) {
-    if let Failure::Api { code, .. } = failure {
-        assert!(
-            *code < 500,
-            "the fake never answers 5xx: teloxide sleeps 10 s after one"
-        );
+/// Test-setup guard: 5xx answers are scripted as [`Failure::ServerError`].
+fn assert_valid(failure: &Failure) {
+    match failure {
+        Failure::Api { code, .. } => assert!(*code < 500, "script 5xx as Failure::ServerError"),
+        Failure::ServerError(code) => assert!((500..600).contains(code), "{code} is not a 5xx"),
+        _ => {}
     }
 }
 
@@ -1267,6 +1277,8 @@ impl ApiFailure {
 enum Reply {
     Answer(Result<Value, ApiFailure>),
     Drop,
+    Hang,
+    Garbage(Result<Value, ApiFailure>),
 }
 
 impl Shared {
@@ -1399,6 +1411,17 @@ impl Shared {
             Some(Failure::RetryAfter(secs)) => {
                 Reply::Answer(Err(self.announce_retry_after(seq, method, &body, secs)))
             }
+            Some(Failure::ServerError(code)) => Reply::Answer(Err(ApiFailure::new(
+                code,
+                match code {
+                    502 => "Bad Gateway",
+                    503 => "Service Unavailable",
+                    504 => "Gateway Timeout",
+                    _ => "Internal Server Error",
+                },
+            ))),
+            Some(Failure::Hang) => Reply::Hang,
+            Some(Failure::Garbage) => Reply::Garbage(self.dispatch(method, &body).await),
         }
     }
 
@@ -2458,6 +2481,27 @@ async fn handle(
                 description: failure.description.clone(),
             });
             failure.to_response()
+        }
+        Reply::Hang => {
+            // Until hyper drops this handler (the client hung up or the
+            // fake shut down); the guard then records `Cancelled`.
+            std::future::pending::<()>().await;
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Reply::Garbage(result) => {
+            guard.finish(match result {
+                Ok(value) => Outcome::Garbled(value),
+                Err(failure) => Outcome::Error {
+                    code: failure.code,
+                    description: failure.description,
+                },
+            });
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/html")],
+                "<html><body>upstream hiccup</body></html>",
+            )
+                .into_response()
         }
         Reply::Drop => {
             guard.finish(Outcome::Dropped);

@@ -6,9 +6,10 @@
 //! answer is `{"text": …}`. The transcript is the one a test registered
 //! for exactly these audio bytes; unknown audio is answered 400
 //! ("Invalid file format"), so a test can only pass if the bot sent the
-//! very bytes Telegram served. Every request is recorded. A test can make
-//! requests hang (until released or the client gives up) or answer with
-//! an error status, as a misconfigured endpoint does.
+//! very bytes Telegram served. Every request is recorded, with its
+//! `Authorization` header. A test can make requests hang (until released
+//! or the client gives up) or answer with an error status, as a
+//! misconfigured endpoint does.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -29,6 +30,8 @@ pub struct TranscriptionRequest {
     pub language: Option<String>,
     pub file_name: Option<String>,
     pub file: Vec<u8>,
+    /// The `Authorization` header, as sent.
+    pub authorization: Option<String>,
 }
 
 #[derive(Default)]
@@ -129,7 +132,11 @@ async fn handle(State(state): State<FakeTranscriber>, headers: HeaderMap, body: 
             "Invalid Content-Type header; expected multipart/form-data",
         );
     };
-    let request = parse(&body, &boundary);
+    let mut request = parse(&body, &boundary);
+    request.authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     state.lock().requests.push(request.clone());
     let mut hold = state.1.subscribe();
     if *hold.borrow_and_update() {

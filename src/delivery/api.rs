@@ -1,0 +1,177 @@
+//! One Bot API request with its HTTP status kept: what the delivery engine
+//! needs to tell "Telegram did not carry this out" from "we do not know".
+//!
+//! teloxide-core turns an HTTP 5xx into the API error its JSON body
+//! describes (`ApiError::Unknown("Internal Server Error")`, which reads as
+//! a permanent refusal) or, for a proxy's HTML page, into `InvalidJson`
+//! (which reads like a garbled 200); and it sleeps 10 s after every 5xx
+//! before even reading the body, holding the chat's turn. [`post`] sends
+//! the same JSON payload through the same client (token, API URL,
+//! timeouts) but answers a 5xx at once with [`AttemptError::Server`]; every
+//! other answer is read the way teloxide reads it (`retry_after`,
+//! `migrate_to_chat_id`, API errors by description).
+//!
+//! This module owns the wire format of these requests only; what to do
+//! with a failure is decided in [`super::telegram`]. It never logs, and
+//! never puts the request URL (it contains the token) in an error.
+
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use teloxide::requests::Payload;
+use teloxide::types::ResponseParameters;
+use teloxide::{ApiError, Bot, RequestError};
+
+/// Why one attempt of a request failed.
+#[derive(Debug)]
+pub enum AttemptError {
+    /// What teloxide (or [`post`], the same way) reported.
+    Request(RequestError),
+    /// Telegram, or the proxy in front of it, answered HTTP 5xx: it did not
+    /// carry the request out, so trying again is safe.
+    Server(u16),
+}
+
+impl From<RequestError> for AttemptError {
+    fn from(error: RequestError) -> Self {
+        AttemptError::Request(error)
+    }
+}
+
+impl std::fmt::Display for AttemptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttemptError::Request(error) => error.fmt(f),
+            AttemptError::Server(status) => write!(f, "Telegram answered HTTP {status}"),
+        }
+    }
+}
+
+/// `payload` as a JSON request through `bot`'s client.
+pub async fn post<P>(bot: Bot, payload: P) -> Result<P::Output, AttemptError>
+where
+    P: Payload + Serialize,
+    P::Output: DeserializeOwned,
+{
+    let body = serde_json::to_vec(&payload).map_err(|e| {
+        RequestError::Io(Arc::new(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            e,
+        )))
+    })?;
+    let mut url = bot.api_url();
+    url.path_segments_mut()
+        .map_err(|()| {
+            RequestError::Io(Arc::new(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "telegram.api_url cannot take a path",
+            )))
+        })?
+        .push(&format!("bot{}", bot.token()))
+        .push(P::NAME);
+    let response = bot
+        .client()
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(RequestError::from)?;
+    let status = response.status();
+    if status.is_server_error() {
+        return Err(AttemptError::Server(status.as_u16()));
+    }
+    let text = response.text().await.map_err(RequestError::from)?;
+    read_answer(&text).map_err(AttemptError::Request)
+}
+
+/// The Bot API's answer envelope.
+#[derive(Deserialize)]
+struct Envelope<T> {
+    ok: bool,
+    #[serde(default = "none")]
+    result: Option<T>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    parameters: Option<ResponseParameters>,
+}
+
+fn none<T>() -> Option<T> {
+    None
+}
+
+/// Read an answer body as teloxide does: the result, or the error it
+/// stands for; a body that is not the Bot API's JSON is `InvalidJson`.
+pub fn read_answer<T: DeserializeOwned>(text: &str) -> Result<T, RequestError> {
+    let invalid = |source: serde_json::Error| RequestError::InvalidJson {
+        source: Arc::new(source),
+        raw: text.into(),
+    };
+    let envelope: Envelope<T> = serde_json::from_str(text).map_err(invalid)?;
+    if envelope.ok {
+        return envelope.result.ok_or_else(|| {
+            invalid(<serde_json::Error as serde::de::Error>::custom(
+                "an answer with ok = true but no result",
+            ))
+        });
+    }
+    Err(match envelope.parameters {
+        Some(ResponseParameters::RetryAfter(seconds)) => RequestError::RetryAfter(seconds),
+        Some(ResponseParameters::MigrateToChatId(chat)) => RequestError::MigrateToChatId(chat),
+        None => {
+            let description = envelope.description.unwrap_or_default();
+            RequestError::Api(
+                serde_json::from_value::<ApiError>(serde_json::Value::String(description.clone()))
+                    .unwrap_or(ApiError::Unknown(description)),
+            )
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use teloxide::types::True;
+
+    #[test]
+    fn answers_are_read_like_teloxide_reads_them() {
+        assert!(matches!(
+            read_answer::<True>(r#"{"ok":true,"result":true}"#),
+            Ok(True)
+        ));
+        assert!(matches!(
+            read_answer::<True>(
+                r#"{"ok":false,"error_code":400,"description":"Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message"}"#
+            ),
+            Err(RequestError::Api(ApiError::MessageNotModified))
+        ));
+        assert!(matches!(
+            read_answer::<True>(
+                r#"{"ok":false,"error_code":403,"description":"Forbidden: bot was blocked by the user"}"#
+            ),
+            Err(RequestError::Api(ApiError::BotBlocked))
+        ));
+        match read_answer::<True>(
+            r#"{"ok":false,"error_code":429,"description":"Too Many Requests","parameters":{"retry_after":7}}"#,
+        ) {
+            Err(RequestError::RetryAfter(seconds)) => assert_eq!(seconds.seconds(), 7),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            read_answer::<True>(
+                r#"{"ok":false,"description":"x","parameters":{"migrate_to_chat_id":-100}}"#
+            ),
+            Err(RequestError::MigrateToChatId(_))
+        ));
+        assert!(matches!(
+            read_answer::<True>("<html>502</html>"),
+            Err(RequestError::InvalidJson { .. })
+        ));
+        assert!(matches!(
+            read_answer::<True>(r#"{"ok":true}"#),
+            Err(RequestError::InvalidJson { .. })
+        ));
+    }
+}
