@@ -1,7 +1,8 @@
 //! Inline buttons, platform-neutral: what a button does when pressed.
 //!
 //! A reply may carry [`Button`]s (a Stop button on a running turn's preview,
-//! Approve/Deny on an approval prompt, one button per model for /model).
+//! Approve/Deny on an approval prompt or one per option an agent offers,
+//! one button per model for /model).
 //! The transport turns them into its own controls; on Telegram each button
 //! gets a short random id stored server-side (the 64-byte `callback_data`
 //! carries only that id), is bound to the user whose session it acts on,
@@ -10,8 +11,9 @@
 //!
 //! A press is never trusted to carry what it does: the action is read back
 //! from the store by id. Every action is carried out through the same code
-//! path as the typed command it stands for (/stop, /approve, /deny,
-//! /model NAME), so a button can never do more than its command.
+//! path as the typed command it stands for (/stop, /approve, /deny, an
+//! option's button that of `/approve` choosing that option, /model NAME),
+//! so a button can never do more than its command.
 //!
 //! This module owns the action type and its wire format. It must never do
 //! I/O: storing and pressing buttons is the transport's job.
@@ -44,6 +46,15 @@ pub enum ButtonAction {
         /// The request's one-time id (the same ticket the prompt shows).
         ticket: String,
     },
+    /// One option of an approval request that offers more than approve
+    /// and deny (an ACP agent's permission request): choose it, like a
+    /// typed `/approve <ticket>` would choose the first allowing one.
+    Choose {
+        /// The request's one-time id (the same ticket the prompt shows).
+        ticket: String,
+        /// The option's id, as the request named it.
+        option: String,
+    },
     /// /model NAME.
     Model {
         /// The model to switch to.
@@ -57,7 +68,9 @@ impl ButtonAction {
     pub fn lifetime(&self) -> Duration {
         match self {
             ButtonAction::Stop { .. } => Duration::from_secs(24 * 3600),
-            ButtonAction::Approve { .. } | ButtonAction::Deny { .. } => Duration::from_secs(3600),
+            ButtonAction::Approve { .. }
+            | ButtonAction::Deny { .. }
+            | ButtonAction::Choose { .. } => Duration::from_secs(3600),
             ButtonAction::Model { .. } => Duration::from_secs(600),
         }
     }
@@ -102,6 +115,34 @@ impl Button {
                 },
             ),
         ]
+    }
+}
+
+impl Button {
+    /// One button per option of the approval request `ticket`: Approve and
+    /// Deny for the two-option case, else a button choosing each option
+    /// (`options`: id, label and whether it allows).
+    pub fn approval_choices(ticket: &str, options: &[(String, String, bool)]) -> Vec<Button> {
+        let plain = options.len() == 2
+            && options[0].0 == "approve"
+            && options[0].2
+            && options[1].0 == "deny"
+            && !options[1].2;
+        if plain {
+            return Button::approval_pair(ticket);
+        }
+        options
+            .iter()
+            .map(|(id, label, _)| {
+                Button::new(
+                    label.clone(),
+                    ButtonAction::Choose {
+                        ticket: ticket.to_string(),
+                        option: id.clone(),
+                    },
+                )
+            })
+            .collect()
     }
 }
 
@@ -154,6 +195,10 @@ mod tests {
             },
             ButtonAction::Deny {
                 ticket: "a1b2c3".into(),
+            },
+            ButtonAction::Choose {
+                ticket: "a1b2c3".into(),
+                option: "allow-always".into(),
             },
             ButtonAction::Model { name: "m".into() },
         ] {

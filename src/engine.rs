@@ -25,6 +25,7 @@ use crate::media::outbox::Workspace;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
 use crate::store::{RunningProcess, Store, StoreError};
+use crate::tools::approval::ApprovalGate;
 use crate::tools::childgroups::{kill_previous_run, GroupLedger};
 use crate::tools::runas::RunAs;
 use crate::tools::send_file::WithSendFile;
@@ -89,16 +90,40 @@ impl Engine {
         adapter_config: AdapterConfig,
         runner_config: RunnerConfig,
     ) -> Engine {
-        let AgentSetup { agent, terminal } = setup;
-        let Some(TerminalSetup { tool, events }) = terminal else {
-            let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
-            let adapter =
-                Adapter::with_ledger(Arc::new(runner.clone()), outbound, adapter_config, ledger);
-            return Engine { adapter, runner };
+        let AgentSetup {
+            agent,
+            terminal,
+            approvals,
+        } = setup;
+        let (runner, events) = match (terminal, approvals) {
+            (Some(TerminalSetup { tool, events }), _) => {
+                tool.registry()
+                    .record_groups(GroupLedger::new(store.clone()));
+                let runner =
+                    Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
+                (runner, events)
+            }
+            (None, Some(ApprovalSetup { gate, events })) => {
+                let runner = Runner::with_approvals(
+                    agent,
+                    outbound.clone(),
+                    Some(store),
+                    gate,
+                    runner_config,
+                );
+                (runner, events)
+            }
+            (None, None) => {
+                let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
+                let adapter = Adapter::with_ledger(
+                    Arc::new(runner.clone()),
+                    outbound,
+                    adapter_config,
+                    ledger,
+                );
+                return Engine { adapter, runner };
+            }
         };
-        tool.registry()
-            .record_groups(GroupLedger::new(store.clone()));
-        let runner = Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
         let adapter = Adapter::with_ledger(
             Arc::new(runner.clone()),
             outbound.clone(),
@@ -162,12 +187,24 @@ impl Engine {
 }
 
 /// An agent and, when it has one, its terminal tool with the channel of the
-/// tool's events.
+/// tool's events, or the approval gate it asks the chat through.
 pub struct AgentSetup {
     /// The agent backend.
     pub agent: Arc<dyn Agent>,
-    /// The terminal tool the agent calls, if enabled.
+    /// The terminal tool the agent calls, if enabled (its approval gate
+    /// is the runner's).
     pub terminal: Option<TerminalSetup>,
+    /// Without a terminal tool: the gate the agent's own permission
+    /// requests wait in (an ACP agent), with the channel of its prompts.
+    pub approvals: Option<ApprovalSetup>,
+}
+
+/// An approval gate and the receiving end of its prompts and notices.
+pub struct ApprovalSetup {
+    /// The gate (shared with the agent, which asks through it).
+    pub gate: ApprovalGate,
+    /// Its prompts and timeout notices.
+    pub events: ToolEventReceiver,
 }
 
 /// The terminal tool and the receiving end of its events.
@@ -184,6 +221,7 @@ impl AgentSetup {
         AgentSetup {
             agent,
             terminal: None,
+            approvals: None,
         }
     }
 }
@@ -205,8 +243,24 @@ async fn forward_tool_events(
                     tracing::warn!(chat_id = to.chat_id, %error, "a tool notice could not be delivered");
                 }
             }
-            ToolEvent::Approval { to, ticket, text } => {
-                let prompt = Reply::notice(text).with_buttons(Button::approval_pair(&ticket));
+            ToolEvent::Approval {
+                to,
+                ticket,
+                text,
+                options,
+            } => {
+                let choices: Vec<(String, String, bool)> = options
+                    .iter()
+                    .map(|o| {
+                        (
+                            o.id.clone(),
+                            format!("{} {}", o.kind.emoji(), o.label),
+                            o.kind.allows(),
+                        )
+                    })
+                    .collect();
+                let prompt =
+                    Reply::notice(text).with_buttons(Button::approval_choices(&ticket, &choices));
                 if let Err(error) = outbound.deliver(&to, prompt).await {
                     tracing::warn!(chat_id = to.chat_id, %error, "an approval prompt could not be delivered");
                 }
@@ -394,6 +448,7 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
     Ok(AgentSetup {
         agent: Arc::new(agent),
         terminal: Some(TerminalSetup { tool, events }),
+        approvals: None,
     })
 }
 

@@ -19,8 +19,9 @@
 //! A turn runs against the slot's current session, except an internal event
 //! carrying a session override (a background-process wakeup): it runs, with
 //! its history and transcript, against the session that started the
-//! process. /ps, /kill, /approve and /deny act on the terminal tool's
-//! process registry and approval gate; like /status they never touch the
+//! process. /ps and /kill act on the terminal tool's process registry,
+//! /approve and /deny on the approval gate (the terminal tool's, or the
+//! one an agent backend asks through); like /status they never touch the
 //! running turn, which is exactly what lets /approve reach a turn that waits
 //! for it. A bare "yes"/"no" is claimed for a pending approval the same way
 //! ([`MessageHandler::claims_while_busy`]).
@@ -60,8 +61,9 @@ use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentit
 use crate::metrics::Metrics;
 use crate::reply::{DeliveryError, LiveReply, Outbound, Outgoing, Reply, TurnStart};
 use crate::store::{Store, TranscriptEntry};
-use crate::tools::approval::{approval_reply, Denial, Lookup};
-use crate::tools::approval_prompt::preview;
+use crate::tools::approval::{
+    approval_reply, Answerer, ApprovalGate, Choice, Decided, Denial, Lookup,
+};
 use crate::tools::authority::{may_decide, who_may_decide};
 use crate::tools::process::{ProcessId, ProcessMode, ProcessRecord, Scope};
 use crate::tools::TerminalTool;
@@ -106,11 +108,11 @@ impl Default for RunnerConfig {
     }
 }
 
-/// What an Approve or Deny button press did ([`Runner::press_approval`]).
+/// What an approval button press did ([`Runner::press_approval`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ApprovalPress {
-    /// The request was answered; this is its command.
-    Decided(String),
+    /// The request was answered: what it asked, what was chosen.
+    Decided(Decided),
     /// The presser may not decide; the text says who may.
     NotAllowed(String),
     /// That request no longer waits (answered, timed out, replaced).
@@ -138,8 +140,11 @@ struct RunnerInner {
     store: Option<Store>,
     /// The block of generations reserved in the store (with a store).
     generations: Option<Arc<GenerationLease>>,
-    /// The terminal tool's processes and approvals, when it is enabled.
+    /// The terminal tool's processes, when it is enabled.
     tools: Option<Arc<TerminalTool>>,
+    /// Where the agent's (or its tools') approval requests wait: the
+    /// terminal tool's gate, or the one an agent backend asks through.
+    approvals: Option<ApprovalGate>,
     config: RunnerConfig,
 }
 
@@ -183,7 +188,7 @@ impl Runner {
     /// A runner answering with `agent` and showing progress through
     /// `outbound`.
     pub fn new(agent: Arc<dyn Agent>, outbound: Arc<dyn Outbound>, config: RunnerConfig) -> Self {
-        Runner::build(agent, outbound, None, None, config)
+        Runner::build(agent, outbound, None, None, None, config)
     }
 
     /// A runner that keeps sessions and transcripts in `store`, so a restart
@@ -194,7 +199,7 @@ impl Runner {
         store: Store,
         config: RunnerConfig,
     ) -> Self {
-        Runner::build(agent, outbound, Some(store), None, config)
+        Runner::build(agent, outbound, Some(store), None, None, config)
     }
 
     /// A runner whose agent uses the terminal tool `tools`: /ps, /kill,
@@ -207,7 +212,21 @@ impl Runner {
         tools: Arc<TerminalTool>,
         config: RunnerConfig,
     ) -> Self {
-        Runner::build(agent, outbound, store, Some(tools), config)
+        let approvals = Some(tools.approvals().clone());
+        Runner::build(agent, outbound, store, Some(tools), approvals, config)
+    }
+
+    /// A runner whose agent asks the chat's approval through `approvals`
+    /// (an agent backend's permission requests): /approve, /deny and the
+    /// buttons answer them, and /stop, /new and /reset deny them.
+    pub fn with_approvals(
+        agent: Arc<dyn Agent>,
+        outbound: Arc<dyn Outbound>,
+        store: Option<Store>,
+        approvals: ApprovalGate,
+        config: RunnerConfig,
+    ) -> Self {
+        Runner::build(agent, outbound, store, None, Some(approvals), config)
     }
 
     fn build(
@@ -215,8 +234,12 @@ impl Runner {
         outbound: Arc<dyn Outbound>,
         store: Option<Store>,
         tools: Option<Arc<TerminalTool>>,
+        approvals: Option<ApprovalGate>,
         config: RunnerConfig,
     ) -> Self {
+        if let (Some(store), Some(gate)) = (&store, &approvals) {
+            gate.record_in(store);
+        }
         if let Some(store) = &store {
             agent.attach_store(store);
         }
@@ -228,6 +251,7 @@ impl Runner {
                 generations: store.clone().map(GenerationLease::new),
                 store,
                 tools,
+                approvals,
                 config,
             }),
         }
@@ -244,6 +268,11 @@ impl Runner {
     /// The terminal tool, when it is enabled.
     pub fn tools(&self) -> Option<&Arc<TerminalTool>> {
         self.inner.tools.as_ref()
+    }
+
+    /// The approval gate, when the agent or its tools ask approvals.
+    pub fn approvals(&self) -> Option<&ApprovalGate> {
+        self.inner.approvals.as_ref()
     }
 
     /// The store, if one is configured.
@@ -473,9 +502,9 @@ impl MessageHandler for Runner {
     /// Only from a user who may answer it: anyone else's "yes" is an
     /// ordinary message.
     fn claims_while_busy(&self, key: &SessionKey, event: &MessageEvent) -> bool {
-        self.tools().is_some_and(|tools| {
+        self.approvals().is_some_and(|approvals| {
             approval_reply(&event.text).is_some()
-                && tools.approvals().pending_view(key).is_some_and(|pending| {
+                && approvals.pending_view(key).is_some_and(|pending| {
                     may_decide(
                         pending.started_by,
                         event.source.user_id,

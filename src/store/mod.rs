@@ -90,6 +90,7 @@
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
 pub mod agent_sessions;
+pub mod approvals;
 mod batch;
 pub mod buttons;
 pub mod child_groups;
@@ -115,6 +116,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 pub use agent_sessions::AgentUsage;
+pub use approvals::ApprovalRecord;
 pub use batch::StoreStats;
 pub use buttons::{NewButton, StoredButton};
 pub use child_groups::{ChildGroup, ChildGroupChange};

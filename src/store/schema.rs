@@ -161,6 +161,29 @@ CREATE TABLE child_groups (
 ) STRICT;
 ";
 
+/// Approval decisions: how every request of the approval gate ended
+/// (`tools::approval_gate`): which option who chose and when, or why
+/// nobody did (`timed_out`, `stopped`, `superseded`). Kept for the
+/// operator; nothing reads it back to decide.
+const V_APPROVAL_DECISIONS: &str = "
+CREATE TABLE approval_decisions (
+    id              INTEGER PRIMARY KEY,
+    ticket          TEXT NOT NULL,
+    session_key     TEXT NOT NULL,
+    chat_id         INTEGER NOT NULL,
+    subject         TEXT NOT NULL,
+    outcome         TEXT NOT NULL,
+    option_id       TEXT,
+    option_label    TEXT,
+    option_kind     TEXT,
+    decided_by      INTEGER,
+    decided_by_name TEXT,
+    asked_at        INTEGER NOT NULL,
+    decided_at      INTEGER NOT NULL
+) STRICT;
+CREATE INDEX approval_decisions_by_slot ON approval_decisions (session_key, id);
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -271,6 +294,7 @@ pub const MIGRATIONS: &[Migration] = &[
         "restart safety: reserved generations, child groups",
         V8_RESTART_SAFETY,
     ),
+    Migration::new("approval decisions", V_APPROVAL_DECISIONS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

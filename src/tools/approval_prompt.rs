@@ -7,10 +7,16 @@
 //! command: an answer carrying another id can never approve a command that
 //! replaced it.
 //!
+//! An agent's permission request (options beyond approve / deny) shows
+//! the tool, its whole input and every option the same way
+//! ([`options_request_text`]).
+//!
 //! This module owns the wording only (pure functions). It must never cut
-//! the command shown in a request.
+//! the command or the input shown in a request.
 
 use std::time::Duration;
+
+use super::approval_gate::ApprovalOption;
 
 /// The approval request: header, the whole command, how to answer.
 pub fn request_text(ticket: &str, command: &str, reason: &str, timeout: Duration) -> String {
@@ -24,6 +30,52 @@ pub fn request_text(ticket: &str, command: &str, reason: &str, timeout: Duration
          refused.",
         timeout_text(timeout)
     )
+}
+
+/// The prompt of a request that offers `options` (an agent's permission
+/// request): who asks to do what (`title`), its `input` in full (it may
+/// be empty), the options, how to answer.
+pub fn options_request_text(
+    ticket: &str,
+    asker: &str,
+    title: &str,
+    input: &str,
+    options: &[ApprovalOption],
+    timeout: Duration,
+) -> String {
+    let mut text = format!("⚠️ Permission {ticket}: {asker} asks to use a tool: {title}");
+    if !input.trim().is_empty() {
+        let length = input.chars().count();
+        text.push_str(&format!(
+            "\n\nIts input ({length} characters, shown in full):\n{input}"
+        ));
+    }
+    let labels: Vec<String> = options
+        .iter()
+        .map(|o| format!("{} {}", o.kind.emoji(), o.label))
+        .collect();
+    let first = |allows: bool| {
+        options
+            .iter()
+            .find(|o| o.kind.allows() == allows)
+            .map(|o| o.label.clone())
+    };
+    let approve = match first(true) {
+        Some(label) => format!("/approve {ticket} ({label})"),
+        None => "no /approve (nothing here allows it)".to_string(),
+    };
+    let deny = format!(
+        "/deny {ticket} ({})",
+        first(false).unwrap_or_else(|| "refuse".to_string())
+    );
+    text.push_str(&format!(
+        "\n\nChoose: {}. Or reply {approve} or {deny} (a bare /approve, /deny, yes or no \
+         work too while it is the only request waiting). Only the user whose message started \
+         this task, or an approver, can answer. Without an answer within {} it is refused.",
+        labels.join(", "),
+        timeout_text(timeout)
+    ));
+    text
 }
 
 /// Told when a request timed out.
@@ -64,5 +116,36 @@ mod tests {
         let text = request_text("a1b2c3", &command, "why", Duration::from_secs(300));
         assert!(text.contains(&command), "the whole command is shown");
         assert!(text.contains("/approve a1b2c3") && text.contains("5 min"));
+    }
+
+    #[test]
+    fn an_option_request_shows_its_input_and_every_option() {
+        use crate::tools::approval_gate::OptionKind;
+        let options = vec![
+            ApprovalOption {
+                id: "a".into(),
+                label: "Allow always".into(),
+                kind: OptionKind::AllowAlways,
+            },
+            ApprovalOption {
+                id: "r".into(),
+                label: "Reject".into(),
+                kind: OptionKind::RejectOnce,
+            },
+        ];
+        let input = format!("{{\"path\": \"{}\"}}", "p".repeat(5000));
+        let text = options_request_text(
+            "a1b2c3",
+            "gemini",
+            "Write notes.txt",
+            &input,
+            &options,
+            Duration::from_secs(90),
+        );
+        assert!(text.contains(&input), "the whole input is shown");
+        assert!(text.contains("Write notes.txt") && text.contains("gemini"));
+        assert!(text.contains("☑️ Allow always") && text.contains("🚫 Reject"));
+        assert!(text.contains("/approve a1b2c3 (Allow always)"));
+        assert!(text.contains("/deny a1b2c3 (Reject)") && text.contains("1 min 30 s"));
     }
 }

@@ -32,7 +32,8 @@
 //! * [`terminal`]: the `terminal` and `process` tools and `[tools.terminal]`;
 //! * [`process`]: the process registry (owners, bounded output, limits);
 //! * [`wakeup`]: wakeups for finished background processes and their routing;
-//! * [`approval`]: dangerous-command patterns and pending approvals;
+//! * [`approval`]: dangerous-command patterns and the approval policy;
+//! * [`approval_gate`]: pending approvals with their options, for every agent;
 //! * [`approval_prompt`]: the request's wording (the whole command, every match);
 //! * [`authority`]: who may approve, deny or stop somebody's turn;
 //! * [`events`]: the channel through which wakeups and notices leave the tools;
@@ -40,6 +41,7 @@
 //! * [`send_file`]: the `send_file` tool (files to the chat).
 
 pub mod approval;
+pub mod approval_gate;
 pub mod approval_prompt;
 pub mod authority;
 pub mod childenv;
