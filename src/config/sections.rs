@@ -348,6 +348,8 @@ pub enum Backend {
     Command,
     /// Any OpenAI-compatible chat-completions server (`[agent.openai]`).
     Openai,
+    /// An Agent Client Protocol agent kept running per chat (`[agent.acp]`).
+    Acp,
 }
 
 impl Backend {
@@ -357,6 +359,7 @@ impl Backend {
             Backend::Echo => "echo",
             Backend::Command => "command",
             Backend::Openai => "openai",
+            Backend::Acp => "acp",
         }
     }
 }
@@ -375,6 +378,8 @@ pub struct AgentConfig {
     pub command: Option<crate::agent::CommandConfig>,
     /// `[agent.openai]`, for `backend = "openai"`.
     pub openai: Option<crate::agent::OpenAiConfig>,
+    /// `[agent.acp]`, for `backend = "acp"`.
+    pub acp: Option<crate::agent::AcpConfig>,
 }
 
 /// `[agent.echo]`.

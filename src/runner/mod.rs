@@ -401,6 +401,12 @@ impl Runner {
         self.state().sessions.get(key).cloned()
     }
 
+    /// At shutdown, after the turns: let the backend end what it keeps
+    /// running between turns (bounded by the backend).
+    pub async fn shutdown_agent(&self) {
+        self.inner.agent.shutdown().await;
+    }
+
     /// The agent backend's name.
     pub fn backend_name(&self) -> &str {
         self.inner.agent.name()

@@ -9,6 +9,7 @@
 
 mod support;
 
+mod acp_e2e;
 mod adapter_alone;
 mod answer_sending;
 mod approval_authority_e2e;
