@@ -63,6 +63,16 @@ pub enum ButtonAction {
 }
 
 impl ButtonAction {
+    /// The approval request it answers, if it answers one.
+    pub fn ticket(&self) -> Option<&str> {
+        match self {
+            ButtonAction::Approve { ticket }
+            | ButtonAction::Deny { ticket }
+            | ButtonAction::Choose { ticket, .. } => Some(ticket),
+            _ => None,
+        }
+    }
+
     /// How long a button stays pressable. A Stop button lives as long as a
     /// turn may; the others belong to a prompt that is soon out of date.
     pub fn lifetime(&self) -> Duration {

@@ -265,6 +265,11 @@ async fn forward_tool_events(
                     tracing::warn!(chat_id = to.chat_id, %error, "an approval prompt could not be delivered");
                 }
             }
+            ToolEvent::Settled { to, ticket, line } => {
+                if let Err(error) = outbound.settle_prompt(&to, &ticket, &line).await {
+                    tracing::debug!(chat_id = to.chat_id, %error, "an approval prompt could not be edited");
+                }
+            }
             ToolEvent::BackgroundStarted { id, owner, command } => {
                 if let Some(store) = runner.upgrade().and_then(|r| r.store().cloned()) {
                     let process = RunningProcess {

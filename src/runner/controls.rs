@@ -430,7 +430,7 @@ impl Runner {
             &pending.key,
             Some(&pending.ticket),
             choice,
-            &Answerer::of(actor),
+            &Answerer::pressing(actor),
         ) {
             Ok(decided) => ApprovalPress::Decided(decided),
             Err(_) => ApprovalPress::NotWaiting,

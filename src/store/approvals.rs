@@ -3,11 +3,28 @@
 //! decisions").
 //!
 //! Written once per request by the gate (`tools::approval_gate`), read by
-//! the operator and the tests. This module never decides anything.
+//! the operator and the tests; and the message that shows each request,
+//! so its ending can be shown there. This module never decides anything.
 
-use rusqlite::params;
+use rusqlite::{params, OptionalExtension};
 
-use super::{Store, StoreError, WriteKind};
+use super::{now_ms, Store, StoreError, WriteKind};
+
+/// Prompts older than this are forgotten (their buttons expired long ago).
+const KEEP_PROMPT_MS: i64 = 24 * 3600 * 1000;
+
+/// The message that shows an approval request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApprovalPrompt {
+    /// The chat.
+    pub chat_id: i64,
+    /// The forum topic, if any.
+    pub thread_id: Option<i32>,
+    /// The message (the prompt's last part, with the buttons).
+    pub message_id: i32,
+    /// Its text.
+    pub text: String,
+}
 
 /// How one request ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +58,63 @@ pub struct ApprovalRecord {
 }
 
 impl Store {
+    /// Request `ticket` is shown by `prompt` (and forget prompts long gone).
+    pub async fn record_approval_prompt(
+        &self,
+        ticket: &str,
+        prompt: ApprovalPrompt,
+    ) -> Result<(), StoreError> {
+        let ticket = ticket.to_owned();
+        self.write(WriteKind::Approval, move |conn| {
+            let now = now_ms();
+            conn.prepare_cached("DELETE FROM approval_prompts WHERE created_at < ?1")?
+                .execute([now - KEEP_PROMPT_MS])?;
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO approval_prompts
+                     (ticket, chat_id, thread_id, message_id, text, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                ticket,
+                prompt.chat_id,
+                prompt.thread_id,
+                prompt.message_id,
+                prompt.text,
+                now
+            ])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The message showing request `ticket`, taken out (it is edited once).
+    pub async fn take_approval_prompt(
+        &self,
+        ticket: &str,
+    ) -> Result<Option<ApprovalPrompt>, StoreError> {
+        let ticket = ticket.to_owned();
+        self.write(WriteKind::Approval, move |conn| {
+            let found = conn
+                .prepare_cached(
+                    "SELECT chat_id, thread_id, message_id, text FROM approval_prompts
+                     WHERE ticket = ?1",
+                )?
+                .query_row([&ticket], |r| {
+                    Ok(ApprovalPrompt {
+                        chat_id: r.get(0)?,
+                        thread_id: r.get(1)?,
+                        message_id: r.get(2)?,
+                        text: r.get(3)?,
+                    })
+                })
+                .optional()?;
+            conn.prepare_cached("DELETE FROM approval_prompts WHERE ticket = ?1")?
+                .execute([&ticket])?;
+            Ok(found)
+        })
+        .await
+    }
+
     /// Record how a request ended.
     pub async fn record_approval(&self, record: ApprovalRecord) -> Result<(), StoreError> {
         self.write(WriteKind::Approval, move |conn| {
@@ -102,5 +176,30 @@ impl Store {
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_prompt_is_found_once() {
+        let store = Store::open_in_memory().unwrap();
+        let prompt = ApprovalPrompt {
+            chat_id: 1,
+            thread_id: Some(3),
+            message_id: 7,
+            text: "⚠️ Permission".into(),
+        };
+        store
+            .record_approval_prompt("t1", prompt.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            store.take_approval_prompt("t1").await.unwrap(),
+            Some(prompt)
+        );
+        assert_eq!(store.take_approval_prompt("t1").await.unwrap(), None);
     }
 }

@@ -116,7 +116,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 pub use agent_sessions::AgentUsage;
-pub use approvals::ApprovalRecord;
+pub use approvals::{ApprovalPrompt, ApprovalRecord};
 pub use batch::StoreStats;
 pub use buttons::{NewButton, StoredButton};
 pub use child_groups::{ChildGroup, ChildGroupChange};

@@ -164,7 +164,9 @@ CREATE TABLE child_groups (
 /// Approval decisions: how every request of the approval gate ended
 /// (`tools::approval_gate`): which option who chose and when, or why
 /// nobody did (`timed_out`, `stopped`, `superseded`). Kept for the
-/// operator; nothing reads it back to decide.
+/// operator; nothing reads it back to decide. `approval_prompts`: the
+/// message that shows a request (its last part, which carries the
+/// buttons), so an answer typed or a timeout can edit it too.
 const V_APPROVAL_DECISIONS: &str = "
 CREATE TABLE approval_decisions (
     id              INTEGER PRIMARY KEY,
@@ -182,6 +184,14 @@ CREATE TABLE approval_decisions (
     decided_at      INTEGER NOT NULL
 ) STRICT;
 CREATE INDEX approval_decisions_by_slot ON approval_decisions (session_key, id);
+CREATE TABLE approval_prompts (
+    ticket     TEXT PRIMARY KEY NOT NULL,
+    chat_id    INTEGER NOT NULL,
+    thread_id  INTEGER,
+    message_id INTEGER NOT NULL,
+    text       TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
 ";
 
 /// Version 3: background processes that are running, with the chat that

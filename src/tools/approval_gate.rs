@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::approval_prompt::{request_text, timeout_text_for};
+use super::approval_prompt::{request_text, settled_line, timeout_text_for};
 use super::events::{ToolEvent, ToolEventSender};
 use super::process::ProcessOwner;
 use crate::agent::Progress;
@@ -263,14 +263,25 @@ pub struct Answerer {
     pub user_id: Option<u64>,
     /// Their display name.
     pub name: Option<String>,
+    /// By a button of the prompt (whose press edits the prompt itself).
+    pub pressed: bool,
 }
 
 impl Answerer {
-    /// The sender of `source`.
+    /// The sender of `source`, typing an answer.
     pub fn of(source: &SessionSource) -> Answerer {
         Answerer {
             user_id: source.user_id,
             name: source.user_name.clone(),
+            pressed: false,
+        }
+    }
+
+    /// The presser of a button, as `source`.
+    pub fn pressing(source: &SessionSource) -> Answerer {
+        Answerer {
+            pressed: true,
+            ..Answerer::of(source)
         }
     }
 }
@@ -567,6 +578,13 @@ impl ApprovalGate {
                     }
                 });
             }
+        }
+        if !by.is_some_and(|a| a.pressed) {
+            self.inner.events.send(ToolEvent::Settled {
+                to: pending.owner.clone(),
+                ticket: pending.ticket.clone(),
+                line: settled_line(&decision, by, now_ms()),
+            });
         }
         let _ = pending.answer.send(decision);
     }
@@ -875,9 +893,14 @@ mod tests {
                 .await
             })
         };
+        // The ending of an earlier request (its prompt settled) comes first.
+        let mut event = rx.recv().await;
+        while let Some(ToolEvent::Settled { .. }) = event {
+            event = rx.recv().await;
+        }
         let Some(ToolEvent::Approval {
             ticket, options, ..
-        }) = rx.recv().await
+        }) = event
         else {
             panic!("the prompt is an approval event");
         };
@@ -893,6 +916,7 @@ mod tests {
         let ann = Answerer {
             user_id: Some(1),
             name: Some("Ann".into()),
+            pressed: false,
         };
 
         let (waiting, ticket) = asking(&gate, &mut rx, three_options()).await;
@@ -953,6 +977,7 @@ mod tests {
         let ann = Answerer {
             user_id: Some(7),
             name: Some("Ann".into()),
+            pressed: false,
         };
         let (waiting, ticket) = asking(&gate, &mut rx, three_options()).await;
         gate.decide(&key, None, &Choice::Option("always".into()), &ann)

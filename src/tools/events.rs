@@ -46,6 +46,17 @@ pub enum ToolEvent {
         /// The answers offered, in order.
         options: Vec<super::approval_gate::ApprovalOption>,
     },
+    /// The approval request `ticket` of the chat of `to` ended other than
+    /// by a button (whose press shows it itself): show `line` under its
+    /// prompt and take the buttons away.
+    Settled {
+        /// The chat.
+        to: SessionSource,
+        /// The request's one-time id.
+        ticket: String,
+        /// Who chose what and when, or why nobody did.
+        line: String,
+    },
     /// A background process started for the chat of `owner`: recorded, so
     /// that if telegate dies before it ends, the next start tells the owner.
     BackgroundStarted {

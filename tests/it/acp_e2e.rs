@@ -349,6 +349,26 @@ async fn a_permission_request_becomes_buttons_only_the_starter_may_press() {
     assert!(fake.wait_for(|_| prompts(&fake) == 2, WAIT).await);
     say_and_wait(&fake, "/deny", "Denied").await;
     wait_answer(&fake, "permission: reject-once").await;
+    // A typed answer is shown under its prompt too, and its buttons go.
+    let second = |fake: &FakeBotApi| {
+        fake.message_history(USER)
+            .into_iter()
+            .filter(|m| m.versions[0].text.contains("⚠️ Permission"))
+            .nth(1)
+            .unwrap()
+    };
+    assert!(
+        fake.wait_for(
+            |_| second(&fake)
+                .text()
+                .contains("🚫 Reject — chosen by User42"),
+            WAIT
+        )
+        .await,
+        "{}",
+        second(&fake).text()
+    );
+    assert!(second(&fake).current().reply_markup.is_none());
     fake.push_text(USER, USER, "ask permission once more");
     assert!(fake.wait_for(|_| prompts(&fake) == 3, WAIT).await);
     say_and_wait(&fake, "yes", "Approved").await;
@@ -383,6 +403,21 @@ async fn an_unanswered_permission_request_is_rejected() {
         .sent_texts(USER)
         .iter()
         .any(|t| t.contains("No answer in time")));
+    // The prompt says so and loses its buttons; the refusal is recorded.
+    assert!(
+        fake.wait_for(|_| answered(&fake, "⌛ No answer in time: refused"), WAIT)
+            .await
+    );
+    let records = bot
+        .store
+        .approval_records(&format!("agent:main:telegram:dm:{USER}"))
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        (records[0].outcome.as_str(), records[0].decided_by),
+        ("timed_out", None)
+    );
 
     bot.shutdown().await;
 }

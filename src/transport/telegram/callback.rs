@@ -44,6 +44,7 @@ use crate::identity::TurnGeneration;
 use crate::runner::ApprovalPress;
 use crate::store::{now_ms, InboxState, Store, StoreError, StoredButton};
 use crate::tools::approval::Decided;
+use crate::tools::approval_prompt::{chosen_line, clock_utc};
 use crate::tools::authority::may_decide;
 
 /// Carries out button presses.
@@ -426,34 +427,13 @@ fn used_text(action: &ButtonAction) -> &'static str {
 /// when.
 fn decided_lines(decided: &Decided, who: &str) -> (String, String) {
     let at = clock_utc(now_ms());
-    match (&decided.option, decided.approve_deny) {
-        (_, true) if decided.allowed() => (
-            "Approved.".to_string(),
-            format!("✅ Approved by {who} ({at} UTC)."),
-        ),
-        (_, true) => (
-            "Denied.".to_string(),
-            format!("🚫 Denied by {who} ({at} UTC)."),
-        ),
-        (Some(option), false) => (
-            format!("{}.", option.label),
-            format!(
-                "{} {} — chosen by {who} ({at} UTC).",
-                option.kind.emoji(),
-                option.label
-            ),
-        ),
-        (None, false) => (
-            "Denied.".to_string(),
-            format!("🚫 Denied by {who} ({at} UTC)."),
-        ),
-    }
-}
-
-/// `HH:MM` of the Unix time `ms`, in UTC.
-fn clock_utc(ms: i64) -> String {
-    let minutes = ms.div_euclid(60_000).rem_euclid(24 * 60);
-    format!("{:02}:{:02}", minutes / 60, minutes % 60)
+    let line = chosen_line(decided.option.as_ref(), who, &at);
+    let toast = match (&decided.option, decided.approve_deny) {
+        (_, true) if decided.allowed() => "Approved.".to_string(),
+        (Some(option), false) => format!("{}.", option.label),
+        _ => "Denied.".to_string(),
+    };
+    (toast, line)
 }
 
 /// The presser, in the chat (and thread) of the button's session.
