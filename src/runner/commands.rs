@@ -246,7 +246,7 @@ pub fn ps_text(lines: &[String]) -> String {
 
 /// Said when a tool command is used but the terminal tool is off.
 pub const NO_TOOLS_TEXT: &str =
-    "The terminal tool is not enabled here ([tools.terminal] enabled = false), so there are no processes or approvals.";
+    "This bot does not run commands, so there are no processes or approvals.";
 
 /// "4s", "2m 05s", "1h 02m".
 pub fn human_duration(d: Duration) -> String {
@@ -289,7 +289,7 @@ pub fn undone_text(user_text: &str, entries: usize) -> String {
 pub fn models_text(current: &str, models: &[String]) -> String {
     if models.is_empty() {
         return format!(
-            "Model: {current}\nTo switch, list models in [agent.openai] models = [...] in the config."
+            "Model: {current}\nThis bot offers no other model to switch to (its owner can add some)."
         );
     }
     let mut text = format!("Model: {current}\nChoose one (or send /model NAME):");
@@ -393,7 +393,8 @@ mod tests {
         );
         let text = models_text("big", &[]);
         assert!(text.starts_with("Model: big\n"), "{text}");
-        assert!(text.contains("models = [...]"), "{text}");
+        assert!(text.contains("no other model"), "{text}");
+        assert!(!text.contains("agent.openai"), "{text}");
     }
 
     #[test]

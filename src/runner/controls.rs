@@ -56,8 +56,7 @@ impl Runner {
             // Handled in `dispatch` (it runs a turn); never reached.
             KnownCommand::Retry => Reply::command(commands::BUSY_HISTORY_TEXT),
             KnownCommand::Stop => {
-                self.deny_pending_approvals(key);
-                let stopped = self.stop_running(key, InvalidateReason::Stop);
+                let stopped = self.stop_and_deny(key, InvalidateReason::Stop);
                 match stopped {
                     StopOutcome::StoppedLive => Reply::command("⏹ Stopped."),
                     StopOutcome::ForceUnlocked => {
@@ -78,8 +77,7 @@ impl Runner {
                 } else {
                     InvalidateReason::Reset
                 };
-                self.deny_pending_approvals(key);
-                let stopped = self.stop_running(key, reason);
+                let stopped = self.stop_and_deny(key, reason);
                 let (old, new) = {
                     let mut state = self.state();
                     state.trimmed.remove(key);
@@ -427,8 +425,19 @@ impl Runner {
         }
     }
 
-    /// /stop, /new and /reset refuse whatever waits for approval.
-    pub(super) fn deny_pending_approvals(&self, key: &SessionKey) {
+    /// /stop, /new and /reset: the running turn is cancelled first, then
+    /// whatever waits for approval is refused. In this order a tool woken
+    /// by the refusal finds its turn already cancelled; the other way round
+    /// it could carry the refusal to the model (one more LLM request from a
+    /// stopped turn) before the cancel arrived.
+    fn stop_and_deny(&self, key: &SessionKey, reason: InvalidateReason) -> StopOutcome {
+        let stopped = self.stop_running(key, reason);
+        self.deny_pending_approvals(key);
+        stopped
+    }
+
+    /// Refuse whatever waits for approval in `key`'s slot.
+    fn deny_pending_approvals(&self, key: &SessionKey) {
         if let Some(tools) = self.tools() {
             if tools.approvals().deny_all(key, Denial::Stopped) > 0 {
                 tracing::info!(session_key = %key, "pending approval denied by a control command");
