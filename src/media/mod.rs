@@ -23,8 +23,10 @@
 pub mod album;
 pub mod command_files;
 pub mod describe;
+pub mod document;
 pub mod download;
 pub mod outbox;
+pub mod pdf;
 pub mod prepare;
 pub mod retention;
 pub mod transcribe;
@@ -218,6 +220,54 @@ pub struct Attachment {
     pub is_image: bool,
 }
 
+/// Whether the model is shown saved files' paths: only where a tool it
+/// has can open them. Otherwise it sees file names (and what could be read
+/// of them) and never a server path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FileAccess {
+    /// No tool of the model's opens files (the openai backend without the
+    /// terminal tool, or with it running as another user; echo).
+    #[default]
+    Names,
+    /// A tool opens them: the command backend's program (absolute paths,
+    /// as `{files}` and `TELEGATE_FILES` give them), or the terminal tool
+    /// running as telegate's user (relative to its `workdir` when inside
+    /// it, absolute otherwise).
+    Paths {
+        /// The directory the tool runs in.
+        workdir: Option<PathBuf>,
+    },
+}
+
+impl FileAccess {
+    /// What the configured backend and tools can open.
+    pub fn for_config(config: &crate::config::Config) -> FileAccess {
+        use crate::config::Backend;
+        let terminal = &config.tools.terminal;
+        match config.agent.backend {
+            Backend::Command => FileAccess::Paths { workdir: None },
+            Backend::Openai if terminal.enabled && terminal.run_as.is_none() => FileAccess::Paths {
+                workdir: terminal.workdir.clone(),
+            },
+            _ => FileAccess::Names,
+        }
+    }
+
+    /// How `path` is named to the model (`None`: it is not).
+    pub fn shown(&self, path: &Path) -> Option<String> {
+        let FileAccess::Paths { workdir } = self else {
+            return None;
+        };
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let inside = workdir
+            .as_ref()
+            .and_then(|dir| std::path::absolute(dir).ok())
+            .and_then(|dir| path.strip_prefix(dir).ok().map(Path::to_path_buf))
+            .filter(|relative| !relative.as_os_str().is_empty());
+        Some(inside.unwrap_or(path).display().to_string())
+    }
+}
+
 /// The media part of a [`crate::event::MessageEvent`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EventMedia {
@@ -360,6 +410,31 @@ mod tests {
         assert_eq!(safe_component(""), "_");
         assert_eq!(safe_component("ok-name_1.txt"), "ok-name_1.txt");
         assert!(!safe_component("a/b\\c\0d").contains(['/', '\\', '\0']));
+    }
+
+    #[test]
+    fn paths_are_shown_only_to_a_model_with_a_tool_that_opens_them() {
+        let path = Path::new("/data/media/s1/5-0-report.pdf");
+        assert_eq!(FileAccess::Names.shown(path), None);
+        let program = FileAccess::Paths { workdir: None };
+        assert_eq!(
+            program.shown(path).as_deref(),
+            Some("/data/media/s1/5-0-report.pdf")
+        );
+        let inside = FileAccess::Paths {
+            workdir: Some("/data".into()),
+        };
+        assert_eq!(
+            inside.shown(path).as_deref(),
+            Some("media/s1/5-0-report.pdf")
+        );
+        let outside = FileAccess::Paths {
+            workdir: Some("/srv/work".into()),
+        };
+        assert_eq!(
+            outside.shown(path).as_deref(),
+            Some("/data/media/s1/5-0-report.pdf")
+        );
     }
 
     #[test]

@@ -245,7 +245,8 @@ pub fn build(
         None => crate::media::media_root(&config.store.data_dir),
     };
     let downloader = crate::media::download::Downloader::new(bot.clone(), api_url, token)?;
-    let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?;
+    let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?
+        .with_file_access(crate::media::FileAccess::for_config(config));
     crate::media::retention::spawn_retention(root.clone(), config.media.keep_days, stop.clone());
     let sender = Arc::new(crate::delivery::files::TelegramFileSender::new(
         delivery.clone(),
