@@ -6,8 +6,11 @@
 //! per-chat intake worker gathers album parts ([`album`]), then
 //! [`prepare::MediaStage`] downloads ([`download`]), transcribes
 //! ([`transcribe`]) and turns them into text, image attachments or saved
-//! paths — or into a clear refusal. Files live under
-//! `<data_dir>/media/<session id>/` and are removed by [`retention`].
+//! paths — or into a clear refusal. Documents are read by [`document`]
+//! (text in any common encoding, PDFs through [`pdf`]); a saved path is
+//! named to the model only where [`FileAccess`] says a tool of its can
+//! open it. Files live under `<data_dir>/media/<session id>/` and are
+//! removed by [`retention`].
 //!
 //! Outbound, the runner binds a [`TurnFiles`] task-locally around each turn
 //! (the attachments, the turn's outbox directory, the file sender): the
@@ -56,8 +59,9 @@ pub struct MediaConfig {
     /// most 20 MB; a local Bot API server lifts that, so raise this then.
     #[serde(default = "default_max_file_bytes")]
     pub max_file_bytes: u64,
-    /// Text documents up to this size (bytes) are put into the message;
-    /// larger ones are saved and their path passed.
+    /// At most this much of a text document's (or a PDF's) text is put
+    /// into the message (bytes); a longer one is cut there, with a marker,
+    /// and the user is told (0: documents are not read).
     #[serde(default = "default_max_inline_bytes")]
     pub max_inline_bytes: u64,
     /// Downloaded and outbox files older than this many days are removed
