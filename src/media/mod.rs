@@ -442,6 +442,32 @@ mod tests {
     }
 
     #[test]
+    fn what_can_open_files_follows_the_backend_and_the_terminal_user() {
+        use crate::config::{Config, Purpose};
+        let parse = |text: &str| {
+            Config::parse(Path::new("t.toml"), text, Purpose::Console, |_| None).unwrap()
+        };
+        let openai = "[agent]\nbackend = \"openai\"\n[agent.openai]\nmodel = \"m\"\n";
+        assert_eq!(FileAccess::for_config(&parse(openai)), FileAccess::Names);
+        let terminal = format!("{openai}[tools.terminal]\nenabled = true\napproval = \"always\"\n");
+        let mut config = parse(&terminal);
+        assert_eq!(
+            FileAccess::for_config(&config),
+            FileAccess::Paths { workdir: None }
+        );
+        // Commands running as another user cannot read telegate's files.
+        config.tools.terminal.run_as = Some("nobody".into());
+        assert_eq!(FileAccess::for_config(&config), FileAccess::Names);
+        let command = parse("[agent]\nbackend = \"command\"\n[agent.command]\nargv = [\"cat\"]\n");
+        assert_eq!(
+            FileAccess::for_config(&command),
+            FileAccess::Paths { workdir: None }
+        );
+        let echo = parse("[agent]\nbackend = \"echo\"\n");
+        assert_eq!(FileAccess::for_config(&echo), FileAccess::Names);
+    }
+
+    #[test]
     fn media_config_defaults_and_unknown_keys() {
         let c: MediaConfig = toml::from_str("").unwrap();
         assert_eq!(c, MediaConfig::default());
