@@ -3,14 +3,13 @@
 //! uploads) and the fake LLM server (with its fake transcription
 //! endpoint). Voice notes become text (and are echoed when asked), photos
 //! reach a vision model as image parts with the exact bytes, text
-//! documents are inlined (in any common encoding, in part past the inline
-//! limit, with a marker), PDFs' text reaches the model, binary documents
-//! reach a command backend by path, whatever the model cannot see is told
-//! to the user in one sentence, the model sees no server path no tool of
-//! its can open, albums arrive as one turn, oversized files and a missing
+//! documents are inlined, binary documents reach a command backend by
+//! path, albums arrive as one turn, oversized files and a missing
 //! transcription setup get clear messages, `send_file` and the outbox
 //! directory deliver files, path escapes are refused, and a restart in the
-//! middle of a download finishes the message once.
+//! middle of a download finishes the message once. How documents are read
+//! (encodings, PDFs, cuts, what the user is told) is in `documents_e2e`,
+//! which shares this file's helpers.
 
 use crate::support;
 
@@ -20,17 +19,17 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{json, Value};
 use support::fake_bot::{Failure, FakeBotApi};
-use support::fake_files::{document_json, minimal_pdf, photo_json, voice_json};
+use support::fake_files::{document_json, photo_json, voice_json};
 use support::fake_openai::{last_user_contains, tool_result_after, FakeOpenAi, Script};
 use telegate::config::{Config, Purpose};
 use telegate::transport::telegram::TelegramBot;
 
-const WAIT: Duration = Duration::from_secs(20);
-const USER: i64 = 42;
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const USER: i64 = 42;
 
 /// A config for the fake servers; `agent` is the `[agent]` section and
 /// whatever follows it.
-fn config(fake: &FakeBotApi, data_dir: &Path, agent: &str) -> Config {
+pub(crate) fn config(fake: &FakeBotApi, data_dir: &Path, agent: &str) -> Config {
     config_with_sessions(fake, data_dir, "", agent)
 }
 
@@ -50,7 +49,7 @@ fn config_with_sessions(fake: &FakeBotApi, data_dir: &Path, sessions: &str, agen
         .expect("valid test config")
 }
 
-fn openai(llm: &FakeOpenAi, vision: bool) -> String {
+pub(crate) fn openai(llm: &FakeOpenAi, vision: bool) -> String {
     format!(
         "[agent]\nbackend = \"openai\"\n\n[agent.openai]\nbase_url = \"{}\"\nmodel = \"m\"\n\
          api_key_env = \"TELEGATE_TEST_NO_SUCH_KEY\"\nvision = {vision}\n\n",
@@ -74,7 +73,7 @@ fn command(argv: &[&str]) -> String {
     )
 }
 
-fn sent_containing(fake: &FakeBotApi, needle: &str) -> Vec<String> {
+pub(crate) fn sent_containing(fake: &FakeBotApi, needle: &str) -> Vec<String> {
     fake.sent_texts(USER)
         .into_iter()
         .filter(|t| t.contains(needle))
@@ -92,7 +91,7 @@ async fn wait_exact(fake: &FakeBotApi, text: &str) -> bool {
 }
 
 /// The content of the last user message of a chat completions request.
-fn last_user_content(request: &Value) -> Value {
+pub(crate) fn last_user_content(request: &Value) -> Value {
     request["messages"]
         .as_array()
         .unwrap()
@@ -771,314 +770,5 @@ async fn a_replayed_turn_does_not_send_a_file_twice() {
     assert!(support::fake_openai::last_tool_result(&last)
         .unwrap()
         .contains("already sent"));
-    bot.shutdown().await;
-}
-
-/// Everything the fake LLM was sent, as one string.
-fn everything_sent_to(llm: &FakeOpenAi) -> String {
-    llm.requests()
-        .iter()
-        .map(Value::to_string)
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The text of the last user message of the `n`th request.
-fn user_text(llm: &FakeOpenAi, n: usize) -> String {
-    let content = last_user_content(&llm.requests()[n]);
-    match content {
-        Value::String(text) => text,
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("\n"),
-        other => panic!("unexpected content {other}"),
-    }
-}
-
-/// Wait for the `n`th "ok" answer.
-async fn wait_answers(fake: &FakeBotApi, n: usize) -> bool {
-    fake.wait_for(
-        |_| fake.sent_texts(USER).iter().filter(|t| *t == "ok").count() >= n,
-        WAIT,
-    )
-    .await
-}
-
-/// Send a document and wait for its answer (the `n`th "ok").
-async fn send_document(fake: &FakeBotApi, n: usize, bytes: Vec<u8>, name: &str, mime: &str) {
-    let ext = name.rsplit_once('.').map_or("bin", |(_, e)| e);
-    let size = bytes.len();
-    let file = fake.files().add(bytes, ext);
-    let unique = fake.files().unique_id(&file);
-    fake.push_media(USER, USER, document_json(&file, &unique, name, mime, size));
-    assert!(
-        wait_answers(fake, n).await,
-        "{name} was not answered: {:?}",
-        fake.sent_texts(USER)
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn text_in_legacy_encodings_and_utf16_is_decoded_and_inlined() {
-    let fake = FakeBotApi::start().await;
-    let llm = FakeOpenAi::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, false)))
-        .await
-        .unwrap();
-    // Latin-1, as old Windows and Unix tools write it.
-    let latin1 = b"Men\xfc du jour: caf\xe9 cr\xe8me, cr\xeape \xe0 la fran\xe7aise\n".to_vec();
-    send_document(&fake, 1, latin1, "menu.txt", "text/plain").await;
-    let text = user_text(&llm, 0);
-    assert!(
-        text.contains("[file menu.txt (text/plain)]")
-            && text.contains("Menü du jour: café crème, crêpe à la française"),
-        "{text}"
-    );
-    // UTF-16 with a byte-order mark, as Windows' Notepad and PowerShell
-    // write it.
-    let words = "Grüße aus Köln — 5 €\nzweite Zeile\n";
-    let mut utf16 = vec![0xff, 0xfe];
-    utf16.extend(words.encode_utf16().flat_map(u16::to_le_bytes));
-    send_document(&fake, 2, utf16, "gruss.txt", "text/plain").await;
-    let text = user_text(&llm, 1);
-    assert!(
-        text.contains("Grüße aus Köln — 5 €\nzweite Zeile"),
-        "{text}"
-    );
-    assert!(!everything_sent_to(&llm).contains('\u{fffd}'));
-    // Nothing to tell the user: the model read both whole.
-    assert_eq!(fake.sent_texts(USER), ["ok", "ok"]);
-    bot.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pdfs_text_reaches_the_model() {
-    let fake = FakeBotApi::start().await;
-    let llm = FakeOpenAi::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, false)))
-        .await
-        .unwrap();
-    let pdf = minimal_pdf(&["Invoice 2024-117", "Total due: 420 EUR"]);
-    send_document(&fake, 1, pdf, "invoice.pdf", "application/pdf").await;
-    let text = user_text(&llm, 0);
-    assert!(
-        text.contains("[file invoice.pdf (application/pdf)]"),
-        "{text}"
-    );
-    assert!(
-        text.contains("Invoice 2024-117") && text.contains("Total due: 420 EUR"),
-        "{text}"
-    );
-    assert_eq!(fake.sent_texts(USER), ["ok"]);
-    bot.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_text_is_inlined_in_part_with_a_marker_and_the_user_told_once() {
-    let fake = FakeBotApi::start().await;
-    let llm = FakeOpenAi::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let agent = format!("{}[media]\nmax_inline_bytes = 2048\n", openai(&llm, false));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
-    let log: String = (0..500)
-        .map(|n| format!("line {n:03}: request served in 12 ms\n"))
-        .collect();
-    send_document(&fake, 1, log.into_bytes(), "big.log", "text/plain").await;
-    let text = user_text(&llm, 0);
-    assert!(text.contains("line 000: request served"), "{text}");
-    assert!(!text.contains("line 499"), "{text}");
-    assert!(
-        text.contains("[… cut: showing the first 1 KB of 16 KB]"),
-        "{text}"
-    );
-    // The cut falls on a line boundary.
-    let shown = text
-        .lines()
-        .filter(|l| l.starts_with("line "))
-        .collect::<Vec<_>>();
-    assert!(shown.iter().all(|l| l.ends_with("12 ms")), "{shown:?}");
-    let told = sent_containing(&fake, "big.log");
-    assert_eq!(
-        told,
-        ["📎 big.log is long, so I read only its first 1 KB of 16 KB."],
-        "{:?}",
-        fake.sent_texts(USER)
-    );
-    let sent = fake.sent_texts(USER);
-    assert_eq!(sent.len(), 2, "{sent:?}");
-    assert_eq!(sent[1], "ok", "told before the answer: {sent:?}");
-    bot.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pdf_without_text_or_a_broken_one_is_told_to_the_user() {
-    let fake = FakeBotApi::start().await;
-    let llm = FakeOpenAi::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, false)))
-        .await
-        .unwrap();
-    // A scanned page: an image, no text layer.
-    send_document(&fake, 1, minimal_pdf(&[]), "scan.pdf", "application/pdf").await;
-    assert_eq!(
-        sent_containing(&fake, "scan.pdf"),
-        ["📎 I found no text in scan.pdf (perhaps it is scanned pages), so I could not read it."]
-    );
-    let text = user_text(&llm, 0);
-    assert!(
-        text.contains("[file scan.pdf (application/pdf, ") && text.contains("no text layer"),
-        "{text}"
-    );
-    // Garbage that claims to be a PDF.
-    let garbage = b"%PDF-1.7\n\x00\x01 this is not a PDF at all \xff\xfe".to_vec();
-    send_document(&fake, 2, garbage, "broken.pdf", "application/pdf").await;
-    assert_eq!(
-        sent_containing(&fake, "broken.pdf"),
-        ["📎 I could not read any text in broken.pdf."]
-    );
-    // Each is told once, before its answer, and the bot goes on.
-    fake.push_text(USER, USER, "still there?");
-    assert!(wait_answers(&fake, 3).await);
-    let sent = fake.sent_texts(USER);
-    assert_eq!(sent.len(), 5, "{sent:?}");
-    assert!(
-        sent[0].contains("scan.pdf") && sent[2].contains("broken.pdf"),
-        "{sent:?}"
-    );
-    bot.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_model_sees_no_server_path_it_cannot_open_and_the_user_hears_what_it_missed() {
-    let fake = FakeBotApi::start().await;
-    let llm = FakeOpenAi::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, true)))
-        .await
-        .unwrap();
-    let image: Vec<u8> = (0..=255u8).cycle().take(500).collect();
-    let photo = fake.files().add(image, "jpg");
-    let mut media = photo_json(&photo, "uphoto", 500);
-    media["caption"] = json!("look");
-    fake.push_media(USER, USER, media);
-    assert!(wait_answers(&fake, 1).await);
-    // A binary file, and a binary file misnamed .txt.
-    let blob = vec![0u8, 159, 146, 150, 255, 0, 1, 2];
-    send_document(&fake, 2, blob, "blob.dat", "application/octet-stream").await;
-    let misnamed: Vec<u8> = (0..600u32).map(|i| (i * 7 % 256) as u8).collect();
-    send_document(&fake, 3, misnamed, "notes.txt", "text/plain").await;
-    let everything = everything_sent_to(&llm);
-    let root = data.path().display().to_string();
-    assert!(
-        !everything.contains(&root),
-        "a server path reached the model: {everything}"
-    );
-    assert!(!everything.contains("saved at"), "{everything}");
-    assert!(
-        user_text(&llm, 0).starts_with("look\n\n[photo]"),
-        "{}",
-        user_text(&llm, 0)
-    );
-    assert!(
-        user_text(&llm, 1).contains("[file blob.dat (application/octet-stream, 8 bytes): "),
-        "{}",
-        user_text(&llm, 1)
-    );
-    let misnamed_note = user_text(&llm, 2);
-    assert!(
-        misnamed_note.contains("binary data, not text"),
-        "{misnamed_note}"
-    );
-    assert!(
-        !misnamed_note.contains("```"),
-        "no garbage inlined: {misnamed_note}"
-    );
-    assert_eq!(
-        sent_containing(&fake, "📎"),
-        [
-            "📎 I could not read blob.dat: I can read text files and PDFs, not this kind of file.",
-            "📎 I could not read notes.txt: it does not look like text.",
-        ]
-    );
-    bot.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_terminal_tool_the_model_gets_a_path_it_can_open() {
-    let fake = FakeBotApi::start().await;
-    let llm = FakeOpenAi::start().await;
-    let data = tempfile::tempdir().unwrap();
-    // The terminal works in the data directory: paths are relative to it.
-    let agent = format!(
-        "{}[tools.terminal]\nenabled = true\nworkdir = \"{}\"\n",
-        openai(&llm, false),
-        data.path().display()
-    );
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
-    let blob = vec![0u8, 1, 2, 3, 255];
-    send_document(
-        &fake,
-        1,
-        blob.clone(),
-        "blob.dat",
-        "application/octet-stream",
-    )
-    .await;
-    let text = user_text(&llm, 0);
-    let at = text
-        .split(" saved at ")
-        .nth(1)
-        .and_then(|rest| rest.split(']').next())
-        .unwrap_or_else(|| panic!("no path: {text}"));
-    assert!(at.starts_with("media/"), "{text}");
-    assert_eq!(std::fs::read(data.path().join(at)).unwrap(), blob);
-    // The model can open it, so the user is not told it could not.
-    assert_eq!(fake.sent_texts(USER), ["ok"]);
-    bot.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_the_model_missed_is_told_once_even_across_a_restart() {
-    let fake = FakeBotApi::start().await;
-    let llm = FakeOpenAi::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let agent = openai(&llm, false);
-    // The first run's turn never answers: the restart prepares the
-    // message again.
-    llm.push_when(last_user_contains("blob.dat"), Script::Hang);
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
-    let blob = vec![0u8, 7, 0, 7, 255];
-    let file = fake.files().add(blob, "dat");
-    let unique = fake.files().unique_id(&file);
-    fake.push_media(
-        USER,
-        USER,
-        document_json(&file, &unique, "blob.dat", "application/octet-stream", 5),
-    );
-    assert!(fake.wait_for(|_| !llm.requests().is_empty(), WAIT).await);
-    assert_eq!(sent_containing(&fake, "blob.dat").len(), 1);
-    bot.shutdown().await;
-
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
-    assert!(wait_answers(&fake, 1).await, "{:?}", fake.sent_texts(USER));
-    assert_eq!(llm.requests().len(), 2, "prepared and asked again");
-    assert_eq!(
-        sent_containing(&fake, "blob.dat").len(),
-        1,
-        "{:?}",
-        fake.sent_texts(USER)
-    );
     bot.shutdown().await;
 }
