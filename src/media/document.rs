@@ -286,6 +286,8 @@ pub enum Unreadable {
     PdfFailed,
     /// Inlining is off (`max_inline_bytes = 0`).
     NotInlined,
+    /// The saved file could not be read back.
+    Failed,
 }
 
 impl Unreadable {
@@ -328,7 +330,7 @@ pub async fn read(path: &Path, mime: &str, name: &str, size: u64, budget: u64) -
         Ok(head) => head,
         Err(error) => {
             tracing::warn!(file = name, %error, "a saved document could not be read");
-            return Reading::Unreadable(Unreadable::Binary);
+            return Reading::Unreadable(Unreadable::Failed);
         }
     };
     let kind = kind(mime, name, &head);

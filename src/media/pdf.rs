@@ -6,10 +6,11 @@
 //! * encrypted files are not opened (their streams cannot be checked
 //!   before decryption, see [`is_encrypted`]);
 //! * a decompression budget ([`INFLATE_BUDGET`]): every stream is decoded
-//!   first with bounded readers (Flate, LZW, ASCII85 and chains of them,
-//!   tried on every stream whatever its dictionary claims), and a file
-//!   whose streams would inflate past the budget is refused before the
-//!   parser, which decodes without bounds, sees it ([`inflates_within`]);
+//!   first with bounded readers (each of Flate, LZW and ASCII85 whose
+//!   filter name appears in the file, tried on every stream whatever its
+//!   dictionary claims, and on what they produce), and a file whose
+//!   streams would inflate past the budget is refused before the parser,
+//!   which decodes without bounds, sees it ([`inflates_within`]);
 //! * the parser runs under `catch_unwind` (it panics on malformed input)
 //!   on a thread of its own with a large stack, bounded in time
 //!   ([`extract_bounded`]); one extraction runs at a time, and a thread
@@ -154,6 +155,14 @@ pub fn looks_like_pdf(bytes: &[u8]) -> bool {
 /// True if any name in `bytes` is `/Encrypt` (with `#xx` escapes
 /// decoded, as the parser reads names).
 pub fn is_encrypted(bytes: &[u8]) -> bool {
+    let mut found = false;
+    for_each_name(bytes, |name| found |= name == b"Encrypt");
+    found
+}
+
+/// Call `f` with every name in `bytes` (`/Name`, escapes decoded), up to
+/// 64 bytes of each.
+fn for_each_name(bytes: &[u8], mut f: impl FnMut(&[u8])) {
     let mut i = 0;
     while let Some(offset) = bytes[i..].iter().position(|&b| b == b'/') {
         let start = i + offset + 1;
@@ -161,12 +170,9 @@ pub fn is_encrypted(bytes: &[u8]) -> bool {
         while end < bytes.len() && is_name_byte(bytes[end]) && end - start < 64 {
             end += 1;
         }
-        if decode_name(&bytes[start..end]) == b"Encrypt" {
-            return true;
-        }
+        f(&decode_name(&bytes[start..end]));
         i = end.max(start);
     }
-    false
 }
 
 fn is_name_byte(b: u8) -> bool {
@@ -200,14 +206,21 @@ fn decode_name(raw: &[u8]) -> Vec<u8> {
 }
 
 /// True if the streams of `bytes`, decoded as the parser might decode
-/// them, inflate to at most `budget` bytes in all. Every `stream` keyword
-/// starts a body that is tried with each decoder, whatever the stream's
-/// dictionary says (a hostile file can disguise it), and what a decoder
-/// produces is tried again, [`MAX_LAYERS`] deep. A stream costs the
+/// them, inflate to at most `budget` bytes in all. The parser applies a
+/// filter only when the stream's dictionary names it directly, and stream
+/// dictionaries are never compressed, so the decoders to try are those
+/// whose filter names appear anywhere in the file ([`declared`]). Every
+/// `stream` keyword starts a body that is tried with each of them,
+/// whatever that stream's dictionary says (a hostile file can disguise
+/// it), and what a decoder produces is tried again, [`MAX_LAYERS`] deep. A stream costs the
 /// largest output on any such chain (the parser keeps about one layer of
 /// a stream at a time); the trying itself may produce at most eight times
-/// the budget.
+/// the budget, and hold at most the budget at once.
 pub fn inflates_within(bytes: &[u8], budget: u64) -> bool {
+    let decoders = declared(bytes);
+    if decoders.is_empty() {
+        return true;
+    }
     let mut work = budget.saturating_mul(8);
     let mut total: u64 = 0;
     let mut from = 0;
@@ -220,8 +233,10 @@ pub fn inflates_within(bytes: &[u8], budget: u64) -> bool {
         let mut effort = Effort {
             work: &mut work,
             cap: budget - total,
+            held: 0,
+            hold_limit: budget,
         };
-        match layers(&bytes[body..], 0, &mut effort) {
+        match layers(&bytes[body..], 0, &decoders, &mut effort) {
             Ok(largest) => total += largest,
             Err(Spent) => return false,
         }
@@ -232,10 +247,13 @@ pub fn inflates_within(bytes: &[u8], budget: u64) -> bool {
 /// The budget ran out.
 struct Spent;
 
-/// What decoding may still produce: `work` in all, `cap` in one output.
+/// What decoding may still produce: `work` in all, `cap` in one output;
+/// outputs kept to try again (`held`) stay within `hold_limit`.
 struct Effort<'a> {
     work: &'a mut u64,
     cap: u64,
+    held: u64,
+    hold_limit: u64,
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -252,19 +270,43 @@ fn body_start(bytes: &[u8], after: usize) -> Option<usize> {
     }
 }
 
+/// The decoders the parser could apply to some stream of `bytes`: those
+/// whose filter name (`/FlateDecode`, `/LZWDecode`, `/ASCII85Decode`, the
+/// only ones it decodes) appears.
+fn declared(bytes: &[u8]) -> Vec<Decoder> {
+    let mut found = [false; 3];
+    for_each_name(bytes, |name| match name {
+        b"FlateDecode" => found[0] = true,
+        b"LZWDecode" => found[1] = true,
+        b"ASCII85Decode" => found[2] = true,
+        _ => {}
+    });
+    [Decoder::Zlib, Decoder::Lzw, Decoder::Ascii85]
+        .into_iter()
+        .zip(found)
+        .filter_map(|(decoder, found)| found.then_some(decoder))
+        .collect()
+}
+
 /// Try every decoder on `data`, and again on what each produces; the
 /// largest output seen on any chain.
-fn layers(data: &[u8], depth: usize, effort: &mut Effort<'_>) -> Result<u64, Spent> {
+fn layers(
+    data: &[u8],
+    depth: usize,
+    decoders: &[Decoder],
+    effort: &mut Effort<'_>,
+) -> Result<u64, Spent> {
     let mut largest = 0;
     if depth >= MAX_LAYERS || data.is_empty() {
         return Ok(largest);
     }
-    for decoder in [Decoder::Zlib, Decoder::Lzw, Decoder::Ascii85] {
+    for decoder in decoders {
         let (produced, kept) = decoder.decode(data, effort)?;
         largest = largest.max(produced);
         if kept.len() > 1 {
-            largest = largest.max(layers(&kept, depth + 1, effort)?);
+            largest = largest.max(layers(&kept, depth + 1, decoders, effort)?);
         }
+        effort.held -= kept.len() as u64;
     }
     Ok(largest)
 }
@@ -326,12 +368,17 @@ impl<'a, 'b> Counted<'a, 'b> {
         *self.effort.work -= n;
         self.produced += n;
         if self.keeping != Some(false) {
+            if self.effort.held + n > self.effort.hold_limit {
+                return Err(Spent);
+            }
+            self.effort.held += n;
             self.kept.extend_from_slice(chunk);
         }
         if self.keeping.is_none() && self.kept.len() >= SNIFF {
             let keep = may_be_encoded(&self.kept[..SNIFF]);
             self.keeping = Some(keep);
             if !keep {
+                self.effort.held -= self.kept.len() as u64;
                 self.kept = Vec::new();
             }
         }
@@ -550,19 +597,49 @@ pub(crate) mod tests {
         let pdf = pdf_with_stream("/Filter /FlateDecode", &bomb);
         assert!(!inflates_within(&pdf, MB));
         assert!(inflates_within(&pdf, 4 * MB), "what it inflates to fits");
-        // Disguised: no filter named, a chain of two, ASCII85 outside.
-        let undeclared = pdf_with_stream("", &bomb);
+        // Disguised: this stream names no filter (another one does), the
+        // name is escaped, a chain of two, ASCII85 outside.
+        let mut undeclared = pdf_with_stream("", &bomb);
+        undeclared.extend_from_slice(
+            b"10 0 obj << /Filter /FlateDecode /Length 0 >> stream\n\nendstream endobj\n",
+        );
         assert!(!inflates_within(&undeclared, MB));
+        let escaped = pdf_with_stream("/Filter /Fl#61teDecode", &bomb);
+        assert!(!inflates_within(&escaped, MB));
         let inner = zlib(&vec![b'a'; 2 * MB as usize]);
         let chained = pdf_with_stream("/Filter [/FlateDecode /FlateDecode]", &zlib(&inner));
         assert!(!inflates_within(&chained, MB));
         let a85 = ascii85_encode(&bomb);
-        let wrapped = pdf_with_stream("/Filter [/A85 /Fl]", &a85);
+        let wrapped = pdf_with_stream("/Filter [/ASCII85Decode /FlateDecode]", &a85);
         assert!(!inflates_within(&wrapped, MB));
         assert_eq!(check_within(&pdf, MB), Err(PdfError::TooLarge));
         assert_eq!(check_within(&pdf, 4 * MB), Ok(()));
+        // Filters the parser does not decode are not followed; nor are
+        // names it would not apply.
+        assert!(inflates_within(&pdf_with_stream("/Filter /Fl", &bomb), MB));
         // An ordinary file is well within.
         assert!(inflates_within(&minimal_pdf(&[&["x"]]), 64 * 1024));
+    }
+
+    #[test]
+    fn what_is_held_to_try_again_stays_within_the_budget() {
+        // Flate around ASCII85 around noise: each layer alone fits, but
+        // the parser would hold two of them at once (and so would the
+        // check).
+        let mut seed: u32 = 7;
+        let mut noise: Vec<u8> = (0..480 * 1024)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                (seed >> 16) as u8
+            })
+            .collect();
+        noise[0] = 0x10;
+        let pdf = pdf_with_stream(
+            "/Filter [/FlateDecode /ASCII85Decode]",
+            &zlib(&ascii85_encode(&noise)),
+        );
+        assert!(!inflates_within(&pdf, 1024 * 1024));
+        assert!(inflates_within(&pdf, 2 * 1024 * 1024));
     }
 
     #[test]

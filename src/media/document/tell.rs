@@ -21,6 +21,7 @@ impl Unreadable {
             Unreadable::PdfTooLarge => "a PDF too large to read",
             Unreadable::PdfFailed => "a PDF whose text could not be read",
             Unreadable::NotInlined => "its content is not shown",
+            Unreadable::Failed => "a file that could not be read",
         }
     }
 
@@ -42,6 +43,7 @@ impl Unreadable {
             Unreadable::NotInlined => {
                 format!("📎 I did not read {name}: reading files is turned off here.")
             }
+            Unreadable::Failed => format!("📎 I could not read {name}."),
         }
     }
 }
@@ -196,6 +198,7 @@ mod tests {
             Unreadable::PdfTooLarge,
             Unreadable::PdfFailed,
             Unreadable::NotInlined,
+            Unreadable::Failed,
         ] {
             let told = tell(&shown_doc(None), &Reading::Unreadable(why));
             let notice = told.notice.unwrap();
