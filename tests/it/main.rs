@@ -22,6 +22,7 @@ mod controls_e2e;
 mod crash_recovery;
 mod delivery_retries;
 mod deploy_files;
+mod documents_e2e;
 mod drafts_e2e;
 mod engine_behaviour;
 mod engine_properties;

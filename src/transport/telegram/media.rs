@@ -396,7 +396,8 @@ pub fn build(
         config.telegram.local_bot_api,
         time,
     )?;
-    let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?;
+    let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?
+        .with_file_access(crate::media::FileAccess::for_config(config));
     crate::media::retention::spawn_retention(root.clone(), config.media.keep_days, stop.clone());
     let sender = Arc::new(crate::delivery::files::TelegramFileSender::new(
         delivery.clone(),
