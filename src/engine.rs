@@ -23,6 +23,7 @@ use crate::event::{ChatType, Platform, SessionSource};
 use crate::identity::SessionId;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
+use crate::schedule::WithSchedule;
 use crate::store::{RunningProcess, Store, StoreError};
 use crate::tools::send_file::WithSendFile;
 use crate::tools::wakeup::{OwnerHistory, Wakeup};
@@ -316,13 +317,21 @@ fn secret_env_names(config: &AgentConfig) -> Vec<String> {
 }
 
 /// The configured agent backend with its tools: the openai backend gets the
-/// terminal tool when `[tools.terminal] enabled = true` (and no tools
-/// otherwise). Fails only for a configuration that [`Config`] validation
+/// terminal tool when `[tools.terminal] enabled = true`, and the `schedule`
+/// tool while `[schedule] enabled` (the default). Fails only for a configuration that [`Config`] validation
 /// would have refused.
 pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
     let terminal = &config.tools.terminal;
     if !terminal.enabled {
-        return Ok(AgentSetup::without_tools(build_agent(&config.agent)?));
+        // The openai backend gets the `schedule` tool when jobs are on.
+        return match (&config.agent.backend, &config.agent.openai) {
+            (Backend::Openai, Some(openai)) if config.schedule.enabled => {
+                let tools = Arc::new(WithSchedule::new(Arc::new(NoTools)));
+                let agent = OpenAiAgent::new(openai.clone(), openai.api_key(), tools)?;
+                Ok(AgentSetup::without_tools(Arc::new(agent)))
+            }
+            _ => Ok(AgentSetup::without_tools(build_agent(&config.agent)?)),
+        };
     }
     let openai = match (&config.agent.backend, &config.agent.openai) {
         (Backend::Openai, Some(openai)) => openai.clone(),
@@ -342,7 +351,12 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
         .workdir
         .clone()
         .unwrap_or_else(|| PathBuf::from("."));
-    let tools = Arc::new(WithSendFile::new(tool.clone(), workspace));
+    let tools: Arc<dyn crate::tools::ToolRegistry> = if config.schedule.enabled {
+        Arc::new(WithSchedule::new(tool.clone()))
+    } else {
+        tool.clone()
+    };
+    let tools = Arc::new(WithSendFile::new(tools, workspace));
     let agent = OpenAiAgent::new(openai, key, tools)?;
     Ok(AgentSetup {
         agent: Arc::new(agent),

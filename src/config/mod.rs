@@ -88,6 +88,9 @@ pub struct Config {
     /// `[media]`: photos, voice, documents in; files out.
     #[serde(default)]
     pub media: crate::media::MediaConfig,
+    /// `[schedule]`: scheduled jobs and reminders.
+    #[serde(default)]
+    pub schedule: crate::schedule::ScheduleConfig,
 }
 
 /// What the configuration will be used for (what must be present).
@@ -253,6 +256,7 @@ impl Config {
             )));
         }
         self.media.validate().map_err(invalid)?;
+        self.schedule.validate().map_err(invalid)?;
         if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
             return Err(invalid(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
@@ -367,6 +371,7 @@ impl Config {
             metrics: crate::metrics::Metrics::default(),
             approvers: self.telegram.approvers.clone(),
             files: None,
+            jobs: None,
             default_model: self
                 .agent
                 .openai
