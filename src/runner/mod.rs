@@ -25,6 +25,12 @@
 //! for it. A bare "yes"/"no" is claimed for a pending approval the same way
 //! ([`MessageHandler::claims_while_busy`]).
 //!
+//! The job commands (/jobs, /at, /in, /every, /cron, /pause, /resume,
+//! /unschedule, /timezone) are answered the same way, mid-turn too
+//! ([`crate::schedule::Jobs`]); a scheduled run arrives as an internal
+//! event whose message id is a run id: a reminder is answered with its
+//! text, a prompt runs as a turn and its outcome is recorded on the job.
+//!
 //! The runner must never send anything itself (it returns replies to the
 //! adapter, which owns delivery order) and never hold its lock across an
 //! `.await`.

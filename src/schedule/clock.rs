@@ -7,8 +7,8 @@
 //! * [`SystemClock`] (production) reads the system's wall clock. A wall
 //!   clock can jump (NTP, a suspended machine) while tokio's monotonic
 //!   timer does not, so one sleep never lasts longer than
-//!   [`MAX_SLEEP`]: after it the scheduler asks the clock again (one
-//!   comparison, no store access) instead of trusting an old deadline.
+//!   [`MAX_SLEEP`]: after it the scheduler looks again (one indexed
+//!   query, once a minute while idle) instead of trusting an old deadline.
 //! * [`TokioClock`] (tests) derives wall time from tokio's clock: a fixed
 //!   wall origin plus the tokio time elapsed since it was made. With
 //!   tokio's clock paused (`start_paused`, `advance`), wall time moves

@@ -20,7 +20,8 @@
 //! exactly one of `remind` (sent as is) and `prompt` (run as a turn;
 //! `session` `"same"`, the default, or `"fresh"`). A file that cannot be
 //! read is reported in the reply and made nothing. The directory is
-//! emptied before the program starts and removed after.
+//! emptied before the program starts and removed after (also when the turn
+//! was stopped: then no job is made from it).
 //!
 //! This module must never make a job for any chat but the turn's own.
 
@@ -51,8 +52,21 @@ tokio::task_local! {
 #[derive(Clone, Default)]
 pub struct TurnJobs {
     jobs: Option<Jobs>,
-    requests: Option<PathBuf>,
+    requests: Option<Arc<RequestDir>>,
     lines: Arc<Mutex<Vec<String>>>,
+}
+
+/// A turn's request directory, removed when the turn's last handle goes
+/// (also when the turn was stopped before its requests were read: a
+/// stopped turn makes no jobs from files).
+#[derive(Debug)]
+struct RequestDir(PathBuf);
+
+impl Drop for RequestDir {
+    fn drop(&mut self) {
+        // A small directory of a few files at most.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl std::fmt::Debug for TurnJobs {
@@ -77,7 +91,7 @@ pub fn turn_jobs() -> Option<TurnJobs> {
 /// the turn has no request directory).
 pub fn apply_env(command: &mut tokio::process::Command) {
     match turn_jobs().and_then(|t| t.requests) {
-        Some(dir) => command.env(SCHEDULE_ENV, dir),
+        Some(dir) => command.env(SCHEDULE_ENV, &dir.0),
         None => command.env_remove(SCHEDULE_ENV),
     };
 }
@@ -113,7 +127,7 @@ impl TurnJobs {
         };
         TurnJobs {
             jobs: Some(jobs.clone()),
-            requests,
+            requests: requests.map(|dir| Arc::new(RequestDir(dir))),
             lines: Arc::default(),
         }
     }
@@ -135,10 +149,11 @@ impl TurnJobs {
     /// `key`), then every line for the reply, in order.
     pub async fn finish(&self, owner: &SessionSource, key: &SessionKey) -> Vec<String> {
         if let (Some(jobs), Some(dir)) = (&self.jobs, &self.requests) {
-            for line in read_requests(jobs, dir, owner, key).await {
+            for line in read_requests(jobs, &dir.0, owner, key).await {
                 self.note(line);
             }
-            let _ = tokio::fs::remove_dir_all(dir).await;
+            // Read once: a second `finish` finds nothing.
+            let _ = tokio::fs::remove_dir_all(&dir.0).await;
         }
         std::mem::take(&mut *self.lines.lock().unwrap_or_else(PoisonError::into_inner))
     }

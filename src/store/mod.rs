@@ -9,6 +9,9 @@
 //!   and to when it was created and rotated.
 //! * **Transcripts** ([`transcript`]): every message of every session in
 //!   order, which is what the agent is replayed from after a restart.
+//! * **Scheduled jobs** ([`jobs`]): jobs, the journal of their runs (one
+//!   transaction moves a job on and writes its runs' inbox rows) and the
+//!   chats' time zones.
 //! * **The schema** ([`schema`]): versioned, forward-only migrations; later
 //!   tables (an inbox/outbox ledger for crash recovery) arrive as new
 //!   migrations.

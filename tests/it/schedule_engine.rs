@@ -2,11 +2,12 @@
 //! scheduler's wall time follows tokio time ([`TokioClock`]), so a job is
 //! due exactly when the test has moved time to its instant.
 //!
-//! Time moves only by `tokio::time::advance`: every wait for the engine is
-//! bounded in *real* time and spent inside `spawn_blocking` (which keeps
-//! tokio from advancing its paused clock on its own while the store
-//! thread works). Assertions are on what was delivered and run, never on
-//! how long it took.
+//! Time moves only by `tokio::time::advance`: a blocking task held for the
+//! whole test keeps tokio from advancing its paused clock on its own
+//! (which it would do whenever every task waits for the store thread,
+//! jumping to the scheduler's next instant), and every wait for the engine
+//! is bounded in *real* time. Assertions are on what was delivered and
+//! run, never on how long it took.
 //!
 //! * a job fires at its instant, once (and not a second earlier);
 //! * a run due while a turn runs waits behind it and does not interrupt it;
@@ -118,9 +119,34 @@ struct Harness {
     agent: Arc<RunAgent>,
     metrics: Metrics,
     _stop: tokio_util::sync::DropGuard,
+    _manual_time: ManualTime,
+}
+
+/// Keeps tokio's paused clock from advancing by itself while it lives: a
+/// running blocking task inhibits auto-advance.
+struct ManualTime(Arc<std::sync::atomic::AtomicBool>);
+
+impl ManualTime {
+    fn hold() -> ManualTime {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        tokio::task::spawn_blocking(move || {
+            while !flag.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        ManualTime(done)
+    }
+}
+
+impl Drop for ManualTime {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 fn harness(config: ScheduleConfig) -> Harness {
+    let manual_time = ManualTime::hold();
     let store = Store::open_in_memory().unwrap();
     let metrics = Metrics::new();
     let clock = TokioClock::starting_at("2026-05-01T10:00:00Z".parse().unwrap());
@@ -170,6 +196,7 @@ fn harness(config: ScheduleConfig) -> Harness {
         agent,
         metrics,
         _stop: stop.drop_guard(),
+        _manual_time: manual_time,
     }
 }
 
