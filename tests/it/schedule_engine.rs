@@ -12,7 +12,8 @@
 //! * a job fires at its instant, once (and not a second earlier);
 //! * a run due while a turn runs waits behind it and does not interrupt it;
 //! * /stop during a run stops it, the job is not counted as failing, and
-//!   its next run still fires; /new leaves jobs alone;
+//!   its next run still fires (an interrupting message is no failure
+//!   either); /new leaves jobs alone;
 //! * runs failing in a row pause the job and tell the chat;
 //! * `session = "fresh"` runs in a new session each time, never the chat's;
 //! * authority: another member cannot pause or delete someone's job (an
@@ -296,8 +297,10 @@ async fn a_job_fires_at_its_instant_exactly_once() {
     h.send(1, "/in 30m remind: call Anna").await;
     h.delivered("⏰ Job 1: today 10:30 UTC — remind: call Anna", 1)
         .await;
-    // A second before its instant: nothing.
+    // A second before its instant: nothing, also when the scheduler is
+    // woken then (the jobs changed) and looks.
     advance(Duration::from_secs(30 * 60 - 1)).await;
+    h.jobs.changed();
     real_pause().await;
     assert_eq!(h.count("⏰ call Anna"), 0, "{:#?}", h.recorder.texts());
     // At its instant: the reminder, handed on with no lag on this clock.
@@ -398,8 +401,12 @@ async fn stop_stops_a_run_and_the_next_run_still_fires() {
     assert_eq!((job.state, job.failures), (JobState::Active, 0));
     advance(Duration::from_secs(3600)).await;
     assert!(real_wait(|| h.agent.started() == 2).await);
-    h.send(1, "/stop").await;
-    h.delivered("⏹ Stopped.", 2).await;
+    // A message interrupting a run is no failure either.
+    h.send(1, "hello").await;
+    h.delivered("done: hello", 1).await;
+    let job = h.store.job(1).await.unwrap().unwrap();
+    assert_eq!((job.state, job.failures), (JobState::Active, 0));
+    assert_eq!(h.metrics.schedule_runs.failed.get(), 0);
 }
 
 #[tokio::test(start_paused = true)]
