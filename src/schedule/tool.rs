@@ -118,64 +118,72 @@ impl WithSchedule {
                 turn.note(text.clone());
                 Ok(text)
             }
-            "create" => {
-                let when = args
-                    .when
-                    .ok_or_else(|| ToolError::BadArguments("create needs when".into()))?;
-                let action = match (args.remind, args.prompt) {
-                    (Some(text), None) if !text.trim().is_empty() => Action::Message { text },
-                    (None, Some(text)) if !text.trim().is_empty() => Action::Prompt {
-                        fresh: match args.session.as_deref() {
-                            None | Some("same") => false,
-                            Some("fresh") => true,
-                            Some(other) => {
-                                return Err(ToolError::BadArguments(format!(
-                                    "session is \"same\" or \"fresh\", not {other:?}"
-                                )))
-                            }
-                        },
-                        text,
-                    },
-                    _ => {
-                        return Err(ToolError::BadArguments(
-                            "create needs exactly one of remind and prompt".into(),
-                        ))
-                    }
-                };
-                let (zone, tz) = jobs.zone_of(source.chat_id).await;
-                let (schedule, label) =
-                    parse_when(&when, jobs.now(), &tz).map_err(ToolError::Failed)?;
-                let view = jobs
-                    .create(
-                        source,
-                        &identity.session_key,
-                        JobRequest {
-                            schedule,
-                            label,
-                            action,
-                        },
-                    )
-                    .await
-                    .map_err(ToolError::Failed)?;
-                let line = jobs.confirmation(&view).await;
-                turn.note(line.clone());
-                let exact = view
-                    .next
-                    .map(|at| {
-                        at.to_zoned(tz.clone())
-                            .strftime("%Y-%m-%d %H:%M:%S %Z")
-                            .to_string()
-                    })
-                    .unwrap_or_default();
-                Ok(format!(
-                    "Created job {} (time zone {zone}): next run {exact}. The user sees: {line}",
-                    view.id
-                ))
-            }
+            "create" => self.create(args, &turn, &identity).await,
             other => Err(ToolError::BadArguments(format!(
                 "action is create, list or delete, not {other:?}"
             ))),
         }
+    }
+
+    /// `action = "create"`: a job for the turn's chat and user.
+    async fn create(
+        &self,
+        args: Arguments,
+        turn: &super::requests::TurnJobs,
+        identity: &crate::identity::TurnIdentity,
+    ) -> Result<String, ToolError> {
+        let Some(jobs) = turn.jobs() else {
+            return Err(ToolError::Failed("scheduling is turned off here".into()));
+        };
+        let source = &identity.source;
+        let when = args
+            .when
+            .ok_or_else(|| ToolError::BadArguments("create needs when".into()))?;
+        let action = match (args.remind, args.prompt) {
+            (Some(text), None) if !text.trim().is_empty() => Action::Message { text },
+            (None, Some(text)) if !text.trim().is_empty() => Action::Prompt {
+                fresh: match args.session.as_deref() {
+                    None | Some("same") => false,
+                    Some("fresh") => true,
+                    Some(other) => {
+                        return Err(ToolError::BadArguments(format!(
+                            "session is \"same\" or \"fresh\", not {other:?}"
+                        )))
+                    }
+                },
+                text,
+            },
+            _ => {
+                return Err(ToolError::BadArguments(
+                    "create needs exactly one of remind and prompt".into(),
+                ))
+            }
+        };
+        let (zone, tz) = jobs.zone_of(source.chat_id).await;
+        let (schedule, label) = parse_when(&when, jobs.now(), &tz).map_err(ToolError::Failed)?;
+        let request = JobRequest {
+            schedule,
+            label,
+            action,
+        };
+        let view = jobs
+            .create(source, &identity.session_key, request)
+            .await
+            .map_err(ToolError::Failed)?;
+        let line = jobs.confirmation(&view).await;
+        turn.note(line.clone());
+        let exact = view
+            .next
+            .map(|at| {
+                at.to_zoned(tz.clone())
+                    .strftime("%Y-%m-%d %H:%M:%S %Z")
+                    .to_string()
+            })
+            .unwrap_or_default();
+        Ok(format!(
+            "Created job {} (time zone {zone}): next run {exact}. The user sees: {line}",
+            view.id
+        ))
     }
 }
 
