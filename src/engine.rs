@@ -24,6 +24,7 @@ use crate::media::handle::Reader;
 use crate::media::outbox::Workspace;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
+use crate::schedule::WithSchedule;
 use crate::store::{RunningProcess, Store, StoreError};
 use crate::tools::childgroups::{kill_previous_run, GroupLedger};
 use crate::tools::runas::RunAs;
@@ -342,17 +343,27 @@ fn secret_env_names(config: &AgentConfig) -> Vec<String> {
 }
 
 /// The configured agent backend with its tools: the openai backend gets the
-/// terminal tool when `[tools.terminal] enabled = true` (and no tools
-/// otherwise). Fails only for a configuration that [`Config`] validation
+/// terminal tool when `[tools.terminal] enabled = true`, and the `schedule`
+/// tool while `[schedule] enabled` (the default). Fails only for a configuration that [`Config`] validation
 /// would have refused.
 pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
     let terminal = &config.tools.terminal;
     if !terminal.enabled {
-        let data_dir = (!config.store.in_memory).then_some(config.store.data_dir.as_path());
-        return Ok(AgentSetup::without_tools(build_agent_in(
-            &config.agent,
-            data_dir,
-        )?));
+        // The openai backend gets the `schedule` tool when jobs are on.
+        return match (&config.agent.backend, &config.agent.openai) {
+            (Backend::Openai, Some(openai)) if config.schedule.enabled => {
+                let tools = Arc::new(WithSchedule::new(Arc::new(NoTools)));
+                let agent = OpenAiAgent::new(openai.clone(), openai.api_key(), tools)?;
+                Ok(AgentSetup::without_tools(Arc::new(agent)))
+            }
+            _ => {
+                let data_dir = (!config.store.in_memory).then_some(config.store.data_dir.as_path());
+                Ok(AgentSetup::without_tools(build_agent_in(
+                    &config.agent,
+                    data_dir,
+                )?))
+            }
+        };
     }
     let openai = match (&config.agent.backend, &config.agent.openai) {
         (Backend::Openai, Some(openai)) => openai.clone(),
@@ -371,6 +382,11 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
     // `send_file` sends from the workdir only, on behalf of the `run_as`
     // user if there is one; without a workdir it is not offered (never
     // telegate's own directory, which holds its config and database).
+    let tools: Arc<dyn ToolRegistry> = if config.schedule.enabled {
+        Arc::new(WithSchedule::new(tool.clone()))
+    } else {
+        tool.clone()
+    };
     let tools: Arc<dyn ToolRegistry> = match &terminal.workdir {
         Some(workdir) => {
             let reader = terminal
@@ -383,11 +399,11 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
                     gid: user.gid,
                 });
             let workspace = Workspace::new(workdir, reader);
-            Arc::new(WithSendFile::new(tool.clone(), workspace))
+            Arc::new(WithSendFile::new(tools, workspace))
         }
         None => {
             tracing::info!("send_file is not offered: it needs [tools.terminal] workdir");
-            tool.clone()
+            tools
         }
     };
     let agent = OpenAiAgent::new(openai, key, tools)?;

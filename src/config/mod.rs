@@ -89,6 +89,9 @@ pub struct Config {
     /// `[media]`: photos, voice, documents in; files out.
     #[serde(default)]
     pub media: crate::media::MediaConfig,
+    /// `[schedule]`: scheduled jobs and reminders.
+    #[serde(default)]
+    pub schedule: crate::schedule::ScheduleConfig,
 }
 
 /// What the configuration will be used for (what must be present).
@@ -273,6 +276,8 @@ impl Config {
         self.media.validate().map_err(invalid)?;
         crate::config_checks::check_data_dir("store.data_dir", &self.store.data_dir)
             .map_err(invalid)?;
+
+        self.schedule.validate().map_err(invalid)?;
         if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
             return Err(invalid(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
@@ -387,6 +392,7 @@ impl Config {
             metrics: crate::metrics::Metrics::default(),
             approvers: self.telegram.approvers.clone(),
             files: None,
+            jobs: None,
             default_model: self
                 .agent
                 .openai

@@ -33,6 +33,27 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("undo", "Remove the last exchange from the conversation"),
     ("model", "Show or switch the model: /model NAME"),
+    ("jobs", "List this chat's scheduled jobs"),
+    ("at", "Run or remind at a time: /at 18:00 remind: call Anna"),
+    (
+        "in",
+        "Run or remind after a while: /in 30m remind: call Anna",
+    ),
+    (
+        "every",
+        "Repeat: /every weekday 08:00 summarise my inbox, /every 1h …",
+    ),
+    (
+        "cron",
+        "Repeat by cron: /cron \"0 8 * * 1-5\" summarise my inbox",
+    ),
+    ("pause", "Pause a scheduled job: /pause ID"),
+    ("resume", "Resume a paused job: /resume ID"),
+    ("unschedule", "Delete a scheduled job: /unschedule ID"),
+    (
+        "timezone",
+        "Show or set this chat's time zone: /timezone Europe/Berlin",
+    ),
 ];
 
 /// A command the runner recognises.
@@ -64,6 +85,24 @@ pub enum KnownCommand {
     Undo,
     /// /model [NAME]
     Model,
+    /// /jobs
+    Jobs,
+    /// /at WHEN ACTION
+    At,
+    /// /in DURATION ACTION
+    In,
+    /// /every SCHEDULE ACTION
+    Every,
+    /// /cron "EXPR" ACTION
+    Cron,
+    /// /pause ID
+    Pause,
+    /// /resume ID
+    Resume,
+    /// /unschedule ID
+    Unschedule,
+    /// /timezone [NAME]
+    Timezone,
 }
 
 impl KnownCommand {
@@ -83,11 +122,37 @@ impl KnownCommand {
             ("retry", KnownCommand::Retry),
             ("undo", KnownCommand::Undo),
             ("model", KnownCommand::Model),
+            ("jobs", KnownCommand::Jobs),
+            ("at", KnownCommand::At),
+            ("in", KnownCommand::In),
+            ("every", KnownCommand::Every),
+            ("cron", KnownCommand::Cron),
+            ("pause", KnownCommand::Pause),
+            ("resume", KnownCommand::Resume),
+            ("unschedule", KnownCommand::Unschedule),
+            ("timezone", KnownCommand::Timezone),
         ];
         known
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, c)| *c)
+    }
+
+    /// The scheduling commands (answered with the sender known, mid-turn
+    /// too: they never touch the running turn).
+    pub fn is_job_command(self) -> bool {
+        matches!(
+            self,
+            KnownCommand::Jobs
+                | KnownCommand::At
+                | KnownCommand::In
+                | KnownCommand::Every
+                | KnownCommand::Cron
+                | KnownCommand::Pause
+                | KnownCommand::Resume
+                | KnownCommand::Unschedule
+                | KnownCommand::Timezone
+        )
     }
 }
 
@@ -138,6 +203,8 @@ pub struct StatusView {
     pub agent_usage: Option<String>,
     /// The model the session uses, when the backend has a choice.
     pub model: Option<String>,
+    /// The chat's next scheduled run, when it has one.
+    pub next_job: Option<String>,
 }
 
 /// The /status text.
@@ -171,6 +238,10 @@ pub fn status_text(view: &StatusView) -> String {
     if let Some(usage) = &view.agent_usage {
         text.push('\n');
         text.push_str(usage);
+    }
+    if let Some(next) = &view.next_job {
+        text.push('\n');
+        text.push_str(next);
     }
     if let Some(len) = view.history_len {
         text.push_str(&format!("\nHistory: {len} messages"));
@@ -355,6 +426,7 @@ mod tests {
                 },
             )),
             model: None,
+            next_job: None,
         });
         assert!(text.contains("History: 3 messages"), "{text}");
         assert!(!text.contains("left out"), "nothing was trimmed: {text}");
@@ -448,7 +520,12 @@ mod tests {
                 },
             )),
             model: Some("big".into()),
+            next_job: Some("Next job: #3 tomorrow 09:00 UTC — remind: x".into()),
         });
+        assert!(
+            text.contains("\nNext job: #3 tomorrow 09:00 UTC — remind: x\nHistory"),
+            "{text}"
+        );
         assert!(text.contains("Session: abc"));
         assert!(text.contains("busy (running for 2m 05s)"));
         assert!(text.contains("Queued messages: 2"));

@@ -14,6 +14,7 @@ impl Runner {
         command: KnownCommand,
         args: &str,
         ctx: &DispatchContext,
+        source: &crate::event::SessionSource,
     ) -> Reply {
         let key = &ctx.key;
         match command {
@@ -30,6 +31,10 @@ impl Runner {
                 };
                 let agent_usage = self.agent_usage_line(&session_id).await;
                 let model = self.session_model(key, &session_id).await;
+                let next_job = match &self.inner.config.jobs {
+                    Some(jobs) => jobs.next_line(source.chat_id).await,
+                    None => None,
+                };
                 let state = self.state();
                 let view = StatusView {
                     session_id: session_id.to_string(),
@@ -42,6 +47,7 @@ impl Runner {
                     processes: self.running_process_lines(key),
                     agent_usage,
                     model,
+                    next_job,
                 };
                 Reply::command(status_text(&view))
             }
@@ -52,6 +58,16 @@ impl Runner {
                 Reply::command("Reply /approve or /deny in the chat that asked.")
             }
             KnownCommand::Undo => self.undo(ctx).await,
+            // Answered in `dispatch`, which knows the sender; never here.
+            KnownCommand::Jobs
+            | KnownCommand::At
+            | KnownCommand::In
+            | KnownCommand::Every
+            | KnownCommand::Cron
+            | KnownCommand::Pause
+            | KnownCommand::Resume
+            | KnownCommand::Unschedule
+            | KnownCommand::Timezone => Reply::command(commands::unknown_command_text("jobs")),
             KnownCommand::Model => self.model_command(key, args).await,
             // Handled in `dispatch` (it runs a turn); never reached.
             KnownCommand::Retry => Reply::command(commands::BUSY_HISTORY_TEXT),

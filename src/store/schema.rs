@@ -161,6 +161,45 @@ CREATE TABLE child_groups (
 ) STRICT;
 ";
 
+/// Version 9: scheduled jobs (`src/store/jobs.rs`).
+///
+/// * `jobs`: one row per job; `id` is `AUTOINCREMENT`, so an id a user saw
+///   (and may type or press) is never given to another job, even after a
+///   delete. `next_run` (unix ms) is set exactly while the job is active:
+///   the scheduler's one "what is due next" query reads the partial index
+///   `jobs_due`. `last_fired` is the newest instant journaled, advanced in
+///   the same transaction that writes the run's inbox row.
+/// * `chat_timezones`: a chat's `/timezone`.
+const V9_JOBS: &str = "
+CREATE TABLE jobs (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    chat_id      INTEGER NOT NULL,
+    chat_type    TEXT NOT NULL,
+    thread_id    INTEGER,
+    session_key  TEXT NOT NULL,
+    creator_id   INTEGER,
+    creator_name TEXT,
+    schedule     TEXT NOT NULL CHECK (json_valid(schedule)),
+    label        TEXT NOT NULL,
+    timezone     TEXT NOT NULL,
+    action       TEXT NOT NULL CHECK (json_valid(action)),
+    state        TEXT NOT NULL CHECK (state IN ('active', 'paused', 'done')),
+    next_run     INTEGER,
+    last_fired   INTEGER,
+    failures     INTEGER NOT NULL DEFAULT 0,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL,
+    CHECK ((state = 'active') = (next_run IS NOT NULL))
+) STRICT;
+CREATE INDEX jobs_due ON jobs (next_run) WHERE state = 'active';
+CREATE INDEX jobs_by_chat ON jobs (chat_id, id);
+CREATE TABLE chat_timezones (
+    chat_id    INTEGER PRIMARY KEY,
+    timezone   TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+) STRICT;
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -271,6 +310,7 @@ pub const MIGRATIONS: &[Migration] = &[
         "restart safety: reserved generations, child groups",
         V8_RESTART_SAFETY,
     ),
+    Migration::new("scheduled jobs", V9_JOBS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

@@ -42,6 +42,8 @@ pub enum WriteKind {
     AgentSession,
     /// Pruning old inbox rows.
     Retention,
+    /// Scheduled jobs, their runs' journal, chat time zones.
+    Job,
 }
 
 impl WriteKind {
@@ -58,6 +60,7 @@ impl WriteKind {
             WriteKind::Process => "background processes",
             WriteKind::AgentSession => "agent sessions",
             WriteKind::Retention => "inbox retention",
+            WriteKind::Job => "scheduled jobs",
         }
     }
 }

@@ -39,6 +39,10 @@ mod openai_backend;
 mod outbox_once;
 mod process_registry;
 mod restarts;
+
+mod schedule_crash;
+mod schedule_e2e;
+mod schedule_engine;
 mod sd_notify;
 mod secrets_e2e;
 mod session_split_brain;

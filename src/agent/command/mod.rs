@@ -295,6 +295,7 @@ impl CommandAgent {
             .env(SESSION_ID_ENV, turn.session_id.as_str())
             .env(CHAT_ID_ENV, turn.source.chat_id.to_string());
         crate::media::command_files::apply_env(&mut command);
+        crate::schedule::apply_env(&mut command);
         if let Some(file) = &launch.history_file {
             command.env(HISTORY_FILE_ENV, file.path());
         }
