@@ -32,6 +32,7 @@ mod inbound_fuzz;
 mod instance_lock;
 mod instant_control;
 mod listener_limits;
+mod mcp_tools_e2e;
 mod media_e2e;
 mod media_queue_e2e;
 mod openai_backend;

@@ -527,10 +527,21 @@ impl CommandAgent {
         };
         let outcome = collector.into_outcome();
         let backend = preset.map_or(protocol.as_str(), Preset::as_str);
-        if let Some(usage) = outcome.usage {
-            self.sessions
-                .record_usage(turn.session_id.as_str(), backend, usage)
-                .await;
+        // Codex reports the thread's running total after a resume, not
+        // the turn's: the difference to its last report is the turn's.
+        let thread = outcome.session.as_deref().or(resume);
+        match (outcome.usage, thread) {
+            (Some(usage), Some(thread)) if protocol == Protocol::CodexJson => {
+                self.sessions
+                    .record_thread_usage(turn.session_id.as_str(), backend, thread, usage)
+                    .await;
+            }
+            (Some(usage), _) => {
+                self.sessions
+                    .record_usage(turn.session_id.as_str(), backend, usage)
+                    .await;
+            }
+            (None, _) => {}
         }
         if outcome.skipped > 0 {
             tracing::info!(skipped = outcome.skipped, "event lines skipped this turn");
