@@ -495,8 +495,12 @@ fn claude_with_permission_prompts(
     else {
         return Ok(None);
     };
-    let program = std::env::current_exe()
-        .map_err(|e| format!("cannot find telegate's own binary for the permission helper: {e}"))?;
+    let program = match &command.permission_helper {
+        Some(program) => program.clone(),
+        None => std::env::current_exe().map_err(|e| {
+            format!("cannot find telegate's own binary for the permission helper: {e}")
+        })?,
+    };
     let dir = match data_dir {
         Some(dir) => dir.join("permission-prompts"),
         None => std::env::temp_dir().join(format!(

@@ -14,6 +14,7 @@ mod answer_sending;
 mod approval_authority_e2e;
 mod backends_e2e;
 mod chaos;
+mod claude_permission_e2e;
 mod cli;
 mod cli_agents_e2e;
 mod command_backend;

@@ -71,6 +71,11 @@ pub struct CommandConfig {
     /// denied.
     #[serde(default = "default_permission_timeout_secs")]
     pub permission_timeout_secs: u64,
+    /// With `permission_prompt`: the telegate binary Claude Code starts as
+    /// the permission-prompt MCP server (`<it> permission-helper`); default:
+    /// the binary running now.
+    #[serde(default)]
+    pub permission_helper: Option<PathBuf>,
     /// With a preset: more arguments, passed before the resume arguments.
     #[serde(default)]
     pub extra_args: Vec<String>,
@@ -171,6 +176,7 @@ impl CommandConfig {
             allowed_tools: Vec::new(),
             permission_prompt: false,
             permission_timeout_secs: default_permission_timeout_secs(),
+            permission_helper: None,
             extra_args: Vec::new(),
             resume_args: Vec::new(),
             history: HistoryMode::None,
