@@ -300,6 +300,50 @@ mod tests {
     }
 
     #[test]
+    fn every_key_the_example_shows_is_a_real_key() {
+        let example = crate::zero_config::EXAMPLE_CONFIG;
+        let start = example
+            .find("# [[tools.mcp]]")
+            .expect("the example documents [[tools.mcp]]");
+        let block = &example[start..];
+        let block = &block[..block.find("\n[").unwrap_or(block.len())];
+        let keys: Vec<&str> = block
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| {
+                l.split(" = ").next().is_some_and(|k| {
+                    !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                }) && l.contains(" = ")
+            })
+            .collect();
+        let text = keys.join("\n");
+        let config: McpServerConfig =
+            toml::from_str(&text).expect("every key of the example parses");
+        for key in [
+            "name",
+            "command",
+            "args",
+            "env",
+            "pass_env",
+            "workdir",
+            "url",
+            "headers",
+            "header_files",
+            "allowed_tools",
+            "approval",
+            "timeout_secs",
+            "startup_timeout_secs",
+            "result_cap_bytes",
+        ] {
+            assert!(
+                keys.iter().any(|l| l.starts_with(&format!("{key} = "))),
+                "{key} is documented"
+            );
+        }
+        assert_eq!(config.name, "fs");
+    }
+
+    #[test]
     fn header_files_are_read_as_secrets() {
         let dir = std::env::temp_dir().join(format!("telegate-mcp-headers-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
