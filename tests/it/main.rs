@@ -39,6 +39,7 @@ mod media_queue_e2e;
 mod openai_backend;
 mod outbox_once;
 mod process_registry;
+mod real_clients;
 mod restarts;
 mod sd_notify;
 mod secrets_e2e;

@@ -31,7 +31,7 @@ fn fixture() -> PathBuf {
 /// A bot with the openai backend and `mcp` as its `[[tools.mcp]]` tables
 /// (`{fixture}` and `{dir}` replaced), no terminal tool; `terminal` is the
 /// `[tools.terminal]` table's body (its approval timeout is the gate's).
-async fn start(mcp: &str, terminal: &str) -> (ToolsBot, TempDir) {
+pub(crate) async fn start(mcp: &str, terminal: &str) -> (ToolsBot, TempDir) {
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;
     let workdir = tempfile::tempdir().unwrap();
@@ -79,7 +79,7 @@ fn tool_result_contains(needle: &str) -> Matcher {
 
 /// The model calls `tool` with `arguments` on `trigger`, then says
 /// `answer` after any tool result of that turn.
-fn script(t: &ToolsBot, trigger: &str, tool: &str, arguments: Value, answer: &str) {
+pub(crate) fn script(t: &ToolsBot, trigger: &str, tool: &str, arguments: Value, answer: &str) {
     t.llm.push_when(
         last_user_contains(trigger),
         Script::tool_call(tool, &arguments.to_string(), "call-1"),
@@ -90,7 +90,7 @@ fn script(t: &ToolsBot, trigger: &str, tool: &str, arguments: Value, answer: &st
     );
 }
 
-fn tool_result(t: &ToolsBot, trigger: &str) -> String {
+pub(crate) fn tool_result(t: &ToolsBot, trigger: &str) -> String {
     let requests = t
         .llm
         .requests_matching(&support::fake_openai::tool_result_after(trigger));
@@ -98,7 +98,7 @@ fn tool_result(t: &ToolsBot, trigger: &str) -> String {
     last_tool_result(&requests[0]).unwrap()
 }
 
-fn tool_names(request: &Value) -> Vec<String> {
+pub(crate) fn tool_names(request: &Value) -> Vec<String> {
     request["tools"]
         .as_array()
         .into_iter()
