@@ -344,6 +344,39 @@ mod tests {
     }
 
     #[test]
+    fn the_whole_config_checks_mcp_servers_and_permission_prompts() {
+        use crate::config::{Config, Purpose};
+        let parse = |body: &str| {
+            Config::parse(
+                std::path::Path::new("t.toml"),
+                body,
+                Purpose::Console,
+                |_| None,
+            )
+            .map(|c| c.summary())
+            .map_err(|e| e.to_string())
+        };
+        let openai = "[agent]\nbackend = \"openai\"\n[agent.openai]\nmodel = \"m\"\n[store]\nin_memory = true\n";
+        let summary = parse(&format!(
+            "{openai}[[tools.mcp]]\nname = \"fs\"\ncommand = \"x\"\n"
+        ))
+        .unwrap();
+        assert!(summary.contains("MCP servers: fs"), "{summary}");
+        let echo = "[agent]\nbackend = \"echo\"\n[store]\nin_memory = true\n[[tools.mcp]]\nname = \"fs\"\ncommand = \"x\"\n";
+        assert!(parse(echo)
+            .unwrap_err()
+            .contains("needs agent.backend = \"openai\""));
+        let bad = format!("{openai}[[tools.mcp]]\nname = \"fs\"\ncommand = \"x\"\npass_env = [\"TELEGRAM_BOT_TOKEN\"]\n");
+        assert!(parse(&bad).unwrap_err().contains("tools.mcp[0].pass_env"));
+        let codex = "[agent]\nbackend = \"command\"\n[agent.command]\npreset = \"codex\"\npermission_prompt = true\n[store]\nin_memory = true\n";
+        assert!(parse(codex)
+            .unwrap_err()
+            .contains("permission_prompt only applies"));
+        let claude = codex.replace("codex", "claude");
+        assert!(parse(&claude).is_ok());
+    }
+
+    #[test]
     fn header_files_are_read_as_secrets() {
         let dir = std::env::temp_dir().join(format!("telegate-mcp-headers-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

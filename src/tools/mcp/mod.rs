@@ -236,7 +236,7 @@ impl ToolRegistry for WithMcp {
         Box::pin(async move {
             self.inner.prepare(ctx).await;
             let starts = self.servers.iter().map(|server| async {
-                if let Err(error) = server.ensure(&ctx.cancel).await {
+                if let Err(error) = server.ensure(&ctx.cancel, &ctx.progress).await {
                     tracing::info!(server = %server.config().name, %error, "MCP server not available this turn");
                 }
             });

@@ -148,13 +148,18 @@ impl McpServer {
 
     /// Make sure it runs (start it if it does not, unless a start failed
     /// moments ago). `Err` says why it cannot be used now.
-    pub async fn ensure(&self, cancel: &CancellationToken) -> Result<Peer<RoleClient>, String> {
-        self.ensure_inner(cancel, true).await
+    pub async fn ensure(
+        &self,
+        cancel: &CancellationToken,
+        progress: &Progress,
+    ) -> Result<Peer<RoleClient>, String> {
+        self.ensure_inner(cancel, progress, true).await
     }
 
     async fn ensure_inner(
         &self,
         cancel: &CancellationToken,
+        progress: &Progress,
         respect_backoff: bool,
     ) -> Result<Peer<RoleClient>, String> {
         let mut slot = self.connection.lock().await;
@@ -177,10 +182,16 @@ impl McpServer {
                 ));
             }
         }
-        let started = tokio::select! {
-            biased;
-            () = cancel.cancelled() => return Err("the turn was cancelled".to_string()),
-            started = tokio::time::timeout(self.config.startup_timeout(), self.start()) => started,
+        let start = tokio::time::timeout(self.config.startup_timeout(), self.start());
+        tokio::pin!(start);
+        let started = loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Err("the turn was cancelled".to_string()),
+                started = &mut start => break started,
+                // A slow start is work, not a stall.
+                () = tokio::time::sleep(ALIVE_PING) => progress.still_working(),
+            }
         };
         let result = match started {
             Ok(Ok(connection)) => Ok(connection),
@@ -355,7 +366,7 @@ impl McpServer {
         progress: &Progress,
     ) -> Result<Value, CallFailure> {
         let peer = self
-            .ensure_inner(cancel, false)
+            .ensure_inner(cancel, progress, false)
             .await
             .map_err(CallFailure::Unavailable)?;
         let mut params = CallToolRequestParams::new(tool.to_string());

@@ -211,6 +211,16 @@ impl PermissionPrompts {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("cannot replace {}: {e}", path.display())),
         }
+        // The config files of turns a killed run left (their tokens are dead).
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with("mcp-") && name.ends_with(".json") {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
         let listener = UnixListener::bind(&path)
             .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
