@@ -474,6 +474,18 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[tokio::test]
+    async fn an_https_transport_can_be_built_with_telegates_tls_provider() {
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        use rmcp::transport::StreamableHttpClientTransport;
+        // reqwest 0.13 inside rmcp has no TLS provider of its own: building
+        // its client without the process default would panic.
+        super::super::install_tls_provider();
+        let _transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri("https://127.0.0.1:9/mcp"),
+        );
+    }
+
     #[test]
     fn listed_tools_get_an_object_schema() {
         let tool = remote_tool(json!({"name": "t", "inputSchema": {"properties": {}}})).unwrap();
