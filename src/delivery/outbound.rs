@@ -218,8 +218,11 @@ pub async fn deliver_answer_once(
             send_as_file(delivery, target, reply, plan.messages).await;
         }
     }
-    if let (Some(sending), true) = (&sending, unsent > 0) {
-        sending.note_parts(unsent, chunks.len());
+    if let Some(sending) = &sending {
+        if unsent > 0 {
+            sending.note_parts(unsent, chunks.len());
+        }
+        sending.answer_sent();
     }
     // Delivered as far as it will ever be: what a stop left out is not
     // sent later either.

@@ -35,6 +35,27 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("undo", "Remove the last exchange from the conversation"),
     ("model", "Show or switch the model: /model NAME"),
+    ("jobs", "List this chat's scheduled jobs"),
+    ("at", "Run or remind at a time: /at 18:00 remind: call Anna"),
+    (
+        "in",
+        "Run or remind after a while: /in 30m remind: call Anna",
+    ),
+    (
+        "every",
+        "Repeat: /every weekday 08:00 summarise my inbox, /every 1h …",
+    ),
+    (
+        "cron",
+        "Repeat by cron: /cron \"0 8 * * 1-5\" summarise my inbox",
+    ),
+    ("pause", "Pause a scheduled job: /pause ID"),
+    ("resume", "Resume a paused job: /resume ID"),
+    ("unschedule", "Delete a scheduled job: /unschedule ID"),
+    (
+        "timezone",
+        "Show or set this chat's time zone: /timezone Europe/Berlin",
+    ),
 ];
 
 /// A command the runner recognises.
@@ -66,6 +87,24 @@ pub enum KnownCommand {
     Undo,
     /// /model [NAME]
     Model,
+    /// /jobs
+    Jobs,
+    /// /at WHEN ACTION
+    At,
+    /// /in DURATION ACTION
+    In,
+    /// /every SCHEDULE ACTION
+    Every,
+    /// /cron "EXPR" ACTION
+    Cron,
+    /// /pause ID
+    Pause,
+    /// /resume ID
+    Resume,
+    /// /unschedule ID
+    Unschedule,
+    /// /timezone [NAME]
+    Timezone,
 }
 
 impl KnownCommand {
@@ -85,11 +124,37 @@ impl KnownCommand {
             ("retry", KnownCommand::Retry),
             ("undo", KnownCommand::Undo),
             ("model", KnownCommand::Model),
+            ("jobs", KnownCommand::Jobs),
+            ("at", KnownCommand::At),
+            ("in", KnownCommand::In),
+            ("every", KnownCommand::Every),
+            ("cron", KnownCommand::Cron),
+            ("pause", KnownCommand::Pause),
+            ("resume", KnownCommand::Resume),
+            ("unschedule", KnownCommand::Unschedule),
+            ("timezone", KnownCommand::Timezone),
         ];
         known
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, c)| *c)
+    }
+
+    /// The scheduling commands (answered with the sender known, mid-turn
+    /// too: they never touch the running turn).
+    pub fn is_job_command(self) -> bool {
+        matches!(
+            self,
+            KnownCommand::Jobs
+                | KnownCommand::At
+                | KnownCommand::In
+                | KnownCommand::Every
+                | KnownCommand::Cron
+                | KnownCommand::Pause
+                | KnownCommand::Resume
+                | KnownCommand::Unschedule
+                | KnownCommand::Timezone
+        )
     }
 }
 
@@ -140,6 +205,8 @@ pub struct StatusView {
     pub agent_usage: Option<String>,
     /// The model the session uses, when the backend has a choice.
     pub model: Option<String>,
+    /// The chat's next scheduled run, when it has one.
+    pub next_job: Option<String>,
 }
 
 /// The /status text.
@@ -173,6 +240,10 @@ pub fn status_text(view: &StatusView) -> String {
     if let Some(usage) = &view.agent_usage {
         text.push('\n');
         text.push_str(usage);
+    }
+    if let Some(next) = &view.next_job {
+        text.push('\n');
+        text.push_str(next);
     }
     if let Some(len) = view.history_len {
         text.push_str(&format!("\nHistory: {len} messages"));
@@ -248,7 +319,7 @@ pub fn ps_text(lines: &[String]) -> String {
 
 /// Said when a tool command is used but the terminal tool is off.
 pub const NO_TOOLS_TEXT: &str =
-    "The terminal tool is not enabled here ([tools.terminal] enabled = false), so there are no processes or approvals.";
+    "This bot does not run commands, so there are no processes or approvals.";
 
 /// "4s", "2m 05s", "1h 02m".
 pub fn human_duration(d: Duration) -> String {
@@ -318,7 +389,7 @@ pub fn undone_text(user_text: &str, entries: usize) -> String {
 pub fn models_text(current: &str, models: &[String]) -> String {
     if models.is_empty() {
         return format!(
-            "Model: {current}\nTo switch, list models in [agent.openai] models = [...] in the config."
+            "Model: {current}\nThis bot offers no other model to switch to (its owner can add some)."
         );
     }
     let mut text = format!("Model: {current}\nChoose one (or send /model NAME):");
@@ -384,6 +455,7 @@ mod tests {
                 },
             )),
             model: None,
+            next_job: None,
         });
         assert!(text.contains("History: 3 messages"), "{text}");
         assert!(!text.contains("left out"), "nothing was trimmed: {text}");
@@ -422,7 +494,8 @@ mod tests {
         );
         let text = models_text("big", &[]);
         assert!(text.starts_with("Model: big\n"), "{text}");
-        assert!(text.contains("models = [...]"), "{text}");
+        assert!(text.contains("no other model"), "{text}");
+        assert!(!text.contains("agent.openai"), "{text}");
     }
 
     #[test]
@@ -476,7 +549,12 @@ mod tests {
                 },
             )),
             model: Some("big".into()),
+            next_job: Some("Next job: #3 tomorrow 09:00 UTC — remind: x".into()),
         });
+        assert!(
+            text.contains("\nNext job: #3 tomorrow 09:00 UTC — remind: x\nHistory"),
+            "{text}"
+        );
         assert!(text.contains("Session: abc"));
         assert!(text.contains("busy (running for 2m 05s)"));
         assert!(text.contains("Queued messages: 2"));

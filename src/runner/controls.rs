@@ -14,6 +14,7 @@ impl Runner {
         command: KnownCommand,
         args: &str,
         ctx: &DispatchContext,
+        source: &crate::event::SessionSource,
     ) -> Reply {
         let key = &ctx.key;
         match command {
@@ -30,6 +31,10 @@ impl Runner {
                 };
                 let agent_usage = self.agent_usage_line(&session_id).await;
                 let model = self.session_model(key, &session_id).await;
+                let next_job = match &self.inner.config.jobs {
+                    Some(jobs) => jobs.next_line(source.chat_id).await,
+                    None => None,
+                };
                 let state = self.state();
                 let view = StatusView {
                     session_id: session_id.to_string(),
@@ -42,6 +47,7 @@ impl Runner {
                     processes: self.running_process_lines(key),
                     agent_usage,
                     model,
+                    next_job,
                 };
                 Reply::command(status_text(&view))
             }
@@ -52,12 +58,21 @@ impl Runner {
                 Reply::command("Reply /approve or /deny in the chat that asked.")
             }
             KnownCommand::Undo => self.undo(ctx).await,
+            // Answered in `dispatch`, which knows the sender; never here.
+            KnownCommand::Jobs
+            | KnownCommand::At
+            | KnownCommand::In
+            | KnownCommand::Every
+            | KnownCommand::Cron
+            | KnownCommand::Pause
+            | KnownCommand::Resume
+            | KnownCommand::Unschedule
+            | KnownCommand::Timezone => Reply::command(commands::unknown_command_text("jobs")),
             KnownCommand::Model => self.model_command(key, args).await,
             // Handled in `dispatch` (it runs a turn); never reached.
             KnownCommand::Retry => Reply::command(commands::BUSY_HISTORY_TEXT),
             KnownCommand::Stop => {
-                self.deny_pending_approvals(key);
-                let stopped = self.stop_running(key, InvalidateReason::Stop);
+                let stopped = self.stop_and_deny(key, InvalidateReason::Stop);
                 match stopped {
                     StopOutcome::StoppedLive => Reply::command("⏹ Stopped."),
                     StopOutcome::ForceUnlocked => {
@@ -78,8 +93,7 @@ impl Runner {
                 } else {
                     InvalidateReason::Reset
                 };
-                self.deny_pending_approvals(key);
-                let stopped = self.stop_running(key, reason);
+                let stopped = self.stop_and_deny(key, reason);
                 let (old, new) = {
                     let mut state = self.state();
                     state.trimmed.remove(key);
@@ -437,8 +451,19 @@ impl Runner {
         }
     }
 
-    /// /stop, /new and /reset refuse whatever waits for approval.
-    pub(super) fn deny_pending_approvals(&self, key: &SessionKey) {
+    /// /stop, /new and /reset: the running turn is cancelled first, then
+    /// whatever waits for approval is refused. In this order a tool woken
+    /// by the refusal finds its turn already cancelled; the other way round
+    /// it could carry the refusal to the model (one more LLM request from a
+    /// stopped turn) before the cancel arrived.
+    fn stop_and_deny(&self, key: &SessionKey, reason: InvalidateReason) -> StopOutcome {
+        let stopped = self.stop_running(key, reason);
+        self.deny_pending_approvals(key);
+        stopped
+    }
+
+    /// Refuse whatever waits for approval in `key`'s slot.
+    fn deny_pending_approvals(&self, key: &SessionKey) {
         if let Some(approvals) = self.approvals() {
             if approvals.deny_all(key, Denial::Stopped) > 0 {
                 tracing::info!(session_key = %key, "pending approval denied by a control command");

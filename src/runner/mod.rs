@@ -26,6 +26,12 @@
 //! for it. A bare "yes"/"no" is claimed for a pending approval the same way
 //! ([`MessageHandler::claims_while_busy`]).
 //!
+//! The job commands (/jobs, /at, /in, /every, /cron, /pause, /resume,
+//! /unschedule, /timezone) are answered the same way, mid-turn too
+//! ([`crate::schedule::Jobs`]); a scheduled run arrives as an internal
+//! event whose message id is a run id: a reminder is answered with its
+//! text, a prompt runs as a turn and its outcome is recorded on the job.
+//!
 //! The runner must never send anything itself (it returns replies to the
 //! adapter, which owns delivery order) and never hold its lock across an
 //! `.await`.
@@ -33,6 +39,8 @@
 mod commands;
 mod controls;
 pub mod generations;
+
+mod jobs;
 mod sessions;
 mod slots;
 mod turn;
@@ -92,6 +100,9 @@ pub struct RunnerConfig {
     pub default_model: Option<String>,
     /// The models /model may switch a session to.
     pub models: Vec<String>,
+    /// Scheduled jobs (`/jobs`, `/at`…, scheduled runs); `None`: the
+    /// commands say scheduling is not available here.
+    pub jobs: Option<crate::schedule::Jobs>,
 }
 
 impl Default for RunnerConfig {
@@ -104,6 +115,7 @@ impl Default for RunnerConfig {
             files: None,
             default_model: None,
             models: Vec::new(),
+            jobs: None,
         }
     }
 }
@@ -142,8 +154,9 @@ struct RunnerInner {
     generations: Option<Arc<GenerationLease>>,
     /// The terminal tool's processes, when it is enabled.
     tools: Option<Arc<TerminalTool>>,
-    /// Where the agent's (or its tools') approval requests wait: the
-    /// terminal tool's gate, or the one an agent backend asks through.
+    /// The approval gate every tool and agent asks through (the terminal
+    /// tool's, or the one of MCP tools, Claude Code's permission prompts
+    /// or an ACP agent's permission requests).
     approvals: Option<ApprovalGate>,
     config: RunnerConfig,
 }
@@ -216,9 +229,10 @@ impl Runner {
         Runner::build(agent, outbound, store, Some(tools), approvals, config)
     }
 
-    /// A runner whose agent asks the chat's approval through `approvals`
-    /// (an agent backend's permission requests): /approve, /deny and the
-    /// buttons answer them, and /stop, /new and /reset deny them.
+    /// A runner whose agent asks approvals through `approvals` without a
+    /// terminal tool (an ACP agent's permission requests, MCP tools alone,
+    /// Claude Code's permission prompts): /approve, /deny and the buttons
+    /// answer them, /stop, /new and /reset deny them.
     pub fn with_approvals(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
@@ -270,7 +284,7 @@ impl Runner {
         self.inner.tools.as_ref()
     }
 
-    /// The approval gate, when the agent or its tools ask approvals.
+    /// The approval gate, when some tool asks through one.
     pub fn approvals(&self) -> Option<&ApprovalGate> {
         self.inner.approvals.as_ref()
     }
@@ -431,6 +445,13 @@ impl Runner {
                 self.answer_approval(&ctx.key, &event.source, approval_reply(&event.text), "");
             return Some(reply.in_reply_to(event.message_id).into());
         }
+        if let Some((job, _due)) = event
+            .message_id
+            .filter(|_| event.internal)
+            .and_then(crate::schedule::run_of)
+        {
+            return self.scheduled_run(event, ctx, job).await;
+        }
         let retry = event
             .command()
             .is_some_and(|c| KnownCommand::parse(c.name) == Some(KnownCommand::Retry));
@@ -446,6 +467,10 @@ impl Runner {
                     Some(known == KnownCommand::Approve),
                     command.args,
                 ),
+                Some(known) if known.is_job_command() => {
+                    self.job_command(known, command.args, &event.source, &ctx.key)
+                        .await
+                }
                 Some(known) => {
                     // A message still being prepared that this command
                     // stopped kept the slot busy, as far as its user can tell.
@@ -453,7 +478,7 @@ impl Runner {
                         slot_busy: ctx.slot_busy || event.media.stopped > 0,
                         ..ctx.clone()
                     };
-                    self.command(known, command.args, &ctx).await
+                    self.command(known, command.args, &ctx, &event.source).await
                 }
                 None => Reply::command(commands::unknown_command_text(command.name)),
             };

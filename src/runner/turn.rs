@@ -98,6 +98,14 @@ impl Runner {
         };
         let message_id = event.message_id;
         let turn_files = self.turn_files(&event).await;
+        let turn_jobs = crate::schedule::TurnJobs::start(
+            self.inner.config.jobs.as_ref(),
+            event.source.chat_id,
+            event.message_id,
+            self.inner.agent.leaves_files(),
+        )
+        .await;
+        let job_owner = event.source.clone();
         let reply_source = event.source.clone();
         let request = TurnRequest {
             session_key: key.clone(),
@@ -114,9 +122,12 @@ impl Runner {
         let run = AssertUnwindSafe(self.inner.agent.run(request)).catch_unwind();
         let watched = bind_turn_identity(
             identity,
-            crate::media::with_turn_files(
-                turn_files.clone(),
-                watch_for_stall(run, &progress, &cancel, self.inner.config.stall_timeout),
+            crate::schedule::with_turn_jobs(
+                turn_jobs.clone(),
+                crate::media::with_turn_files(
+                    turn_files.clone(),
+                    watch_for_stall(run, &progress, &cancel, self.inner.config.stall_timeout),
+                ),
             ),
         )
         .await;
@@ -219,6 +230,9 @@ impl Runner {
                 ))
             }
         };
+        // Jobs the turn made (the model's tool, a program's requests)
+        // are confirmed under its reply.
+        let reply = with_lines(reply, turn_jobs.finish(&job_owner, &key).await);
         Some(Outgoing {
             reply: reply.in_reply_to(message_id),
             live,
@@ -291,6 +305,15 @@ impl Runner {
             }
         }
     }
+}
+
+/// `reply` with `lines` below it (a blank line between).
+fn with_lines(mut reply: Reply, lines: Vec<String>) -> Reply {
+    if !lines.is_empty() {
+        reply.text.push_str("\n\n");
+        reply.text.push_str(&lines.join("\n"));
+    }
+    reply
 }
 
 pub(super) fn user_entry(event: &MessageEvent) -> TranscriptEntry {

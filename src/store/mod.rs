@@ -9,6 +9,9 @@
 //!   and to when it was created and rotated.
 //! * **Transcripts** ([`transcript`]): every message of every session in
 //!   order, which is what the agent is replayed from after a restart.
+//! * **Scheduled jobs** ([`jobs`]): jobs, the journal of their runs (one
+//!   transaction moves a job on and writes its runs' inbox rows) and the
+//!   chats' time zones.
 //! * **The schema** ([`schema`]): versioned, forward-only migrations; later
 //!   tables (an inbox/outbox ledger for crash recovery) arrive as new
 //!   migrations.
@@ -97,6 +100,7 @@ pub mod child_groups;
 mod files;
 pub mod generations;
 mod integrity;
+pub mod jobs;
 pub mod ledger;
 mod retention;
 pub mod schema;
@@ -122,6 +126,7 @@ pub use buttons::{NewButton, StoredButton};
 pub use child_groups::{ChildGroup, ChildGroupChange};
 pub use files::FileSend;
 pub use integrity::marker_path;
+pub use jobs::{JobFiring, JobOutcome, JobState, NewJob, NewRun, StoredJob};
 pub use ledger::{InboxEntry, InboxState, NewUpdate, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};

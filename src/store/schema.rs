@@ -161,13 +161,52 @@ CREATE TABLE child_groups (
 ) STRICT;
 ";
 
-/// Approval decisions: how every request of the approval gate ended
+/// Version 9: scheduled jobs (`src/store/jobs.rs`).
+///
+/// * `jobs`: one row per job; `id` is `AUTOINCREMENT`, so an id a user saw
+///   (and may type or press) is never given to another job, even after a
+///   delete. `next_run` (unix ms) is set exactly while the job is active:
+///   the scheduler's one "what is due next" query reads the partial index
+///   `jobs_due`. `last_fired` is the newest instant journaled, advanced in
+///   the same transaction that writes the run's inbox row.
+/// * `chat_timezones`: a chat's `/timezone`.
+const V9_JOBS: &str = "
+CREATE TABLE jobs (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    chat_id      INTEGER NOT NULL,
+    chat_type    TEXT NOT NULL,
+    thread_id    INTEGER,
+    session_key  TEXT NOT NULL,
+    creator_id   INTEGER,
+    creator_name TEXT,
+    schedule     TEXT NOT NULL CHECK (json_valid(schedule)),
+    label        TEXT NOT NULL,
+    timezone     TEXT NOT NULL,
+    action       TEXT NOT NULL CHECK (json_valid(action)),
+    state        TEXT NOT NULL CHECK (state IN ('active', 'paused', 'done')),
+    next_run     INTEGER,
+    last_fired   INTEGER,
+    failures     INTEGER NOT NULL DEFAULT 0,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL,
+    CHECK ((state = 'active') = (next_run IS NOT NULL))
+) STRICT;
+CREATE INDEX jobs_due ON jobs (next_run) WHERE state = 'active';
+CREATE INDEX jobs_by_chat ON jobs (chat_id, id);
+CREATE TABLE chat_timezones (
+    chat_id    INTEGER PRIMARY KEY,
+    timezone   TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+) STRICT;
+";
+
+/// Version 11: approval decisions: how every request of the approval gate ended
 /// (`tools::approval_gate`): which option who chose and when, or why
 /// nobody did (`timed_out`, `stopped`, `superseded`). Kept for the
 /// operator; nothing reads it back to decide. `approval_prompts`: the
 /// message that shows a request (its last part, which carries the
 /// buttons), so an answer typed or a timeout can edit it too.
-const V_APPROVAL_DECISIONS: &str = "
+const V11_APPROVAL_DECISIONS: &str = "
 CREATE TABLE approval_decisions (
     id              INTEGER PRIMARY KEY,
     ticket          TEXT NOT NULL,
@@ -291,6 +330,21 @@ CREATE TABLE transcripts (
 CREATE INDEX transcripts_by_session ON transcripts (session_id, id);
 ";
 
+/// Version 10: the usage a CLI agent's thread last reported, for agents
+/// whose usage after a resume counts the whole thread (Codex: 2,000 →
+/// 3,000 → 4,000 input tokens over three turns). A turn's own usage is the
+/// difference to the thread's previous report.
+const V10_THREAD_USAGE: &str = "
+CREATE TABLE agent_thread_usage (
+    thread_id           TEXT PRIMARY KEY,
+    backend             TEXT NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    cached_input_tokens INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL
+) STRICT;
+";
+
 /// The schema history, oldest first. Append only; see the module docs.
 pub const MIGRATIONS: &[Migration] = &[
     Migration::new("sessions and transcripts", V1_SESSIONS),
@@ -304,7 +358,9 @@ pub const MIGRATIONS: &[Migration] = &[
         "restart safety: reserved generations, child groups",
         V8_RESTART_SAFETY,
     ),
-    Migration::new("approval decisions", V_APPROVAL_DECISIONS),
+    Migration::new("scheduled jobs", V9_JOBS),
+    Migration::new("cumulative thread usage of CLI agents", V10_THREAD_USAGE),
+    Migration::new("approval decisions and prompts", V11_APPROVAL_DECISIONS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

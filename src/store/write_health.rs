@@ -44,6 +44,8 @@ pub enum WriteKind {
     Retention,
     /// The record of approval decisions.
     Approval,
+    /// Scheduled jobs, their runs' journal, chat time zones.
+    Job,
 }
 
 impl WriteKind {
@@ -61,6 +63,7 @@ impl WriteKind {
             WriteKind::AgentSession => "agent sessions",
             WriteKind::Retention => "inbox retention",
             WriteKind::Approval => "approval decisions",
+            WriteKind::Job => "scheduled jobs",
         }
     }
 }

@@ -33,9 +33,7 @@ pub fn who_may_decide(started_by_name: Option<&str>, started_by: Option<u64>) ->
         (_, Some(id)) => format!("user {id}"),
         _ => "the user who started this task".to_string(),
     };
-    format!(
-        "Only {starter} (who started this task) or a user listed in telegram.approvers can answer it."
-    )
+    format!("Only {starter} (who started this task) or one of this bot's approvers can answer it.")
 }
 
 #[cfg(test)]

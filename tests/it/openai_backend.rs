@@ -437,7 +437,7 @@ async fn http_errors_have_one_clear_message_each() {
     let cases = [
         (
             401,
-            "The LLM provider rejected the API key (HTTP 401). Check the key in MY_LLM_KEY.",
+            "The LLM provider rejected this bot's API key (HTTP 401). The bot's owner needs to check it.",
         ),
         (404, "fake-model"),
         (429, "rate limiting"),

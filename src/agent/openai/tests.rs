@@ -412,13 +412,22 @@ fn urls_keep_their_path_and_lose_credentials_when_shown() {
 #[test]
 fn each_http_status_class_has_its_message() {
     let config = OpenAiConfig::new("http://h/v1", "gpt-x");
-    let message =
-        |status, provider| http_error_message(status, provider, &config, true, "http://h/v1");
+    let message = |status, provider| http_error_message(status, provider, &config, "http://h/v1");
     assert_eq!(
         message(401, Some("Incorrect API key provided: sk-12***")),
-        "The LLM provider rejected the API key (HTTP 401). Check the key in OPENAI_API_KEY."
+        "The LLM provider rejected this bot's API key (HTTP 401). The bot's owner needs to check it."
     );
-    assert!(http_error_message(403, None, &config, false, "u").contains("(it is not set)"));
+    // The chat is told in its users' words; which setting to check is the
+    // owner's detail, for the log.
+    for status in [401, 403, 404] {
+        let text = message(status, None);
+        assert!(
+            !text.contains("OPENAI_API_KEY") && !text.contains("agent.openai"),
+            "{text}"
+        );
+        assert!(!owner_hint(status, &config, status != 403).is_empty());
+    }
+    assert!(owner_hint(403, &config, false).contains("no API key is set"));
     let not_found = message(404, None);
     assert!(not_found.contains("\"gpt-x\"") && not_found.contains("http://h/v1"));
     assert!(message(429, Some("quota exceeded sk-1234567890")).contains("quota"));

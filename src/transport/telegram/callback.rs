@@ -19,7 +19,11 @@
 //!   newer request; an option's button (a request offering more than two
 //!   answers) chooses that option the same way; the prompt is edited to
 //!   say what was decided, by whom and when (the gate records it);
-//! * a model: /model NAME.
+//! * a model: /model NAME;
+//! * a job's Pause, Resume or Delete: `/pause ID`, `/resume ID`,
+//!   `/unschedule ID` from the presser, allowed for the job's creator or
+//!   an approver (checked before the row is used up, so someone else's
+//!   press leaves the buttons to their owner).
 //!
 //! Telegram's own stop control on a streamed draft (a
 //! `stopped_message_generation` update, [`DraftStop`]) takes the same road
@@ -144,7 +148,10 @@ impl CallbackHandler {
                 return (InboxState::Dropped, Some("unknown action"));
             }
         };
-        if !self.may_press(&stored, presser) {
+        // A job's button is checked against the job's creator instead of
+        // the user the list was shown to (below, by its command's rule).
+        let job_button = matches!(action, ButtonAction::Job { .. });
+        if !job_button && !self.may_press(&stored, presser) {
             let whose = stored
                 .button
                 .owner_name
@@ -234,6 +241,25 @@ impl CallbackHandler {
                 self.claim(id, update_id).await;
                 self.toast(query, &toast).await;
                 self.rewrite_prompt(query, &owner, &outcome).await;
+                (InboxState::Answered, None)
+            }
+            ButtonAction::Job { id: job, change } => {
+                // `/pause ID` (or resume, unschedule) from the presser: the
+                // same command, the same rule (its creator or an approver).
+                let actor = presser_source(&owner, query);
+                if let Err(refusal) = self.engine.runner.may_change_job(&actor, job).await {
+                    self.toast(query, &refusal).await;
+                    return (InboxState::Dropped, Some("not allowed"));
+                }
+                if !self.claim(id, update_id).await {
+                    self.toast(query, "Already done.").await;
+                    return (InboxState::Dropped, Some("already used"));
+                }
+                self.toast(query, "OK").await;
+                self.engine
+                    .adapter
+                    .handle_message(MessageEvent::text(actor, change.command(job)))
+                    .await;
                 (InboxState::Answered, None)
             }
             ButtonAction::Model { name } => {
@@ -419,6 +445,7 @@ fn used_text(action: &ButtonAction) -> &'static str {
             "Already answered."
         }
         ButtonAction::Model { .. } => "Already chosen.",
+        ButtonAction::Job { .. } => "Already done.",
     }
 }
 

@@ -209,6 +209,7 @@ impl TelegramBot {
             stop_intake.clone(),
         )
         .map_err(StartError::Config)?;
+        let jobs = build_jobs(config, &store, &metrics)?;
         let engine = Engine::assemble(
             setup,
             Arc::new(
@@ -225,6 +226,7 @@ impl TelegramBot {
             RunnerConfig {
                 metrics: metrics.clone(),
                 files: Some(files),
+                jobs: jobs.clone(),
                 ..config.runner_config()
             },
         );
@@ -272,6 +274,13 @@ impl TelegramBot {
             );
         }
 
+        // Runs are started only after recovery replayed the journal: a run
+        // journaled before the restart is resumed by recovery, never fired
+        // a second time.
+        if let Some(jobs) = &jobs {
+            start_scheduler(jobs.clone(), &engine, &metrics, stop_intake.clone());
+        }
+
         // The same token the media step was built with: a shutdown must stop
         // a download in progress too.
         let token_rejected = CancellationToken::new();
@@ -281,6 +290,7 @@ impl TelegramBot {
                 let health = Arc::new(BotHealth {
                     updates: updates_health.clone(),
                     store: store.clone(),
+                    scheduler: jobs.as_ref().map(crate::schedule::Jobs::health),
                 });
                 let server = crate::http::HealthServer::new(metrics.clone(), health);
                 let limits = config.metrics.limits();
@@ -406,6 +416,59 @@ impl TelegramBot {
             tracing::warn!(%error, "the store did not close cleanly");
         }
     }
+}
+
+/// The jobs service from `[schedule]` (`None` when it is off).
+fn build_jobs(
+    config: &Config,
+    store: &Store,
+    metrics: &Metrics,
+) -> Result<Option<crate::schedule::Jobs>, StartError> {
+    if !config.schedule.enabled {
+        return Ok(None);
+    }
+    let jobs = crate::schedule::Jobs::new(
+        store.clone(),
+        config.schedule.clone(),
+        Arc::new(crate::schedule::SystemClock),
+        metrics.clone(),
+    )
+    .map_err(StartError::Config)?
+    .with_approvers(config.telegram.approvers.clone());
+    Ok(Some(if config.store.in_memory {
+        jobs
+    } else {
+        jobs.with_requests_dir(config.store.data_dir.join("schedule").join("requests"))
+    }))
+}
+
+/// Start the scheduler, handing its runs to the engine's adapter; and
+/// mirror how far behind it is into `/metrics`.
+fn start_scheduler(
+    jobs: crate::schedule::Jobs,
+    engine: &Engine,
+    metrics: &Metrics,
+    stop: CancellationToken,
+) {
+    let adapter = engine.adapter.downgrade();
+    let sink: crate::schedule::RunSink = Arc::new(move |event| {
+        let adapter = adapter.clone();
+        Box::pin(async move {
+            match adapter.upgrade() {
+                Some(adapter) => adapter.handle_message(event).await,
+                // Journaled already: the next start runs it.
+                None => tracing::info!("scheduled run left for the next start: the engine is gone"),
+            }
+        })
+    });
+    let health = jobs.health();
+    metrics.add_collector(move |registry| {
+        let behind = health.behind_ms(crate::store::now_ms());
+        registry
+            .schedule_behind_seconds
+            .set(u64::try_from(behind / 1000).unwrap_or(0));
+    });
+    crate::schedule::spawn(jobs, sink, stop);
 }
 
 /// Gauges and mirrored counters are read from their owners at each scrape.

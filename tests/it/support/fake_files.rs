@@ -11,6 +11,7 @@
 //! and a first byte, then nothing: a hung transfer), and are counted. A
 //! file can also be "on the Bot API server's disk": getFile then answers
 //! its absolute path, as a local server (`--local`) does.
+//! [`minimal_pdf`] writes real PDF files for tests to send.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -403,4 +404,67 @@ pub fn document_json(file_id: &str, unique_id: &str, name: &str, mime: &str, siz
 pub fn photo_json(file_id: &str, unique_id: &str, size: usize) -> Value {
     json!({"photo": [{"file_id": file_id, "file_unique_id": unique_id, "width": 64,
         "height": 64, "file_size": size}]})
+}
+
+/// A minimal valid PDF written by hand: one page showing `lines` in
+/// Helvetica, or, without lines, a page that only shows an image (like a
+/// scanned page with no text layer). Offsets are computed, so the
+/// cross-reference table is right.
+pub fn minimal_pdf(lines: &[&str]) -> Vec<u8> {
+    let content = if lines.is_empty() {
+        "q 200 0 0 200 72 500 cm /Im1 Do Q".to_string()
+    } else {
+        let mut text = String::from("BT /F1 12 Tf 72 720 Td 14 TL\n");
+        for line in lines {
+            text.push_str(&format!("({line}) Tj T*\n"));
+        }
+        text + "ET"
+    };
+    // The start of a JPEG: pixels, no text.
+    let pixels: &[u8] = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00";
+    let mut image = format!(
+        "<< /Type /XObject /Subtype /Image /Width 2 /Height 2 /ColorSpace /DeviceGray \
+         /BitsPerComponent 8 /Filter /DCTDecode /Length {} >>\nstream\n",
+        pixels.len()
+    )
+    .into_bytes();
+    image.extend_from_slice(pixels);
+    image.extend_from_slice(b"\nendstream");
+    let objects: Vec<Vec<u8>> = vec![
+        b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+        b"<< /Type /Pages /Kids [4 0 R] /Count 1 >>".to_vec(),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_vec(),
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] \
+          /Resources << /Font << /F1 3 0 R >> /XObject << /Im1 6 0 R >> >> /Contents 5 0 R >>"
+            .to_vec(),
+        format!(
+            "<< /Length {} >>\nstream\n{content}\nendstream",
+            content.len() + 1
+        )
+        .into_bytes(),
+        image,
+    ];
+    let mut out = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, object) in objects.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend_from_slice(format!("{} 0 obj\n", i + 1).as_bytes());
+        out.extend_from_slice(object);
+        out.extend_from_slice(b"\nendobj\n");
+    }
+    let xref = out.len();
+    out.extend_from_slice(
+        format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
+    );
+    for offset in offsets {
+        out.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    out.extend_from_slice(
+        format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            objects.len() + 1
+        )
+        .as_bytes(),
+    );
+    out
 }
