@@ -41,6 +41,7 @@ mod media_queue_e2e;
 mod openai_backend;
 mod outbox_once;
 mod process_registry;
+mod real_agents;
 mod real_clients;
 mod restarts;
 
