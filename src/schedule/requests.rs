@@ -170,12 +170,9 @@ async fn request_dir(root: &Path, chat_id: i64, answering: Option<i64>) -> Optio
     // A replayed turn starts empty: what its first run asked for was made
     // then (and confirmed) or is asked for again.
     let _ = tokio::fs::remove_dir_all(&dir).await;
-    let made = tokio::fs::create_dir_all(&dir).await;
-    #[cfg(unix)]
-    if made.is_ok() {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = tokio::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).await;
-    }
+    // Every directory made here is 0700 (the root inside the data
+    // directory too: invariant 27), whatever the umask.
+    let made = crate::private_fs::create_private_dir(&dir).await;
     match made {
         Ok(()) => Some(dir),
         Err(error) => {
