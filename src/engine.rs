@@ -26,7 +26,10 @@ use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
 use crate::schedule::WithSchedule;
 use crate::store::{RunningProcess, Store, StoreError};
+use crate::tools::approval::ApprovalGate;
 use crate::tools::childgroups::{kill_previous_run, GroupLedger};
+use crate::tools::mcp::WithMcp;
+use crate::tools::permission::PermissionPrompts;
 use crate::tools::runas::RunAs;
 use crate::tools::send_file::WithSendFile;
 use crate::tools::wakeup::{OwnerHistory, Wakeup};
@@ -90,16 +93,40 @@ impl Engine {
         adapter_config: AdapterConfig,
         runner_config: RunnerConfig,
     ) -> Engine {
-        let AgentSetup { agent, terminal } = setup;
-        let Some(TerminalSetup { tool, events }) = terminal else {
-            let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
-            let adapter =
-                Adapter::with_ledger(Arc::new(runner.clone()), outbound, adapter_config, ledger);
-            return Engine { adapter, runner };
+        let AgentSetup {
+            agent,
+            terminal,
+            approvals,
+        } = setup;
+        let (runner, events) = match (terminal, approvals) {
+            (Some(TerminalSetup { tool, events }), _) => {
+                tool.registry()
+                    .record_groups(GroupLedger::new(store.clone()));
+                let runner =
+                    Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
+                (runner, events)
+            }
+            (None, Some(ApprovalsSetup { gate, events })) => {
+                let runner = Runner::with_approvals(
+                    agent,
+                    outbound.clone(),
+                    Some(store),
+                    gate,
+                    runner_config,
+                );
+                (runner, events)
+            }
+            (None, None) => {
+                let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
+                let adapter = Adapter::with_ledger(
+                    Arc::new(runner.clone()),
+                    outbound,
+                    adapter_config,
+                    ledger,
+                );
+                return Engine { adapter, runner };
+            }
         };
-        tool.registry()
-            .record_groups(GroupLedger::new(store.clone()));
-        let runner = Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
         let adapter = Adapter::with_ledger(
             Arc::new(runner.clone()),
             outbound.clone(),
@@ -169,6 +196,17 @@ pub struct AgentSetup {
     pub agent: Arc<dyn Agent>,
     /// The terminal tool the agent calls, if enabled.
     pub terminal: Option<TerminalSetup>,
+    /// Without a terminal tool: the approval gate the agent's other tools
+    /// ask through (MCP tools, Claude Code's permission prompts), if any.
+    pub approvals: Option<ApprovalsSetup>,
+}
+
+/// An approval gate without a terminal tool, and its events.
+pub struct ApprovalsSetup {
+    /// The gate (shared with the tools that ask through it).
+    pub gate: ApprovalGate,
+    /// Its approval requests and notices.
+    pub events: ToolEventReceiver,
 }
 
 /// The terminal tool and the receiving end of its events.
@@ -185,6 +223,7 @@ impl AgentSetup {
         AgentSetup {
             agent,
             terminal: None,
+            approvals: None,
         }
     }
 }
@@ -343,51 +382,89 @@ fn secret_env_names(config: &AgentConfig) -> Vec<String> {
 }
 
 /// The configured agent backend with its tools: the openai backend gets the
-/// terminal tool when `[tools.terminal] enabled = true`, and the `schedule`
-/// tool while `[schedule] enabled` (the default). Fails only for a configuration that [`Config`] validation
-/// would have refused.
+/// terminal tool when `[tools.terminal] enabled = true`, the tools of
+/// the `[[tools.mcp]]` servers and the `schedule` tool while `[schedule]
+/// enabled` (the default), and no tools otherwise; the claude preset
+/// with `permission_prompt = true` asks its permission prompts on the
+/// approval card. Fails only for a configuration that [`Config`]
+/// validation would have refused.
 pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
     let terminal = &config.tools.terminal;
-    if !terminal.enabled {
-        // The openai backend gets the `schedule` tool when jobs are on.
-        return match (&config.agent.backend, &config.agent.openai) {
-            (Backend::Openai, Some(openai)) if config.schedule.enabled => {
-                let tools = Arc::new(WithSchedule::new(Arc::new(NoTools)));
-                let agent = OpenAiAgent::new(openai.clone(), openai.api_key(), tools)?;
-                Ok(AgentSetup::without_tools(Arc::new(agent)))
-            }
-            _ => {
-                let data_dir = (!config.store.in_memory).then_some(config.store.data_dir.as_path());
-                Ok(AgentSetup::without_tools(build_agent_in(
-                    &config.agent,
-                    data_dir,
-                )?))
-            }
-        };
+    let data_dir = (!config.store.in_memory).then_some(config.store.data_dir.as_path());
+    let scheduling = config.schedule.enabled && config.agent.backend == Backend::Openai;
+    if !terminal.enabled && config.tools.mcp.is_empty() && !scheduling {
+        if let Some(setup) = claude_with_permission_prompts(config, data_dir)? {
+            return Ok(setup);
+        }
+        return Ok(AgentSetup::without_tools(build_agent_in(
+            &config.agent,
+            data_dir,
+        )?));
     }
     let openai = match (&config.agent.backend, &config.agent.openai) {
         (Backend::Openai, Some(openai)) => openai.clone(),
         _ => return Err(
-            "tools.terminal.enabled = true needs agent.backend = \"openai\" with [agent.openai]"
+            "tools.terminal.enabled = true and [[tools.mcp]] need agent.backend = \"openai\" with [agent.openai]"
                 .to_string(),
         ),
     };
     let (sender, events) = tool_events();
-    let tool = Arc::new(TerminalTool::new(
-        terminal,
-        secret_env_names(&config.agent),
-        sender,
-    )?);
-    let key = openai.api_key();
-    // `send_file` sends from the workdir only, on behalf of the `run_as`
-    // user if there is one; without a workdir it is not offered (never
-    // telegate's own directory, which holds its config and database).
-    let tools: Arc<dyn ToolRegistry> = if config.schedule.enabled {
-        Arc::new(WithSchedule::new(tool.clone()))
+    let tool = if terminal.enabled {
+        Some(Arc::new(TerminalTool::new(
+            terminal,
+            secret_env_names(&config.agent),
+            sender.clone(),
+        )?))
     } else {
-        tool.clone()
+        None
     };
-    let tools: Arc<dyn ToolRegistry> = match &terminal.workdir {
+    // One gate for every tool: the terminal tool's, else one of its own
+    // with the same timeout.
+    let gate = tool.as_ref().map_or_else(
+        || ApprovalGate::new(Duration::from_secs(terminal.approval_timeout_secs), sender),
+        |tool| tool.approvals().clone(),
+    );
+    let key = openai.api_key();
+    let mut tools: Arc<dyn ToolRegistry> = match &tool {
+        Some(tool) => with_send_file(tool.clone(), config)?,
+        None => Arc::new(NoTools),
+    };
+    if !config.tools.mcp.is_empty() {
+        tools = Arc::new(WithMcp::new(
+            tools,
+            &config.tools.mcp,
+            gate.clone(),
+            config.secret_env_names().into_iter().collect(),
+        ));
+    }
+    if config.schedule.enabled {
+        tools = Arc::new(WithSchedule::new(tools));
+    }
+    let agent = OpenAiAgent::new(openai, key, tools)?;
+    Ok(match tool {
+        Some(tool) => AgentSetup {
+            agent: Arc::new(agent),
+            terminal: Some(TerminalSetup { tool, events }),
+            approvals: None,
+        },
+        None => AgentSetup {
+            agent: Arc::new(agent),
+            terminal: None,
+            approvals: Some(ApprovalsSetup { gate, events }),
+        },
+    })
+}
+
+/// The terminal tool plus `send_file`, which sends from the workdir only,
+/// on behalf of the `run_as` user if there is one; without a workdir it is
+/// not offered (never telegate's own directory, which holds its config and
+/// database).
+fn with_send_file(
+    tool: Arc<TerminalTool>,
+    config: &Config,
+) -> Result<Arc<dyn ToolRegistry>, String> {
+    let terminal = &config.tools.terminal;
+    Ok(match &terminal.workdir {
         Some(workdir) => {
             let reader = terminal
                 .run_as
@@ -399,18 +476,58 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
                     gid: user.gid,
                 });
             let workspace = Workspace::new(workdir, reader);
-            Arc::new(WithSendFile::new(tools, workspace))
+            Arc::new(WithSendFile::new(tool, workspace))
         }
         None => {
             tracing::info!("send_file is not offered: it needs [tools.terminal] workdir");
-            tools
+            tool
         }
-    };
-    let agent = OpenAiAgent::new(openai, key, tools)?;
-    Ok(AgentSetup {
-        agent: Arc::new(agent),
-        terminal: Some(TerminalSetup { tool, events }),
     })
+}
+
+/// The claude preset with `permission_prompt = true`: the command backend
+/// asking through a gate of its own (`permission_timeout_secs`), its
+/// socket in `<data_dir>/permission-prompts` (a private temporary
+/// directory without a data directory). `None` for any other backend.
+fn claude_with_permission_prompts(
+    config: &Config,
+    data_dir: Option<&std::path::Path>,
+) -> Result<Option<AgentSetup>, String> {
+    let Some(command) = config
+        .agent
+        .command
+        .as_ref()
+        .filter(|c| config.agent.backend == Backend::Command && c.permission_prompt)
+    else {
+        return Ok(None);
+    };
+    let program = match &command.permission_helper {
+        Some(program) => program.clone(),
+        None => std::env::current_exe().map_err(|e| {
+            format!("cannot find telegate's own binary for the permission helper: {e}")
+        })?,
+    };
+    let dir = match data_dir {
+        Some(dir) => dir.join("permission-prompts"),
+        None => std::env::temp_dir().join(format!(
+            "telegate-permission-{}",
+            uuid::Uuid::new_v4().simple()
+        )),
+    };
+    let (sender, events) = tool_events();
+    let gate = ApprovalGate::new(command.permission_timeout(), sender);
+    let prompts = PermissionPrompts::new(dir, gate.clone(), command.permission_timeout(), program);
+    let agent = CommandAgent::new(command.clone(), secret_env_names(&config.agent));
+    let agent = match data_dir {
+        Some(dir) => agent.with_history_dir(dir),
+        None => agent,
+    }
+    .with_permission_prompts(prompts);
+    Ok(Some(AgentSetup {
+        agent: Arc::new(agent),
+        terminal: None,
+        approvals: Some(ApprovalsSetup { gate, events }),
+    }))
 }
 
 /// The configured agent backend, without tools. Fails only for a

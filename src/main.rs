@@ -47,6 +47,14 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Claude Code's permission-prompt MCP server (started by Claude Code
+    /// from the config telegate hands it; not for use by hand).
+    #[command(name = "permission-helper", hide = true)]
+    PermissionHelper {
+        /// telegate's private socket.
+        #[arg(long)]
+        socket: PathBuf,
+    },
     /// Write a commented example configuration (never over an existing file).
     Init {
         /// Where to write it.
@@ -76,6 +84,7 @@ fn main() -> ExitCode {
             (config, Purpose::Telegram)
         }
         Command::Console { config } => (config, Purpose::Console),
+        Command::PermissionHelper { socket } => return permission_helper(socket.clone()),
         Command::Init { config } => {
             return match zero_config::init(config) {
                 Ok(()) => {
@@ -147,13 +156,38 @@ fn main() -> ExitCode {
             Command::Run { standby, .. } => {
                 telegate::transport::telegram::run_with(&config, standby).await
             }
-            Command::CheckConfig { .. } | Command::Init { .. } => Ok(()),
+            Command::CheckConfig { .. }
+            | Command::Init { .. }
+            | Command::PermissionHelper { .. } => Ok(()),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {}", error_chain(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The helper mode: an MCP server on stdin/stdout that forwards Claude
+/// Code's permission prompts to the running telegate (no config, no
+/// secrets; see `telegate::tools::permission`).
+fn permission_helper(socket: PathBuf) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(telegate::tools::permission::helper::run(socket)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
             ExitCode::FAILURE
         }
     }

@@ -287,6 +287,22 @@ impl Config {
         // Checked even while disabled, so turning it on never reveals an
         // old typo.
         self.tools.terminal.validate().map_err(invalid)?;
+        crate::tools::mcp::config::validate_all(&self.tools.mcp).map_err(invalid)?;
+        if !self.tools.mcp.is_empty() && self.agent.backend != Backend::Openai {
+            return Err(invalid(format!(
+                "[[tools.mcp]] needs agent.backend = \"openai\" (the {} backend calls no tools; \
+                 Claude Code and Codex take MCP servers in their own configuration)",
+                self.agent.backend.as_str()
+            )));
+        }
+        for (index, server) in self.tools.mcp.iter().enumerate() {
+            crate::config_checks::check_pass_env(
+                &format!("tools.mcp[{index}].pass_env"),
+                &server.pass_env,
+                &secret_names,
+            )
+            .map_err(invalid)?;
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid(format!(
                 "log.level {:?} is not a valid filter: {e}",
@@ -468,8 +484,14 @@ impl Config {
 impl Config {
     fn tools_summary(&self) -> String {
         let terminal = &self.tools.terminal;
+        let mcp = if self.tools.mcp.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<&str> = self.tools.mcp.iter().map(|s| s.name.as_str()).collect();
+            format!(", MCP servers: {}", names.join(", "))
+        };
         if !terminal.enabled {
-            return "terminal off".to_string();
+            return format!("terminal off{mcp}");
         }
         format!(
             "terminal on (approval {:?}, workdir {}, at most {} background per chat)",
@@ -479,7 +501,7 @@ impl Config {
                 .as_ref()
                 .map_or_else(|| "the bot's own".to_string(), |d| d.display().to_string()),
             terminal.max_background
-        )
+        ) + &mcp
     }
 }
 
@@ -569,6 +591,9 @@ impl Config {
             }
             .resolve(env)?;
         }
+        for (index, server) in self.tools.mcp.iter_mut().enumerate() {
+            server.resolve_headers(index)?;
+        }
         Ok(())
     }
 
@@ -605,6 +630,12 @@ impl Config {
         ]
         .into_iter()
         .flatten()
+        .chain(
+            self.tools
+                .mcp
+                .iter()
+                .flat_map(|server| server.resolved_headers.iter().map(|(_, value)| value)),
+        )
         .map(Secret::expose)
         .collect()
     }

@@ -192,14 +192,14 @@ impl Runner {
         approve: Option<bool>,
         args: &str,
     ) -> Reply {
-        let Some(tools) = self.tools() else {
+        let Some(approvals) = self.approvals() else {
             return Reply::command(commands::NO_TOOLS_TEXT);
         };
         let Some(approve) = approve else {
             return Reply::command("Reply /approve or /deny to the pending command.");
         };
         let ticket = args.split_whitespace().next();
-        let pending = match tools.approvals().lookup(slot, actor.chat_id, ticket) {
+        let pending = match approvals.lookup(slot, actor.chat_id, ticket) {
             Lookup::Found(pending) => pending,
             Lookup::Nothing => return Reply::command("Nothing is waiting for your approval."),
             Lookup::NoSuchTicket => {
@@ -231,10 +231,7 @@ impl Runner {
                 who_may_decide(pending.started_by_name.as_deref(), pending.started_by)
             ));
         }
-        match tools
-            .approvals()
-            .answer_ticket(&pending.key, &pending.ticket, approve)
-        {
+        match approvals.answer_ticket(&pending.key, &pending.ticket, approve) {
             Some(command) if approve => Reply::command(format!(
                 "✅ Approved {}, running:\n{}",
                 pending.ticket,
@@ -413,11 +410,11 @@ impl Runner {
         ticket: &str,
         approve: bool,
     ) -> ApprovalPress {
-        let Some(tools) = self.tools() else {
+        let Some(approvals) = self.approvals() else {
             return ApprovalPress::NotWaiting;
         };
         let slot = SessionKey::from_raw("");
-        let pending = match tools.approvals().lookup(&slot, actor.chat_id, Some(ticket)) {
+        let pending = match approvals.lookup(&slot, actor.chat_id, Some(ticket)) {
             Lookup::Found(pending) => pending,
             _ => return ApprovalPress::NotWaiting,
         };
@@ -432,10 +429,7 @@ impl Runner {
                 pending.started_by,
             ));
         }
-        match tools
-            .approvals()
-            .answer_ticket(&pending.key, &pending.ticket, approve)
-        {
+        match approvals.answer_ticket(&pending.key, &pending.ticket, approve) {
             Some(command) => ApprovalPress::Decided(command),
             None => ApprovalPress::NotWaiting,
         }
@@ -454,8 +448,8 @@ impl Runner {
 
     /// Refuse whatever waits for approval in `key`'s slot.
     fn deny_pending_approvals(&self, key: &SessionKey) {
-        if let Some(tools) = self.tools() {
-            if tools.approvals().deny_all(key, Denial::Stopped) > 0 {
+        if let Some(approvals) = self.approvals() {
+            if approvals.deny_all(key, Denial::Stopped) > 0 {
                 tracing::info!(session_key = %key, "pending approval denied by a control command");
             }
         }

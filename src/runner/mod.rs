@@ -68,6 +68,7 @@ use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentit
 use crate::metrics::Metrics;
 use crate::reply::{DeliveryError, LiveReply, Outbound, Outgoing, Reply, TurnStart};
 use crate::store::{Store, TranscriptEntry};
+use crate::tools::approval::ApprovalGate;
 use crate::tools::approval::{approval_reply, Denial, Lookup};
 use crate::tools::approval_prompt::preview;
 use crate::tools::authority::{may_decide, who_may_decide};
@@ -152,6 +153,9 @@ struct RunnerInner {
     generations: Option<Arc<GenerationLease>>,
     /// The terminal tool's processes and approvals, when it is enabled.
     tools: Option<Arc<TerminalTool>>,
+    /// The approval gate every tool asks through (the terminal tool's,
+    /// or the one of MCP tools or Claude Code's permission prompts).
+    approvals: Option<ApprovalGate>,
     config: RunnerConfig,
 }
 
@@ -195,7 +199,7 @@ impl Runner {
     /// A runner answering with `agent` and showing progress through
     /// `outbound`.
     pub fn new(agent: Arc<dyn Agent>, outbound: Arc<dyn Outbound>, config: RunnerConfig) -> Self {
-        Runner::build(agent, outbound, None, None, config)
+        Runner::build(agent, outbound, None, None, None, config)
     }
 
     /// A runner that keeps sessions and transcripts in `store`, so a restart
@@ -206,7 +210,7 @@ impl Runner {
         store: Store,
         config: RunnerConfig,
     ) -> Self {
-        Runner::build(agent, outbound, Some(store), None, config)
+        Runner::build(agent, outbound, Some(store), None, None, config)
     }
 
     /// A runner whose agent uses the terminal tool `tools`: /ps, /kill,
@@ -219,7 +223,22 @@ impl Runner {
         tools: Arc<TerminalTool>,
         config: RunnerConfig,
     ) -> Self {
-        Runner::build(agent, outbound, store, Some(tools), config)
+        let approvals = Some(tools.approvals().clone());
+        Runner::build(agent, outbound, store, Some(tools), approvals, config)
+    }
+
+    /// A runner whose agent asks approvals through `approvals` without a
+    /// terminal tool (MCP tools alone, Claude Code's permission prompts):
+    /// /approve, /deny and the buttons answer them, /stop, /new and
+    /// /reset deny them.
+    pub fn with_approvals(
+        agent: Arc<dyn Agent>,
+        outbound: Arc<dyn Outbound>,
+        store: Option<Store>,
+        approvals: ApprovalGate,
+        config: RunnerConfig,
+    ) -> Self {
+        Runner::build(agent, outbound, store, None, Some(approvals), config)
     }
 
     fn build(
@@ -227,6 +246,7 @@ impl Runner {
         outbound: Arc<dyn Outbound>,
         store: Option<Store>,
         tools: Option<Arc<TerminalTool>>,
+        approvals: Option<ApprovalGate>,
         config: RunnerConfig,
     ) -> Self {
         if let Some(store) = &store {
@@ -240,6 +260,7 @@ impl Runner {
                 generations: store.clone().map(GenerationLease::new),
                 store,
                 tools,
+                approvals,
                 config,
             }),
         }
@@ -256,6 +277,11 @@ impl Runner {
     /// The terminal tool, when it is enabled.
     pub fn tools(&self) -> Option<&Arc<TerminalTool>> {
         self.inner.tools.as_ref()
+    }
+
+    /// The approval gate, when some tool asks through one.
+    pub fn approvals(&self) -> Option<&ApprovalGate> {
+        self.inner.approvals.as_ref()
     }
 
     /// The store, if one is configured.
@@ -496,9 +522,9 @@ impl MessageHandler for Runner {
     /// Only from a user who may answer it: anyone else's "yes" is an
     /// ordinary message.
     fn claims_while_busy(&self, key: &SessionKey, event: &MessageEvent) -> bool {
-        self.tools().is_some_and(|tools| {
+        self.approvals().is_some_and(|approvals| {
             approval_reply(&event.text).is_some()
-                && tools.approvals().pending_view(key).is_some_and(|pending| {
+                && approvals.pending_view(key).is_some_and(|pending| {
                     may_decide(
                         pending.started_by,
                         event.source.user_id,

@@ -297,6 +297,21 @@ CREATE TABLE transcripts (
 CREATE INDEX transcripts_by_session ON transcripts (session_id, id);
 ";
 
+/// Version 10: the usage a CLI agent's thread last reported, for agents
+/// whose usage after a resume counts the whole thread (Codex: 2,000 →
+/// 3,000 → 4,000 input tokens over three turns). A turn's own usage is the
+/// difference to the thread's previous report.
+const V10_THREAD_USAGE: &str = "
+CREATE TABLE agent_thread_usage (
+    thread_id           TEXT PRIMARY KEY,
+    backend             TEXT NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    cached_input_tokens INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL
+) STRICT;
+";
+
 /// The schema history, oldest first. Append only; see the module docs.
 pub const MIGRATIONS: &[Migration] = &[
     Migration::new("sessions and transcripts", V1_SESSIONS),
@@ -311,6 +326,7 @@ pub const MIGRATIONS: &[Migration] = &[
         V8_RESTART_SAFETY,
     ),
     Migration::new("scheduled jobs", V9_JOBS),
+    Migration::new("cumulative thread usage of CLI agents", V10_THREAD_USAGE),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

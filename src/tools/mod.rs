@@ -37,7 +37,9 @@
 //! * [`authority`]: who may approve, deny or stop somebody's turn;
 //! * [`events`]: the channel through which wakeups and notices leave the tools;
 //! * [`procgroup`]: process groups, shared with the command backend;
-//! * [`send_file`]: the `send_file` tool (files to the chat).
+//! * [`send_file`]: the `send_file` tool (files to the chat);
+//! * [`mcp`]: the tools of MCP servers (`[[tools.mcp]]`);
+//! * [`permission`]: Claude Code's permission prompts on the approval card.
 
 pub mod approval;
 pub mod approval_prompt;
@@ -45,6 +47,8 @@ pub mod authority;
 pub mod childenv;
 pub mod childgroups;
 pub mod events;
+pub mod mcp;
+pub mod permission;
 pub mod process;
 pub mod procgroup;
 pub mod runas;
@@ -59,6 +63,7 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Progress;
+use crate::store::Store;
 
 /// A tool as advertised to the model.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,6 +115,18 @@ pub trait ToolRegistry: Send + Sync {
         arguments: &'a str,
         ctx: ToolContext,
     ) -> BoxFuture<'a, Result<String, ToolError>>;
+
+    /// Called once at the start of each turn, before [`Self::definitions`]:
+    /// a registry whose tools come from elsewhere (MCP servers) starts or
+    /// restarts them here, bounded by its own timeouts and `ctx.cancel`.
+    /// A registry that wraps another calls the inner one's too.
+    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    /// The runner's store, once (child process groups are recorded there).
+    /// A registry that wraps another passes it on.
+    fn attach_store(&self, _store: &Store) {}
 }
 
 /// A registry without tools: the model only talks. The default.

@@ -37,6 +37,17 @@ impl OpenAiAgent {
                 "dropped the oldest history messages to fit the budget"
             );
         }
+        // Tools from elsewhere (MCP servers) start or restart here,
+        // bounded by their own timeouts and the turn's cancellation.
+        let prepare_ctx = ToolContext {
+            cancel: turn.cancel.clone(),
+            progress: turn.progress.clone(),
+        };
+        tokio::select! {
+            biased;
+            _ = turn.cancel.cancelled() => return Err(AgentError::Cancelled),
+            () = self.tools.prepare(&prepare_ctx) => {}
+        }
         let definitions = self.tools.definitions();
         let tools = tool_specs(&definitions);
         let mut shown = ShownText::new(&turn.progress);

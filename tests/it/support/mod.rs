@@ -4,6 +4,8 @@
 
 pub mod agents;
 pub mod binary;
+pub mod buttons;
+pub mod fake_agent_apis;
 pub mod fake_bot;
 pub mod fake_files;
 pub mod fake_openai;
