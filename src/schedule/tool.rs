@@ -188,6 +188,14 @@ impl WithSchedule {
 }
 
 impl ToolRegistry for WithSchedule {
+    fn prepare<'a>(&'a self, ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        self.inner.prepare(ctx)
+    }
+
+    fn attach_store(&self, store: &crate::store::Store) {
+        self.inner.attach_store(store);
+    }
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         let mut definitions = self.inner.definitions();
         definitions.push(definition());

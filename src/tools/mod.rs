@@ -119,14 +119,14 @@ pub trait ToolRegistry: Send + Sync {
     /// Called once at the start of each turn, before [`Self::definitions`]:
     /// a registry whose tools come from elsewhere (MCP servers) starts or
     /// restarts them here, bounded by its own timeouts and `ctx.cancel`.
-    /// A registry that wraps another calls the inner one's too.
-    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
-    }
+    /// A registry that wraps another calls the inner one's too. Required
+    /// (no default), as is [`Self::attach_store`]: a wrapper that forgot to
+    /// pass them on would silently turn off the tools it wraps.
+    fn prepare<'a>(&'a self, ctx: &'a ToolContext) -> BoxFuture<'a, ()>;
 
     /// The runner's store, once (child process groups are recorded there).
     /// A registry that wraps another passes it on.
-    fn attach_store(&self, _store: &Store) {}
+    fn attach_store(&self, store: &Store);
 }
 
 /// A registry without tools: the model only talks. The default.
@@ -134,6 +134,12 @@ pub trait ToolRegistry: Send + Sync {
 pub struct NoTools;
 
 impl ToolRegistry for NoTools {
+    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    fn attach_store(&self, _store: &Store) {}
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         Vec::new()
     }

@@ -83,6 +83,12 @@ fn roles(request: &Value) -> Vec<String> {
 struct TestTools;
 
 impl ToolRegistry for TestTools {
+    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    fn attach_store(&self, _store: &telegate::store::Store) {}
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         let schema = json!({
             "type": "object",
