@@ -42,6 +42,10 @@ pub enum WriteKind {
     AgentSession,
     /// Pruning old inbox rows.
     Retention,
+    /// Members, pairing codes, invites and wrong tries.
+    Access,
+    /// Per-user usage (turns, tokens, cost) and settings.
+    Usage,
 }
 
 impl WriteKind {
@@ -58,6 +62,8 @@ impl WriteKind {
             WriteKind::Process => "background processes",
             WriteKind::AgentSession => "agent sessions",
             WriteKind::Retention => "inbox retention",
+            WriteKind::Access => "access",
+            WriteKind::Usage => "usage",
         }
     }
 }
