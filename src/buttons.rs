@@ -1,7 +1,8 @@
 //! Inline buttons, platform-neutral: what a button does when pressed.
 //!
 //! A reply may carry [`Button`]s (a Stop button on a running turn's preview,
-//! Approve/Deny on an approval prompt, one button per model for /model).
+//! Approve/Deny on an approval prompt, one button per model for /model, one
+//! per conversation for /sessions).
 //! The transport turns them into its own controls; on Telegram each button
 //! gets a short random id stored server-side (the 64-byte `callback_data`
 //! carries only that id), is bound to the user whose session it acts on,
@@ -49,6 +50,11 @@ pub enum ButtonAction {
         /// The model to switch to.
         name: String,
     },
+    /// /resume ID: make this earlier conversation of the chat current.
+    Resume {
+        /// The session id.
+        session: String,
+    },
 }
 
 impl ButtonAction {
@@ -58,7 +64,7 @@ impl ButtonAction {
         match self {
             ButtonAction::Stop { .. } => Duration::from_secs(24 * 3600),
             ButtonAction::Approve { .. } | ButtonAction::Deny { .. } => Duration::from_secs(3600),
-            ButtonAction::Model { .. } => Duration::from_secs(600),
+            ButtonAction::Model { .. } | ButtonAction::Resume { .. } => Duration::from_secs(600),
         }
     }
 }
@@ -156,6 +162,9 @@ mod tests {
                 ticket: "a1b2c3".into(),
             },
             ButtonAction::Model { name: "m".into() },
+            ButtonAction::Resume {
+                session: "s".into(),
+            },
         ] {
             let json = serde_json::to_string(&action).unwrap();
             assert_eq!(serde_json::from_str::<ButtonAction>(&json).unwrap(), action);

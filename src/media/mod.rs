@@ -37,6 +37,7 @@ pub mod outbox;
 pub mod outbox_dir;
 pub mod prepare;
 pub mod retention;
+pub mod speech;
 pub mod stage;
 pub mod transcribe;
 pub mod vision;
@@ -92,6 +93,9 @@ pub struct MediaConfig {
     /// `[media.transcription]`: voice, audio and video notes to text.
     #[serde(default)]
     pub transcription: Option<TranscriptionConfig>,
+    /// `[media.speech]`: answers as voice notes (`/voice`).
+    #[serde(default)]
+    pub speech: Option<speech::SpeechConfig>,
 }
 
 fn default_max_file_bytes() -> u64 {
@@ -124,6 +128,7 @@ impl Default for MediaConfig {
 
             max_files_per_answer: default_max_files_per_answer(),
             transcription: None,
+            speech: None,
         }
     }
 }
@@ -145,6 +150,9 @@ impl MediaConfig {
         }
         if let Some(t) = &self.transcription {
             t.validate()?;
+        }
+        if let Some(s) = &self.speech {
+            s.validate()?;
         }
         Ok(())
     }
@@ -298,6 +306,9 @@ pub struct EventMedia {
     /// command stopped while they were still being prepared (set by the
     /// [`stage`]); the command stopped something even if no turn ran.
     pub stopped: usize,
+    /// The message was spoken (a voice, audio or video note transcribed):
+    /// `/voice auto` answers it with a voice note.
+    pub spoken: bool,
 }
 
 impl EventMedia {

@@ -180,6 +180,7 @@ impl MediaStage {
             }
             _ => None,
         };
+        event.media.spoken = !spoken.is_empty();
         event.text = compose(&caption, &spoken, &notes);
         Ok(Prepared { event, echo })
     }

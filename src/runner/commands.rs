@@ -33,6 +33,18 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("undo", "Remove the last exchange from the conversation"),
     ("model", "Show or switch the model: /model NAME"),
+    ("sessions", "List this chat's conversations to go back to"),
+    ("resume", "Go back to an earlier conversation: /resume ID"),
+    ("title", "Name this conversation: /title TEXT"),
+    ("usage", "Show your usage today and this month"),
+    ("voice", "Answer with voice notes: /voice on, off or auto"),
+    (
+        "invite",
+        "Invite someone (owner, admins): /invite [admin|user]",
+    ),
+    ("users", "List who has access (owner, admins)"),
+    ("role", "Change someone's role (owner): /role ID ROLE"),
+    ("revoke", "Take someone's access away: /revoke ID"),
 ];
 
 /// A command the runner recognises.
@@ -64,6 +76,26 @@ pub enum KnownCommand {
     Undo,
     /// /model [NAME]
     Model,
+    /// /pair CODE (from someone who has access already)
+    Pair,
+    /// /invite [ROLE]
+    Invite,
+    /// /users
+    Users,
+    /// /role ID ROLE
+    Role,
+    /// /revoke ID
+    Revoke,
+    /// /usage [all]
+    Usage,
+    /// /sessions
+    Sessions,
+    /// /resume ID
+    Resume,
+    /// /title TEXT
+    Title,
+    /// /voice on|off|auto
+    Voice,
 }
 
 impl KnownCommand {
@@ -83,6 +115,16 @@ impl KnownCommand {
             ("retry", KnownCommand::Retry),
             ("undo", KnownCommand::Undo),
             ("model", KnownCommand::Model),
+            ("pair", KnownCommand::Pair),
+            ("invite", KnownCommand::Invite),
+            ("users", KnownCommand::Users),
+            ("role", KnownCommand::Role),
+            ("revoke", KnownCommand::Revoke),
+            ("usage", KnownCommand::Usage),
+            ("sessions", KnownCommand::Sessions),
+            ("resume", KnownCommand::Resume),
+            ("title", KnownCommand::Title),
+            ("voice", KnownCommand::Voice),
         ];
         known
             .iter()

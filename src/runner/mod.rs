@@ -31,10 +31,13 @@
 
 mod commands;
 mod controls;
+mod conversations;
 pub mod generations;
 mod sessions;
 mod slots;
+mod team;
 mod turn;
+mod voice;
 mod watchdog;
 
 pub use commands::{
@@ -90,6 +93,14 @@ pub struct RunnerConfig {
     pub default_model: Option<String>,
     /// The models /model may switch a session to.
     pub models: Vec<String>,
+    /// Who may use the bot and as what (Telegram): the team commands, and
+    /// the owner and admins deciding about anyone's turns. `None`: only
+    /// `approvers` decide for others.
+    pub access: Option<crate::access::Access>,
+    /// Per-user budgets, checked before each turn (with a store).
+    pub limits: crate::limits::Limits,
+    /// Answers spoken as voice notes (`[media.speech]`), per `/voice`.
+    pub speech: Option<Arc<crate::media::speech::Speaker>>,
 }
 
 impl Default for RunnerConfig {
@@ -102,6 +113,9 @@ impl Default for RunnerConfig {
             files: None,
             default_model: None,
             models: Vec::new(),
+            access: None,
+            limits: crate::limits::Limits::default(),
+            speech: None,
         }
     }
 }
@@ -377,6 +391,20 @@ impl Runner {
         self.inner.agent.name()
     }
 
+    /// Who may use the bot and as what, when teams are on (Telegram).
+    pub fn access(&self) -> Option<&crate::access::Access> {
+        self.inner.config.access.as_ref()
+    }
+
+    /// Who decides about anyone's turn: the owner and admins (with teams,
+    /// the config's approvers among them), else the configured approvers.
+    pub fn deciders(&self) -> &dyn crate::tools::authority::Deciders {
+        match &self.inner.config.access {
+            Some(access) => access,
+            None => &self.inner.config.approvers,
+        }
+    }
+
     async fn dispatch(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
         // Media that was never prepared (no media step in this transport)
         // cannot be read either.
@@ -411,6 +439,10 @@ impl Runner {
                     Some(known == KnownCommand::Approve),
                     command.args,
                 ),
+                // So do the team commands, /voice and /resume.
+                Some(known) if team::answers(known) => {
+                    self.team_command(known, command.args, &event, &ctx).await
+                }
                 Some(known) => {
                     // A message still being prepared that this command
                     // stopped kept the slot busy, as far as its user can tell.
@@ -476,11 +508,7 @@ impl MessageHandler for Runner {
         self.tools().is_some_and(|tools| {
             approval_reply(&event.text).is_some()
                 && tools.approvals().pending_view(key).is_some_and(|pending| {
-                    may_decide(
-                        pending.started_by,
-                        event.source.user_id,
-                        &self.inner.config.approvers,
-                    )
+                    may_decide(pending.started_by, event.source.user_id, self.deciders())
                 })
         })
     }

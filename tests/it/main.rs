@@ -42,6 +42,7 @@ mod sd_notify;
 mod secrets_e2e;
 mod session_split_brain;
 mod store_integrity;
+mod teams_pairing;
 mod telegram_e2e;
 mod terminal_approval_e2e;
 mod terminal_e2e;
