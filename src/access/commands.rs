@@ -15,8 +15,8 @@ use super::Access;
 
 /// What a team command needs to know.
 pub struct TeamContext<'a> {
-    /// Who may do what.
-    pub access: &'a Access,
+    /// Who may do what (`None`: no team, only /usage answers).
+    pub access: Option<&'a Access>,
     /// Budgets (and their clock and days).
     pub limits: &'a Limits,
     /// Usage lives here.
@@ -33,7 +33,13 @@ const STORE_FAILED: &str =
 
 impl TeamContext<'_> {
     fn standing(&self) -> Option<Standing> {
-        self.actor.user_id.and_then(|u| self.access.standing(u))
+        let access = self.access?;
+        self.actor.user_id.and_then(|u| access.standing(u))
+    }
+
+    fn team(&self) -> Result<&Access, String> {
+        self.access
+            .ok_or_else(|| "Teams (invites, roles) work with the Telegram bot.".to_string())
     }
 
     fn manager(&self) -> Result<(u64, Standing), String> {
@@ -83,7 +89,11 @@ pub async fn invite(ctx: &TeamContext<'_>, args: &str) -> String {
         return "Send /invite in a private chat with me, so the code is not shown to the group."
             .to_string();
     }
-    match ctx.access.invite(actor, role).await {
+    let access = match ctx.team() {
+        Ok(access) => access,
+        Err(text) => return text,
+    };
+    match access.invite(actor, role).await {
         Ok(invite) => {
             tracing::info!(actor, role = role.as_str(), "invite created");
             let link = ctx
@@ -122,7 +132,10 @@ pub async fn users(ctx: &TeamContext<'_>) -> String {
             return STORE_FAILED.to_string();
         }
     };
-    let everyone = ctx.access.everyone();
+    let everyone = match ctx.team() {
+        Ok(access) => access.everyone(),
+        Err(text) => return text,
+    };
     let mut text = format!("👥 People with access ({}):", everyone.len());
     for (id, standing, name) in everyone {
         let mut line = format!(
@@ -183,13 +196,17 @@ pub async fn role(ctx: &TeamContext<'_>, args: &str) -> String {
     let Some(new) = name.and_then(Role::parse) else {
         return "Which role? Send /role ID admin or /role ID user.".to_string();
     };
-    let Some(standing) = ctx.access.standing(target) else {
+    let access = match ctx.team() {
+        Ok(access) => access,
+        Err(text) => return text,
+    };
+    let Some(standing) = access.standing(target) else {
         return format!("User {target} has no access; /invite them first.");
     };
     if let Err(text) = roles::may_set_role(actor, standing, new) {
         return text;
     }
-    match ctx.access.set_role(target, new).await {
+    match access.set_role(target, new).await {
         Ok(true) => {
             tracing::info!(target, role = new.as_str(), "role changed");
             format!("✅ User {target} is {} {} now.", article(new), new.as_str())
@@ -219,13 +236,17 @@ pub async fn revoke(ctx: &TeamContext<'_>, args: &str) -> String {
         Ok(found) => found,
         Err(text) => return text,
     };
-    let Some(standing) = ctx.access.standing(target) else {
+    let access = match ctx.team() {
+        Ok(access) => access,
+        Err(text) => return text,
+    };
+    let Some(standing) = access.standing(target) else {
         return format!("User {target} has no access.");
     };
     if let Err(text) = roles::may_revoke(actor, standing) {
         return text;
     }
-    match ctx.access.revoke(target).await {
+    match access.revoke(target).await {
         Ok(_) => {
             tracing::info!(target, "access revoked");
             format!("🚫 User {target} no longer has access (their unused invites are void too).")
@@ -301,7 +322,8 @@ pub async fn usage(ctx: &TeamContext<'_>, args: &str) -> String {
     }
     let names: std::collections::HashMap<u64, Option<String>> = ctx
         .access
-        .everyone()
+        .map(Access::everyone)
+        .unwrap_or_default()
         .into_iter()
         .map(|(id, _, name)| (id, name))
         .collect();

@@ -50,9 +50,13 @@ impl Runner {
             KnownCommand::Voice => return self.voice_command(&event.source, args).await,
             _ => {}
         }
-        let (Some(access), Some(store)) = (self.access(), self.store()) else {
+        let Some(store) = self.store() else {
             return Reply::command(NO_TEAMS_TEXT);
         };
+        let access = self.access();
+        if access.is_none() && known != KnownCommand::Usage {
+            return Reply::command(NO_TEAMS_TEXT);
+        }
         let context = TeamContext {
             access,
             limits: &self.inner.config.limits,

@@ -42,6 +42,8 @@ mod sd_notify;
 mod secrets_e2e;
 mod session_split_brain;
 mod store_integrity;
+mod teams_access;
+mod teams_budgets;
 mod teams_pairing;
 mod telegram_e2e;
 mod terminal_approval_e2e;

@@ -65,6 +65,10 @@ pub enum Script {
     Comments,
     /// Wait until the gate opens, then answer like the inner script.
     Gated(Gate, Box<Script>),
+    /// A streamed answer (`Stream` or `ToolCall`) whose last chunk before
+    /// `[DONE]` reports this `usage` object, as OpenAI does with
+    /// `stream_options.include_usage`.
+    WithUsage(Box<Script>, Value),
 }
 
 /// A gate a [`Script::Gated`] answer waits for. Cheap to clone.
@@ -164,6 +168,16 @@ impl Script {
             arguments: arguments.to_string(),
             id: id.to_string(),
         }
+    }
+
+    /// This streamed answer, ending with a usage chunk of `prompt` and
+    /// `completion` tokens.
+    pub fn with_usage(self, prompt: u64, completion: u64) -> Script {
+        Script::WithUsage(
+            Box::new(self),
+            json!({"prompt_tokens": prompt, "completion_tokens": completion,
+                   "total_tokens": prompt + completion}),
+        )
     }
 
     /// A non-streamed completion answering `text`.
@@ -348,6 +362,30 @@ fn respond(script: Script, shared: Arc<Shared>) -> Response {
         }
         Script::Comments => sse_response(timed_frames(comment_frames()), shared),
         Script::Gated(_, inner) => respond(*inner, shared),
+        Script::WithUsage(inner, usage) => {
+            let mut frames = match *inner {
+                Script::Stream { chunks, delay } => {
+                    let mut frames: Vec<(Duration, String)> = vec![(Duration::ZERO, role_chunk())];
+                    frames.extend(chunks.iter().map(|c| (delay, data(&content_delta(c)))));
+                    frames.push((Duration::ZERO, data(&finish("stop"))));
+                    frames
+                }
+                Script::ToolCall {
+                    name,
+                    arguments,
+                    id,
+                } => tool_call_frames(&name, &arguments, &id),
+                other => panic!("usage is only added to streams and tool calls, not {other:?}"),
+            };
+            frames.push((
+                Duration::ZERO,
+                data(
+                    &json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                             "model": "fake", "choices": [], "usage": usage}),
+                ),
+            ));
+            sse_response(timed_frames(frames), shared)
+        }
     }
 }
 
