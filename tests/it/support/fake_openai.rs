@@ -29,6 +29,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::fake_speech::FakeSpeaker;
 use super::fake_transcribe::FakeTranscriber;
 
 /// The text [`Script::Comments`] streams after its odd chunks.
@@ -210,6 +211,8 @@ pub struct FakeOpenAi {
     server: JoinHandle<()>,
     /// `POST /v1/audio/transcriptions` (see `fake_transcribe.rs`).
     pub transcriber: FakeTranscriber,
+    /// `POST /v1/audio/speech` (see `fake_speech.rs`).
+    pub speaker: FakeSpeaker,
 }
 
 impl Drop for FakeOpenAi {
@@ -230,10 +233,12 @@ impl FakeOpenAi {
             disconnects: watch::Sender::new(0),
         });
         let transcriber = FakeTranscriber::default();
+        let speaker = FakeSpeaker::default();
         let app = Router::new()
             .route("/v1/chat/completions", post(handle))
             .with_state(shared.clone())
-            .merge(transcriber.router());
+            .merge(transcriber.router())
+            .merge(speaker.router());
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -242,6 +247,7 @@ impl FakeOpenAi {
             shared,
             server,
             transcriber,
+            speaker,
         }
     }
 
