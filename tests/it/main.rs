@@ -45,6 +45,7 @@ mod store_integrity;
 mod teams_access;
 mod teams_budgets;
 mod teams_pairing;
+mod teams_sessions;
 mod teams_voice;
 mod telegram_e2e;
 mod terminal_approval_e2e;
