@@ -246,3 +246,65 @@ async fn turns_per_hour_free_up_an_hour_after_the_oldest() {
     b.says("four", "ok").await;
     assert_eq!(b.charged().await.0, 3);
 }
+
+/// The Claude preset's usage comes from its `result` event (tokens and
+/// `total_cost_usd`): a daily dollar budget below one turn's cost lets
+/// the first turn run and refuses the second, uncharged; /usage shows the
+/// reported numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cli_agents_reported_cost_counts_against_the_daily_dollars() {
+    use support::fake_bot::FakeBotApi;
+    let fake = FakeBotApi::start().await;
+    let agent_dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let mut config =
+        crate::cli_agents_e2e::config(&fake, "claude", agent_dir.path(), data.path(), "");
+    config.limits = toml::from_str("daily_cost_usd = 0.01").unwrap();
+    let bot = telegate::transport::telegram::TelegramBot::start(&config)
+        .await
+        .unwrap();
+    let says = |text: &str, needle: &str| {
+        let needle = needle.to_string();
+        let text = text.to_string();
+        let bot = &bot;
+        let before = fake
+            .sent_texts(USER)
+            .iter()
+            .filter(|t| t.contains(&needle))
+            .count();
+        let fake = &fake;
+        async move {
+            // The previous turn is over (answered and charged).
+            let idle =
+                support::recorder::eventually(WAIT, || bot.engine.adapter.busy_count() == 0).await;
+            assert!(idle, "a turn is still running");
+            fake.push_text(USER, USER, &text);
+            let count = || {
+                fake.sent_texts(USER)
+                    .iter()
+                    .filter(|t| t.contains(&needle))
+                    .count()
+            };
+            let seen = fake.wait_for(|_| count() > before, WAIT).await;
+            assert!(seen, "no {needle:?}: {:?}", fake.sent_texts(USER));
+            fake.sent_texts(USER)
+                .into_iter()
+                .rev()
+                .find(|t| t.contains(&needle))
+                .unwrap()
+        }
+    };
+    says("first", "in claude-session-1").await;
+    let refusal = says("second", "You have reached").await;
+    assert!(refusal.contains("daily budget of $0.01"), "{refusal}");
+    assert_eq!(
+        crate::cli_agents_e2e::invocations(agent_dir.path()).len(),
+        1,
+        "the refused turn did not run the agent"
+    );
+    let usage = says("/usage", "Today:").await;
+    // The fake reports 100 input, 50 cached, 20 output tokens, $0.0125.
+    assert!(usage.contains("Today: 1 turn, 170 tokens"), "{usage}");
+    assert!(usage.contains("$0.01"), "{usage}");
+    bot.shutdown().await;
+}

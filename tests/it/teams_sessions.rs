@@ -18,9 +18,12 @@ use support::fake_bot::FakeBotApi;
 use support::fake_openai::{last_user_contains, FakeOpenAi, Script};
 use telegate::transport::telegram::TelegramBot;
 
-/// `user` sends `text`; wait until one more sent text contains `needle`,
+/// Once no turn runs, `user` sends `text`; wait until one more sent text contains `needle`,
 /// and return it.
-async fn says(fake: &FakeBotApi, text: &str, needle: &str) -> String {
+async fn says(bot: &TelegramBot, fake: &FakeBotApi, text: &str, needle: &str) -> String {
+    // The previous turn is over (answered, charged, recorded).
+    let idle = support::recorder::eventually(WAIT, || bot.engine.adapter.busy_count() == 0).await;
+    assert!(idle, "a turn is still running");
     let seen = |fake: &FakeBotApi| {
         fake.sent_texts(USER)
             .into_iter()
@@ -79,16 +82,16 @@ async fn openai_history_comes_back_exactly_on_resume_also_after_a_restart() {
     let bot = TelegramBot::start(&config).await.unwrap();
 
     llm.push_when(last_user_contains("taxes"), Script::text("File by April."));
-    says(&fake, "about my taxes", "File by April.").await;
+    says(&bot, &fake, "about my taxes", "File by April.").await;
     llm.push_when(last_user_contains("deduct"), Script::text("Yes, some."));
-    says(&fake, "can I deduct it", "Yes, some.").await;
-    says(&fake, "/title Taxes", "is called \"Taxes\" now").await;
+    says(&bot, &fake, "can I deduct it", "Yes, some.").await;
+    says(&bot, &fake, "/title Taxes", "is called \"Taxes\" now").await;
     let taxes = last_request_with(&llm, "deduct");
 
-    says(&fake, "/new", "Started a fresh session").await;
+    says(&bot, &fake, "/new", "Started a fresh session").await;
     llm.push_when(last_user_contains("garden"), Script::text("Water it."));
-    says(&fake, "my garden", "Water it.").await;
-    let listing = says(&fake, "/sessions", "Conversations in this chat").await;
+    says(&bot, &fake, "my garden", "Water it.").await;
+    let listing = says(&bot, &fake, "/sessions", "Conversations in this chat").await;
     assert!(listing.contains("\"Taxes\""), "{listing}");
     assert!(listing.contains("2 exchanges"), "{listing}");
     assert!(listing.contains("\"my garden\""), "{listing}");
@@ -96,10 +99,10 @@ async fn openai_history_comes_back_exactly_on_resume_also_after_a_restart() {
     let garden_id = listed_id(&listing, "my garden");
     let taxes_id = listed_id(&listing, "Taxes");
 
-    let back = says(&fake, &format!("/resume {taxes_id}"), "Back to").await;
+    let back = says(&bot, &fake, &format!("/resume {taxes_id}"), "Back to").await;
     assert!(back.contains("\"Taxes\" (2 exchanges)"), "{back}");
     llm.push_when(last_user_contains("and next year"), Script::text("Same."));
-    says(&fake, "and next year", "Same.").await;
+    says(&bot, &fake, "and next year", "Same.").await;
     let mut expected = taxes.clone();
     expected.push(("assistant".into(), "Yes, some.".into()));
     expected.push(("user".into(), "and next year".into()));
@@ -110,7 +113,7 @@ async fn openai_history_comes_back_exactly_on_resume_also_after_a_restart() {
     bot.shutdown().await;
     let bot = TelegramBot::start(&config).await.unwrap();
     llm.push_when(last_user_contains("one more"), Script::text("Done."));
-    says(&fake, "one more", "Done.").await;
+    says(&bot, &fake, "one more", "Done.").await;
     let after = last_request_with(&llm, "one more");
     let mut expected_after = expected.clone();
     expected_after.push(("assistant".into(), "Same.".into()));
@@ -118,13 +121,14 @@ async fn openai_history_comes_back_exactly_on_resume_also_after_a_restart() {
     assert_eq!(after, expected_after);
 
     says(
+        &bot,
         &fake,
         &format!("/resume {garden_id}"),
         "Back to \"my garden\"",
     )
     .await;
     llm.push_when(last_user_contains("roses"), Script::text("Prune them."));
-    says(&fake, "and roses", "Prune them.").await;
+    says(&bot, &fake, "and roses", "Prune them.").await;
     let garden = last_request_with(&llm, "roses");
     let tail: Vec<_> = garden
         .iter()
@@ -139,7 +143,7 @@ async fn openai_history_comes_back_exactly_on_resume_also_after_a_restart() {
             ("user".to_string(), "and roses".to_string()),
         ]
     );
-    says(&fake, "/resume zzzz", "no conversation zzzz").await;
+    says(&bot, &fake, "/resume zzzz", "no conversation zzzz").await;
     bot.shutdown().await;
 }
 
@@ -173,11 +177,11 @@ async fn a_claude_conversation_resumes_its_session_id_by_button_also_after_a_res
     let data = tempfile::tempdir().unwrap();
     let config = crate::cli_agents_e2e::config(&fake, "claude", agent_dir.path(), data.path(), "");
     let bot = TelegramBot::start(&config).await.unwrap();
-    says(&fake, "first topic", "in claude-session-1").await;
-    says(&fake, "/new", "Started a fresh session").await;
-    says(&fake, "second topic", "in claude-session-2").await;
+    says(&bot, &fake, "first topic", "in claude-session-1").await;
+    says(&bot, &fake, "/new", "Started a fresh session").await;
+    says(&bot, &fake, "second topic", "in claude-session-2").await;
 
-    says(&fake, "/sessions", "Conversations in this chat").await;
+    says(&bot, &fake, "/sessions", "Conversations in this chat").await;
     let (message, data_) = button(&fake, "first topic").expect("a resume button");
     fake.push_callback_query(USER, USER, message, &data_);
     let ok = fake
@@ -191,7 +195,7 @@ async fn a_claude_conversation_resumes_its_session_id_by_button_also_after_a_res
         )
         .await;
     assert!(ok, "{:?}", fake.sent_texts(USER));
-    says(&fake, "back to it", "in claude-session-1").await;
+    says(&bot, &fake, "back to it", "in claude-session-1").await;
     let calls = invocations(agent_dir.path());
     assert_eq!(
         resumed_id(&calls[2], "--resume").as_deref(),
@@ -200,16 +204,17 @@ async fn a_claude_conversation_resumes_its_session_id_by_button_also_after_a_res
 
     bot.shutdown().await;
     let bot = TelegramBot::start(&config).await.unwrap();
-    says(&fake, "after the restart", "in claude-session-1").await;
-    let listing = says(&fake, "/sessions", "Conversations in this chat").await;
+    says(&bot, &fake, "after the restart", "in claude-session-1").await;
+    let listing = says(&bot, &fake, "/sessions", "Conversations in this chat").await;
     let second = listed_id(&listing, "second topic");
     says(
+        &bot,
         &fake,
         &format!("/resume {second}"),
         "Back to \"second topic\"",
     )
     .await;
-    says(&fake, "the other one", "in claude-session-2").await;
+    says(&bot, &fake, "the other one", "in claude-session-2").await;
     let calls = invocations(agent_dir.path());
     assert_eq!(calls.len(), 5, "{calls:?}");
     assert_eq!(

@@ -47,7 +47,10 @@ async fn start(fake: &FakeBotApi, llm: &FakeOpenAi, data: &std::path::Path) -> T
         .unwrap()
 }
 
-async fn says(fake: &FakeBotApi, text: &str, needle: &str) {
+async fn says(bot: &TelegramBot, fake: &FakeBotApi, text: &str, needle: &str) {
+    // The previous turn is over (answered, charged, recorded).
+    let idle = support::recorder::eventually(WAIT, || bot.engine.adapter.busy_count() == 0).await;
+    assert!(idle, "a turn is still running");
     fake.push_text(USER, USER, text);
     assert!(wait_sent(fake, needle).await, "{:?}", fake.sent_texts(USER));
 }
@@ -57,8 +60,14 @@ async fn voice_on_answers_with_a_voice_note_whose_caption_is_the_text() {
     let (fake, llm) = (FakeBotApi::start().await, FakeOpenAi::start().await);
     let data = tempfile::tempdir().unwrap();
     let bot = start(&fake, &llm, data.path()).await;
-    says(&fake, "/voice", "Voice answers: off").await;
-    says(&fake, "/voice on", "I will answer you with voice notes").await;
+    says(&bot, &fake, "/voice", "Voice answers: off").await;
+    says(
+        &bot,
+        &fake,
+        "/voice on",
+        "I will answer you with voice notes",
+    )
+    .await;
 
     llm.push_when(
         last_user_contains("lights"),
@@ -109,9 +118,9 @@ async fn voice_on_answers_with_a_voice_note_whose_caption_is_the_text() {
     );
 
     // Off again: text.
-    says(&fake, "/voice off", "I will answer you in text").await;
+    says(&bot, &fake, "/voice off", "I will answer you in text").await;
     llm.push_when(last_user_contains("plain"), Script::text("Plain text."));
-    says(&fake, "plain please", "Plain text.").await;
+    says(&bot, &fake, "plain please", "Plain text.").await;
     assert_eq!(voices(&fake).len(), 2);
     bot.shutdown().await;
 }
@@ -121,9 +130,9 @@ async fn auto_speaks_only_to_a_voice_message() {
     let (fake, llm) = (FakeBotApi::start().await, FakeOpenAi::start().await);
     let data = tempfile::tempdir().unwrap();
     let bot = start(&fake, &llm, data.path()).await;
-    says(&fake, "/voice auto", "when you send me one").await;
+    says(&bot, &fake, "/voice auto", "when you send me one").await;
     llm.push_when(last_user_contains("typed"), Script::text("Typed answer."));
-    says(&fake, "typed question", "Typed answer.").await;
+    says(&bot, &fake, "typed question", "Typed answer.").await;
     assert!(voices(&fake).is_empty() && llm.speaker.requests().is_empty());
 
     let audio = b"OggS a spoken question".to_vec();
@@ -146,11 +155,11 @@ async fn an_endpoint_error_or_audio_that_is_not_ogg_falls_back_to_text() {
     let (fake, llm) = (FakeBotApi::start().await, FakeOpenAi::start().await);
     let data = tempfile::tempdir().unwrap();
     let bot = start(&fake, &llm, data.path()).await;
-    says(&fake, "/voice on", "voice notes").await;
+    says(&bot, &fake, "/voice on", "voice notes").await;
 
     llm.speaker.fail_with(Some(500));
     llm.push_when(last_user_contains("first"), Script::text("First answer."));
-    says(&fake, "first", "First answer.").await;
+    says(&bot, &fake, "first", "First answer.").await;
     let text = fake
         .sent_texts(USER)
         .into_iter()
@@ -166,7 +175,7 @@ async fn an_endpoint_error_or_audio_that_is_not_ogg_falls_back_to_text() {
     llm.speaker.fail_with(None);
     llm.speaker.always_mp3(true);
     llm.push_when(last_user_contains("second"), Script::text("Second answer."));
-    says(&fake, "second", "Second answer.").await;
+    says(&bot, &fake, "second", "Second answer.").await;
     let text = fake
         .sent_texts(USER)
         .into_iter()
