@@ -1,7 +1,8 @@
 //! Inline buttons, platform-neutral: what a button does when pressed.
 //!
 //! A reply may carry [`Button`]s (a Stop button on a running turn's preview,
-//! Approve/Deny on an approval prompt, one button per model for /model).
+//! Approve/Deny on an approval prompt, one button per model for /model, one
+//! per conversation for /sessions).
 //! The transport turns them into its own controls; on Telegram each button
 //! gets a short random id stored server-side (the 64-byte `callback_data`
 //! carries only that id), is bound to the user whose session it acts on,
@@ -59,6 +60,11 @@ pub enum ButtonAction {
         /// What the press does to it.
         change: JobButton,
     },
+    /// /resume ID: make this earlier conversation of the chat current.
+    Resume {
+        /// The session id.
+        session: String,
+    },
 }
 
 /// What a job's button does.
@@ -91,7 +97,7 @@ impl ButtonAction {
         match self {
             ButtonAction::Stop { .. } => Duration::from_secs(24 * 3600),
             ButtonAction::Approve { .. } | ButtonAction::Deny { .. } => Duration::from_secs(3600),
-            ButtonAction::Model { .. } => Duration::from_secs(600),
+            ButtonAction::Model { .. } | ButtonAction::Resume { .. } => Duration::from_secs(600),
             ButtonAction::Job { .. } => Duration::from_secs(7 * 24 * 3600),
         }
     }
@@ -235,6 +241,9 @@ mod tests {
             ButtonAction::Job {
                 id: 3,
                 change: JobButton::Delete,
+            },
+            ButtonAction::Resume {
+                session: "s".into(),
             },
         ] {
             let json = serde_json::to_string(&action).unwrap();

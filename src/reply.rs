@@ -40,6 +40,10 @@ pub struct Reply {
     /// Inline buttons under the reply (transports without buttons ignore
     /// them; every button's action is also a typed command).
     pub buttons: Vec<crate::buttons::Button>,
+    /// The answer spoken (Ogg/Opus): sent as a voice note carrying the
+    /// text where the transport can (see `delivery::voice`); others send
+    /// the text.
+    pub voice: Option<bytes::Bytes>,
 }
 
 impl Reply {
@@ -50,6 +54,7 @@ impl Reply {
             kind,
             reply_to: None,
             buttons: Vec::new(),
+            voice: None,
         }
     }
 
@@ -82,6 +87,12 @@ impl Reply {
     /// Put `buttons` under the reply.
     pub fn with_buttons(mut self, buttons: Vec<crate::buttons::Button>) -> Self {
         self.buttons = buttons;
+        self
+    }
+
+    /// Send the answer as this voice note (Ogg/Opus) with its text.
+    pub fn with_voice(mut self, audio: bytes::Bytes) -> Self {
+        self.voice = Some(audio);
         self
     }
 }

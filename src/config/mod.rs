@@ -92,6 +92,16 @@ pub struct Config {
     /// `[schedule]`: scheduled jobs and reminders.
     #[serde(default)]
     pub schedule: crate::schedule::ScheduleConfig,
+    /// `[access]`: pairing codes, invites, guessing limits.
+    #[serde(default)]
+    pub access: crate::access::AccessConfig,
+    /// `[limits]`: per-user budgets.
+    #[serde(default)]
+    pub limits: crate::limits::LimitsConfig,
+    /// Where "now" comes from for codes and budgets (not a key of the
+    /// file; tests set a manual clock).
+    #[serde(skip)]
+    pub clock: crate::clock::Clock,
 }
 
 /// What the configuration will be used for (what must be present).
@@ -205,13 +215,6 @@ impl Config {
         self.validate(path, purpose)
     }
 
-    /// Whether the bot may start with both allowlists empty and
-    /// `allow_all_users` off: only a file-less start may (it answers nobody
-    /// but tells each sender their id, so they can be added).
-    pub fn may_start_locked(&self) -> bool {
-        self.source == crate::zero_config::ConfigSource::Environment
-    }
-
     fn validate(&self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
         let invalid = |message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -274,6 +277,8 @@ impl Config {
             )));
         }
         self.media.validate().map_err(invalid)?;
+        self.access.validate().map_err(invalid)?;
+        self.limits.validate().map_err(invalid)?;
         crate::config_checks::check_data_dir("store.data_dir", &self.store.data_dir)
             .map_err(invalid)?;
 
@@ -371,17 +376,6 @@ impl Config {
                     )));
                 }
             }
-            if telegram.allowed_users.is_empty()
-                && telegram.allowed_chats.is_empty()
-                && !telegram.allow_all_users
-                && !self.may_start_locked()
-            {
-                return Err(invalid(
-                    "nobody may use the bot: list user ids in telegram.allowed_users \
-                     (or set telegram.allow_all_users = true to open it to everyone)"
-                        .to_string(),
-                ));
-            }
         }
         Ok(())
     }
@@ -422,6 +416,15 @@ impl Config {
                 .filter(|_| self.agent.backend == Backend::Openai)
                 .map(|o| o.models.clone())
                 .unwrap_or_default(),
+            access: None,
+            limits: crate::limits::Limits::new(self.limits.clone(), self.clock.clone())
+                .with_default_zone(self.schedule.default_zone().1),
+            speech: self.media.speech.clone().and_then(|speech| {
+                crate::media::speech::Speaker::new(speech)
+                    .map_err(|error| tracing::error!(%error, "voice answers are off"))
+                    .ok()
+                    .map(std::sync::Arc::new)
+            }),
         }
     }
 
@@ -448,6 +451,8 @@ impl Config {
         let t = &self.telegram;
         let access = if t.allow_all_users {
             "everyone".to_string()
+        } else if t.allowed_users.is_empty() && t.allowed_chats.is_empty() {
+            "the team paired and invited from the chat (with no owner yet, a start shows a pairing code)".to_string()
         } else {
             format!(
                 "{} user(s), {} chat(s)",
@@ -544,8 +549,8 @@ impl Config {
     /// key later takes it from here.
     fn resolve_secrets(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
         use crate::secrets::{
-            SecretSources, API_KEY_CREDENTIAL, TOKEN_CREDENTIAL, TRANSCRIPTION_KEY_CREDENTIAL,
-            WEBHOOK_SECRET_CREDENTIAL,
+            SecretSources, API_KEY_CREDENTIAL, SPEECH_KEY_CREDENTIAL, TOKEN_CREDENTIAL,
+            TRANSCRIPTION_KEY_CREDENTIAL, WEBHOOK_SECRET_CREDENTIAL,
         };
         let telegram = &mut self.telegram;
         telegram.token = SecretSources {
@@ -593,6 +598,16 @@ impl Config {
         }
         for (index, server) in self.tools.mcp.iter_mut().enumerate() {
             server.resolve_headers(index)?;
+        if let Some(speech) = self.media.speech.as_mut() {
+            speech.resolved_api_key = SecretSources {
+                key: "media.speech.api_key_env",
+                inline: None,
+                file_key: "media.speech.api_key_file",
+                file: speech.api_key_file.as_deref(),
+                credential: SPEECH_KEY_CREDENTIAL,
+                env_var: speech.api_key_env.as_deref(),
+            }
+            .resolve(env)?;
         }
         Ok(())
     }
@@ -627,6 +642,10 @@ impl Config {
                 .transcription
                 .as_ref()
                 .and_then(|t| t.resolved_api_key.as_ref()),
+            self.media
+                .speech
+                .as_ref()
+                .and_then(|s| s.resolved_api_key.as_ref()),
         ]
         .into_iter()
         .flatten()
@@ -657,6 +676,14 @@ impl Config {
             .transcription
             .as_ref()
             .and_then(|t| t.api_key_env.clone())
+        {
+            names.push(name);
+        }
+        if let Some(name) = self
+            .media
+            .speech
+            .as_ref()
+            .and_then(|s| s.api_key_env.clone())
         {
             names.push(name);
         }

@@ -73,9 +73,12 @@ pub async fn register(
         return None;
     }
     // A list of choices reads best one per line; a few actions side by side.
-    let one_per_line = buttons
-        .iter()
-        .any(|b| matches!(b.action, ButtonAction::Model { .. }));
+    let one_per_line = buttons.iter().any(|b| {
+        matches!(
+            b.action,
+            ButtonAction::Model { .. } | ButtonAction::Resume { .. }
+        )
+    });
     let layout: Vec<Vec<InlineKeyboardButton>> = if one_per_line {
         keys.into_iter().map(|(_, k)| vec![k]).collect()
     } else {

@@ -42,6 +42,7 @@ pub mod ratelimit;
 pub mod reaction;
 pub mod split;
 pub mod telegram;
+pub mod voice;
 
 pub use entity::{to_telegram, utf16_len, EntityKind, FormattedText, TextEntity};
 pub use markdown::render;

@@ -161,6 +161,13 @@ pub async fn deliver_answer_once(
     preview: Option<i32>,
     record: Option<&ReplyRecord>,
 ) -> Result<(), DeliveryError> {
+    if reply.voice.is_some() {
+        // A spoken answer: a voice note carrying the text (delivery::voice).
+        return Box::pin(super::voice::deliver_voice_answer_once(
+            delivery, target, reply, preview, record,
+        ))
+        .await;
+    }
     let mut preview = preview;
     if let Some(record) = record {
         match record.recorded().await {
@@ -256,7 +263,12 @@ pub const ANSWER_FILE_NAME: &str = "answer.md";
 
 /// Send the whole of `reply`'s text as a Markdown document after its
 /// first `messages` parts; a failure is said in the chat.
-async fn send_as_file(delivery: &Delivery, target: ChatTarget, reply: &Reply, messages: usize) {
+pub(super) async fn send_as_file(
+    delivery: &Delivery,
+    target: ChatTarget,
+    reply: &Reply,
+    messages: usize,
+) {
     let file = crate::media::outbox::OutgoingFile {
         name: ANSWER_FILE_NAME.to_string(),
         body: crate::media::outbox::FileBody::Bytes(bytes::Bytes::from(reply.text.clone())),
@@ -282,7 +294,7 @@ async fn send_as_file(delivery: &Delivery, target: ChatTarget, reply: &Reply, me
 /// Tell the sender of message `reply_to` that its answer may not have
 /// arrived, as soon as Telegram answers again. Sent once: an unanswered
 /// notice is not repeated either.
-async fn tell_unconfirmed(
+pub(super) async fn tell_unconfirmed(
     delivery: &Delivery,
     target: ChatTarget,
     reply_to: Option<i64>,

@@ -41,6 +41,7 @@ pub mod outbox_dir;
 pub mod pdf;
 pub mod prepare;
 pub mod retention;
+pub mod speech;
 pub mod stage;
 pub mod transcribe;
 pub mod vision;
@@ -97,6 +98,9 @@ pub struct MediaConfig {
     /// `[media.transcription]`: voice, audio and video notes to text.
     #[serde(default)]
     pub transcription: Option<TranscriptionConfig>,
+    /// `[media.speech]`: answers as voice notes (`/voice`).
+    #[serde(default)]
+    pub speech: Option<speech::SpeechConfig>,
 }
 
 fn default_max_file_bytes() -> u64 {
@@ -129,6 +133,7 @@ impl Default for MediaConfig {
 
             max_files_per_answer: default_max_files_per_answer(),
             transcription: None,
+            speech: None,
         }
     }
 }
@@ -150,6 +155,9 @@ impl MediaConfig {
         }
         if let Some(t) = &self.transcription {
             t.validate()?;
+        }
+        if let Some(s) = &self.speech {
+            s.validate()?;
         }
         Ok(())
     }
@@ -351,6 +359,9 @@ pub struct EventMedia {
     /// command stopped while they were still being prepared (set by the
     /// [`stage`]); the command stopped something even if no turn ran.
     pub stopped: usize,
+    /// The message was spoken (a voice, audio or video note transcribed):
+    /// `/voice auto` answers it with a voice note.
+    pub spoken: bool,
 }
 
 impl EventMedia {

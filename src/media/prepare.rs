@@ -203,6 +203,7 @@ impl MediaStage {
         }
         shown.extend(notices);
         let echo = (!shown.is_empty()).then(|| shown.join("\n"));
+        event.media.spoken = !spoken.is_empty();
         event.text = compose(&caption, &spoken, &notes);
         Ok(Prepared { event, echo })
     }

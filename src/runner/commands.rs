@@ -48,12 +48,23 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "Repeat by cron: /cron \"0 8 * * 1-5\" summarise my inbox",
     ),
     ("pause", "Pause a scheduled job: /pause ID"),
-    ("resume", "Resume a paused job: /resume ID"),
     ("unschedule", "Delete a scheduled job: /unschedule ID"),
     (
         "timezone",
         "Show or set this chat's time zone: /timezone Europe/Berlin",
     ),
+    ("sessions", "List this chat's conversations to go back to"),
+    ("resume", "Go back to a conversation, or resume a paused job: /resume ID"),
+    ("title", "Name this conversation: /title TEXT"),
+    ("usage", "Show your usage today and this month"),
+    ("voice", "Answer with voice notes: /voice on, off or auto"),
+    (
+        "invite",
+        "Invite someone (owner, admins): /invite [admin|user]",
+    ),
+    ("users", "List who has access (owner, admins)"),
+    ("role", "Change someone's role (owner): /role ID ROLE"),
+    ("revoke", "Take someone's access away: /revoke ID"),
 ];
 
 /// A command the runner recognises.
@@ -103,6 +114,24 @@ pub enum KnownCommand {
     Unschedule,
     /// /timezone [NAME]
     Timezone,
+    /// /pair CODE (from someone who has access already)
+    Pair,
+    /// /invite [ROLE]
+    Invite,
+    /// /users
+    Users,
+    /// /role ID ROLE
+    Role,
+    /// /revoke ID
+    Revoke,
+    /// /usage [all]
+    Usage,
+    /// /sessions
+    Sessions,
+    /// /title TEXT
+    Title,
+    /// /voice on|off|auto
+    Voice,
 }
 
 impl KnownCommand {
@@ -131,6 +160,15 @@ impl KnownCommand {
             ("resume", KnownCommand::Resume),
             ("unschedule", KnownCommand::Unschedule),
             ("timezone", KnownCommand::Timezone),
+            ("pair", KnownCommand::Pair),
+            ("invite", KnownCommand::Invite),
+            ("users", KnownCommand::Users),
+            ("role", KnownCommand::Role),
+            ("revoke", KnownCommand::Revoke),
+            ("usage", KnownCommand::Usage),
+            ("sessions", KnownCommand::Sessions),
+            ("title", KnownCommand::Title),
+            ("voice", KnownCommand::Voice),
         ];
         known
             .iter()

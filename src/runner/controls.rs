@@ -57,6 +57,17 @@ impl Runner {
             KnownCommand::Approve | KnownCommand::Deny => {
                 Reply::command("Reply /approve or /deny in the chat that asked.")
             }
+            // Answered in `dispatch` with the sender (see `team.rs`).
+            KnownCommand::Pair
+            | KnownCommand::Invite
+            | KnownCommand::Users
+            | KnownCommand::Role
+            | KnownCommand::Revoke
+            | KnownCommand::Usage
+            | KnownCommand::Voice
+            | KnownCommand::Sessions
+            | KnownCommand::Resume
+            | KnownCommand::Title => Reply::command(super::team::NO_TEAMS_TEXT),
             KnownCommand::Undo => self.undo(ctx).await,
             // Answered in `dispatch`, which knows the sender; never here.
             KnownCommand::Jobs
@@ -219,11 +230,7 @@ impl Runner {
                 ))
             }
         };
-        if !may_decide(
-            pending.started_by,
-            actor.user_id,
-            &self.inner.config.approvers,
-        ) {
+        if !may_decide(pending.started_by, actor.user_id, self.deciders()) {
             tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval answer refused: not the turn's user nor an approver");
             return Reply::command(format!(
                 "🔒 You cannot answer approval {}. {}",
@@ -418,11 +425,7 @@ impl Runner {
             Lookup::Found(pending) => pending,
             _ => return ApprovalPress::NotWaiting,
         };
-        if !may_decide(
-            pending.started_by,
-            actor.user_id,
-            &self.inner.config.approvers,
-        ) {
+        if !may_decide(pending.started_by, actor.user_id, self.deciders()) {
             tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval button refused: not the turn's user nor an approver");
             return ApprovalPress::NotAllowed(who_may_decide(
                 pending.started_by_name.as_deref(),

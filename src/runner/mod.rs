@@ -37,12 +37,15 @@
 
 mod commands;
 mod controls;
+mod conversations;
 pub mod generations;
 
 mod jobs;
 mod sessions;
 mod slots;
+mod team;
 mod turn;
+mod voice;
 mod watchdog;
 
 pub use commands::{
@@ -102,6 +105,14 @@ pub struct RunnerConfig {
     /// Scheduled jobs (`/jobs`, `/at`…, scheduled runs); `None`: the
     /// commands say scheduling is not available here.
     pub jobs: Option<crate::schedule::Jobs>,
+    /// Who may use the bot and as what (Telegram): the team commands, and
+    /// the owner and admins deciding about anyone's turns. `None`: only
+    /// `approvers` decide for others.
+    pub access: Option<crate::access::Access>,
+    /// Per-user budgets, checked before each turn (with a store).
+    pub limits: crate::limits::Limits,
+    /// Answers spoken as voice notes (`[media.speech]`), per `/voice`.
+    pub speech: Option<Arc<crate::media::speech::Speaker>>,
 }
 
 impl Default for RunnerConfig {
@@ -115,6 +126,9 @@ impl Default for RunnerConfig {
             default_model: None,
             models: Vec::new(),
             jobs: None,
+            access: None,
+            limits: crate::limits::Limits::default(),
+            speech: None,
         }
     }
 }
@@ -415,6 +429,20 @@ impl Runner {
         self.inner.agent.name()
     }
 
+    /// Who may use the bot and as what, when teams are on (Telegram).
+    pub fn access(&self) -> Option<&crate::access::Access> {
+        self.inner.config.access.as_ref()
+    }
+
+    /// Who decides about anyone's turn: the owner and admins (with teams,
+    /// the config's approvers among them), else the configured approvers.
+    pub fn deciders(&self) -> &dyn crate::tools::authority::Deciders {
+        match &self.inner.config.access {
+            Some(access) => access,
+            None => &self.inner.config.approvers,
+        }
+    }
+
     async fn dispatch(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
         // Media that was never prepared (no media step in this transport)
         // cannot be read either.
@@ -456,9 +484,19 @@ impl Runner {
                     Some(known == KnownCommand::Approve),
                     command.args,
                 ),
-                Some(known) if known.is_job_command() => {
+                // /resume ID names a job of this chat or, failing that,
+                // a conversation (`resumes_job`).
+                Some(KnownCommand::Resume) if self.resumes_job(command.args, &event).await => {
+                    self.job_command(KnownCommand::Resume, command.args, &event.source, &ctx.key)
+                        .await
+                }
+                Some(known) if known.is_job_command() && known != KnownCommand::Resume => {
                     self.job_command(known, command.args, &event.source, &ctx.key)
                         .await
+                }
+                // So do the team commands, /voice and /resume.
+                Some(known) if team::answers(known) => {
+                    self.team_command(known, command.args, &event, &ctx).await
                 }
                 Some(known) => {
                     // A message still being prepared that this command
@@ -525,11 +563,7 @@ impl MessageHandler for Runner {
         self.approvals().is_some_and(|approvals| {
             approval_reply(&event.text).is_some()
                 && approvals.pending_view(key).is_some_and(|pending| {
-                    may_decide(
-                        pending.started_by,
-                        event.source.user_id,
-                        &self.inner.config.approvers,
-                    )
+                    may_decide(pending.started_by, event.source.user_id, self.deciders())
                 })
         })
     }

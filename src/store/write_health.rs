@@ -44,6 +44,10 @@ pub enum WriteKind {
     Retention,
     /// Scheduled jobs, their runs' journal, chat time zones.
     Job,
+    /// Members, pairing codes, invites and wrong tries.
+    Access,
+    /// Per-user usage (turns, tokens, cost) and settings.
+    Usage,
 }
 
 impl WriteKind {
@@ -61,6 +65,8 @@ impl WriteKind {
             WriteKind::AgentSession => "agent sessions",
             WriteKind::Retention => "inbox retention",
             WriteKind::Job => "scheduled jobs",
+            WriteKind::Access => "access",
+            WriteKind::Usage => "usage",
         }
     }
 }

@@ -161,7 +161,7 @@ fn harness(config: ScheduleConfig) -> Harness {
         metrics.clone(),
     )
     .unwrap()
-    .with_approvers(vec![APPROVER]);
+    .with_deciders(std::sync::Arc::new(vec![APPROVER]));
     let agent = Arc::new(RunAgent::default());
     let recorder = Recorder::new();
     let engine = Engine::with_store(

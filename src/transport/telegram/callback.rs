@@ -23,6 +23,7 @@
 //!   `/unschedule ID` from the presser, allowed for the job's creator or
 //!   an approver (checked before the row is used up, so someone else's
 //!   press leaves the buttons to their owner).
+//! * a conversation: /resume ID.
 //!
 //! Telegram's own stop control on a streamed draft (a
 //! `stopped_message_generation` update, [`DraftStop`]) takes the same road
@@ -161,7 +162,7 @@ impl CallbackHandler {
             );
             self.toast(
                 query,
-                &format!("Only {whose} (or an approver) can use this button."),
+                &format!("Only {whose} (or an admin) can use this button."),
             )
             .await;
             return (InboxState::Dropped, Some("not allowed"));
@@ -266,13 +267,30 @@ impl CallbackHandler {
                     .await;
                 (InboxState::Answered, None)
             }
+            ButtonAction::Resume { session } => {
+                if !self.claim(id, update_id).await {
+                    self.toast(query, "Already chosen.").await;
+                    return (InboxState::Dropped, Some("already used"));
+                }
+                self.toast(query, "Going back to that conversation…").await;
+                // The same path as a typed /resume from the session's user.
+                self.engine
+                    .adapter
+                    .handle_message(MessageEvent::text(owner, format!("/resume {session}")))
+                    .await;
+                (InboxState::Answered, None)
+            }
         }
     }
 
-    /// The session's own user, or an approver: the one rule
-    /// ([`may_decide`]) every control acting on someone's turn asks.
+    /// The session's own user, or an approver (with teams: the owner and
+    /// the admins): the one rule ([`may_decide`]) every control acting on
+    /// someone's turn asks.
     fn may_press(&self, stored: &StoredButton, presser: u64) -> bool {
-        may_decide(stored.button.owner_id, Some(presser), &self.approvers)
+        match self.engine.runner.access() {
+            Some(access) => may_decide(stored.button.owner_id, Some(presser), access),
+            None => may_decide(stored.button.owner_id, Some(presser), &self.approvers),
+        }
     }
 
     async fn claim(&self, id: &str, update_id: i64) -> bool {
@@ -434,6 +452,7 @@ fn used_text(action: &ButtonAction) -> &'static str {
         ButtonAction::Approve { .. } | ButtonAction::Deny { .. } => "Already answered.",
         ButtonAction::Model { .. } => "Already chosen.",
         ButtonAction::Job { .. } => "Already done.",
+        ButtonAction::Resume { .. } => "Already chosen.",
     }
 }
 

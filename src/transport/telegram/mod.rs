@@ -142,25 +142,6 @@ impl TelegramBot {
             .ok_or_else(|| StartError::Config("telegram.token is missing".into()))?;
         let api_url = url::Url::parse(&telegram.api_url)
             .map_err(|e| StartError::Config(format!("telegram.api_url: {e}")))?;
-        if telegram.allowed_users.is_empty()
-            && telegram.allowed_chats.is_empty()
-            && !telegram.allow_all_users
-            && !config.may_start_locked()
-        {
-            return Err(StartError::Config(
-                "nobody may use the bot: set telegram.allowed_users or telegram.allow_all_users = true".into(),
-            ));
-        }
-        if telegram.allowed_users.is_empty()
-            && telegram.allowed_chats.is_empty()
-            && !telegram.allow_all_users
-        {
-            tracing::warn!(
-                "nobody may use the bot yet: each sender is told their user id; \
-                 put the ids in {} and restart",
-                crate::zero_config::ALLOWED_USERS_ENV
-            );
-        }
         let bot = Bot::new(token.expose()).set_api_url(api_url.clone());
         // Start-up does three independent things before it can take updates:
         // ask Telegram who we are, open the store, and (polling) remove a
@@ -183,6 +164,22 @@ impl TelegramBot {
         tracing::info!(username = %me.username(), "connected to Telegram");
         let store = store?;
         leftover_webhook?;
+        // Who may use the bot: the config's allowlist and the team in the
+        // store. Nobody yet: a pairing code is shown (stderr and the log).
+        let access = crate::access::Access::new(
+            crate::access::AccessSetup {
+                settings: config.access.clone(),
+                allowed_users: telegram.allowed_users.clone(),
+                approvers: telegram.approvers.clone(),
+                open: telegram.allow_all_users || !telegram.allowed_chats.is_empty(),
+                clock: config.clock.clone(),
+            },
+            Some(store.clone()),
+        );
+        access.load().await?;
+        if let Err(error) = crate::access::pairing::announce_at_start(&access).await {
+            tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
+        }
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
         let (ledger, _writer) = StoreLedger::spawn(store.clone());
         let metrics = Metrics::new();
@@ -209,7 +206,7 @@ impl TelegramBot {
             stop_intake.clone(),
         )
         .map_err(StartError::Config)?;
-        let jobs = build_jobs(config, &store, &metrics)?;
+        let jobs = build_jobs(config, &store, &metrics, Arc::new(access.clone()))?;
         let engine = Engine::assemble(
             setup,
             Arc::new(
@@ -227,6 +224,7 @@ impl TelegramBot {
                 metrics: metrics.clone(),
                 files: Some(files),
                 jobs: jobs.clone(),
+                access: Some(access.clone()),
                 ..config.runner_config()
             },
         );
@@ -241,6 +239,7 @@ impl TelegramBot {
             allowed_chats: telegram.allowed_chats.clone(),
             allow_all_users: telegram.allow_all_users,
             require_mention: telegram.require_mention,
+            access: Some(access),
         };
         let intake = Intake::new(
             engine.clone(),
@@ -422,6 +421,7 @@ fn build_jobs(
     config: &Config,
     store: &Store,
     metrics: &Metrics,
+    deciders: Arc<dyn crate::tools::authority::Deciders + Send + Sync>,
 ) -> Result<Option<crate::schedule::Jobs>, StartError> {
     if !config.schedule.enabled {
         return Ok(None);
@@ -433,7 +433,7 @@ fn build_jobs(
         metrics.clone(),
     )
     .map_err(StartError::Config)?
-    .with_approvers(config.telegram.approvers.clone());
+    .with_deciders(deciders);
     Ok(Some(if config.store.in_memory {
         jobs
     } else {
