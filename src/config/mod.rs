@@ -598,6 +598,7 @@ impl Config {
         }
         for (index, server) in self.tools.mcp.iter_mut().enumerate() {
             server.resolve_headers(index)?;
+        }
         if let Some(speech) = self.media.speech.as_mut() {
             speech.resolved_api_key = SecretSources {
                 key: "media.speech.api_key_env",

@@ -36,13 +36,11 @@ fn ms(ts: Timestamp) -> i64 {
 /// whose midnight does not exist that day starts it at the first instant
 /// after.
 pub fn day_range(tz: &TimeZone, now: Timestamp) -> (i64, i64) {
-    let date = now.to_zoned_datetime(tz.clone()).date();
-    let start = date
-        .to_zoned_datetime(tz.clone())
-        .map(|z| ms(z.timestamp()));
+    let date = now.to_zoned(tz.clone()).date();
+    let start = date.to_zoned(tz.clone()).map(|z| ms(z.timestamp()));
     let end = date
         .tomorrow()
-        .and_then(|d| d.to_zoned_datetime(tz.clone()))
+        .and_then(|d| d.to_zoned(tz.clone()))
         .map(|z| ms(z.timestamp()));
     match (start, end) {
         (Ok(start), Ok(end)) => (start, end),
@@ -56,15 +54,15 @@ pub fn day_range(tz: &TimeZone, now: Timestamp) -> (i64, i64) {
 
 /// `[start, end)` of the local month `now` falls in, in unix ms.
 pub fn month_range(tz: &TimeZone, now: Timestamp) -> (i64, i64) {
-    let date = now.to_zoned_datetime(tz.clone()).date();
+    let date = now.to_zoned(tz.clone()).date();
     let start = date
         .first_of_month()
-        .to_zoned_datetime(tz.clone())
+        .to_zoned(tz.clone())
         .map(|z| ms(z.timestamp()));
     let end = date
         .last_of_month()
         .tomorrow()
-        .and_then(|d| d.to_zoned_datetime(tz.clone()))
+        .and_then(|d| d.to_zoned(tz.clone()))
         .map(|z| ms(z.timestamp()));
     match (start, end) {
         (Ok(start), Ok(end)) => (start, end),
@@ -78,7 +76,7 @@ pub fn local_time_text(tz: &TimeZone, at_ms: i64) -> String {
     let Ok(at) = Timestamp::from_millisecond(at_ms) else {
         return "later".to_string();
     };
-    let zoned = at.to_zoned_datetime(tz.clone());
+    let zoned = at.to_zoned(tz.clone());
     let name = tz.iana_name().unwrap_or("local time");
     format!("{} ({name})", zoned.strftime("%H:%M"))
 }

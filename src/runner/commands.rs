@@ -54,7 +54,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "Show or set this chat's time zone: /timezone Europe/Berlin",
     ),
     ("sessions", "List this chat's conversations to go back to"),
-    ("resume", "Go back to a conversation, or resume a paused job: /resume ID"),
+    (
+        "resume",
+        "Go back to a conversation, or resume a paused job: /resume ID",
+    ),
     ("title", "Name this conversation: /title TEXT"),
     ("usage", "Show your usage today and this month"),
     ("voice", "Answer with voice notes: /voice on, off or auto"),

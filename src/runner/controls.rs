@@ -76,7 +76,6 @@ impl Runner {
             | KnownCommand::Every
             | KnownCommand::Cron
             | KnownCommand::Pause
-            | KnownCommand::Resume
             | KnownCommand::Unschedule
             | KnownCommand::Timezone => Reply::command(commands::unknown_command_text("jobs")),
             KnownCommand::Model => self.model_command(key, args).await,

@@ -77,7 +77,7 @@ impl Runner {
         for c in &listed {
             let started = jiff::Timestamp::from_millisecond(c.created_at_ms)
                 .map(|t| {
-                    t.to_zoned_datetime(tz.clone())
+                    t.to_zoned(tz.clone())
                         .strftime("%Y-%m-%d %H:%M")
                         .to_string()
                 })

@@ -44,6 +44,12 @@ fn ms(text: &str) -> i64 {
 struct Counted(AtomicUsize);
 
 impl ToolRegistry for Counted {
+    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    fn attach_store(&self, _store: &Store) {}
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         vec![ToolDefinition {
             name: "look".into(),
