@@ -320,7 +320,7 @@ impl Jobs {
         if !may_decide(stored.job.creator_id, actor.user_id, &*self.inner.deciders) {
             tracing::info!(job = id, actor = ?actor.user_id, "job change refused: not its creator nor an approver");
             return Err(format!(
-                "🔒 Only {} (who made job {id}) or one of this bot's approvers can change it.",
+                "🔒 Only {} (who made job {id}), an admin or one of this bot's approvers can change it.",
                 creator_name(stored.job.creator_name.as_deref(), stored.job.creator_id)
             ));
         }

@@ -325,3 +325,52 @@ async fn stop_button(fake: &FakeBotApi) -> (i64, String) {
     assert!(seen, "no Stop button: {:?}", fake.message_history(GROUP));
     find().unwrap()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invited_admin_may_change_anyones_job_another_user_may_not() {
+    let fake = FakeBotApi::start().await;
+    fake.register_chat(GROUP, ChatType::Group);
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config(&fake), agent.clone())
+        .await
+        .unwrap();
+    pair_owner(&bot, &fake).await;
+    let access = bot.engine.runner.access().unwrap();
+    for (user, role) in [(2, Role::User), (3, Role::User), (5, Role::Admin)] {
+        let invite = access.invite(OWNER as u64, role).await.unwrap();
+        says(
+            &fake,
+            user,
+            &format!("/start {}", invite.code),
+            "You have access",
+        )
+        .await;
+    }
+    fake.push_group_text(
+        GROUP,
+        2,
+        "/every@telegate_test_bot day 08:00 remind: stand-up",
+        false,
+    );
+    wait_text(&fake, GROUP, "⏰ Job 1:").await;
+    // Another user may not pause it; the admin (a role, not a config
+    // approver) may, and `/resume 1` names the job, not a conversation.
+    fake.push_group_text(GROUP, 3, "/pause@telegate_test_bot 1", false);
+    wait_text(&fake, GROUP, "🔒 Only").await;
+    fake.push_group_text(GROUP, 5, "/pause@telegate_test_bot 1", false);
+    wait_text(&fake, GROUP, "⏸ Job 1 paused").await;
+    fake.push_group_text(GROUP, 3, "/resume@telegate_test_bot 1", false);
+    wait_count(&fake, GROUP, "🔒 Only", 2).await;
+    fake.push_group_text(GROUP, 5, "/resume@telegate_test_bot 1", false);
+    wait_text(&fake, GROUP, "▶️ Job 1 resumed").await;
+    assert!(
+        !fake
+            .sent_texts(GROUP)
+            .iter()
+            .any(|t| t.contains("no conversation")),
+        "/resume 1 was read as a conversation: {:?}",
+        fake.sent_texts(GROUP)
+    );
+    assert_eq!(agent.started(), 0, "job commands run no turn");
+    bot.shutdown().await;
+}
