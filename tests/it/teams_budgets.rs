@@ -314,3 +314,36 @@ async fn a_cli_agents_reported_cost_counts_against_the_daily_dollars() {
     assert!(usage.contains("$0.01"), "{usage}");
     bot.shutdown().await;
 }
+
+/// A chat's `/timezone` (the scheduler's) is the zone of its budget days;
+/// a chat without one follows the default, and so does one whose stored
+/// name this build cannot read.
+#[tokio::test]
+async fn budget_days_follow_the_chats_own_time_zone() {
+    use telegate::limits::zone::{chat_time_zone, day_range};
+    let store = Store::open_in_memory().unwrap();
+    let default = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
+    store
+        .set_chat_timezone(7, "Asia/Tokyo".into(), Vec::new())
+        .await
+        .unwrap();
+    store
+        .set_chat_timezone(8, "Not/AZone".into(), Vec::new())
+        .await
+        .unwrap();
+    let now: jiff::Timestamp = "2026-05-01T20:00:00Z".parse().unwrap();
+    let tokyo = chat_time_zone(&store, 7, &default).await;
+    // 20:00 UTC is 05:00 the next day in Tokyo: that day starts at
+    // 15:00 UTC.
+    let start: jiff::Timestamp = "2026-05-01T15:00:00Z".parse().unwrap();
+    assert_eq!(day_range(&tokyo, now).0, start.as_millisecond());
+    for chat in [9, 8] {
+        let zone = chat_time_zone(&store, chat, &default).await;
+        let berlin_start: jiff::Timestamp = "2026-04-30T22:00:00Z".parse().unwrap();
+        assert_eq!(
+            day_range(&zone, now).0,
+            berlin_start.as_millisecond(),
+            "chat {chat} follows the default zone"
+        );
+    }
+}
