@@ -16,10 +16,7 @@ use std::time::Duration;
 
 use crate::adapter::{Adapter, AdapterConfig, EventLedger, WeakAdapter};
 use crate::agent::{Agent, CommandAgent, EchoAgent, OpenAiAgent};
-use crate::buttons::Button;
 use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
-use crate::event::{ChatType, Platform, SessionSource};
-use crate::identity::SessionId;
 use crate::media::handle::Reader;
 use crate::media::outbox::Workspace;
 use crate::reply::{Outbound, Reply};
@@ -32,6 +29,7 @@ use crate::tools::wakeup::{OwnerHistory, Wakeup};
 use crate::tools::{
     tool_events, NoTools, TerminalTool, ToolEvent, ToolEventReceiver, ToolRegistry,
 };
+use crate::vocab::{Button, ChatType, Platform, SessionId, SessionSource};
 
 /// The session engine: the adapter that transports feed, and the runner
 /// behind it.

@@ -23,14 +23,11 @@
 
 pub mod adapter;
 pub mod agent;
-pub mod buttons;
 pub mod config;
 pub mod config_checks;
 pub mod delivery;
 pub mod engine;
-pub mod event;
 pub mod http;
-pub mod identity;
 pub mod instance_lock;
 pub mod listener;
 pub mod media;
@@ -44,4 +41,5 @@ pub mod store;
 pub mod systemd;
 pub mod tools;
 pub mod transport;
+pub mod vocab;
 pub mod zero_config;

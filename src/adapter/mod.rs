@@ -55,12 +55,12 @@ use futures::FutureExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::event::{
-    is_control_command, KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource,
-};
 use crate::memory::shrink_when_sparse;
 use crate::metrics::Metrics;
 use crate::reply::{Outbound, Outgoing, Reply, ReplyKind};
+use crate::vocab::{
+    is_control_command, KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource,
+};
 
 /// What an ordinary message does to a busy slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]

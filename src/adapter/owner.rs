@@ -142,6 +142,6 @@ pub(super) fn refusal_notice(capacity: usize, count: usize) -> Reply {
 pub(super) fn internal_error() -> Reply {
     Reply::error(format!(
         "⚠️ Something went wrong while handling your message.\n{}",
-        crate::runner::RESET_HINT
+        crate::vocab::RESET_HINT
     ))
 }

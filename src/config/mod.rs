@@ -16,8 +16,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::adapter::{AdapterConfig, BusyMode};
-use crate::event::KeyPolicy;
 use crate::runner::RunnerConfig;
+use crate::vocab::KeyPolicy;
 
 mod locate;
 mod sections;
@@ -609,7 +609,7 @@ impl Config {
     pub fn secret_env_names(&self) -> Vec<String> {
         let mut names: Vec<String> = [TOKEN_ENV, WEBHOOK_SECRET_ENV]
             .iter()
-            .chain(crate::agent::command::ALWAYS_STRIPPED_ENV)
+            .chain(crate::vocab::ALWAYS_STRIPPED_ENV)
             .map(|name| name.to_string())
             .collect();
         if let Some(openai) = &self.agent.openai {

@@ -46,11 +46,9 @@ use super::markdown::render;
 use super::outbound::{deliver_answer_once, ReplyRecord};
 use super::split::{split, TELEGRAM_LIMIT};
 use super::telegram::{ChatTarget, Delivery, Priority};
-use crate::agent::{ProgressWatch, TurnEnd};
-use crate::buttons::Button;
-use crate::event::SessionSource;
 use crate::reply::{DeliveryError, LiveReply, Reply};
 use crate::store::Store;
+use crate::vocab::{Button, ProgressWatch, SessionSource, TurnEnd};
 
 /// The Stop button a preview offers: /stop for the turn of `generation`,
 /// bound to the user of `to`.

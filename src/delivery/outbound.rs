@@ -11,10 +11,9 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use super::telegram::{ChatTarget, Delivery};
-use crate::agent::ProgressWatch;
-use crate::event::SessionSource;
 use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind, SendingStop};
 use crate::store::{OutboxEntry, Store};
+use crate::vocab::{ProgressWatch, SessionSource};
 
 /// The outbox record of one reply: which Telegram messages carry the answer
 /// to a user message, so a restart neither sends a delivered answer again

@@ -65,8 +65,8 @@ use super::outbound::ReplyRecord;
 pub use super::ratelimit::Priority;
 use super::ratelimit::{RateLimiter, RateLimits};
 use super::split::{split, TELEGRAM_LIMIT};
-use crate::event::SessionSource;
 use crate::reply::{DeliveryError, Reply, ReplyKind};
+use crate::vocab::SessionSource;
 
 /// Delivery settings.
 #[derive(Clone, Debug)]

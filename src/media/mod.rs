@@ -45,6 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::vocab::Attachment;
 use serde::Deserialize;
 
 pub use outbox::{FileSender, OutboxFiles};
@@ -218,92 +219,6 @@ impl TranscriptionConfig {
             }
         }
         Ok(())
-    }
-}
-
-/// What a message carried.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MediaKind {
-    /// A photo (several sizes).
-    Photo,
-    /// A voice note.
-    Voice,
-    /// An audio file.
-    Audio,
-    /// A round video note.
-    VideoNote,
-    /// A file.
-    Document,
-    /// A video or animation.
-    Video,
-}
-
-impl MediaKind {
-    /// Voice, audio and video notes are transcribed.
-    pub fn is_speech(self) -> bool {
-        matches!(
-            self,
-            MediaKind::Voice | MediaKind::Audio | MediaKind::VideoNote
-        )
-    }
-}
-
-/// One downloadable file of a message (a photo has one per size).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileCandidate {
-    /// Telegram's `file_id` (to download).
-    pub file_id: String,
-    /// Telegram's `file_unique_id` (stable; names the saved file).
-    pub unique_id: String,
-    /// The size Telegram announced (0: unknown).
-    pub size: u64,
-}
-
-/// A message's media, as described by the update (nothing downloaded yet).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MediaRef {
-    /// What it is.
-    pub kind: MediaKind,
-    /// The files to choose from, smallest first (one except for photos).
-    pub candidates: Vec<FileCandidate>,
-    /// The MIME type Telegram reported, if any.
-    pub mime: Option<String>,
-    /// The original file name, if any.
-    pub file_name: Option<String>,
-}
-
-/// A prepared inbound file handed to the agent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Attachment {
-    /// Where it was saved.
-    pub path: PathBuf,
-    /// Its MIME type (guessed when Telegram named none).
-    pub mime: String,
-    /// An image the model may look at (photos, image documents).
-    pub is_image: bool,
-}
-
-/// The media part of a [`crate::event::MessageEvent`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EventMedia {
-    /// What the message carries, still to be prepared.
-    pub refs: Vec<MediaRef>,
-    /// The album (`media_group_id`) this message belongs to.
-    pub group: Option<String>,
-    /// The message ids of the other album parts merged into this event.
-    pub merged: Vec<i64>,
-    /// Prepared files (set by [`MediaStage`]).
-    pub attachments: Vec<Attachment>,
-    /// On /stop, /new or /reset: how many of the slot's messages this
-    /// command stopped while they were still being prepared (set by the
-    /// [`stage`]); the command stopped something even if no turn ran.
-    pub stopped: usize,
-}
-
-impl EventMedia {
-    /// True while there is media to prepare.
-    pub fn needs_preparing(&self) -> bool {
-        !self.refs.is_empty()
     }
 }
 

@@ -13,14 +13,12 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::event::MessageEvent;
+use crate::vocab::MessageEvent;
 
 use super::download::Downloader;
 use super::transcribe::Transcriber;
-use super::{
-    guess_mime, human_size, is_image_mime, safe_component, Attachment, FileCandidate, MediaConfig,
-    MediaKind, MediaRef,
-};
+use super::{guess_mime, human_size, is_image_mime, safe_component, MediaConfig};
+use crate::vocab::{Attachment, FileCandidate, MediaKind, MediaRef};
 
 /// What happens to photos.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

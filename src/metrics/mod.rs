@@ -350,7 +350,7 @@ impl EncodeMetric for InboxGauges {
     }
 }
 
-pub use crate::store::InboxState;
+use crate::vocab::InboxState;
 
 /// The position of `state` in [`InboxState::ALL`] (the gauge index).
 fn inbox_index(state: InboxState) -> usize {

@@ -7,6 +7,7 @@
 //! hold the runner's lock across an `.await`.
 
 use super::*;
+use crate::vocab::KnownCommand;
 
 impl Runner {
     pub(super) async fn command(
@@ -174,7 +175,7 @@ impl Runner {
     pub(super) fn answer_approval(
         &self,
         slot: &SessionKey,
-        actor: &crate::event::SessionSource,
+        actor: &crate::vocab::SessionSource,
         approve: Option<bool>,
         args: &str,
     ) -> Reply {
@@ -395,7 +396,7 @@ impl Runner {
     /// rule ([`may_decide`]: the turn's starter or an approver).
     pub fn press_approval(
         &self,
-        actor: &crate::event::SessionSource,
+        actor: &crate::vocab::SessionSource,
         ticket: &str,
         approve: bool,
     ) -> ApprovalPress {
@@ -484,7 +485,7 @@ pub(super) fn line_of(record: &ProcessRecord) -> String {
 /// is dropped unsent, so the marker is never held forever).
 pub(super) struct OpenGateAfterSending {
     pub(super) outbound: Arc<dyn Outbound>,
-    pub(super) to: crate::event::SessionSource,
+    pub(super) to: crate::vocab::SessionSource,
     pub(super) gate: CancellationToken,
 }
 
@@ -507,7 +508,7 @@ impl Drop for OpenGateAfterSending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Platform, SessionSource};
+    use crate::vocab::{Platform, SessionSource};
 
     /// Delivers nothing, successfully.
     struct Nowhere;

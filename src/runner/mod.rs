@@ -37,9 +37,7 @@ mod slots;
 mod turn;
 mod watchdog;
 
-pub use commands::{
-    help_text, process_line, ps_text, status_text, KnownCommand, StatusView, COMMANDS,
-};
+pub use commands::{help_text, process_line, ps_text, status_text, StatusView};
 pub use sessions::SessionTable;
 pub use slots::{AgentHandle, AgentSlots, InvalidateReason, RunningAgent};
 pub use watchdog::{watch_for_stall, Watched};
@@ -53,10 +51,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
-use crate::agent::{Agent, AgentError, ChatMessage, Progress, Role, TurnEnd, TurnRequest};
-use crate::buttons::{Button, ButtonAction};
-use crate::event::{MessageEvent, MessageKind, SessionKey};
-use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
+use crate::agent::{Agent, AgentError, TurnRequest};
 use crate::metrics::Metrics;
 use crate::reply::{DeliveryError, LiveReply, Outbound, Outgoing, Reply, TurnStart};
 use crate::store::{Store, TranscriptEntry};
@@ -65,6 +60,11 @@ use crate::tools::approval_prompt::preview;
 use crate::tools::authority::{may_decide, who_may_decide};
 use crate::tools::process::{ProcessId, ProcessMode, ProcessRecord, Scope};
 use crate::tools::TerminalTool;
+use crate::vocab::KnownCommand;
+use crate::vocab::{
+    bind_turn_identity, Button, ButtonAction, ChatMessage, MessageEvent, MessageKind, Progress,
+    Role, SessionId, SessionKey, TurnEnd, TurnGeneration, TurnIdentity,
+};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
@@ -175,9 +175,6 @@ pub struct SessionUnavailable(pub String);
 /// What the chat is told when its session cannot be stored.
 pub const STORE_DOWN_TEXT: &str = "⚠️ I cannot save this conversation right now: the session store is failing \
      (the operator sees this in the logs and on /healthz). Your message was not run; please send it again later.";
-
-/// The hint appended to every failure message.
-pub const RESET_HINT: &str = "If this keeps happening, send /reset to start a fresh session.";
 
 impl Runner {
     /// A runner answering with `agent` and showing progress through

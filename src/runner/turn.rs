@@ -7,6 +7,7 @@
 //! that is still unwinding never writes into a newer one.
 
 use super::*;
+use crate::vocab::RESET_HINT;
 
 impl Runner {
     pub(super) async fn turn(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {

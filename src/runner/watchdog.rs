@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Progress;
+use crate::vocab::Progress;
 
 /// How a watched future ended.
 #[derive(Debug)]

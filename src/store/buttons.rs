@@ -13,7 +13,8 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, InboxState, Store, StoreError, WriteKind};
+use super::{now_ms, Store, StoreError, WriteKind};
+use crate::vocab::InboxState;
 
 /// A button to remember.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -120,10 +120,10 @@ pub use buttons::{NewButton, StoredButton};
 pub use child_groups::{ChildGroup, ChildGroupChange};
 pub use files::FileSend;
 pub use integrity::marker_path;
-pub use ledger::{InboxEntry, InboxState, NewUpdate, OutboxEntry, RunningProcess};
+pub use ledger::{InboxEntry, NewUpdate, OutboxEntry, RunningProcess};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
-pub use transcript::{Role, TranscriptEntry};
+pub use transcript::TranscriptEntry;
 pub use undo::UndoneExchange;
 pub use write_health::{WriteHealth, WriteKind};
 

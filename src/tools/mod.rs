@@ -58,7 +58,7 @@ pub use terminal::{TerminalConfig, TerminalTool};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Progress;
+use crate::vocab::Progress;
 
 /// A tool as advertised to the model.
 #[derive(Clone, Debug, PartialEq)]

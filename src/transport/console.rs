@@ -15,8 +15,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::config::Config;
 use crate::engine::{build_agent_setup, report_lost_processes, Engine};
-use crate::event::{MessageEvent, Platform, SessionSource};
 use crate::reply::{DeliveryError, Outbound, Reply, ReplyKind};
+use crate::vocab::{MessageEvent, Platform, SessionSource};
 
 /// Prints replies to a writer (stdout in the binary, a buffer in tests).
 pub struct ConsoleOutbound {

@@ -17,8 +17,9 @@ use telegate::agent::EchoAgent;
 use telegate::config::{Config, Purpose};
 use telegate::engine::{build_agent, open_store, Engine};
 use telegate::runner::RunnerConfig;
-use telegate::store::{Role, Store};
+use telegate::store::Store;
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::Role;
 
 const WAIT: Duration = Duration::from_secs(10);
 const USER: i64 = 42;

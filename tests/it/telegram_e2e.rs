@@ -565,7 +565,7 @@ async fn rejected_entities_fall_back_to_plain_text_and_the_reply_still_arrives()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
-    use telegate::event::{MessageEvent, Platform, SessionSource};
+    use telegate::vocab::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
     let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
@@ -617,7 +617,7 @@ async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
-    use telegate::event::{MessageEvent, Platform, SessionSource};
+    use telegate::vocab::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
     let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
@@ -657,7 +657,8 @@ fn file_backed_config(fake: &FakeBotApi, data: &Path, rest: &str) -> Config {
 /// inbox row running, and `transcript` (user messages) in USER's session
 /// "s-killed".
 async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) {
-    use telegate::store::{InboxState, TranscriptEntry};
+    use telegate::store::TranscriptEntry;
+    use telegate::vocab::InboxState;
     let key = format!("agent:main:telegram:dm:{USER}");
     let store = telegate::engine::open_store(&config.store).await.unwrap();
     let session = store
@@ -687,7 +688,7 @@ async fn recorded_times(bot: &TelegramBot, text: &str) -> usize {
     let history = bot.store.load_history("s-killed", None).await.unwrap();
     history
         .iter()
-        .filter(|m| m.role == telegate::store::Role::User && m.content == text)
+        .filter(|m| m.role == telegate::vocab::Role::User && m.content == text)
         .count()
 }
 

@@ -27,7 +27,7 @@ use serde::Deserialize;
 
 use super::config::CommandConfig;
 use super::protocol::Protocol;
-use crate::media::Attachment;
+use crate::vocab::Attachment;
 
 /// `[agent.command] preset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

@@ -55,9 +55,10 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
-use super::{Agent, AgentError, AgentReply, ChatMessage, Progress, Role, TurnRequest};
+use super::{Agent, AgentError, AgentReply, TurnRequest};
 use crate::config::Secret;
 use crate::tools::{ToolContext, ToolDefinition, ToolError, ToolRegistry};
+use crate::vocab::{ChatMessage, Progress, Role};
 
 /// The base URL used when the config names none: OpenAI itself.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";

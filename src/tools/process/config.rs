@@ -31,7 +31,7 @@ impl Default for RegistryConfig {
     fn default() -> Self {
         RegistryConfig {
             workdir: None,
-            stripped_env: crate::agent::command::ALWAYS_STRIPPED_ENV
+            stripped_env: crate::vocab::ALWAYS_STRIPPED_ENV
                 .iter()
                 .map(|name| name.to_string())
                 .collect(),

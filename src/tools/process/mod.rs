@@ -36,29 +36,26 @@
 //! identity, never signal a group whose process it does not hold as running,
 //! and never hold its locks across an `.await`.
 
-use std::collections::BTreeSet;
-use std::collections::VecDeque;
-use std::fmt;
-use std::io;
+use std::collections::{BTreeSet, VecDeque};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
+use std::{fmt, io};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::command::{CHAT_ID_ENV, SESSION_ID_ENV};
-use crate::agent::Progress;
-use crate::event::{SessionKey, SessionSource};
-use crate::identity::{current_identity, SessionId};
 use crate::tools::childgroups::{GroupLedger, RecordedGroup};
 use crate::tools::events::{ToolEvent, ToolEventSender};
 use crate::tools::procgroup::{signal_name, spawn_leader, GroupId, ProcessGroup};
 use crate::tools::wakeup::Wakeup;
+use crate::vocab::{
+    current_identity, Progress, SessionId, SessionKey, SessionSource, CHAT_ID_ENV, SESSION_ID_ENV,
+};
 
 /// Bytes read from a pipe at a time.
 const READ_CHUNK: usize = 16 * 1024;

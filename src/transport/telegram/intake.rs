@@ -37,11 +37,11 @@ use super::media::{has_media, ChatStage, IntakeMedia};
 use crate::delivery::outbound::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::{MessageEvent, SessionSource};
 use crate::media::stage::{PreparationStage, Wake};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
-use crate::store::{InboxState, NewUpdate, Store, StoreError};
+use crate::store::{NewUpdate, Store, StoreError};
+use crate::vocab::{InboxState, MessageEvent, SessionSource};
 
 /// What the sender of a message is told when the answer's send was cut
 /// off by a restart (it may or may not have arrived; it is not sent again).

@@ -13,10 +13,9 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::adapter::{EventLedger, EventOutcome};
-use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
-use crate::identity::SessionId;
 use crate::media::album::AlbumAliases;
-use crate::store::{InboxState, Store};
+use crate::store::Store;
+use crate::vocab::{ChatType, InboxState, MessageEvent, Platform, SessionId, SessionSource};
 
 /// At most this many outcomes go to the store in one call.
 const LEDGER_BATCH: usize = 512;

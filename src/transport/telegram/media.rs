@@ -23,13 +23,13 @@ use tokio_util::sync::CancellationToken;
 use crate::adapter::MessageHandler;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::{MessageEvent, SessionKey, SessionSource};
 use crate::media::album::AlbumAliases;
 use crate::media::prepare::Refusal;
 use crate::media::stage::{lane_of, Lane, Preparation, StageIo};
 use crate::media::MediaStage;
 use crate::reply::Reply;
-use crate::store::{InboxState, Store};
+use crate::store::Store;
+use crate::vocab::{InboxState, MessageEvent, SessionKey, SessionSource};
 
 /// What a user is told about a message of theirs that /stop, /new or
 /// /reset stopped while it was still being prepared.

@@ -45,9 +45,8 @@ use crate::delivery::{Delivery, TelegramOutbound};
 use crate::engine::{build_agent_setup, open_store, report_lost_processes, AgentSetup, Engine};
 use crate::metrics::{InboxCounts, Metrics};
 use crate::runner::RunnerConfig;
-use crate::runner::COMMANDS;
-use crate::store::InboxState;
 use crate::store::Store;
+use crate::vocab::{InboxState, COMMANDS};
 
 /// Why the bot could not start.
 #[derive(Debug, thiserror::Error)]
