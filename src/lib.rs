@@ -24,7 +24,6 @@
 pub mod adapter;
 pub mod agent;
 pub mod config;
-pub mod config_checks;
 pub mod delivery;
 pub mod engine;
 pub mod http;
@@ -42,4 +41,3 @@ pub mod systemd;
 pub mod tools;
 pub mod transport;
 pub mod vocab;
-pub mod zero_config;

@@ -6,8 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use telegate::config::{Config, LogFormat, Purpose};
-use telegate::zero_config;
+use telegate::config::{zero_config, Config, LogFormat, Purpose};
 
 #[derive(Parser)]
 #[command(

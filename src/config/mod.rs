@@ -9,7 +9,7 @@
 //! This module owns the schema, loading and validation. It must never
 //! connect to anything or log a secret.
 
-use std::fmt;
+use crate::secrets::Secret;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,8 +19,10 @@ use crate::adapter::{AdapterConfig, BusyMode};
 use crate::runner::RunnerConfig;
 use crate::vocab::KeyPolicy;
 
+mod checks;
 mod locate;
 mod sections;
+pub mod zero_config;
 
 pub use sections::*;
 
@@ -28,29 +30,6 @@ pub use sections::*;
 pub const TOKEN_ENV: &str = "TELEGRAM_BOT_TOKEN";
 /// Environment variable read for the webhook secret when the file has none.
 pub const WEBHOOK_SECRET_ENV: &str = "TELEGRAM_WEBHOOK_SECRET";
-
-/// A secret string. `Debug` prints `Secret(***)`; there is no `Display`.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wrap a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-
-    /// The secret itself, for the one place that must send it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -85,7 +64,7 @@ pub struct Config {
     pub metrics: crate::metrics::MetricsConfig,
     /// Where this configuration came from (not a key of the file).
     #[serde(skip)]
-    pub source: crate::zero_config::ConfigSource,
+    pub source: crate::config::zero_config::ConfigSource,
     /// `[media]`: photos, voice, documents in; files out.
     #[serde(default)]
     pub media: crate::media::MediaConfig,
@@ -187,7 +166,7 @@ impl Config {
         config
             .resolve_secrets(&env)
             .map_err(|message| located(message, &[]))?;
-        config.source = crate::zero_config::ConfigSource::File(path.to_path_buf());
+        config.source = crate::config::zero_config::ConfigSource::File(path.to_path_buf());
         config
             .validate(path, purpose)
             .map_err(|error| match error {
@@ -206,7 +185,7 @@ impl Config {
     /// `allow_all_users` off: only a file-less start may (it answers nobody
     /// but tells each sender their id, so they can be added).
     pub fn may_start_locked(&self) -> bool {
-        self.source == crate::zero_config::ConfigSource::Environment
+        self.source == crate::config::zero_config::ConfigSource::Environment
     }
 
     fn validate(&self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
@@ -214,17 +193,17 @@ impl Config {
             path: path.to_path_buf(),
             message,
         };
-        crate::config_checks::check_durations(self).map_err(invalid)?;
+        crate::config::checks::check_durations(self).map_err(invalid)?;
         self.check_secret_formats().map_err(invalid)?;
         let secret_names = self.secret_env_names();
-        crate::config_checks::check_pass_env(
+        crate::config::checks::check_pass_env(
             "tools.terminal.pass_env",
             &self.tools.terminal.pass_env,
             &secret_names,
         )
         .map_err(invalid)?;
         if let Some(command) = &self.agent.command {
-            crate::config_checks::check_pass_env(
+            crate::config::checks::check_pass_env(
                 "agent.command.pass_env",
                 &command.pass_env,
                 &secret_names,
@@ -271,7 +250,7 @@ impl Config {
             )));
         }
         self.media.validate().map_err(invalid)?;
-        crate::config_checks::check_data_dir("store.data_dir", &self.store.data_dir)
+        crate::config::checks::check_data_dir("store.data_dir", &self.store.data_dir)
             .map_err(invalid)?;
         if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
             return Err(invalid(format!(
@@ -295,7 +274,7 @@ impl Config {
                     "telegram.token is missing: set it in the file or in the {TOKEN_ENV} environment variable"
                 )));
             }
-            crate::config_checks::check_http_url("telegram.api_url", &telegram.api_url)
+            crate::config::checks::check_http_url("telegram.api_url", &telegram.api_url)
                 .map_err(invalid)?;
             if telegram.mode == UpdateMode::Webhook {
                 let Some(webhook) = &telegram.webhook else {
@@ -569,7 +548,7 @@ impl Config {
     /// Secrets that are present must be well formed, whatever the purpose.
     fn check_secret_formats(&self) -> Result<(), String> {
         if let Some(token) = &self.telegram.token {
-            crate::config_checks::check_token("telegram.token", token)?;
+            crate::config::checks::check_token("telegram.token", token)?;
         }
         if let Some(secret) = self
             .telegram
@@ -577,7 +556,7 @@ impl Config {
             .as_ref()
             .and_then(|w| w.secret_token.as_ref())
         {
-            crate::config_checks::check_webhook_secret("telegram.webhook.secret_token", secret)?;
+            crate::config::checks::check_webhook_secret("telegram.webhook.secret_token", secret)?;
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 //! parent module.
 
 use super::*;
+use crate::secrets::Secret;
 
 /// `[tools]`.
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -48,4 +48,4 @@ pub use markdown::render;
 pub use outbound::TelegramOutbound;
 pub use ratelimit::{RateLimiter, RateLimits};
 pub use split::{split, TELEGRAM_LIMIT};
-pub use telegram::{ChatTarget, Delivery, DeliveryConfig, DeliveryStats};
+pub use telegram::{ChatTarget, Delivery, DeliveryConfig};

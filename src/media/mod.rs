@@ -177,7 +177,7 @@ pub struct TranscriptionConfig {
     /// The key as resolved when the config was loaded, before telegate
     /// scrubbed its environment (never deserialized; see `crate::secrets`).
     #[serde(skip)]
-    pub resolved_api_key: Option<crate::config::Secret>,
+    pub resolved_api_key: Option<crate::secrets::Secret>,
     /// The spoken language (ISO-639-1), if known; the server guesses
     /// otherwise.
     #[serde(default)]

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use serde_json::{json, Value};
 use support::fake_openai::{FakeOpenAi, Script, COMMENTS_TEXT, DEFAULT_TEXT};
 use telegate::agent::{Agent, AgentError, AgentReply, OpenAiAgent, OpenAiConfig, TurnRequest};
-use telegate::config::Secret;
+use telegate::secrets::Secret;
 use telegate::tools::{NoTools, ToolContext, ToolDefinition, ToolError, ToolRegistry};
 use telegate::vocab::{
     ChatMessage, Platform, Progress, Role, SessionId, SessionKey, SessionSource, TurnGeneration,

@@ -56,7 +56,7 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use super::{Agent, AgentError, AgentReply, TurnRequest};
-use crate::config::Secret;
+use crate::secrets::Secret;
 use crate::tools::{ToolContext, ToolDefinition, ToolError, ToolRegistry};
 use crate::vocab::{ChatMessage, Progress, Role};
 

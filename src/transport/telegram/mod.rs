@@ -157,7 +157,7 @@ impl TelegramBot {
             tracing::warn!(
                 "nobody may use the bot yet: each sender is told their user id; \
                  put the ids in {} and restart",
-                crate::zero_config::ALLOWED_USERS_ENV
+                crate::config::zero_config::ALLOWED_USERS_ENV
             );
         }
         let bot = Bot::new(token.expose()).set_api_url(api_url.clone());

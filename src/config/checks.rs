@@ -9,7 +9,8 @@
 
 use std::path::Path;
 
-use crate::config::{Config, Secret};
+use crate::config::Config;
+use crate::secrets::Secret;
 
 /// The longest any duration setting may be: 7 days. Longer values are
 /// certainly mistakes, and unbounded ones overflow `Instant` arithmetic
