@@ -41,3 +41,4 @@ pub mod systemd;
 pub mod tools;
 pub mod transport;
 pub mod vocab;
+pub mod wiring;

@@ -142,9 +142,9 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Console { .. } => telegate::transport::console::run(&config).await,
+            Command::Console { .. } => telegate::wiring::console::run(&config).await,
             Command::Run { standby, .. } => {
-                telegate::transport::telegram::run_with(&config, standby).await
+                telegate::wiring::telegram::run_with(&config, standby).await
             }
             Command::CheckConfig { .. } | Command::Init { .. } => Ok(()),
         }

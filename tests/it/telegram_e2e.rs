@@ -660,7 +660,9 @@ async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) 
     use telegate::store::TranscriptEntry;
     use telegate::vocab::InboxState;
     let key = format!("agent:main:telegram:dm:{USER}");
-    let store = telegate::engine::open_store(&config.store).await.unwrap();
+    let store = telegate::wiring::engine::open_store(&config.store)
+        .await
+        .unwrap();
     let session = store
         .get_or_create_session(&key, "s-killed".into())
         .await
@@ -747,7 +749,9 @@ async fn owners_of_background_processes_lost_in_a_restart_are_told() {
     let data = tempfile::tempdir().unwrap();
     let config = file_backed_config(&fake, data.path(), "");
     // The previous run died while chat 42's job was still running.
-    let store = telegate::engine::open_store(&config.store).await.unwrap();
+    let store = telegate::wiring::engine::open_store(&config.store)
+        .await
+        .unwrap();
     store
         .process_started(telegate::store::RunningProcess {
             process_id: "p1a2b".into(),
