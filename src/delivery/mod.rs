@@ -29,6 +29,7 @@
 //! feeds them input and acts on their answers, which keeps all of this
 //! deterministic and testable with property tests.
 
+pub mod answer;
 pub mod api;
 pub mod buttons;
 pub mod draft;
@@ -40,6 +41,7 @@ pub mod markdown;
 pub mod outbound;
 pub mod ratelimit;
 pub mod reaction;
+pub mod reply_record;
 pub mod split;
 pub mod telegram;
 

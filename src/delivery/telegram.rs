@@ -42,7 +42,6 @@
 //! should be sent (the adapter and runner did that) and never log message
 //! text above debug level.
 
-use crate::metrics::DeliveryStats;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -62,10 +61,11 @@ use super::api::{post, AttemptError};
 use super::entity::{to_telegram, FormattedText};
 use super::lanes::ChatLanes;
 use super::markdown::render;
-use super::outbound::ReplyRecord;
 pub use super::ratelimit::Priority;
 use super::ratelimit::{RateLimiter, RateLimits};
+use super::reply_record::ReplyRecord;
 use super::split::{split, TELEGRAM_LIMIT};
+use crate::metrics::DeliveryStats;
 use crate::reply::{DeliveryError, Reply, ReplyKind};
 use crate::vocab::SessionSource;
 

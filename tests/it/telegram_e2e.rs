@@ -824,7 +824,7 @@ async fn an_answer_refused_with_500_for_a_while_arrives_once() {
 /// and once Telegram answers again (here after two more 502s to `getMe`)
 /// its sender is told, once, in reply to the message.
 async fn an_unconfirmed_answer_is_reported_once_telegram_answers(failure: Failure) -> FakeBotApi {
-    use telegate::delivery::outbound::UNCONFIRMED_ANSWER_NOTICE;
+    use telegate::delivery::answer::UNCONFIRMED_ANSWER_NOTICE;
     let fake = FakeBotApi::start().await;
     let (bot, _agent) = start(&fake, "", "").await;
     fake.fail_next("sendMessage", 1, failure);

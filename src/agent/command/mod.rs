@@ -58,9 +58,8 @@ pub mod protocol;
 mod sessions;
 mod workdir;
 
-pub use config::{CommandConfig, HistoryMode};
+pub use config::{CommandConfig, HistoryMode, Preset};
 pub use history::HISTORY_FILE_ENV;
-pub use presets::Preset;
 pub use protocol::Protocol;
 
 use std::collections::BTreeSet;

@@ -92,7 +92,7 @@ impl CallbackHandler {
     pub async fn resume(&self, update_id: i64, payload: &Value) -> bool {
         let Some(query) = payload
             .get("callback_query")
-            .and_then(super::intake::parse_guarded::<CallbackQuery>)
+            .and_then(super::parse::parse_guarded::<CallbackQuery>)
         else {
             return false;
         };

@@ -17,6 +17,7 @@ pub mod inbound;
 pub mod intake;
 pub mod ledger;
 pub mod media;
+mod parse;
 pub mod polling;
 pub mod raw;
 pub mod registration;
