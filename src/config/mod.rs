@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::adapter::{AdapterConfig, BusyMode};
+use crate::adapter::AdapterConfig;
 use crate::runner::RunnerConfig;
 use crate::vocab::KeyPolicy;
 
@@ -24,7 +24,12 @@ mod locate;
 mod sections;
 pub mod zero_config;
 
-pub use sections::*;
+use crate::config::sections::MAX_ANSWER_PARTS;
+use crate::config::sections::MAX_INBOX_RETENTION_DAYS;
+pub use sections::{
+    AgentConfig, Backend, ConsoleConfig, DeliverySettings, EchoConfig, LogConfig, LogFormat,
+    SessionsConfig, StoreSettings, TelegramConfig, ToolsConfig, UpdateMode, WebhookConfig,
+};
 
 /// Environment variable read for the bot token when the file has none.
 pub const TOKEN_ENV: &str = "TELEGRAM_BOT_TOKEN";

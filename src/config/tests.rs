@@ -1,4 +1,5 @@
 use super::*;
+use crate::adapter::BusyMode;
 
 fn parse(text: &str, purpose: Purpose) -> Result<Config, ConfigError> {
     Config::parse(Path::new("bot.toml"), text, purpose, |_| None)

@@ -6,8 +6,44 @@
 //! the rest of the runner they never send anything themselves and never
 //! hold the runner's lock across an `.await`.
 
-use super::*;
+use crate::adapter::DispatchContext;
+use crate::reply::DeliveryError;
+use crate::reply::LiveReply;
+use crate::reply::Outbound;
+use crate::reply::Outgoing;
+use crate::reply::Reply;
+use crate::runner::commands;
+use crate::runner::help_text;
+use crate::runner::process_line;
+use crate::runner::ps_text;
+use crate::runner::status_text;
+use crate::runner::ApprovalPress;
+use crate::runner::InvalidateReason;
+use crate::runner::Runner;
+use crate::runner::RunningAgent;
+use crate::runner::StatusView;
+use crate::runner::STORE_DOWN_TEXT;
+use crate::tools::approval::Denial;
+use crate::tools::approval::Lookup;
+use crate::tools::approval_prompt::preview;
+use crate::tools::authority::may_decide;
+use crate::tools::authority::who_may_decide;
+use crate::tools::process::ProcessId;
+use crate::tools::process::ProcessMode;
+use crate::tools::process::ProcessRecord;
+use crate::tools::process::Scope;
+use crate::vocab::Button;
+use crate::vocab::ButtonAction;
 use crate::vocab::KnownCommand;
+use crate::vocab::MessageEvent;
+use crate::vocab::MessageKind;
+use crate::vocab::SessionId;
+use crate::vocab::SessionKey;
+use crate::vocab::TurnEnd;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 impl Runner {
     pub(super) async fn command(

@@ -46,27 +46,20 @@ use controls::OpenGateAfterSending;
 use generations::GenerationLease;
 
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
-use crate::agent::{Agent, AgentError, TurnRequest};
+use crate::agent::Agent;
 use crate::metrics::Metrics;
-use crate::reply::{DeliveryError, LiveReply, Outbound, Outgoing, Reply, TurnStart};
-use crate::store::{Store, TranscriptEntry};
-use crate::tools::approval::{approval_reply, Denial, Lookup};
-use crate::tools::approval_prompt::preview;
-use crate::tools::authority::{may_decide, who_may_decide};
-use crate::tools::process::{ProcessId, ProcessMode, ProcessRecord, Scope};
+use crate::reply::{Outbound, Outgoing, Reply};
+use crate::store::Store;
+use crate::tools::approval::approval_reply;
+use crate::tools::authority::may_decide;
 use crate::tools::TerminalTool;
 use crate::vocab::KnownCommand;
-use crate::vocab::{
-    bind_turn_identity, Button, ButtonAction, ChatMessage, MessageEvent, MessageKind, Progress,
-    Role, SessionId, SessionKey, TurnEnd, TurnGeneration, TurnIdentity,
-};
+use crate::vocab::{MessageEvent, MessageKind, SessionId, SessionKey, TurnGeneration};
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 

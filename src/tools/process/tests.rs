@@ -1,6 +1,8 @@
 //! Unit tests of the process registry.
 
 use super::*;
+use crate::vocab::SessionKey;
+use crate::vocab::SessionSource;
 
 #[test]
 fn the_ring_keeps_the_newest_bytes_within_its_cap() {
