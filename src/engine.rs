@@ -20,6 +20,7 @@ use crate::agent::Agent;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
 use crate::store::{RunningProcess, Store, StoreError};
+use crate::tools::approval::ApprovalGate;
 use crate::tools::childgroups::{kill_previous_run, GroupLedger};
 use crate::tools::wakeup::{OwnerHistory, Wakeup};
 use crate::tools::{TerminalTool, ToolEvent, ToolEventReceiver};
@@ -81,16 +82,40 @@ impl Engine {
         adapter_config: AdapterConfig,
         runner_config: RunnerConfig,
     ) -> Engine {
-        let AgentSetup { agent, terminal } = setup;
-        let Some(TerminalSetup { tool, events }) = terminal else {
-            let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
-            let adapter =
-                Adapter::with_ledger(Arc::new(runner.clone()), outbound, adapter_config, ledger);
-            return Engine { adapter, runner };
+        let AgentSetup {
+            agent,
+            terminal,
+            approvals,
+        } = setup;
+        let (runner, events) = match (terminal, approvals) {
+            (Some(TerminalSetup { tool, events }), _) => {
+                tool.registry()
+                    .record_groups(GroupLedger::new(store.clone()));
+                let runner =
+                    Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
+                (runner, events)
+            }
+            (None, Some(ApprovalsSetup { gate, events })) => {
+                let runner = Runner::with_approvals(
+                    agent,
+                    outbound.clone(),
+                    Some(store),
+                    gate,
+                    runner_config,
+                );
+                (runner, events)
+            }
+            (None, None) => {
+                let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
+                let adapter = Adapter::with_ledger(
+                    Arc::new(runner.clone()),
+                    outbound,
+                    adapter_config,
+                    ledger,
+                );
+                return Engine { adapter, runner };
+            }
         };
-        tool.registry()
-            .record_groups(GroupLedger::new(store.clone()));
-        let runner = Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
         let adapter = Adapter::with_ledger(
             Arc::new(runner.clone()),
             outbound.clone(),
@@ -131,6 +156,17 @@ pub struct AgentSetup {
     pub agent: Arc<dyn Agent>,
     /// The terminal tool the agent calls, if enabled.
     pub terminal: Option<TerminalSetup>,
+    /// Without a terminal tool: the approval gate the agent's other tools
+    /// ask through (MCP tools, Claude Code's permission prompts), if any.
+    pub approvals: Option<ApprovalsSetup>,
+}
+
+/// An approval gate without a terminal tool, and its events.
+pub struct ApprovalsSetup {
+    /// The gate (shared with the tools that ask through it).
+    pub gate: ApprovalGate,
+    /// Its approval requests and notices.
+    pub events: ToolEventReceiver,
 }
 
 /// The terminal tool and the receiving end of its events.
@@ -147,6 +183,7 @@ impl AgentSetup {
         AgentSetup {
             agent,
             terminal: None,
+            approvals: None,
         }
     }
 }

@@ -1,4 +1,5 @@
-//! The `telegate` binary: `run`, `console`, `check-config` and `init`.
+//! The `telegate` binary: `run`, `console`, `check-config`, `init` and
+//! `pair`.
 //!
 //! This is the edge where errors become `anyhow` and exit codes.
 
@@ -46,6 +47,23 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Claude Code's permission-prompt MCP server (started by Claude Code
+    /// from the config telegate hands it; not for use by hand).
+    #[command(name = "permission-helper", hide = true)]
+    PermissionHelper {
+        /// telegate's private socket.
+        #[arg(long)]
+        socket: PathBuf,
+    },
+    /// Print a fresh pairing code for the bot of this data directory
+    /// (running or not): the first user to send `/pair CODE` becomes its
+    /// owner.
+    Pair {
+        /// The configuration file (default: telegate.toml if it exists,
+        /// else built-in defaults plus the environment).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
     /// Write a commented example configuration (never over an existing file).
     Init {
         /// Where to write it.
@@ -74,7 +92,8 @@ fn main() -> ExitCode {
         Command::Run { config, .. } | Command::CheckConfig { config } => {
             (config, Purpose::Telegram)
         }
-        Command::Console { config } => (config, Purpose::Console),
+        Command::Console { config } | Command::Pair { config } => (config, Purpose::Console),
+        Command::PermissionHelper { socket } => return permission_helper(socket.clone()),
         Command::Init { config } => {
             return match zero_config::init(config) {
                 Ok(()) => {
@@ -99,6 +118,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::Pair { .. } = cli.command {
+        return pair(&config);
+    }
     if let Command::CheckConfig { .. } = cli.command {
         println!(
             "{}: OK\n{}",
@@ -146,13 +168,62 @@ fn main() -> ExitCode {
             Command::Run { standby, .. } => {
                 telegate::wiring::telegram::run_with(&config, standby).await
             }
-            Command::CheckConfig { .. } | Command::Init { .. } => Ok(()),
+            Command::CheckConfig { .. }
+            | Command::Init { .. }
+            | Command::Pair { .. }
+            | Command::PermissionHelper { .. } => Ok(()),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {}", error_chain(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The helper mode: an MCP server on stdin/stdout that forwards Claude
+/// Code's permission prompts to the running telegate (no config, no
+/// secrets; see `telegate::tools::permission`).
+fn permission_helper(socket: PathBuf) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(telegate::tools::permission::helper::run(socket)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `telegate pair`: a fresh pairing code written into the data
+/// directory's database (next to a running bot, without its lock), shown
+/// on stdout.
+fn pair(config: &Config) -> ExitCode {
+    if config.store.in_memory {
+        eprintln!("error: store.in_memory = true: there is no database to pair through");
+        return ExitCode::from(2);
+    }
+    match telegate::access::pairing::pair_in(&config.store.data_dir, &config.access) {
+        Ok(code) => {
+            println!(
+                "{}",
+                telegate::access::pairing::pairing_text(&code, config.access.pairing_code_minutes)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
             ExitCode::FAILURE
         }
     }

@@ -39,6 +39,10 @@ pub struct Reply {
     /// Inline buttons under the reply (transports without buttons ignore
     /// them; every button's action is also a typed command).
     pub buttons: Vec<crate::vocab::Button>,
+    /// The answer spoken (Ogg/Opus): sent as a voice note carrying the
+    /// text where the transport can (see `delivery::voice`); others send
+    /// the text.
+    pub voice: Option<bytes::Bytes>,
 }
 
 impl Reply {
@@ -49,6 +53,7 @@ impl Reply {
             kind,
             reply_to: None,
             buttons: Vec::new(),
+            voice: None,
         }
     }
 
@@ -81,6 +86,12 @@ impl Reply {
     /// Put `buttons` under the reply.
     pub fn with_buttons(mut self, buttons: Vec<crate::vocab::Button>) -> Self {
         self.buttons = buttons;
+        self
+    }
+
+    /// Send the answer as this voice note (Ogg/Opus) with its text.
+    pub fn with_voice(mut self, audio: bytes::Bytes) -> Self {
+        self.voice = Some(audio);
         self
     }
 }
@@ -193,7 +204,7 @@ pub struct TurnStart<'a> {
     /// The turn's generation.
     pub generation: u64,
     /// The message was handed on by restart recovery
-    /// ([`crate::event::MessageEvent::replayed`]): part of its answer may
+    /// ([`crate::vocab::MessageEvent::replayed`]): part of its answer may
     /// be recorded already.
     pub replayed: bool,
 }
@@ -210,6 +221,12 @@ pub struct TurnStart<'a> {
 pub struct SendingStop {
     token: tokio_util::sync::CancellationToken,
     unsent: std::sync::Arc<std::sync::Mutex<Unsent>>,
+    /// Set once nothing of the answer is left to send (its last request
+    /// was answered): a stop then has nothing to stop.
+    delivered: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Set while files are to follow the answer: the answer's last part
+    /// is then not the end of the sending.
+    files_follow: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a stop left unsent.
@@ -233,7 +250,38 @@ impl SendingStop {
         SendingStop {
             token,
             unsent: std::sync::Arc::default(),
+            delivered: std::sync::Arc::default(),
+            files_follow: std::sync::Arc::default(),
         }
+    }
+
+    /// Files follow the answer: the sending ends with them
+    /// ([`SendingStop::finished`]), not with the answer's last part.
+    pub fn expect_files(&self) {
+        self.files_follow
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The answer's last request was answered (or it was stopped): unless
+    /// files follow, nothing is left to send.
+    pub fn answer_sent(&self) {
+        if !self.files_follow.load(std::sync::atomic::Ordering::Acquire) {
+            self.delivered
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// The sending ended (the files after the answer went out or were
+    /// stopped, or the delivery returned): nothing is left to send.
+    pub fn finished(&self) {
+        self.delivered
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// True while something of the answer may still be sent, so that a
+    /// stop would keep it back.
+    pub fn is_open(&self) -> bool {
+        !self.delivered.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Run `future` (a delivery) as this sending.
@@ -313,6 +361,27 @@ pub fn unsent_line(unsent: Unsent) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sending_is_open_until_its_last_part_or_its_files_are_sent() {
+        let sending = SendingStop::new(tokio_util::sync::CancellationToken::new());
+        assert!(sending.is_open());
+        sending.answer_sent();
+        assert!(!sending.is_open(), "nothing is left once the answer is out");
+
+        let with_files = SendingStop::new(tokio_util::sync::CancellationToken::new());
+        with_files.expect_files();
+        with_files.answer_sent();
+        assert!(
+            with_files.is_open(),
+            "the files after the answer are still to go"
+        );
+        with_files.finished();
+        assert!(!with_files.is_open());
+        // Clones share it: the guard's copy sees what the delivery did.
+        let clone = with_files.clone();
+        assert!(!clone.is_open());
+    }
 
     #[test]
     fn a_stop_reports_what_it_left_unsent_in_one_line() {

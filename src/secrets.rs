@@ -76,6 +76,8 @@ pub const WEBHOOK_SECRET_CREDENTIAL: &str = "telegram_webhook_secret";
 pub const API_KEY_CREDENTIAL: &str = "openai_api_key";
 /// systemd credential name for the transcription endpoint's API key.
 pub const TRANSCRIPTION_KEY_CREDENTIAL: &str = "transcription_api_key";
+/// The credential name of the speech (voice answers) API key.
+pub const SPEECH_KEY_CREDENTIAL: &str = "speech_api_key";
 
 /// The largest secret file read (bytes). Tokens and keys are well under
 /// 1 KiB; a bigger file is a mistake (`token_file = "/dev/zero"`, a

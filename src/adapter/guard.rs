@@ -6,6 +6,7 @@
 //! owner has finished (done, panicked or aborted) can be recognised as stale
 //! and healed instead of trapping the chat forever.
 
+use crate::reply::SendingStop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -29,9 +30,9 @@ pub struct SessionGuard {
     kind: GuardKind,
     interrupt: CancellationToken,
     finishing: Arc<AtomicBool>,
-    /// Fires when /stop, /new or /reset end the delivery of this turn's
-    /// answer (see [`SessionGuard::stop_sending`]).
-    sending: CancellationToken,
+    /// The delivery of this turn's answer, which /stop, /new or /reset end
+    /// (see [`SessionGuard::stop_sending`]).
+    sending: SendingStop,
     /// Set when the command that holds a [`GuardKind::Command`] guard ended
     /// without handing the slot on (its future was dropped): only then may
     /// the guard be healed. Unused for turn guards.
@@ -52,7 +53,7 @@ impl SessionGuard {
             kind,
             interrupt: CancellationToken::new(),
             finishing: Arc::new(AtomicBool::new(false)),
-            sending: CancellationToken::new(),
+            sending: SendingStop::new(CancellationToken::new()),
             abandoned: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -89,12 +90,18 @@ impl SessionGuard {
     /// End the delivery of this turn's answer: parts and files not sent
     /// yet are not sent (a request already sent runs to its answer).
     pub fn stop_sending(&self) {
-        self.sending.cancel();
+        self.sending.token().cancel();
     }
 
-    /// The token [`SessionGuard::stop_sending`] fires.
-    pub fn sending(&self) -> &CancellationToken {
+    /// The delivery [`SessionGuard::stop_sending`] ends.
+    pub fn sending(&self) -> &SendingStop {
         &self.sending
+    }
+
+    /// True while the turn holding this guard has its answer and some of
+    /// it is still to be sent: what a stop would keep back.
+    pub fn is_sending(&self) -> bool {
+        self.is_finishing() && self.sending.is_open()
     }
 
     /// Turn or command.
@@ -207,6 +214,19 @@ impl OwnerTask {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_guard_is_sending_only_while_its_answer_is_not_all_out() {
+        let guard = SessionGuard::new();
+        assert!(!guard.is_sending(), "a running turn is not sending yet");
+        guard.mark_finishing();
+        assert!(guard.is_sending());
+        guard.sending().answer_sent();
+        assert!(
+            !guard.is_sending(),
+            "once the last part is out, /stop has nothing to stop"
+        );
+    }
 
     #[test]
     fn a_command_guard_is_abandoned_only_once_its_lease_is_dropped() {

@@ -473,7 +473,7 @@ impl Adapter {
         // A turn that already has its answer and is only delivering it is
         // not "running" any more: /stop then has nothing to stop.
         let slot_busy = previous.as_ref().is_some_and(|g| !g.is_finishing());
-        let slot_sending = previous.as_ref().is_some_and(SessionGuard::is_finishing);
+        let slot_sending = previous.as_ref().is_some_and(SessionGuard::is_sending);
         let ctx = DispatchContext {
             key: key.clone(),
             interrupt: guard.interrupt().clone(),

@@ -2,7 +2,7 @@
 //! its reply while it still owns the slot, then takes the next follow-up or
 //! releases), and a slot's refusal notifier (coalesced "not queued" notices,
 //! never awaited by anyone routing a message). A reply being sent can be
-//! stopped (/stop, /new, /reset: [`SendingStop`]); the owner task then says
+//! stopped (/stop, /new, /reset: [`crate::reply::SendingStop`]); the owner task then says
 //! in one line what was left unsent.
 
 use crate::adapter::AdapterInner;
@@ -10,8 +10,8 @@ use crate::adapter::DispatchContext;
 use crate::adapter::EventOutcome;
 use crate::adapter::SessionGuard;
 use crate::memory::shrink_when_sparse;
+use crate::reply::unsent_line;
 use crate::reply::Reply;
-use crate::reply::{unsent_line, SendingStop};
 use crate::vocab::MessageEvent;
 use crate::vocab::SessionKey;
 use futures::FutureExt;
@@ -71,12 +71,22 @@ pub(super) async fn owner_task(
             // `SessionGuard::stop_sending`); what it left unsent is said
             // in one line (even though the guard is gone by then) before
             // the message's outcome is recorded.
-            let sending = SendingStop::new(guard.sending().clone());
+            let sending = guard.sending().clone();
             let outcome = sending
                 .clone()
                 .scope(inner.deliver(&source, outgoing))
                 .await;
-            if let Some(line) = unsent_line(sending.unsent()) {
+            sending.finished();
+            let unsent = sending.unsent();
+            // A stop that kept back every part of the answer left it
+            // unanswered, not answered.
+            let outcome = match outcome {
+                EventOutcome::Answered if unsent.parts > 0 && unsent.parts == unsent.of_parts => {
+                    EventOutcome::Dropped("stopped")
+                }
+                other => other,
+            };
+            if let Some(line) = unsent_line(unsent) {
                 inner
                     .send(&source, Reply::notice(line).in_reply_to(message_id).into())
                     .await;

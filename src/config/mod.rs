@@ -73,6 +73,19 @@ pub struct Config {
     /// `[media]`: photos, voice, documents in; files out.
     #[serde(default)]
     pub media: crate::media::MediaConfig,
+    /// `[schedule]`: scheduled jobs and reminders.
+    #[serde(default)]
+    pub schedule: crate::schedule::ScheduleConfig,
+    /// `[access]`: pairing codes, invites, guessing limits.
+    #[serde(default)]
+    pub access: crate::access::AccessConfig,
+    /// `[limits]`: per-user budgets.
+    #[serde(default)]
+    pub limits: crate::limits::LimitsConfig,
+    /// Where "now" comes from for codes and budgets (not a key of the
+    /// file; tests set a manual clock).
+    #[serde(skip)]
+    pub clock: crate::clock::Clock,
 }
 
 /// What the configuration will be used for (what must be present).
@@ -186,13 +199,6 @@ impl Config {
         self.validate(path, purpose)
     }
 
-    /// Whether the bot may start with both allowlists empty and
-    /// `allow_all_users` off: only a file-less start may (it answers nobody
-    /// but tells each sender their id, so they can be added).
-    pub fn may_start_locked(&self) -> bool {
-        self.source == crate::config::zero_config::ConfigSource::Environment
-    }
-
     fn validate(&self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
         let invalid = |message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -255,8 +261,12 @@ impl Config {
             )));
         }
         self.media.validate().map_err(invalid)?;
+        self.access.validate().map_err(invalid)?;
+        self.limits.validate().map_err(invalid)?;
         crate::config::checks::check_data_dir("store.data_dir", &self.store.data_dir)
             .map_err(invalid)?;
+
+        self.schedule.validate().map_err(invalid)?;
         if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
             return Err(invalid(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
@@ -266,6 +276,22 @@ impl Config {
         // Checked even while disabled, so turning it on never reveals an
         // old typo.
         self.tools.terminal.validate().map_err(invalid)?;
+        crate::tools::mcp::config::validate_all(&self.tools.mcp).map_err(invalid)?;
+        if !self.tools.mcp.is_empty() && self.agent.backend != Backend::Openai {
+            return Err(invalid(format!(
+                "[[tools.mcp]] needs agent.backend = \"openai\" (the {} backend calls no tools; \
+                 Claude Code and Codex take MCP servers in their own configuration)",
+                self.agent.backend.as_str()
+            )));
+        }
+        for (index, server) in self.tools.mcp.iter().enumerate() {
+            crate::config::checks::check_pass_env(
+                &format!("tools.mcp[{index}].pass_env"),
+                &server.pass_env,
+                &secret_names,
+            )
+            .map_err(invalid)?;
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid(format!(
                 "log.level {:?} is not a valid filter: {e}",
@@ -334,17 +360,6 @@ impl Config {
                     )));
                 }
             }
-            if telegram.allowed_users.is_empty()
-                && telegram.allowed_chats.is_empty()
-                && !telegram.allow_all_users
-                && !self.may_start_locked()
-            {
-                return Err(invalid(
-                    "nobody may use the bot: list user ids in telegram.allowed_users \
-                     (or set telegram.allow_all_users = true to open it to everyone)"
-                        .to_string(),
-                ));
-            }
         }
         Ok(())
     }
@@ -363,6 +378,20 @@ impl Config {
         }
     }
 
+    /// Whether the model is shown saved files' paths: what the configured
+    /// backend and tools can open.
+    pub fn file_access(&self) -> crate::media::FileAccess {
+        use crate::media::FileAccess;
+        let terminal = &self.tools.terminal;
+        match self.agent.backend {
+            Backend::Command => FileAccess::Paths { workdir: None },
+            Backend::Openai if terminal.enabled && terminal.run_as.is_none() => FileAccess::Paths {
+                workdir: terminal.workdir.clone(),
+            },
+            _ => FileAccess::Names,
+        }
+    }
+
     /// The runner settings.
     pub fn runner_config(&self) -> RunnerConfig {
         RunnerConfig {
@@ -371,6 +400,7 @@ impl Config {
             metrics: crate::metrics::Metrics::default(),
             approvers: self.telegram.approvers.clone(),
             files: None,
+            jobs: None,
             default_model: self
                 .agent
                 .openai
@@ -384,6 +414,15 @@ impl Config {
                 .filter(|_| self.agent.backend == Backend::Openai)
                 .map(|o| o.models.clone())
                 .unwrap_or_default(),
+            access: None,
+            limits: crate::limits::Limits::new(self.limits.clone(), self.clock.clone())
+                .with_default_zone(self.schedule.default_zone().1),
+            speech: self.media.speech.clone().and_then(|speech| {
+                crate::media::speech::Speaker::new(speech)
+                    .map_err(|error| tracing::error!(%error, "voice answers are off"))
+                    .ok()
+                    .map(std::sync::Arc::new)
+            }),
         }
     }
 
@@ -410,6 +449,8 @@ impl Config {
         let t = &self.telegram;
         let access = if t.allow_all_users {
             "everyone".to_string()
+        } else if t.allowed_users.is_empty() && t.allowed_chats.is_empty() {
+            "the team paired and invited from the chat (with no owner yet, a start shows a pairing code)".to_string()
         } else {
             format!(
                 "{} user(s), {} chat(s)",
@@ -446,8 +487,14 @@ impl Config {
 impl Config {
     fn tools_summary(&self) -> String {
         let terminal = &self.tools.terminal;
+        let mcp = if self.tools.mcp.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<&str> = self.tools.mcp.iter().map(|s| s.name.as_str()).collect();
+            format!(", MCP servers: {}", names.join(", "))
+        };
         if !terminal.enabled {
-            return "terminal off".to_string();
+            return format!("terminal off{mcp}");
         }
         format!(
             "terminal on (approval {:?}, workdir {}, at most {} background per chat)",
@@ -457,7 +504,7 @@ impl Config {
                 .as_ref()
                 .map_or_else(|| "the bot's own".to_string(), |d| d.display().to_string()),
             terminal.max_background
-        )
+        ) + &mcp
     }
 }
 
@@ -500,8 +547,8 @@ impl Config {
     /// key later takes it from here.
     fn resolve_secrets(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
         use crate::secrets::{
-            SecretSources, API_KEY_CREDENTIAL, TOKEN_CREDENTIAL, TRANSCRIPTION_KEY_CREDENTIAL,
-            WEBHOOK_SECRET_CREDENTIAL,
+            SecretSources, API_KEY_CREDENTIAL, SPEECH_KEY_CREDENTIAL, TOKEN_CREDENTIAL,
+            TRANSCRIPTION_KEY_CREDENTIAL, WEBHOOK_SECRET_CREDENTIAL,
         };
         let telegram = &mut self.telegram;
         telegram.token = SecretSources {
@@ -547,6 +594,20 @@ impl Config {
             }
             .resolve(env)?;
         }
+        for (index, server) in self.tools.mcp.iter_mut().enumerate() {
+            server.resolve_headers(index)?;
+        }
+        if let Some(speech) = self.media.speech.as_mut() {
+            speech.resolved_api_key = SecretSources {
+                key: "media.speech.api_key_env",
+                inline: None,
+                file_key: "media.speech.api_key_file",
+                file: speech.api_key_file.as_deref(),
+                credential: SPEECH_KEY_CREDENTIAL,
+                env_var: speech.api_key_env.as_deref(),
+            }
+            .resolve(env)?;
+        }
         Ok(())
     }
 
@@ -580,9 +641,19 @@ impl Config {
                 .transcription
                 .as_ref()
                 .and_then(|t| t.resolved_api_key.as_ref()),
+            self.media
+                .speech
+                .as_ref()
+                .and_then(|s| s.resolved_api_key.as_ref()),
         ]
         .into_iter()
         .flatten()
+        .chain(
+            self.tools
+                .mcp
+                .iter()
+                .flat_map(|server| server.resolved_headers.iter().map(|(_, value)| value)),
+        )
         .map(Secret::expose)
         .collect()
     }
@@ -604,6 +675,14 @@ impl Config {
             .transcription
             .as_ref()
             .and_then(|t| t.api_key_env.clone())
+        {
+            names.push(name);
+        }
+        if let Some(name) = self
+            .media
+            .speech
+            .as_ref()
+            .and_then(|s| s.api_key_env.clone())
         {
             names.push(name);
         }

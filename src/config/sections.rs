@@ -15,6 +15,9 @@ pub struct ToolsConfig {
     /// `[tools.terminal]`: shell commands and background processes.
     #[serde(default)]
     pub terminal: crate::tools::TerminalConfig,
+    /// `[[tools.mcp]]`: MCP servers whose tools the model may call.
+    #[serde(default)]
+    pub mcp: Vec<crate::tools::mcp::McpServerConfig>,
 }
 
 /// `[store]`.

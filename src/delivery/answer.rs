@@ -23,7 +23,8 @@ pub const UNCONFIRMED_ANSWER_NOTICE: &str =
     "⚠️ Telegram did not confirm the answer to this message, so it may not have arrived. \
      If you don't see it, please send your message again.";
 
-/// Deliver a final answer at most once: skipped if the outbox says it was
+/// Deliver a final answer in text at most once (a spoken one goes through
+/// [`super::final_answer::deliver_answer_once`]): skipped if the outbox says it was
 /// delivered already, refused (an ambiguous send, [`AMBIGUOUS_SEND`]) if it
 /// records a send whose outcome is unknown; a recorded preview is finished
 /// by editing it. Before a chunk goes out as a new message the intent is
@@ -43,7 +44,7 @@ pub const UNCONFIRMED_ANSWER_NOTICE: &str =
 /// [`UNCONFIRMED_ANSWER_NOTICE`], once, before this returns the error. The
 /// message's inbox row stays open meanwhile: a restart in between finds
 /// the intent and tells the sender itself (the notice after a restart).
-pub async fn deliver_answer_once(
+pub async fn deliver_text_answer_once(
     delivery: &Delivery,
     target: ChatTarget,
     reply: &Reply,
@@ -107,8 +108,11 @@ pub async fn deliver_answer_once(
             send_as_file(delivery, target, reply, plan.messages).await;
         }
     }
-    if let (Some(sending), true) = (&sending, unsent > 0) {
-        sending.note_parts(unsent, chunks.len());
+    if let Some(sending) = &sending {
+        if unsent > 0 {
+            sending.note_parts(unsent, chunks.len());
+        }
+        sending.answer_sent();
     }
     // Delivered as far as it will ever be: what a stop left out is not
     // sent later either.
@@ -142,7 +146,12 @@ pub const ANSWER_FILE_NAME: &str = "answer.md";
 
 /// Send the whole of `reply`'s text as a Markdown document after its
 /// first `messages` parts; a failure is said in the chat.
-async fn send_as_file(delivery: &Delivery, target: ChatTarget, reply: &Reply, messages: usize) {
+pub(super) async fn send_as_file(
+    delivery: &Delivery,
+    target: ChatTarget,
+    reply: &Reply,
+    messages: usize,
+) {
     let file = crate::media::outbox::OutgoingFile {
         name: ANSWER_FILE_NAME.to_string(),
         body: crate::media::outbox::FileBody::Bytes(bytes::Bytes::from(reply.text.clone())),
@@ -168,7 +177,7 @@ async fn send_as_file(delivery: &Delivery, target: ChatTarget, reply: &Reply, me
 /// Tell the sender of message `reply_to` that its answer may not have
 /// arrived, as soon as Telegram answers again. Sent once: an unanswered
 /// notice is not repeated either.
-async fn tell_unconfirmed(
+pub(super) async fn tell_unconfirmed(
     delivery: &Delivery,
     target: ChatTarget,
     reply_to: Option<i64>,

@@ -35,12 +35,25 @@ pub async fn register(
     let now = now_ms();
     let mut rows = Vec::with_capacity(buttons.len());
     let mut keys = Vec::with_capacity(buttons.len());
+    // A job's buttons are used up apart from another job's (their own row).
+    let mut groups: Vec<(i64, String)> = Vec::new();
     for button in buttons {
+        let row_id = match button.action.row_group() {
+            None => row_id.clone(),
+            Some(group) => match groups.iter().find(|(g, _)| *g == group) {
+                Some((_, row)) => row.clone(),
+                None => {
+                    let row = new_button_id();
+                    groups.push((group, row.clone()));
+                    row
+                }
+            },
+        };
         let id = new_button_id();
         let lifetime = i64::try_from(button.action.lifetime().as_millis()).unwrap_or(i64::MAX);
         rows.push(NewButton {
             id: id.clone(),
-            row_id: row_id.clone(),
+            row_id,
             chat_id: to.chat_id,
             chat_type: to.chat_type.as_str().to_string(),
             thread_id: to.thread_id,
@@ -49,9 +62,9 @@ pub async fn register(
             action: serde_json::to_value(&button.action).ok()?,
             expires_at: now.saturating_add(lifetime),
         });
-        keys.push(InlineKeyboardButton::callback(
-            button.label.clone(),
-            callback_data(&id),
+        keys.push((
+            button.action.row_group(),
+            InlineKeyboardButton::callback(button.label.clone(), callback_data(&id)),
         ));
     }
     if let Err(error) = store.create_buttons(rows).await {
@@ -59,13 +72,24 @@ pub async fn register(
         return None;
     }
     // A list of choices reads best one per line; a few actions side by side.
-    let one_per_line = buttons
-        .iter()
-        .any(|b| matches!(b.action, ButtonAction::Model { .. }));
+    let one_per_line = buttons.iter().any(|b| {
+        matches!(
+            b.action,
+            ButtonAction::Model { .. } | ButtonAction::Resume { .. }
+        )
+    });
     let layout: Vec<Vec<InlineKeyboardButton>> = if one_per_line {
-        keys.into_iter().map(|k| vec![k]).collect()
+        keys.into_iter().map(|(_, k)| vec![k]).collect()
     } else {
-        vec![keys]
+        // One line per group (a job's buttons), in order.
+        let mut lines: Vec<(Option<i64>, Vec<InlineKeyboardButton>)> = Vec::new();
+        for (group, key) in keys {
+            match lines.last_mut() {
+                Some((g, line)) if *g == group => line.push(key),
+                _ => lines.push((group, vec![key])),
+            }
+        }
+        lines.into_iter().map(|(_, line)| line).collect()
     };
     Some(InlineKeyboardMarkup::new(layout))
 }

@@ -35,6 +35,7 @@ pub mod buttons;
 pub mod draft;
 pub mod entity;
 pub mod files;
+pub mod final_answer;
 mod lanes;
 pub mod live;
 pub mod markdown;
@@ -44,6 +45,7 @@ pub mod reaction;
 pub mod reply_record;
 pub mod split;
 pub mod telegram;
+pub mod voice;
 
 pub use entity::{to_telegram, utf16_len, EntityKind, FormattedText, TextEntity};
 pub use markdown::render;

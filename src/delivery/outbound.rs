@@ -5,7 +5,7 @@
 
 use futures::future::BoxFuture;
 
-use super::answer::deliver_answer_once;
+use super::final_answer::deliver_answer_once;
 use super::reply_record::ReplyRecord;
 use super::telegram::{ChatTarget, Delivery};
 use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind};

@@ -9,6 +9,11 @@
 //! * `TELEGATE_OUTBOX`: a fresh directory; files the program writes there
 //!   are sent to the chat after the answer.
 //!
+//! The paths are absolute, and so are those named in the message text
+//! (`[photo saved at /…]`): the program runs on this machine as telegate's
+//! user and can open them (the model sees a server path only where a tool
+//! of its can open it, [`super::FileAccess::Paths`]).
+//!
 //! Kept apart from `agent/command` so that backend only needs a few hook
 //! lines. It must never expose a path other than the turn's own files.
 

@@ -8,8 +8,10 @@
 //! its own, off the chat's queue, where [`prepare::MediaStage`] downloads
 //! ([`download`]), transcribes ([`transcribe`]) and turns them into text,
 //! image attachments or saved paths — or into a clear refusal in the
-//! user's words. Files live under
-//! `<data_dir>/media/<session id>/` and are removed by [`retention`].
+//! user's words. Documents are read by [`document`] (text in any common
+//! encoding, PDFs through [`pdf`]); a saved path is named to the model
+//! only where [`FileAccess`] says a tool of its can open it. Files live
+//! under `<data_dir>/media/<session id>/` and are removed by [`retention`].
 //!
 //! Outbound, the runner binds a [`TurnFiles`] task-locally around each turn
 //! (the attachments, the turn's outbox directory, the file sender): the
@@ -30,13 +32,16 @@
 pub mod album;
 pub mod command_files;
 pub mod describe;
+pub mod document;
 pub mod download;
 pub mod handle;
 pub mod order;
 pub mod outbox;
 pub mod outbox_dir;
+pub mod pdf;
 pub mod prepare;
 pub mod retention;
+pub mod speech;
 pub mod stage;
 pub mod transcribe;
 pub mod vision;
@@ -69,8 +74,9 @@ pub struct MediaConfig {
     /// most 20 MB; a local Bot API server lifts that, so raise this then.
     #[serde(default = "default_max_file_bytes")]
     pub max_file_bytes: u64,
-    /// Text documents up to this size (bytes) are put into the message;
-    /// larger ones are saved and their path passed.
+    /// At most this much of a text document's (or a PDF's) text is put
+    /// into the message (bytes); a longer one is cut there, with a marker,
+    /// and the user is told (0: documents are not read).
     #[serde(default = "default_max_inline_bytes")]
     pub max_inline_bytes: u64,
     /// Downloaded and outbox files older than this many days are removed
@@ -93,6 +99,9 @@ pub struct MediaConfig {
     /// `[media.transcription]`: voice, audio and video notes to text.
     #[serde(default)]
     pub transcription: Option<TranscriptionConfig>,
+    /// `[media.speech]`: answers as voice notes (`/voice`).
+    #[serde(default)]
+    pub speech: Option<speech::SpeechConfig>,
 }
 
 fn default_max_file_bytes() -> u64 {
@@ -125,6 +134,7 @@ impl Default for MediaConfig {
 
             max_files_per_answer: default_max_files_per_answer(),
             transcription: None,
+            speech: None,
         }
     }
 }
@@ -146,6 +156,9 @@ impl MediaConfig {
         }
         if let Some(t) = &self.transcription {
             t.validate()?;
+        }
+        if let Some(s) = &self.speech {
+            s.validate()?;
         }
         Ok(())
     }
@@ -219,6 +232,41 @@ impl TranscriptionConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether the model is shown saved files' paths: only where a tool it
+/// has can open them. Otherwise it sees file names (and what could be read
+/// of them) and never a server path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FileAccess {
+    /// No tool of the model's opens files (the openai backend without the
+    /// terminal tool, or with it running as another user; echo).
+    #[default]
+    Names,
+    /// A tool opens them: the command backend's program (absolute paths,
+    /// as `{files}` and `TELEGATE_FILES` give them), or the terminal tool
+    /// running as telegate's user (relative to its `workdir` when inside
+    /// it, absolute otherwise).
+    Paths {
+        /// The directory the tool runs in.
+        workdir: Option<PathBuf>,
+    },
+}
+
+impl FileAccess {
+    /// How `path` is named to the model (`None`: it is not).
+    pub fn shown(&self, path: &Path) -> Option<String> {
+        let FileAccess::Paths { workdir } = self else {
+            return None;
+        };
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let inside = workdir
+            .as_ref()
+            .and_then(|dir| std::path::absolute(dir).ok())
+            .and_then(|dir| path.strip_prefix(dir).ok().map(Path::to_path_buf))
+            .filter(|relative| !relative.as_os_str().is_empty());
+        Some(inside.unwrap_or(path).display().to_string())
     }
 }
 
@@ -365,6 +413,31 @@ mod tests {
         assert_eq!(safe_component(""), "_");
         assert_eq!(safe_component("ok-name_1.txt"), "ok-name_1.txt");
         assert!(!safe_component("a/b\\c\0d").contains(['/', '\\', '\0']));
+    }
+
+    #[test]
+    fn paths_are_shown_only_to_a_model_with_a_tool_that_opens_them() {
+        let path = Path::new("/data/media/s1/5-0-report.pdf");
+        assert_eq!(FileAccess::Names.shown(path), None);
+        let program = FileAccess::Paths { workdir: None };
+        assert_eq!(
+            program.shown(path).as_deref(),
+            Some("/data/media/s1/5-0-report.pdf")
+        );
+        let inside = FileAccess::Paths {
+            workdir: Some("/data".into()),
+        };
+        assert_eq!(
+            inside.shown(path).as_deref(),
+            Some("media/s1/5-0-report.pdf")
+        );
+        let outside = FileAccess::Paths {
+            workdir: Some("/srv/work".into()),
+        };
+        assert_eq!(
+            outside.shown(path).as_deref(),
+            Some("/data/media/s1/5-0-report.pdf")
+        );
     }
 
     #[test]

@@ -127,9 +127,9 @@ pub enum FileRefusal {
     /// Nothing to send with (no chat transport).
     #[error("files cannot be sent from here")]
     Unavailable,
-    /// A restart cut its send short: it may have arrived, so it is not
-    /// sent again.
-    #[error("{0}: telegate restarted while sending it, so it may not have arrived; it is not sent again")]
+    /// Its send was cut short (no answer from Telegram, or a restart): it
+    /// may have arrived, so it is not sent again.
+    #[error("{0}: its sending was cut short (Telegram did not answer, or telegate restarted), so it may not have arrived; it is not sent again")]
     Ambiguous(String),
 }
 
@@ -349,9 +349,15 @@ impl OutboxFiles {
         let sent = self.sender.send_file(to, &file).await;
         let message_id = match sent {
             Ok(id) => id,
+            Err(DeliveryError::Ambiguous(why)) => {
+                // It may have arrived: the intent stays, so neither this
+                // turn nor a replay of it sends the file again.
+                tracing::warn!(file = %name, %why, "a file's send went unanswered; it is not sent again");
+                return Err(FileRefusal::Ambiguous(name));
+            }
             Err(error) => {
-                // Not sent (or not known to be): the intent is taken back,
-                // so a later attempt may try again.
+                // Not sent for sure: the intent is taken back, so a later
+                // attempt may try again.
                 if let Some((store, answering)) = record {
                     if let Err(error) = store.forget_file_send(chat, answering, key).await {
                         tracing::warn!(%error, "could not take back the intent to send a file");
@@ -388,6 +394,7 @@ mod tests {
         root: PathBuf,
         sends: AtomicUsize,
         failing: AtomicBool,
+        unanswered: AtomicBool,
         intent_missing: AtomicBool,
         read: Mutex<Vec<Vec<u8>>>,
     }
@@ -412,6 +419,10 @@ mod tests {
                 if self.failing.load(Ordering::SeqCst) {
                     return Err(DeliveryError::Rejected("refused".into()));
                 }
+                if self.unanswered.load(Ordering::SeqCst) {
+                    self.sends.fetch_add(1, Ordering::SeqCst);
+                    return Err(DeliveryError::Ambiguous("no answer".into()));
+                }
                 Ok(100 + self.sends.fetch_add(1, Ordering::SeqCst) as i64)
             })
         }
@@ -423,6 +434,7 @@ mod tests {
             root: root.to_path_buf(),
             sends: AtomicUsize::new(0),
             failing: AtomicBool::new(false),
+            unanswered: AtomicBool::new(false),
             intent_missing: AtomicBool::new(false),
             read: Mutex::new(Vec::new()),
         })
@@ -464,6 +476,22 @@ mod tests {
         sender.failing.store(false, Ordering::SeqCst);
         assert_eq!(send("c.txt").await, Ok(SendOutcome::Sent));
         assert_eq!(sender.sends.load(Ordering::SeqCst), 2);
+
+        // A send Telegram never answered may have arrived: its intent
+        // stays, and the file is not sent again (not by a replay either).
+        std::fs::write(root.join("d.txt"), b"x").unwrap();
+        sender.unanswered.store(true, Ordering::SeqCst);
+        assert!(matches!(
+            send("d.txt").await,
+            Err(FileRefusal::Ambiguous(_))
+        ));
+        sender.unanswered.store(false, Ordering::SeqCst);
+        assert_eq!(sender.sends.load(Ordering::SeqCst), 3);
+        assert!(matches!(
+            send("d.txt").await,
+            Err(FileRefusal::Ambiguous(_))
+        ));
+        assert_eq!(sender.sends.load(Ordering::SeqCst), 3);
         assert!(
             !sender.intent_missing.load(Ordering::SeqCst),
             "a file was sent with no intent recorded"
@@ -483,7 +511,7 @@ mod tests {
             )
             .await;
         assert_eq!(again, Ok(SendOutcome::Withheld));
-        assert_eq!(sender.sends.load(Ordering::SeqCst), 2);
+        assert_eq!(sender.sends.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]

@@ -324,6 +324,9 @@ impl LiveReply for FilesAfter {
         // Read here, inside the sending's scope: the future may be polled
         // elsewhere.
         let stop = SendingStop::current();
+        if let Some(stop) = &stop {
+            stop.expect_files();
+        }
         Box::pin(async move {
             let this = *self;
             match this.inner {
@@ -342,6 +345,7 @@ impl LiveReply for FilesAfter {
                 .await;
             if let Some(stop) = &stop {
                 stop.note_files(report.stopped);
+                stop.finished();
             }
             report_unsent(
                 this.outbound.as_ref(),

@@ -10,14 +10,21 @@
 //! service said) goes to the log. It must never run a turn or send
 //! anything itself: the intake sends the echo and refusal texts it
 //! returns.
+//!
+//! Documents are read by [`super::document`] (text in any common
+//! encoding, a PDF's text, cut to `max_inline_bytes` with a marker); the
+//! model is shown a saved file's path only where [`FileAccess`] says a
+//! tool of its can open it, and what it could not see is told to the user
+//! in the echo (shown once per message).
 
 use std::path::{Path, PathBuf};
 
 use crate::vocab::MessageEvent;
 
+use super::document::{self, Shown, Told};
 use super::download::Downloader;
 use super::transcribe::Transcriber;
-use super::{guess_mime, human_size, is_image_mime, safe_component, MediaConfig};
+use super::{guess_mime, human_size, is_image_mime, safe_component, FileAccess, MediaConfig};
 use crate::vocab::{Attachment, FileCandidate, MediaKind, MediaRef};
 
 /// What happens to photos.
@@ -40,7 +47,9 @@ pub struct Refusal(pub String);
 pub struct Prepared {
     /// The event, with its text and attachments filled in.
     pub event: MessageEvent,
-    /// The transcript to echo ("🎤 …"), when asked for.
+    /// Shown to the user once, before the turn: the transcript echo
+    /// ("🎤 …", when asked for) and a sentence for each file the model
+    /// could not see, or saw only in part ("📎 …").
     pub echo: Option<String>,
 }
 
@@ -52,6 +61,7 @@ pub struct MediaStage {
     downloader: Downloader,
     transcriber: Option<Transcriber>,
     images: ImageMode,
+    access: FileAccess,
 }
 
 /// Voice without a transcription endpoint, as the user is told (the
@@ -88,7 +98,15 @@ impl MediaStage {
             downloader,
             transcriber,
             images,
+            access: FileAccess::Names,
         })
+    }
+
+    /// Name saved files' paths to the model as `access` allows (by
+    /// default it sees file names only).
+    pub fn with_file_access(mut self, access: FileAccess) -> MediaStage {
+        self.access = access;
+        self
     }
 
     /// The settings.
@@ -108,6 +126,7 @@ impl MediaStage {
         let caption = event.text.trim().to_string();
         let mut spoken = Vec::new();
         let mut notes = Vec::new();
+        let mut notices = Vec::new();
         for (index, media) in refs.iter().enumerate() {
             if media.kind == MediaKind::Photo && self.images == ImageMode::Refuse {
                 tracing::info!(message_id, "{NO_VISION_LOG}");
@@ -146,7 +165,10 @@ impl MediaStage {
                     spoken.push(text);
                 }
                 MediaKind::Photo => {
-                    notes.push(format!("[photo saved at {}]", path.display()));
+                    notes.push(match self.access.shown(&path) {
+                        Some(at) => format!("[photo saved at {at}]"),
+                        None => "[photo]".to_string(),
+                    });
                     event.media.attachments.push(Attachment {
                         path,
                         mime,
@@ -154,15 +176,13 @@ impl MediaStage {
                     });
                 }
                 _ => {
-                    if let Some(inline) = self.inline(&path, &mime, size).await {
-                        notes.push(format!("[file {shown_name} ({mime})]\n{}", fenced(&inline)));
-                    } else {
-                        notes.push(format!(
-                            "[file {shown_name} ({mime}, {}) saved at {}]",
-                            human_size(size),
-                            path.display()
-                        ));
-                        let is_image = is_image_mime(&mime) && self.images == ImageMode::Vision;
+                    let is_image = is_image_mime(&mime) && self.images == ImageMode::Vision;
+                    let told = self
+                        .document(&path, &mime, &shown_name, size, is_image)
+                        .await;
+                    notes.push(told.note);
+                    notices.extend(told.notice);
+                    if told.attach {
                         event.media.attachments.push(Attachment {
                             path,
                             mime,
@@ -172,12 +192,16 @@ impl MediaStage {
                 }
             }
         }
-        let echo = match &self.transcriber {
+        let mut shown = Vec::new();
+        match &self.transcriber {
             Some(t) if t.echo() && !spoken.is_empty() => {
-                Some(format!("🎤 {}", spoken.join("\n🎤 ")))
+                shown.push(format!("🎤 {}", spoken.join("\n🎤 ")));
             }
-            _ => None,
-        };
+            _ => {}
+        }
+        shown.extend(notices);
+        let echo = (!shown.is_empty()).then(|| shown.join("\n"));
+        event.media.spoken = !spoken.is_empty();
         event.text = compose(&caption, &spoken, &notes);
         Ok(Prepared { event, echo })
     }
@@ -221,36 +245,21 @@ impl MediaStage {
             })
     }
 
-    /// The file's text if it is text-like, small enough and UTF-8.
-    async fn inline(&self, path: &Path, mime: &str, size: u64) -> Option<String> {
-        if size > self.config.max_inline_bytes || !is_text_mime(mime) {
-            return None;
-        }
-        let bytes = tokio::fs::read(path).await.ok()?;
-        String::from_utf8(bytes).ok()
+    /// Read a saved document (text, PDF, anything else) and say what the
+    /// model and the user are told about it (see [`document`]).
+    async fn document(&self, path: &Path, mime: &str, name: &str, size: u64, image: bool) -> Told {
+        let budget = self.config.max_inline_bytes;
+        let reading = document::read(path, mime, name, size, budget).await;
+        let location = self.access.shown(path);
+        let shown = Shown {
+            name,
+            mime,
+            size,
+            location: location.as_deref(),
+            sees_images: image,
+        };
+        document::tell(&shown, &reading)
     }
-}
-
-/// Text types, by MIME (the UTF-8 check follows).
-fn is_text_mime(mime: &str) -> bool {
-    let mime = mime.to_ascii_lowercase();
-    let essence = mime.split(';').next().unwrap_or("").trim();
-    essence.starts_with("text/")
-        || matches!(
-            essence,
-            "application/json"
-                | "application/xml"
-                | "application/yaml"
-                | "application/x-yaml"
-                | "application/toml"
-                | "application/javascript"
-                | "application/x-sh"
-                | "application/x-shellscript"
-                | "application/sql"
-                | "application/csv"
-        )
-        || essence.ends_with("+json")
-        || essence.ends_with("+xml")
 }
 
 /// The saved file's name: message id, then the original name or the
@@ -272,13 +281,6 @@ fn file_name(media: &MediaRef, file: &FileCandidate, message_id: i64, index: usi
     format!("{message_id}-{index}-{base}")
 }
 
-/// A code fence that the content cannot close.
-fn fenced(text: &str) -> String {
-    let longest = text.split(|c| c != '`').map(str::len).max().unwrap_or(0);
-    let fence = "`".repeat(longest.max(2) + 1);
-    format!("{fence}\n{}\n{fence}", text.trim_end_matches('\n'))
-}
-
 fn compose(caption: &str, spoken: &[String], notes: &[String]) -> String {
     let mut parts: Vec<String> = Vec::new();
     if !caption.is_empty() {
@@ -296,21 +298,6 @@ fn compose(caption: &str, spoken: &[String], notes: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn text_types_are_recognised_by_mime() {
-        assert!(is_text_mime("text/plain; charset=utf-8"));
-        assert!(is_text_mime("application/json"));
-        assert!(is_text_mime("application/vnd.api+json"));
-        assert!(!is_text_mime("application/pdf"));
-        assert!(!is_text_mime("image/png"));
-    }
-
-    #[test]
-    fn fences_are_longer_than_any_backtick_run_inside() {
-        assert_eq!(fenced("a"), "```\na\n```");
-        assert_eq!(fenced("x ```` y"), "`````\nx ```` y\n`````");
-    }
 
     #[test]
     fn a_lone_voice_note_becomes_the_message() {

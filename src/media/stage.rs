@@ -102,6 +102,10 @@ pub enum Preparation {
     /// Cut short by a shutdown: left unfinished for the next start, and
     /// nothing behind it may go on.
     Abandoned,
+    /// The preparation panicked: nothing to hand on, and the message is
+    /// still to be reported (its sender told, its rows closed), or it
+    /// would be lost silently (or panic again after every restart).
+    Failed(Box<MessageEvent>),
 }
 
 /// What the stage needs from its surroundings.
@@ -123,6 +127,9 @@ pub trait StageIo: Send + Sync + 'static {
     /// `event` was stopped after its preparation finished: tell its sender
     /// and close its inbox rows.
     fn report_stopped(self: Arc<Self>, event: MessageEvent) -> BoxFuture<'static, ()>;
+    /// Preparing `event` failed unexpectedly (it panicked): tell its
+    /// sender and close its inbox rows.
+    fn report_failed(self: Arc<Self>, event: MessageEvent) -> BoxFuture<'static, ()>;
     /// `events` waited behind a preparation when a new session started:
     /// tell their sender and close their inbox rows.
     fn report_dropped(self: Arc<Self>, events: Vec<MessageEvent>) -> BoxFuture<'static, ()>;
@@ -260,6 +267,10 @@ impl<Io: StageIo> PreparationStage<Io> {
                 self.cancels.remove(&ticket);
                 let event = match prepared {
                     Preparation::Ready(event) => Some(event),
+                    Preparation::Failed(event) => {
+                        self.tasks.spawn(self.io.clone().report_failed(*event));
+                        None
+                    }
                     Preparation::Closed | Preparation::Abandoned => None,
                 };
                 let finished = self.order.prepared(ticket, event);
@@ -285,15 +296,17 @@ impl<Io: StageIo> PreparationStage<Io> {
         self.cancels.insert(ticket, cancel.clone());
         let io = self.io.clone();
         let done = self.done_tx.clone();
+        // Kept to report the message should its preparation panic.
+        let copy = event.clone();
         self.tasks.spawn(async move {
             let prepared = AssertUnwindSafe(io.prepare(event, cancel))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| {
-                    // Its row stays unfinished (the next start prepares it
-                    // again); what waits behind it must not wait forever.
+                    // What waits behind it must not wait forever, and its
+                    // sender is told (a replay would only panic again).
                     tracing::error!("preparing a message panicked");
-                    Preparation::Closed
+                    Preparation::Failed(Box::new(copy))
                 });
             // A stage dropped meanwhile (a shutdown) no longer listens.
             let _ = done.send((ticket, prepared));
@@ -315,6 +328,7 @@ mod tests {
         handed: Mutex<Vec<String>>,
         stopped: Mutex<Vec<i64>>,
         dropped: Mutex<Vec<i64>>,
+        failed: Mutex<Vec<i64>>,
         go: Mutex<HashMap<i64, Arc<Notify>>>,
         prepared: Mutex<Vec<Vec<i64>>>,
     }
@@ -369,6 +383,12 @@ mod tests {
         fn report_stopped(self: Arc<Self>, event: MessageEvent) -> BoxFuture<'static, ()> {
             Box::pin(async move {
                 self.stopped.lock().unwrap().push(event.message_id.unwrap());
+            })
+        }
+        fn report_failed(self: Arc<Self>, event: MessageEvent) -> BoxFuture<'static, ()> {
+            Box::pin(async move {
+                let mut failed = self.failed.lock().unwrap();
+                failed.extend(event.message_id);
             })
         }
         fn report_dropped(self: Arc<Self>, events: Vec<MessageEvent>) -> BoxFuture<'static, ()> {
@@ -531,6 +551,10 @@ mod tests {
         stage.take(event(1, 2, "still answered")).await;
         settle(&mut stage, || false).await;
         assert_eq!(io.handed(), ["still answered"]);
+        // Its sender is told; it is neither lost silently nor handed on.
+        stage.tasks.close();
+        stage.tasks.wait().await;
+        assert_eq!(*io.failed.lock().unwrap(), [1]);
     }
 
     #[test]

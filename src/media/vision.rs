@@ -4,8 +4,9 @@
 //! (`[{"type":"text","text":…},{"type":"image_url","image_url":{"url":…}}]`).
 //!
 //! Only the message of the current turn carries images; the history keeps
-//! the text (with the saved path), so old images are not re-sent on every
-//! turn. It must never read a file that is not one of the turn's
+//! the text (`[photo]`, or the saved path where a tool of the model's can
+//! open it, see [`super::FileAccess`]), so old images are not re-sent on
+//! every turn. It must never read a file that is not one of the turn's
 //! attachments.
 
 use base64::Engine as _;

@@ -365,6 +365,37 @@ pub struct DeliveryStats {
     pub plain_fallbacks: u64,
 }
 
+/// Scheduled runs by outcome, one series per `outcome` (a fixed enum).
+#[derive(Clone, Debug, Default)]
+pub struct ScheduleRuns {
+    /// Runs whose answer (or reminder) was produced.
+    pub answered: Counter,
+    /// Runs whose turn failed.
+    pub failed: Counter,
+    /// Missed runs left out by `[schedule] catch_up`.
+    pub skipped_late: Counter,
+}
+
+impl EncodeMetric for ScheduleRuns {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        for (outcome, counter) in [
+            ("answered", &self.answered),
+            ("failed", &self.failed),
+            ("skipped_late", &self.skipped_late),
+        ] {
+            let labels = [("outcome", outcome)];
+            encoder
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, u64, f64>(&counter.get(), None)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
 /// The position of `state` in [`InboxState::ALL`] (the gauge index).
 fn inbox_index(state: InboxState) -> usize {
     InboxState::ALL
@@ -449,6 +480,13 @@ pub struct Registry {
     pub queue_depth: Gauge,
     /// How long turns took, from start to answer, failure or cancellation.
     pub turn_duration: Histogram,
+    /// Scheduled runs by outcome.
+    pub schedule_runs: ScheduleRuns,
+    /// The latest scheduled run's lag from its instant to its hand-on, ms.
+    pub schedule_lag_ms: Gauge,
+    /// How far the scheduler is behind its earliest due job, in seconds
+    /// (set by a collector from [`crate::schedule::SchedulerHealth`]).
+    pub schedule_behind_seconds: Gauge,
     /// Inbox messages per state, indexed by [`InboxState`].
     inbox: [Gauge; 5],
     /// Refreshers run before each render.
@@ -481,6 +519,9 @@ impl Default for Registry {
             busy_sessions: Gauge::default(),
             queue_depth: Gauge::default(),
             turn_duration: Histogram::default(),
+            schedule_runs: ScheduleRuns::default(),
+            schedule_lag_ms: Gauge::default(),
+            schedule_behind_seconds: Gauge::default(),
             inbox: Default::default(),
             collectors: RwLock::default(),
             prometheus: prometheus_client::registry::Registry::with_prefix("telegate"),
@@ -657,8 +698,19 @@ impl Registry {
                 "Follow-up messages waiting in all queues",
                 self.queue_depth.clone(),
             ),
+            (
+                "schedule_lag_milliseconds",
+                "Lag of the latest scheduled run from its instant to its start",
+                self.schedule_lag_ms.clone(),
+            ),
+            (
+                "schedule_behind_seconds",
+                "How far the scheduler is behind its earliest due job",
+                self.schedule_behind_seconds.clone(),
+            ),
         ];
         let inbox = InboxGauges(self.inbox.clone());
+        let schedule_runs = self.schedule_runs.clone();
         let turn_duration = self.turn_duration.clone();
         let registry = &mut self.prometheus;
         for (name, help, counter) in counters {
@@ -673,6 +725,11 @@ impl Registry {
             registry.register(name, help, gauge.0);
         }
         registry.register("inbox_messages", "Inbox messages per state", inbox);
+        registry.register(
+            "schedule_runs",
+            "Scheduled runs by outcome (answered, failed, skipped_late)",
+            schedule_runs,
+        );
         registry.register(
             "turn_duration_seconds",
             "Turn duration from start to answer, failure or cancellation",

@@ -231,6 +231,9 @@ fn every_named_metric_is_rendered() {
         "queue_depth",
         "inbox_messages",
         "turn_duration_seconds",
+        "schedule_runs_total",
+        "schedule_lag_milliseconds",
+        "schedule_behind_seconds",
     ] {
         assert!(names.contains(format!("{PREFIX}{name}").as_str()), "{name}");
     }
@@ -396,6 +399,15 @@ const SERIES_BEFORE_PROMETHEUS_CLIENT: &[(&str, &str)] = &[
     ),
     ("telegate_busy_sessions", "gauge"),
     ("telegate_queue_depth", "gauge"),
+    // Added with scheduled jobs (issue 24).
+    ("telegate_schedule_lag_milliseconds", "gauge"),
+    ("telegate_schedule_behind_seconds", "gauge"),
+    ("telegate_schedule_runs_total{outcome=answered}", "counter"),
+    ("telegate_schedule_runs_total{outcome=failed}", "counter"),
+    (
+        "telegate_schedule_runs_total{outcome=skipped_late}",
+        "counter",
+    ),
     ("telegate_inbox_messages{state=received}", "gauge"),
     ("telegate_inbox_messages{state=running}", "gauge"),
     ("telegate_inbox_messages{state=answered}", "gauge"),
@@ -461,7 +473,11 @@ fn every_series_name_of_before_is_rendered_with_its_type_and_no_other() {
     // No sample carries anything but fixed label names.
     for sample in &parsed.samples {
         for (key, _) in &sample.labels {
-            assert!(key == "state" || key == "le", "{key} in {}", sample.name);
+            assert!(
+                key == "state" || key == "le" || key == "outcome",
+                "{key} in {}",
+                sample.name
+            );
         }
     }
 }

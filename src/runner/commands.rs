@@ -56,6 +56,8 @@ pub struct StatusView {
     pub agent_usage: Option<String>,
     /// The model the session uses, when the backend has a choice.
     pub model: Option<String>,
+    /// The chat's next scheduled run, when it has one.
+    pub next_job: Option<String>,
 }
 
 /// The /status text.
@@ -89,6 +91,10 @@ pub fn status_text(view: &StatusView) -> String {
     if let Some(usage) = &view.agent_usage {
         text.push('\n');
         text.push_str(usage);
+    }
+    if let Some(next) = &view.next_job {
+        text.push('\n');
+        text.push_str(next);
     }
     if let Some(len) = view.history_len {
         text.push_str(&format!("\nHistory: {len} messages"));
@@ -164,7 +170,7 @@ pub fn ps_text(lines: &[String]) -> String {
 
 /// Said when a tool command is used but the terminal tool is off.
 pub const NO_TOOLS_TEXT: &str =
-    "The terminal tool is not enabled here ([tools.terminal] enabled = false), so there are no processes or approvals.";
+    "This bot does not run commands, so there are no processes or approvals.";
 
 /// "4s", "2m 05s", "1h 02m".
 pub fn human_duration(d: Duration) -> String {
@@ -207,7 +213,7 @@ pub fn undone_text(user_text: &str, entries: usize) -> String {
 pub fn models_text(current: &str, models: &[String]) -> String {
     if models.is_empty() {
         return format!(
-            "Model: {current}\nTo switch, list models in [agent.openai] models = [...] in the config."
+            "Model: {current}\nThis bot offers no other model to switch to (its owner can add some)."
         );
     }
     let mut text = format!("Model: {current}\nChoose one (or send /model NAME):");
@@ -259,6 +265,7 @@ mod tests {
                 },
             )),
             model: None,
+            next_job: None,
         });
         assert!(text.contains("History: 3 messages"), "{text}");
         assert!(!text.contains("left out"), "nothing was trimmed: {text}");
@@ -297,7 +304,8 @@ mod tests {
         );
         let text = models_text("big", &[]);
         assert!(text.starts_with("Model: big\n"), "{text}");
-        assert!(text.contains("models = [...]"), "{text}");
+        assert!(text.contains("no other model"), "{text}");
+        assert!(!text.contains("agent.openai"), "{text}");
     }
 
     #[test]
@@ -351,7 +359,12 @@ mod tests {
                 },
             )),
             model: Some("big".into()),
+            next_job: Some("Next job: #3 tomorrow 09:00 UTC — remind: x".into()),
         });
+        assert!(
+            text.contains("\nNext job: #3 tomorrow 09:00 UTC — remind: x\nHistory"),
+            "{text}"
+        );
         assert!(text.contains("Session: abc"));
         assert!(text.contains("busy (running for 2m 05s)"));
         assert!(text.contains("Queued messages: 2"));

@@ -51,6 +51,7 @@ impl Runner {
         command: KnownCommand,
         args: &str,
         ctx: &DispatchContext,
+        source: &crate::vocab::SessionSource,
     ) -> Reply {
         let key = &ctx.key;
         match command {
@@ -67,6 +68,10 @@ impl Runner {
                 };
                 let agent_usage = self.agent_usage_line(&session_id).await;
                 let model = self.session_model(key, &session_id).await;
+                let next_job = match &self.inner.config.jobs {
+                    Some(jobs) => jobs.next_line(source.chat_id).await,
+                    None => None,
+                };
                 let state = self.state();
                 let view = StatusView {
                     session_id: session_id.to_string(),
@@ -79,6 +84,7 @@ impl Runner {
                     processes: self.running_process_lines(key),
                     agent_usage,
                     model,
+                    next_job,
                 };
                 Reply::command(status_text(&view))
             }
@@ -88,13 +94,32 @@ impl Runner {
             KnownCommand::Approve | KnownCommand::Deny => {
                 Reply::command("Reply /approve or /deny in the chat that asked.")
             }
+            // Answered in `dispatch` with the sender (see `team.rs`).
+            KnownCommand::Pair
+            | KnownCommand::Invite
+            | KnownCommand::Users
+            | KnownCommand::Role
+            | KnownCommand::Revoke
+            | KnownCommand::Usage
+            | KnownCommand::Voice
+            | KnownCommand::Sessions
+            | KnownCommand::Resume
+            | KnownCommand::Title => Reply::command(super::team::NO_TEAMS_TEXT),
             KnownCommand::Undo => self.undo(ctx).await,
+            // Answered in `dispatch`, which knows the sender; never here.
+            KnownCommand::Jobs
+            | KnownCommand::At
+            | KnownCommand::In
+            | KnownCommand::Every
+            | KnownCommand::Cron
+            | KnownCommand::Pause
+            | KnownCommand::Unschedule
+            | KnownCommand::Timezone => Reply::command(commands::unknown_command_text("jobs")),
             KnownCommand::Model => self.model_command(key, args).await,
             // Handled in `dispatch` (it runs a turn); never reached.
             KnownCommand::Retry => Reply::command(commands::BUSY_HISTORY_TEXT),
             KnownCommand::Stop => {
-                self.deny_pending_approvals(key);
-                let stopped = self.stop_running(key, InvalidateReason::Stop);
+                let stopped = self.stop_and_deny(key, InvalidateReason::Stop);
                 match stopped {
                     StopOutcome::StoppedLive => Reply::command("⏹ Stopped."),
                     StopOutcome::ForceUnlocked => {
@@ -115,8 +140,7 @@ impl Runner {
                 } else {
                     InvalidateReason::Reset
                 };
-                self.deny_pending_approvals(key);
-                let stopped = self.stop_running(key, reason);
+                let stopped = self.stop_and_deny(key, reason);
                 let (old, new) = {
                     let mut state = self.state();
                     state.trimmed.remove(key);
@@ -215,14 +239,14 @@ impl Runner {
         approve: Option<bool>,
         args: &str,
     ) -> Reply {
-        let Some(tools) = self.tools() else {
+        let Some(approvals) = self.approvals() else {
             return Reply::command(commands::NO_TOOLS_TEXT);
         };
         let Some(approve) = approve else {
             return Reply::command("Reply /approve or /deny to the pending command.");
         };
         let ticket = args.split_whitespace().next();
-        let pending = match tools.approvals().lookup(slot, actor.chat_id, ticket) {
+        let pending = match approvals.lookup(slot, actor.chat_id, ticket) {
             Lookup::Found(pending) => pending,
             Lookup::Nothing => return Reply::command("Nothing is waiting for your approval."),
             Lookup::NoSuchTicket => {
@@ -242,11 +266,7 @@ impl Runner {
                 ))
             }
         };
-        if !may_decide(
-            pending.started_by,
-            actor.user_id,
-            &self.inner.config.approvers,
-        ) {
+        if !may_decide(pending.started_by, actor.user_id, self.deciders()) {
             tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval answer refused: not the turn's user nor an approver");
             return Reply::command(format!(
                 "🔒 You cannot answer approval {}. {}",
@@ -254,10 +274,7 @@ impl Runner {
                 who_may_decide(pending.started_by_name.as_deref(), pending.started_by)
             ));
         }
-        match tools
-            .approvals()
-            .answer_ticket(&pending.key, &pending.ticket, approve)
-        {
+        match approvals.answer_ticket(&pending.key, &pending.ticket, approve) {
             Some(command) if approve => Reply::command(format!(
                 "✅ Approved {}, running:\n{}",
                 pending.ticket,
@@ -436,38 +453,42 @@ impl Runner {
         ticket: &str,
         approve: bool,
     ) -> ApprovalPress {
-        let Some(tools) = self.tools() else {
+        let Some(approvals) = self.approvals() else {
             return ApprovalPress::NotWaiting;
         };
         let slot = SessionKey::from_raw("");
-        let pending = match tools.approvals().lookup(&slot, actor.chat_id, Some(ticket)) {
+        let pending = match approvals.lookup(&slot, actor.chat_id, Some(ticket)) {
             Lookup::Found(pending) => pending,
             _ => return ApprovalPress::NotWaiting,
         };
-        if !may_decide(
-            pending.started_by,
-            actor.user_id,
-            &self.inner.config.approvers,
-        ) {
+        if !may_decide(pending.started_by, actor.user_id, self.deciders()) {
             tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval button refused: not the turn's user nor an approver");
             return ApprovalPress::NotAllowed(who_may_decide(
                 pending.started_by_name.as_deref(),
                 pending.started_by,
             ));
         }
-        match tools
-            .approvals()
-            .answer_ticket(&pending.key, &pending.ticket, approve)
-        {
+        match approvals.answer_ticket(&pending.key, &pending.ticket, approve) {
             Some(command) => ApprovalPress::Decided(command),
             None => ApprovalPress::NotWaiting,
         }
     }
 
-    /// /stop, /new and /reset refuse whatever waits for approval.
-    pub(super) fn deny_pending_approvals(&self, key: &SessionKey) {
-        if let Some(tools) = self.tools() {
-            if tools.approvals().deny_all(key, Denial::Stopped) > 0 {
+    /// /stop, /new and /reset: the running turn is cancelled first, then
+    /// whatever waits for approval is refused. In this order a tool woken
+    /// by the refusal finds its turn already cancelled; the other way round
+    /// it could carry the refusal to the model (one more LLM request from a
+    /// stopped turn) before the cancel arrived.
+    fn stop_and_deny(&self, key: &SessionKey, reason: InvalidateReason) -> StopOutcome {
+        let stopped = self.stop_running(key, reason);
+        self.deny_pending_approvals(key);
+        stopped
+    }
+
+    /// Refuse whatever waits for approval in `key`'s slot.
+    fn deny_pending_approvals(&self, key: &SessionKey) {
+        if let Some(approvals) = self.approvals() {
+            if approvals.deny_all(key, Denial::Stopped) > 0 {
                 tracing::info!(session_key = %key, "pending approval denied by a control command");
             }
         }

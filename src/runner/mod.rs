@@ -25,16 +25,27 @@
 //! for it. A bare "yes"/"no" is claimed for a pending approval the same way
 //! ([`MessageHandler::claims_while_busy`]).
 //!
+//! The job commands (/jobs, /at, /in, /every, /cron, /pause, /resume,
+//! /unschedule, /timezone) are answered the same way, mid-turn too
+//! ([`crate::schedule::Jobs`]); a scheduled run arrives as an internal
+//! event whose message id is a run id: a reminder is answered with its
+//! text, a prompt runs as a turn and its outcome is recorded on the job.
+//!
 //! The runner must never send anything itself (it returns replies to the
 //! adapter, which owns delivery order) and never hold its lock across an
 //! `.await`.
 
 mod commands;
 mod controls;
+mod conversations;
 pub mod generations;
+
+mod jobs;
 mod sessions;
 mod slots;
+mod team;
 mod turn;
+mod voice;
 mod watchdog;
 
 pub use commands::{help_text, process_line, ps_text, status_text, StatusView};
@@ -54,7 +65,7 @@ use crate::agent::Agent;
 use crate::metrics::Metrics;
 use crate::reply::{Outbound, Outgoing, Reply};
 use crate::store::Store;
-use crate::tools::approval::approval_reply;
+use crate::tools::approval::{approval_reply, ApprovalGate};
 use crate::tools::authority::may_decide;
 use crate::tools::TerminalTool;
 use crate::vocab::KnownCommand;
@@ -83,6 +94,17 @@ pub struct RunnerConfig {
     pub default_model: Option<String>,
     /// The models /model may switch a session to.
     pub models: Vec<String>,
+    /// Scheduled jobs (`/jobs`, `/at`…, scheduled runs); `None`: the
+    /// commands say scheduling is not available here.
+    pub jobs: Option<crate::schedule::Jobs>,
+    /// Who may use the bot and as what (Telegram): the team commands, and
+    /// the owner and admins deciding about anyone's turns. `None`: only
+    /// `approvers` decide for others.
+    pub access: Option<crate::access::Access>,
+    /// Per-user budgets, checked before each turn (with a store).
+    pub limits: crate::limits::Limits,
+    /// Answers spoken as voice notes (`[media.speech]`), per `/voice`.
+    pub speech: Option<Arc<crate::media::speech::Speaker>>,
 }
 
 impl Default for RunnerConfig {
@@ -95,6 +117,10 @@ impl Default for RunnerConfig {
             files: None,
             default_model: None,
             models: Vec::new(),
+            jobs: None,
+            access: None,
+            limits: crate::limits::Limits::default(),
+            speech: None,
         }
     }
 }
@@ -133,6 +159,9 @@ struct RunnerInner {
     generations: Option<Arc<GenerationLease>>,
     /// The terminal tool's processes and approvals, when it is enabled.
     tools: Option<Arc<TerminalTool>>,
+    /// The approval gate every tool asks through (the terminal tool's,
+    /// or the one of MCP tools or Claude Code's permission prompts).
+    approvals: Option<ApprovalGate>,
     config: RunnerConfig,
 }
 
@@ -173,7 +202,7 @@ impl Runner {
     /// A runner answering with `agent` and showing progress through
     /// `outbound`.
     pub fn new(agent: Arc<dyn Agent>, outbound: Arc<dyn Outbound>, config: RunnerConfig) -> Self {
-        Runner::build(agent, outbound, None, None, config)
+        Runner::build(agent, outbound, None, None, None, config)
     }
 
     /// A runner that keeps sessions and transcripts in `store`, so a restart
@@ -184,7 +213,7 @@ impl Runner {
         store: Store,
         config: RunnerConfig,
     ) -> Self {
-        Runner::build(agent, outbound, Some(store), None, config)
+        Runner::build(agent, outbound, Some(store), None, None, config)
     }
 
     /// A runner whose agent uses the terminal tool `tools`: /ps, /kill,
@@ -197,7 +226,22 @@ impl Runner {
         tools: Arc<TerminalTool>,
         config: RunnerConfig,
     ) -> Self {
-        Runner::build(agent, outbound, store, Some(tools), config)
+        let approvals = Some(tools.approvals().clone());
+        Runner::build(agent, outbound, store, Some(tools), approvals, config)
+    }
+
+    /// A runner whose agent asks approvals through `approvals` without a
+    /// terminal tool (MCP tools alone, Claude Code's permission prompts):
+    /// /approve, /deny and the buttons answer them, /stop, /new and
+    /// /reset deny them.
+    pub fn with_approvals(
+        agent: Arc<dyn Agent>,
+        outbound: Arc<dyn Outbound>,
+        store: Option<Store>,
+        approvals: ApprovalGate,
+        config: RunnerConfig,
+    ) -> Self {
+        Runner::build(agent, outbound, store, None, Some(approvals), config)
     }
 
     fn build(
@@ -205,6 +249,7 @@ impl Runner {
         outbound: Arc<dyn Outbound>,
         store: Option<Store>,
         tools: Option<Arc<TerminalTool>>,
+        approvals: Option<ApprovalGate>,
         config: RunnerConfig,
     ) -> Self {
         if let Some(store) = &store {
@@ -218,6 +263,7 @@ impl Runner {
                 generations: store.clone().map(GenerationLease::new),
                 store,
                 tools,
+                approvals,
                 config,
             }),
         }
@@ -234,6 +280,11 @@ impl Runner {
     /// The terminal tool, when it is enabled.
     pub fn tools(&self) -> Option<&Arc<TerminalTool>> {
         self.inner.tools.as_ref()
+    }
+
+    /// The approval gate, when some tool asks through one.
+    pub fn approvals(&self) -> Option<&ApprovalGate> {
+        self.inner.approvals.as_ref()
     }
 
     /// The store, if one is configured.
@@ -367,6 +418,20 @@ impl Runner {
         self.inner.agent.name()
     }
 
+    /// Who may use the bot and as what, when teams are on (Telegram).
+    pub fn access(&self) -> Option<&crate::access::Access> {
+        self.inner.config.access.as_ref()
+    }
+
+    /// Who decides about anyone's turn: the owner and admins (with teams,
+    /// the config's approvers among them), else the configured approvers.
+    pub fn deciders(&self) -> &dyn crate::tools::authority::Deciders {
+        match &self.inner.config.access {
+            Some(access) => access,
+            None => &self.inner.config.approvers,
+        }
+    }
+
     async fn dispatch(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
         // Media that was never prepared (no media step in this transport)
         // cannot be read either.
@@ -386,6 +451,13 @@ impl Runner {
                 self.answer_approval(&ctx.key, &event.source, approval_reply(&event.text), "");
             return Some(reply.in_reply_to(event.message_id).into());
         }
+        if let Some((job, _due)) = event
+            .message_id
+            .filter(|_| event.internal)
+            .and_then(crate::schedule::run_of)
+        {
+            return self.scheduled_run(event, ctx, job).await;
+        }
         let retry = event
             .command()
             .is_some_and(|c| KnownCommand::parse(c.name) == Some(KnownCommand::Retry));
@@ -401,6 +473,20 @@ impl Runner {
                     Some(known == KnownCommand::Approve),
                     command.args,
                 ),
+                // /resume ID names a job of this chat or, failing that,
+                // a conversation (`resumes_job`).
+                Some(KnownCommand::Resume) if self.resumes_job(command.args, &event).await => {
+                    self.job_command(KnownCommand::Resume, command.args, &event.source, &ctx.key)
+                        .await
+                }
+                Some(known) if known.is_job_command() && known != KnownCommand::Resume => {
+                    self.job_command(known, command.args, &event.source, &ctx.key)
+                        .await
+                }
+                // So do the team commands, /voice and /resume.
+                Some(known) if team::answers(known) => {
+                    self.team_command(known, command.args, &event, &ctx).await
+                }
                 Some(known) => {
                     // A message still being prepared that this command
                     // stopped kept the slot busy, as far as its user can tell.
@@ -408,7 +494,7 @@ impl Runner {
                         slot_busy: ctx.slot_busy || event.media.stopped > 0,
                         ..ctx.clone()
                     };
-                    self.command(known, command.args, &ctx).await
+                    self.command(known, command.args, &ctx, &event.source).await
                 }
                 None => Reply::command(commands::unknown_command_text(command.name)),
             };
@@ -463,14 +549,10 @@ impl MessageHandler for Runner {
     /// Only from a user who may answer it: anyone else's "yes" is an
     /// ordinary message.
     fn claims_while_busy(&self, key: &SessionKey, event: &MessageEvent) -> bool {
-        self.tools().is_some_and(|tools| {
+        self.approvals().is_some_and(|approvals| {
             approval_reply(&event.text).is_some()
-                && tools.approvals().pending_view(key).is_some_and(|pending| {
-                    may_decide(
-                        pending.started_by,
-                        event.source.user_id,
-                        &self.inner.config.approvers,
-                    )
+                && approvals.pending_view(key).is_some_and(|pending| {
+                    may_decide(pending.started_by, event.source.user_id, self.deciders())
                 })
         })
     }

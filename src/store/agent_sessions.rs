@@ -95,29 +95,65 @@ impl Store {
     ) -> Result<(), StoreError> {
         let (session_id, backend) = (session_id.to_owned(), backend.to_owned());
         self.write(WriteKind::AgentSession, move |conn| {
+            add_usage_row(conn, &session_id, &backend, &usage)
+        })
+        .await
+    }
+
+    /// Add one turn's usage to `session_id`'s when the agent reports the
+    /// thread's running total (`thread_total`, Codex after a resume): the
+    /// turn's own usage is the difference to what `thread_id` reported
+    /// last (all of it on a thread's first report, or when a figure went
+    /// down). Returns the usage added.
+    pub async fn add_agent_thread_usage(
+        &self,
+        session_id: &str,
+        backend: &str,
+        thread_id: &str,
+        thread_total: AgentUsage,
+    ) -> Result<AgentUsage, StoreError> {
+        let (session_id, backend, thread_id) = (
+            session_id.to_owned(),
+            backend.to_owned(),
+            thread_id.to_owned(),
+        );
+        self.write(WriteKind::AgentSession, move |conn| {
+            let previous = conn
+                .prepare_cached(
+                    "SELECT input_tokens, cached_input_tokens, output_tokens
+                     FROM agent_thread_usage WHERE thread_id = ?1",
+                )?
+                .query_row([&thread_id], |r| {
+                    Ok(AgentUsage {
+                        turns: 0,
+                        input_tokens: to_u64(r.get(0)?),
+                        cached_input_tokens: to_u64(r.get(1)?),
+                        output_tokens: to_u64(r.get(2)?),
+                        cost_usd: 0.0,
+                    })
+                })
+                .optional()?;
+            let turn = turn_usage(previous.as_ref(), &thread_total);
             conn.prepare_cached(
-                "INSERT INTO agent_sessions (session_id, backend, turns, input_tokens,
-                     cached_input_tokens, output_tokens, cost_usd, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-                 ON CONFLICT (session_id) DO UPDATE SET
-                     turns = turns + excluded.turns,
-                     input_tokens = input_tokens + excluded.input_tokens,
-                     cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens,
-                     output_tokens = output_tokens + excluded.output_tokens,
-                     cost_usd = cost_usd + excluded.cost_usd,
+                "INSERT INTO agent_thread_usage (thread_id, backend, input_tokens,
+                     cached_input_tokens, output_tokens, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (thread_id) DO UPDATE SET
+                     input_tokens = excluded.input_tokens,
+                     cached_input_tokens = excluded.cached_input_tokens,
+                     output_tokens = excluded.output_tokens,
                      updated_at = excluded.updated_at",
             )?
             .execute(params![
-                session_id,
+                thread_id,
                 backend,
-                to_i64(usage.turns),
-                to_i64(usage.input_tokens),
-                to_i64(usage.cached_input_tokens),
-                to_i64(usage.output_tokens),
-                usage.cost_usd,
+                to_i64(thread_total.input_tokens),
+                to_i64(thread_total.cached_input_tokens),
+                to_i64(thread_total.output_tokens),
                 now_ms()
             ])?;
-            Ok(())
+            add_usage_row(conn, &session_id, &backend, &turn)?;
+            Ok(turn)
         })
         .await
     }
@@ -149,6 +185,60 @@ impl Store {
         })
         .await
     }
+}
+
+/// A turn's own usage from its thread's running totals, `previous` and
+/// `now` (pure). A figure that went down means the thread was counted
+/// afresh: then `now` is the turn's.
+pub fn turn_usage(previous: Option<&AgentUsage>, now: &AgentUsage) -> AgentUsage {
+    let Some(previous) = previous else {
+        return AgentUsage { turns: 1, ..*now };
+    };
+    let went_down = now.input_tokens < previous.input_tokens
+        || now.cached_input_tokens < previous.cached_input_tokens
+        || now.output_tokens < previous.output_tokens;
+    if went_down {
+        return AgentUsage { turns: 1, ..*now };
+    }
+    AgentUsage {
+        turns: 1,
+        input_tokens: now.input_tokens - previous.input_tokens,
+        cached_input_tokens: now.cached_input_tokens - previous.cached_input_tokens,
+        output_tokens: now.output_tokens - previous.output_tokens,
+        cost_usd: now.cost_usd,
+    }
+}
+
+/// Add `usage` to the row of `session_id`.
+fn add_usage_row(
+    conn: &rusqlite::Connection,
+    session_id: &str,
+    backend: &str,
+    usage: &AgentUsage,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO agent_sessions (session_id, backend, turns, input_tokens,
+             cached_input_tokens, output_tokens, cost_usd, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (session_id) DO UPDATE SET
+             turns = turns + excluded.turns,
+             input_tokens = input_tokens + excluded.input_tokens,
+             cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens,
+             output_tokens = output_tokens + excluded.output_tokens,
+             cost_usd = cost_usd + excluded.cost_usd,
+             updated_at = excluded.updated_at",
+    )?
+    .execute(params![
+        session_id,
+        backend,
+        to_i64(usage.turns),
+        to_i64(usage.input_tokens),
+        to_i64(usage.cached_input_tokens),
+        to_i64(usage.output_tokens),
+        usage.cost_usd,
+        now_ms()
+    ])?;
+    Ok(())
 }
 
 const SELECT_USAGE: &str =
@@ -197,5 +287,35 @@ mod tests {
         assert_eq!(total.turns, 3);
         assert!((total.cost_usd - 0.75).abs() < 1e-9);
         assert_eq!(s.agent_usage("none").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_threads_running_totals_count_each_turn_once() {
+        let s = Store::open_in_memory().unwrap();
+        let total = |input, output| AgentUsage {
+            turns: 1,
+            input_tokens: input,
+            cached_input_tokens: 0,
+            output_tokens: output,
+            cost_usd: 0.0,
+        };
+        for (reported, added) in [(2000, 2000), (3000, 1000), (4000, 1000)] {
+            let turn = s
+                .add_agent_thread_usage("a", "codex", "t1", total(reported, reported / 10))
+                .await
+                .unwrap();
+            assert_eq!(turn.input_tokens, added);
+        }
+        let a = s.agent_usage("a").await.unwrap().unwrap();
+        assert_eq!((a.turns, a.input_tokens, a.output_tokens), (3, 4000, 400));
+        // Another thread starts from nothing; a total that went down is a
+        // fresh count.
+        let b = s
+            .add_agent_thread_usage("b", "codex", "t2", total(500, 5))
+            .await
+            .unwrap();
+        assert_eq!(b.input_tokens, 500);
+        let reset = turn_usage(Some(&total(4000, 400)), &total(100, 10));
+        assert_eq!(reset.input_tokens, 100);
     }
 }

@@ -9,6 +9,9 @@
 //!   and to when it was created and rotated.
 //! * **Transcripts** ([`transcript`]): every message of every session in
 //!   order, which is what the agent is replayed from after a restart.
+//! * **Scheduled jobs** ([`jobs`]): jobs, the journal of their runs (one
+//!   transaction moves a job on and writes its runs' inbox rows) and the
+//!   chats' time zones.
 //! * **The schema** ([`schema`]): versioned, forward-only migrations; later
 //!   tables (an inbox/outbox ledger for crash recovery) arrive as new
 //!   migrations.
@@ -96,12 +99,16 @@ pub mod child_groups;
 mod files;
 pub mod generations;
 mod integrity;
+pub mod jobs;
 pub mod ledger;
+pub mod resume;
 mod retention;
 pub mod schema;
 pub mod sessions;
 pub mod transcript;
 pub mod undo;
+pub mod usage;
+pub mod users;
 mod write_health;
 
 use std::fmt;
@@ -120,11 +127,15 @@ pub use buttons::{NewButton, StoredButton};
 pub use child_groups::{ChildGroup, ChildGroupChange};
 pub use files::FileSend;
 pub use integrity::marker_path;
+pub use jobs::{JobFiring, JobOutcome, JobState, NewJob, NewRun, StoredJob};
 pub use ledger::{InboxEntry, NewUpdate, OutboxEntry, RunningProcess};
+pub use resume::{Conversation, Resumed};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
 pub use transcript::TranscriptEntry;
 pub use undo::UndoneExchange;
+pub use usage::TurnUsage;
+pub use users::{Attempt, CodeKind, GuessLimits, Member, NewCode, Redeemed};
 pub use write_health::{WriteHealth, WriteKind};
 
 /// How long SQLite retries when another process holds the write lock.

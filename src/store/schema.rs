@@ -161,6 +161,103 @@ CREATE TABLE child_groups (
 ) STRICT;
 ";
 
+/// Version 9: scheduled jobs (`src/store/jobs.rs`).
+///
+/// * `jobs`: one row per job; `id` is `AUTOINCREMENT`, so an id a user saw
+///   (and may type or press) is never given to another job, even after a
+///   delete. `next_run` (unix ms) is set exactly while the job is active:
+///   the scheduler's one "what is due next" query reads the partial index
+///   `jobs_due`. `last_fired` is the newest instant journaled, advanced in
+///   the same transaction that writes the run's inbox row.
+/// * `chat_timezones`: a chat's `/timezone`.
+const V9_JOBS: &str = "
+CREATE TABLE jobs (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    chat_id      INTEGER NOT NULL,
+    chat_type    TEXT NOT NULL,
+    thread_id    INTEGER,
+    session_key  TEXT NOT NULL,
+    creator_id   INTEGER,
+    creator_name TEXT,
+    schedule     TEXT NOT NULL CHECK (json_valid(schedule)),
+    label        TEXT NOT NULL,
+    timezone     TEXT NOT NULL,
+    action       TEXT NOT NULL CHECK (json_valid(action)),
+    state        TEXT NOT NULL CHECK (state IN ('active', 'paused', 'done')),
+    next_run     INTEGER,
+    last_fired   INTEGER,
+    failures     INTEGER NOT NULL DEFAULT 0,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL,
+    CHECK ((state = 'active') = (next_run IS NOT NULL))
+) STRICT;
+CREATE INDEX jobs_due ON jobs (next_run) WHERE state = 'active';
+CREATE INDEX jobs_by_chat ON jobs (chat_id, id);
+CREATE TABLE chat_timezones (
+    chat_id    INTEGER PRIMARY KEY,
+    timezone   TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+) STRICT;
+";
+
+/// Version 11: teams (pairing, roles, invites, usage, voice replies).
+///
+/// * `members`: who may use the bot besides the config's allowlist, with
+///   their role; at most one owner (a unique partial index, so two
+///   pairings can never both make an owner).
+/// * `access_codes`: pairing codes and invites, by the SHA-256 of the code
+///   (the code itself is shown once and never stored), single use
+///   (`used_by`), expiring.
+/// * `access_attempts`: wrong codes tried, per user and time, so the
+///   guessing limits survive a restart.
+/// * `usage_turns`: one row per turn a user started (for turns per hour),
+///   with the tokens and cost the backend reported.
+/// * `user_settings`: per user preferences (`/voice`).
+const V11_TEAMS: &str = "
+CREATE TABLE members (
+    user_id   INTEGER PRIMARY KEY,
+    role      TEXT NOT NULL CHECK (role IN ('owner', 'admin', 'user')),
+    name      TEXT,
+    added_by  INTEGER,
+    added_at  INTEGER NOT NULL,
+    via       TEXT NOT NULL CHECK (via IN ('pairing', 'invite'))
+) STRICT;
+CREATE UNIQUE INDEX members_one_owner ON members (role) WHERE role = 'owner';
+CREATE TABLE access_codes (
+    code_hash  TEXT PRIMARY KEY NOT NULL,
+    kind       TEXT NOT NULL CHECK (kind IN ('pairing', 'invite')),
+    role       TEXT NOT NULL CHECK (role IN ('owner', 'admin', 'user')),
+    created_by INTEGER,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    used_by    INTEGER,
+    used_at    INTEGER
+) STRICT;
+CREATE TABLE access_attempts (
+    id      INTEGER PRIMARY KEY,
+    user_id INTEGER NOT NULL,
+    at      INTEGER NOT NULL
+) STRICT;
+CREATE INDEX access_attempts_by_user ON access_attempts (user_id, at);
+CREATE INDEX access_attempts_by_time ON access_attempts (at);
+CREATE TABLE usage_turns (
+    id                  INTEGER PRIMARY KEY,
+    user_id             INTEGER NOT NULL,
+    chat_id             INTEGER NOT NULL,
+    session_id          TEXT NOT NULL,
+    at                  INTEGER NOT NULL,
+    input_tokens        INTEGER NOT NULL DEFAULT 0,
+    cached_input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens       INTEGER NOT NULL DEFAULT 0,
+    cost_usd            REAL NOT NULL DEFAULT 0
+) STRICT;
+CREATE INDEX usage_turns_by_user ON usage_turns (user_id, at);
+CREATE TABLE user_settings (
+    user_id INTEGER PRIMARY KEY,
+    voice   TEXT NOT NULL DEFAULT 'off' CHECK (voice IN ('on', 'off', 'auto'))
+) STRICT;
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -258,6 +355,21 @@ CREATE TABLE transcripts (
 CREATE INDEX transcripts_by_session ON transcripts (session_id, id);
 ";
 
+/// Version 10: the usage a CLI agent's thread last reported, for agents
+/// whose usage after a resume counts the whole thread (Codex: 2,000 →
+/// 3,000 → 4,000 input tokens over three turns). A turn's own usage is the
+/// difference to the thread's previous report.
+const V10_THREAD_USAGE: &str = "
+CREATE TABLE agent_thread_usage (
+    thread_id           TEXT PRIMARY KEY,
+    backend             TEXT NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    cached_input_tokens INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL
+) STRICT;
+";
+
 /// The schema history, oldest first. Append only; see the module docs.
 pub const MIGRATIONS: &[Migration] = &[
     Migration::new("sessions and transcripts", V1_SESSIONS),
@@ -270,6 +382,12 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(
         "restart safety: reserved generations, child groups",
         V8_RESTART_SAFETY,
+    ),
+    Migration::new("scheduled jobs", V9_JOBS),
+    Migration::new("cumulative thread usage of CLI agents", V10_THREAD_USAGE),
+    Migration::new(
+        "teams: members, access codes, usage, user settings",
+        V11_TEAMS,
     ),
     // Append new migrations here, one line each; never edit the ones above.
 ];

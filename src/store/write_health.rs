@@ -42,6 +42,12 @@ pub enum WriteKind {
     AgentSession,
     /// Pruning old inbox rows.
     Retention,
+    /// Scheduled jobs, their runs' journal, chat time zones.
+    Job,
+    /// Members, pairing codes, invites and wrong tries.
+    Access,
+    /// Per-user usage (turns, tokens, cost) and settings.
+    Usage,
 }
 
 impl WriteKind {
@@ -58,6 +64,9 @@ impl WriteKind {
             WriteKind::Process => "background processes",
             WriteKind::AgentSession => "agent sessions",
             WriteKind::Retention => "inbox retention",
+            WriteKind::Job => "scheduled jobs",
+            WriteKind::Access => "access",
+            WriteKind::Usage => "usage",
         }
     }
 }

@@ -26,7 +26,7 @@
 //! gate, and the file `send_file` was asked to send), touch another session, or push text into the turn's progress
 //! (that text is the model's answer, not the tool's). A tool that needs to
 //! know whose turn it serves reads the task-local turn identity
-//! ([`crate::identity::current_identity`]), never global state.
+//! ([`crate::vocab::current_identity`]), never global state.
 //!
 //! The modules:
 //! * [`terminal`]: the `terminal` and `process` tools and `[tools.terminal]`;
@@ -37,7 +37,9 @@
 //! * [`authority`]: who may approve, deny or stop somebody's turn;
 //! * [`events`]: the channel through which wakeups and notices leave the tools;
 //! * [`procgroup`]: process groups, shared with the command backend;
-//! * [`send_file`]: the `send_file` tool (files to the chat).
+//! * [`send_file`]: the `send_file` tool (files to the chat);
+//! * [`mcp`]: the tools of MCP servers (`[[tools.mcp]]`);
+//! * [`permission`]: Claude Code's permission prompts on the approval card.
 
 pub mod approval;
 pub mod approval_prompt;
@@ -45,6 +47,8 @@ pub mod authority;
 pub mod childenv;
 pub mod childgroups;
 pub mod events;
+pub mod mcp;
+pub mod permission;
 pub mod process;
 pub mod procgroup;
 pub mod runas;
@@ -58,6 +62,7 @@ pub use terminal::{TerminalConfig, TerminalTool};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::store::Store;
 use crate::vocab::Progress;
 
 /// A tool as advertised to the model.
@@ -110,6 +115,18 @@ pub trait ToolRegistry: Send + Sync {
         arguments: &'a str,
         ctx: ToolContext,
     ) -> BoxFuture<'a, Result<String, ToolError>>;
+
+    /// Called once at the start of each turn, before [`Self::definitions`]:
+    /// a registry whose tools come from elsewhere (MCP servers) starts or
+    /// restarts them here, bounded by its own timeouts and `ctx.cancel`.
+    /// A registry that wraps another calls the inner one's too. Required
+    /// (no default), as is [`Self::attach_store`]: a wrapper that forgot to
+    /// pass them on would silently turn off the tools it wraps.
+    fn prepare<'a>(&'a self, ctx: &'a ToolContext) -> BoxFuture<'a, ()>;
+
+    /// The runner's store, once (child process groups are recorded there).
+    /// A registry that wraps another passes it on.
+    fn attach_store(&self, store: &Store);
 }
 
 /// A registry without tools: the model only talks. The default.
@@ -117,6 +134,12 @@ pub trait ToolRegistry: Send + Sync {
 pub struct NoTools;
 
 impl ToolRegistry for NoTools {
+    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    fn attach_store(&self, _store: &Store) {}
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         Vec::new()
     }

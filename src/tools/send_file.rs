@@ -141,6 +141,14 @@ impl ToolRegistry for WithSendFile {
             self.inner.call(name, arguments, ctx)
         }
     }
+
+    fn prepare<'a>(&'a self, ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        self.inner.prepare(ctx)
+    }
+
+    fn attach_store(&self, store: &crate::store::Store) {
+        self.inner.attach_store(store);
+    }
 }
 
 #[cfg(test)]

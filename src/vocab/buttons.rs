@@ -1,7 +1,8 @@
 //! Inline buttons, platform-neutral: what a button does when pressed.
 //!
 //! A reply may carry [`Button`]s (a Stop button on a running turn's preview,
-//! Approve/Deny on an approval prompt, one button per model for /model).
+//! Approve/Deny on an approval prompt, one button per model for /model, one
+//! per conversation for /sessions).
 //! The transport turns them into its own controls; on Telegram each button
 //! gets a short random id stored server-side (the 64-byte `callback_data`
 //! carries only that id), is bound to the user whose session it acts on,
@@ -11,7 +12,8 @@
 //! A press is never trusted to carry what it does: the action is read back
 //! from the store by id. Every action is carried out through the same code
 //! path as the typed command it stands for (/stop, /approve, /deny,
-//! /model NAME), so a button can never do more than its command.
+//! /model NAME, /pause ID, /resume ID, /unschedule ID), so a button can
+//! never do more than its command.
 //!
 //! This module owns the action type and its wire format. It must never do
 //! I/O: storing and pressing buttons is the transport's job.
@@ -49,6 +51,43 @@ pub enum ButtonAction {
         /// The model to switch to.
         name: String,
     },
+    /// `/pause ID`, `/resume ID` or `/unschedule ID` for one scheduled
+    /// job (the command checks that the presser made the job or is an
+    /// approver).
+    Job {
+        /// The job.
+        id: i64,
+        /// What the press does to it.
+        change: JobButton,
+    },
+    /// /resume ID: make this earlier conversation of the chat current.
+    Resume {
+        /// The session id.
+        session: String,
+    },
+}
+
+/// What a job's button does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobButton {
+    /// `/pause ID`
+    Pause,
+    /// `/resume ID`
+    Resume,
+    /// `/unschedule ID`
+    Delete,
+}
+
+impl JobButton {
+    /// The command a press stands for.
+    pub fn command(self, id: i64) -> String {
+        match self {
+            JobButton::Pause => format!("/pause {id}"),
+            JobButton::Resume => format!("/resume {id}"),
+            JobButton::Delete => format!("/unschedule {id}"),
+        }
+    }
 }
 
 impl ButtonAction {
@@ -58,7 +97,18 @@ impl ButtonAction {
         match self {
             ButtonAction::Stop { .. } => Duration::from_secs(24 * 3600),
             ButtonAction::Approve { .. } | ButtonAction::Deny { .. } => Duration::from_secs(3600),
-            ButtonAction::Model { .. } => Duration::from_secs(600),
+            ButtonAction::Model { .. } | ButtonAction::Resume { .. } => Duration::from_secs(600),
+            ButtonAction::Job { .. } => Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+
+    /// The buttons that are used up together: a job's buttons are used
+    /// apart from another job's (one line each); `None`: the whole reply's
+    /// buttons are one row.
+    pub fn row_group(&self) -> Option<i64> {
+        match self {
+            ButtonAction::Job { id, .. } => Some(*id),
+            _ => None,
         }
     }
 }
@@ -84,6 +134,38 @@ impl Button {
     /// The Stop button of the turn of `generation`.
     pub fn stop(generation: u64) -> Self {
         Button::new("⏹ Stop", ButtonAction::Stop { generation })
+    }
+
+    /// The buttons of a job in a list or a reply: Pause (or Resume) and
+    /// Delete.
+    pub fn job_pair(id: i64, paused: bool) -> Vec<Button> {
+        let first = if paused {
+            Button::new(
+                format!("▶️ Resume {id}"),
+                ButtonAction::Job {
+                    id,
+                    change: JobButton::Resume,
+                },
+            )
+        } else {
+            Button::new(
+                format!("⏸ Pause {id}"),
+                ButtonAction::Job {
+                    id,
+                    change: JobButton::Pause,
+                },
+            )
+        };
+        vec![
+            first,
+            Button::new(
+                format!("🗑 Delete {id}"),
+                ButtonAction::Job {
+                    id,
+                    change: JobButton::Delete,
+                },
+            ),
+        ]
     }
 
     /// Approve and Deny for the approval request with one-time id `ticket`.
@@ -156,6 +238,13 @@ mod tests {
                 ticket: "a1b2c3".into(),
             },
             ButtonAction::Model { name: "m".into() },
+            ButtonAction::Job {
+                id: 3,
+                change: JobButton::Delete,
+            },
+            ButtonAction::Resume {
+                session: "s".into(),
+            },
         ] {
             let json = serde_json::to_string(&action).unwrap();
             assert_eq!(serde_json::from_str::<ButtonAction>(&json).unwrap(), action);

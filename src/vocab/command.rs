@@ -86,6 +86,41 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("undo", "Remove the last exchange from the conversation"),
     ("model", "Show or switch the model: /model NAME"),
+    ("jobs", "List this chat's scheduled jobs"),
+    ("at", "Run or remind at a time: /at 18:00 remind: call Anna"),
+    (
+        "in",
+        "Run or remind after a while: /in 30m remind: call Anna",
+    ),
+    (
+        "every",
+        "Repeat: /every weekday 08:00 summarise my inbox, /every 1h …",
+    ),
+    (
+        "cron",
+        "Repeat by cron: /cron \"0 8 * * 1-5\" summarise my inbox",
+    ),
+    ("pause", "Pause a scheduled job: /pause ID"),
+    ("unschedule", "Delete a scheduled job: /unschedule ID"),
+    (
+        "timezone",
+        "Show or set this chat's time zone: /timezone Europe/Berlin",
+    ),
+    ("sessions", "List this chat's conversations to go back to"),
+    (
+        "resume",
+        "Go back to a conversation, or resume a paused job: /resume ID",
+    ),
+    ("title", "Name this conversation: /title TEXT"),
+    ("usage", "Show your usage today and this month"),
+    ("voice", "Answer with voice notes: /voice on, off or auto"),
+    (
+        "invite",
+        "Invite someone (owner, admins): /invite [admin|user]",
+    ),
+    ("users", "List who has access (owner, admins)"),
+    ("role", "Change someone's role (owner): /role ID ROLE"),
+    ("revoke", "Take someone's access away: /revoke ID"),
 ];
 
 /// A command the runner recognises.
@@ -117,6 +152,42 @@ pub enum KnownCommand {
     Undo,
     /// /model [NAME]
     Model,
+    /// /jobs
+    Jobs,
+    /// /at WHEN ACTION
+    At,
+    /// /in DURATION ACTION
+    In,
+    /// /every SCHEDULE ACTION
+    Every,
+    /// /cron "EXPR" ACTION
+    Cron,
+    /// /pause ID
+    Pause,
+    /// /resume ID
+    Resume,
+    /// /unschedule ID
+    Unschedule,
+    /// /timezone [NAME]
+    Timezone,
+    /// /pair CODE (from someone who has access already)
+    Pair,
+    /// /invite [ROLE]
+    Invite,
+    /// /users
+    Users,
+    /// /role ID ROLE
+    Role,
+    /// /revoke ID
+    Revoke,
+    /// /usage [all]
+    Usage,
+    /// /sessions
+    Sessions,
+    /// /title TEXT
+    Title,
+    /// /voice on|off|auto
+    Voice,
 }
 
 impl KnownCommand {
@@ -136,11 +207,46 @@ impl KnownCommand {
             ("retry", KnownCommand::Retry),
             ("undo", KnownCommand::Undo),
             ("model", KnownCommand::Model),
+            ("jobs", KnownCommand::Jobs),
+            ("at", KnownCommand::At),
+            ("in", KnownCommand::In),
+            ("every", KnownCommand::Every),
+            ("cron", KnownCommand::Cron),
+            ("pause", KnownCommand::Pause),
+            ("resume", KnownCommand::Resume),
+            ("unschedule", KnownCommand::Unschedule),
+            ("timezone", KnownCommand::Timezone),
+            ("pair", KnownCommand::Pair),
+            ("invite", KnownCommand::Invite),
+            ("users", KnownCommand::Users),
+            ("role", KnownCommand::Role),
+            ("revoke", KnownCommand::Revoke),
+            ("usage", KnownCommand::Usage),
+            ("sessions", KnownCommand::Sessions),
+            ("title", KnownCommand::Title),
+            ("voice", KnownCommand::Voice),
         ];
         known
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, c)| *c)
+    }
+
+    /// The scheduling commands (answered with the sender known, mid-turn
+    /// too: they never touch the running turn).
+    pub fn is_job_command(self) -> bool {
+        matches!(
+            self,
+            KnownCommand::Jobs
+                | KnownCommand::At
+                | KnownCommand::In
+                | KnownCommand::Every
+                | KnownCommand::Cron
+                | KnownCommand::Pause
+                | KnownCommand::Resume
+                | KnownCommand::Unschedule
+                | KnownCommand::Timezone
+        )
     }
 }
 

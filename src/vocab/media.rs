@@ -81,6 +81,9 @@ pub struct EventMedia {
     /// command stopped while they were still being prepared (set by the
     /// `crate::media::stage`); the command stopped something even if no turn ran.
     pub stopped: usize,
+    /// The message was spoken (a voice, audio or video note transcribed):
+    /// `/voice auto` answers it with a voice note.
+    pub spoken: bool,
 }
 
 impl EventMedia {

@@ -7,7 +7,7 @@
 //! [`Progress`]; conversation messages ([`ChatMessage`], [`Role`]); the
 //! commands ([`parse_command`], [`KnownCommand`]); inline [`Button`]s; the
 //! inbox states; the names of the child environment; the reply texts more
-//! than one layer says.
+//! than one layer says; the http(s) URL rule of every settings table.
 //!
 //! This module uses nothing else of the crate. It must never do I/O or
 //! hold process state beyond the turn identity's task-local and the
@@ -24,8 +24,9 @@ mod message;
 mod progress;
 mod session;
 mod texts;
+mod url;
 
-pub use buttons::{button_id, callback_data, new_button_id, Button, ButtonAction};
+pub use buttons::{button_id, callback_data, new_button_id, Button, ButtonAction, JobButton};
 pub use child_env::{ALWAYS_STRIPPED_ENV, CHAT_ID_ENV, SESSION_ID_ENV};
 pub use command::{is_control_command, parse_command, Command, KnownCommand, COMMANDS};
 pub use event::{MessageEvent, MessageKind};
@@ -39,3 +40,4 @@ pub use message::{ChatMessage, Role};
 pub use progress::{Progress, ProgressWatch, TurnEnd};
 pub use session::{ChatType, KeyPolicy, Platform, SessionKey, SessionSource};
 pub use texts::RESET_HINT;
+pub use url::check_http_url;

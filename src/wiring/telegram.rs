@@ -62,25 +62,6 @@ impl TelegramBot {
             .ok_or_else(|| StartError::Config("telegram.token is missing".into()))?;
         let api_url = url::Url::parse(&telegram.api_url)
             .map_err(|e| StartError::Config(format!("telegram.api_url: {e}")))?;
-        if telegram.allowed_users.is_empty()
-            && telegram.allowed_chats.is_empty()
-            && !telegram.allow_all_users
-            && !config.may_start_locked()
-        {
-            return Err(StartError::Config(
-                "nobody may use the bot: set telegram.allowed_users or telegram.allow_all_users = true".into(),
-            ));
-        }
-        if telegram.allowed_users.is_empty()
-            && telegram.allowed_chats.is_empty()
-            && !telegram.allow_all_users
-        {
-            tracing::warn!(
-                "nobody may use the bot yet: each sender is told their user id; \
-                 put the ids in {} and restart",
-                crate::config::zero_config::ALLOWED_USERS_ENV
-            );
-        }
         let bot = Bot::new(token.expose()).set_api_url(api_url.clone());
         // Start-up does three independent things before it can take updates:
         // ask Telegram who we are, open the store, and (polling) remove a
@@ -103,6 +84,22 @@ impl TelegramBot {
         tracing::info!(username = %me.username(), "connected to Telegram");
         let store = store?;
         leftover_webhook?;
+        // Who may use the bot: the config's allowlist and the team in the
+        // store. Nobody yet: a pairing code is shown (stderr and the log).
+        let access = crate::access::Access::new(
+            crate::access::AccessSetup {
+                settings: config.access.clone(),
+                allowed_users: telegram.allowed_users.clone(),
+                approvers: telegram.approvers.clone(),
+                open: telegram.allow_all_users || !telegram.allowed_chats.is_empty(),
+                clock: config.clock.clone(),
+            },
+            Some(store.clone()),
+        );
+        access.load().await?;
+        if let Err(error) = crate::access::pairing::announce_at_start(&access).await {
+            tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
+        }
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
         let (ledger, _writer) = StoreLedger::spawn(store.clone());
         let metrics = Metrics::new();
@@ -129,6 +126,7 @@ impl TelegramBot {
             stop_intake.clone(),
         )
         .map_err(StartError::Config)?;
+        let jobs = build_jobs(config, &store, &metrics, Arc::new(access.clone()))?;
         let engine = Engine::assemble(
             setup,
             Arc::new(
@@ -145,6 +143,8 @@ impl TelegramBot {
             RunnerConfig {
                 metrics: metrics.clone(),
                 files: Some(files),
+                jobs: jobs.clone(),
+                access: Some(access.clone()),
                 ..config.runner_config()
             },
         );
@@ -159,6 +159,7 @@ impl TelegramBot {
             allowed_chats: telegram.allowed_chats.clone(),
             allow_all_users: telegram.allow_all_users,
             require_mention: telegram.require_mention,
+            access: Some(access),
         };
         let intake = Intake::new(
             engine.clone(),
@@ -192,6 +193,13 @@ impl TelegramBot {
             );
         }
 
+        // Runs are started only after recovery replayed the journal: a run
+        // journaled before the restart is resumed by recovery, never fired
+        // a second time.
+        if let Some(jobs) = &jobs {
+            start_scheduler(jobs.clone(), &engine, &metrics, stop_intake.clone());
+        }
+
         // The same token the media step was built with: a shutdown must stop
         // a download in progress too.
         let token_rejected = CancellationToken::new();
@@ -201,6 +209,7 @@ impl TelegramBot {
                 let health = Arc::new(BotHealth {
                     updates: updates_health.clone(),
                     store: store.clone(),
+                    scheduler: jobs.as_ref().map(crate::schedule::Jobs::health),
                 });
                 let server = crate::http::HealthServer::new(metrics.clone(), health);
                 let limits = config.metrics.limits();
@@ -296,6 +305,60 @@ impl TelegramBot {
     }
 }
 
+/// The jobs service from `[schedule]` (`None` when it is off).
+fn build_jobs(
+    config: &Config,
+    store: &Store,
+    metrics: &Metrics,
+    deciders: Arc<dyn crate::tools::authority::Deciders + Send + Sync>,
+) -> Result<Option<crate::schedule::Jobs>, StartError> {
+    if !config.schedule.enabled {
+        return Ok(None);
+    }
+    let jobs = crate::schedule::Jobs::new(
+        store.clone(),
+        config.schedule.clone(),
+        Arc::new(crate::schedule::SystemClock),
+        metrics.clone(),
+    )
+    .map_err(StartError::Config)?
+    .with_deciders(deciders);
+    Ok(Some(if config.store.in_memory {
+        jobs
+    } else {
+        jobs.with_requests_dir(config.store.data_dir.join("schedule").join("requests"))
+    }))
+}
+
+/// Start the scheduler, handing its runs to the engine's adapter; and
+/// mirror how far behind it is into `/metrics`.
+fn start_scheduler(
+    jobs: crate::schedule::Jobs,
+    engine: &Engine,
+    metrics: &Metrics,
+    stop: CancellationToken,
+) {
+    let adapter = engine.adapter.downgrade();
+    let sink: crate::schedule::RunSink = Arc::new(move |event| {
+        let adapter = adapter.clone();
+        Box::pin(async move {
+            match adapter.upgrade() {
+                Some(adapter) => adapter.handle_message(event).await,
+                // Journaled already: the next start runs it.
+                None => tracing::info!("scheduled run left for the next start: the engine is gone"),
+            }
+        })
+    });
+    let health = jobs.health();
+    metrics.add_collector(move |registry| {
+        let behind = health.behind_ms(crate::store::now_ms());
+        registry
+            .schedule_behind_seconds
+            .set(u64::try_from(behind / 1000).unwrap_or(0));
+    });
+    crate::schedule::spawn(jobs, sink, stop);
+}
+
 /// The media step and the file output of a Telegram bot, from the config.
 /// Saved files go to `<data_dir>/media`; with an in-memory store, to a
 /// [`ScratchMediaDir`] returned for the bot to keep.
@@ -348,7 +411,8 @@ pub fn build_media(
         config.telegram.local_bot_api,
         time,
     )?;
-    let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?;
+    let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?
+        .with_file_access(config.file_access());
     crate::media::retention::spawn_retention(root.clone(), config.media.keep_days, stop.clone());
     let sender = Arc::new(crate::delivery::files::TelegramFileSender::new(
         delivery.clone(),

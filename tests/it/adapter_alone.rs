@@ -532,3 +532,84 @@ async fn an_answer_waits_for_the_newest_notice_even_when_an_older_one_lands_mean
         "{texts:?}"
     );
 }
+
+/// Holds an answer as if it waited in the chat's lane: once the sending is
+/// stopped it keeps back all its 2 parts (as delivery does), and tells the
+/// test when the answer reached it.
+struct LaneOutbound {
+    recorder: Arc<Recorder>,
+    reached: Arc<tokio::sync::Notify>,
+}
+
+impl telegate::reply::Outbound for LaneOutbound {
+    fn deliver<'a>(
+        &'a self,
+        to: &'a SessionSource,
+        reply: telegate::reply::Reply,
+    ) -> futures::future::BoxFuture<'a, Result<(), telegate::reply::DeliveryError>> {
+        if reply.text != "a long answer" {
+            return self.recorder.deliver(to, reply);
+        }
+        let sending = telegate::reply::SendingStop::current();
+        let reached = self.reached.clone();
+        Box::pin(async move {
+            let sending = sending.expect("an answer is delivered inside its sending");
+            reached.notify_one();
+            sending.token().cancelled().await;
+            sending.note_parts(2, 2);
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_a_stop_kept_back_entirely_is_dropped_as_stopped_not_answered() {
+    use telegate::adapter::EventOutcome;
+    use telegate::reply::Reply;
+    let handler = |event: MessageEvent, _ctx: telegate::adapter::DispatchContext| async move {
+        match event.text.as_str() {
+            "write" => Some(Reply::answer("a long answer").into()),
+            _ => None,
+        }
+    };
+    let recorder = Recorder::new();
+    let reached = Arc::new(tokio::sync::Notify::new());
+    let ledger = Arc::new(OutcomeLog::default());
+    let adapter = telegate::adapter::Adapter::with_ledger(
+        Arc::new(handler),
+        Arc::new(LaneOutbound {
+            recorder: recorder.clone(),
+            reached: reached.clone(),
+        }),
+        AdapterConfig::default(),
+        Some(ledger.clone()),
+    );
+    let mut event = make_event("write", 1);
+    event.message_id = Some(7);
+    adapter.handle_message(event).await;
+    tokio::time::timeout(WAIT, reached.notified())
+        .await
+        .expect("the answer reached delivery");
+    adapter.handle_message(make_event("/stop", 1)).await;
+    let finals = || -> Vec<EventOutcome> {
+        ledger
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, o)| *m == 7 && *o != EventOutcome::Running)
+            .map(|(_, o)| *o)
+            .collect()
+    };
+    assert!(eventually(WAIT, || !finals().is_empty()).await);
+    assert_eq!(finals(), [EventOutcome::Dropped("stopped")]);
+    assert!(
+        eventually(WAIT, || recorder
+            .texts()
+            .iter()
+            .any(|t| t.contains("2 of 2 parts")))
+        .await,
+        "the sender is told what was kept back: {:?}",
+        recorder.texts()
+    );
+}

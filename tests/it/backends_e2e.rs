@@ -239,8 +239,11 @@ async fn llm_failures_reach_the_user_as_one_clear_message() {
     ));
     fake.push_text(USER, USER, "one");
     assert!(
-        fake.wait_for(|_| sent_ok(&fake, USER, "rejected the API key"), WAIT)
-            .await
+        fake.wait_for(
+            |_| sent_ok(&fake, USER, "rejected this bot's API key"),
+            WAIT
+        )
+        .await
     );
     llm.push(Script::ErrorEvent(
         "model overloaded (request by acct-7731)".into(),

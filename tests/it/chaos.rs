@@ -830,7 +830,13 @@ async fn a_stop_while_an_answer_is_delivered_ends_the_sending_cleanly() {
     // the delivery outlasts `cancel_wait` (500 ms) after the /stop reply.
     fake.fail_next("sendMessage", 1, slow.clone());
     fake.fail_next("sendMessage", 1, Failure::Delay(Duration::from_millis(1)));
-    fake.fail_next("sendMessage", 3, slow);
+    // Slower still: on a loaded machine the /stop may take a while to get
+    // through; it must still find parts not sent yet.
+    fake.fail_next(
+        "sendMessage",
+        3,
+        Failure::Delay(Duration::from_millis(3000)),
+    );
     let user = 42;
     let long = fake.push_text(user, user, "long:12000");
     let first_chunk = |calls: &[RecordedCall]| calls.iter().any(|c| c.method == "sendMessage");

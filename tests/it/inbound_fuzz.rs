@@ -132,6 +132,7 @@ fn harness() -> &'static Harness {
             allowed_chats: vec![],
             allow_all_users: false,
             require_mention: true,
+            access: None,
         };
         let intake = Intake::new(
             bot.engine.clone(),

@@ -7,7 +7,9 @@
 //! path, albums arrive as one turn, oversized files and a missing
 //! transcription setup get clear messages, `send_file` and the outbox
 //! directory deliver files, path escapes are refused, and a restart in the
-//! middle of a download finishes the message once.
+//! middle of a download finishes the message once. How documents are read
+//! (encodings, PDFs, cuts, what the user is told) is in `documents_e2e`,
+//! which shares this file's helpers.
 
 use crate::support;
 

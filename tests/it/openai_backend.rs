@@ -81,6 +81,12 @@ fn roles(request: &Value) -> Vec<String> {
 struct TestTools;
 
 impl ToolRegistry for TestTools {
+    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    fn attach_store(&self, _store: &telegate::store::Store) {}
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         let schema = json!({
             "type": "object",
@@ -435,7 +441,7 @@ async fn http_errors_have_one_clear_message_each() {
     let cases = [
         (
             401,
-            "The LLM provider rejected the API key (HTTP 401). Check the key in MY_LLM_KEY.",
+            "The LLM provider rejected this bot's API key (HTTP 401). The bot's owner needs to check it.",
         ),
         (404, "fake-model"),
         (429, "rate limiting"),

@@ -195,6 +195,7 @@ async fn concurrent_turns_capture_their_own_session_under_a_global_race() {
                 tool: tool.clone(),
                 events,
             }),
+            approvals: None,
         },
         sent.clone(),
         Store::open_in_memory().unwrap(),

@@ -92,6 +92,22 @@ pub struct CommandConfig {
     /// (`--allowedTools`, e.g. `["Read", "Bash(git diff:*)"]`).
     #[serde(default)]
     pub allowed_tools: Vec<String>,
+    /// With the claude preset: ask the chat before Claude Code uses a tool
+    /// it was not allowed in advance (`allowed_tools`), on telegate's
+    /// approval card (`--permission-prompt-tool` backed by telegate's own
+    /// MCP helper), instead of needing `permission_mode =
+    /// "bypassPermissions"` (which Claude Code refuses as root).
+    #[serde(default)]
+    pub permission_prompt: bool,
+    /// With `permission_prompt`: seconds a card waits before it counts as
+    /// denied.
+    #[serde(default = "default_permission_timeout_secs")]
+    pub permission_timeout_secs: u64,
+    /// With `permission_prompt`: the telegate binary Claude Code starts as
+    /// the permission-prompt MCP server (`<it> permission-helper`); default:
+    /// the binary running now.
+    #[serde(default)]
+    pub permission_helper: Option<PathBuf>,
     /// With a preset: more arguments, passed before the resume arguments.
     #[serde(default)]
     pub extra_args: Vec<String>,
@@ -169,7 +185,16 @@ fn default_kill_grace_ms() -> u64 {
     2000
 }
 
+fn default_permission_timeout_secs() -> u64 {
+    300
+}
+
 impl CommandConfig {
+    /// How long a permission card waits.
+    pub fn permission_timeout(&self) -> Duration {
+        Duration::from_secs(self.permission_timeout_secs)
+    }
+
     /// A configuration running `argv` with every other setting at its
     /// default.
     pub fn new(argv: Vec<String>) -> Self {
@@ -181,6 +206,9 @@ impl CommandConfig {
             model: None,
             permission_mode: None,
             allowed_tools: Vec::new(),
+            permission_prompt: false,
+            permission_timeout_secs: default_permission_timeout_secs(),
+            permission_helper: None,
             extra_args: Vec::new(),
             resume_args: Vec::new(),
             history: HistoryMode::None,
@@ -260,6 +288,11 @@ impl CommandConfig {
             return self.check_preset(preset);
         }
         self.check_resume_args()?;
+        if self.permission_prompt {
+            return Err(
+                "agent.command.permission_prompt only applies with preset = \"claude\"".to_string(),
+            );
+        }
         let preset_only = [
             ("program", self.program.is_some()),
             ("model", self.model.is_some()),
@@ -386,6 +419,17 @@ impl CommandConfig {
             return Err(
                 "agent.command.stdin: the presets always write the message to stdin; leave it out"
                     .to_string(),
+            );
+        }
+        if preset == Preset::Codex && self.permission_prompt {
+            return Err(
+                "agent.command.permission_prompt only applies to preset = \"claude\" (Codex asks nobody in exec mode; use permission_mode for its sandbox)"
+                    .to_string(),
+            );
+        }
+        if !(1..=86_400).contains(&self.permission_timeout_secs) {
+            return Err(
+                "agent.command.permission_timeout_secs must be between 1 and 86400".to_string(),
             );
         }
         if preset == Preset::Codex && !self.allowed_tools.is_empty() {

@@ -74,6 +74,8 @@ use tokio::process::{Child, Command};
 use super::{Agent, AgentError, AgentReply, TurnRequest};
 use crate::store::Store;
 use crate::tools::childgroups::{GroupLedger, RecordedGroup};
+use crate::tools::permission::{PermissionPrompts, TurnPrompt};
+use crate::tools::process::ProcessOwner;
 use crate::tools::procgroup::{spawn_leader, ProcessGroup};
 use crate::vocab::{ALWAYS_STRIPPED_ENV, CHAT_ID_ENV, SESSION_ID_ENV};
 use argv::{Substitutions, RESUME_PLACEHOLDER};
@@ -102,6 +104,9 @@ pub struct CommandAgent {
     /// Where `history = "env-file"` files go (the temporary directory
     /// without a data directory).
     history_dir: Option<PathBuf>,
+    /// Claude Code's permission prompts on the approval card
+    /// (`permission_prompt = true`).
+    permissions: Option<PermissionPrompts>,
 }
 
 /// Why one run of the program gave no answer.
@@ -154,7 +159,15 @@ impl CommandAgent {
             name,
             groups: Arc::new(OnceLock::new()),
             history_dir: None,
+            permissions: None,
         }
+    }
+
+    /// Ask Claude Code's permission prompts through `prompts` (the claude
+    /// preset with `permission_prompt = true`).
+    pub fn with_permission_prompts(mut self, prompts: PermissionPrompts) -> Self {
+        self.permissions = Some(prompts);
+        self
     }
 
     /// Keep `history = "env-file"` files in `<data_dir>/command-history`
@@ -285,6 +298,7 @@ impl CommandAgent {
             .env(SESSION_ID_ENV, turn.session_id.as_str())
             .env(CHAT_ID_ENV, turn.source.chat_id.to_string());
         crate::media::command_files::apply_env(&mut command);
+        crate::schedule::apply_env(&mut command);
         if let Some(file) = &launch.history_file {
             command.env(HISTORY_FILE_ENV, file.path());
         }
@@ -422,11 +436,15 @@ impl CommandAgent {
         workdir: Option<PathBuf>,
     ) -> Result<AgentReply, RunFailure> {
         let preset = self.config.preset;
+        // Held for the whole run: dropping it ends the turn's token.
+        let prompt = self.open_prompt(turn).await?;
+        let prompt_args = prompt.as_ref().map(TurnPrompt::args).unwrap_or_default();
         let argv = match preset {
             Some(preset) => preset.argv(
                 &self.config,
                 resume,
                 &crate::media::turn_files().attachments,
+                &prompt_args,
             ),
             None => self.argv_for(turn, resume)?,
         };
@@ -500,10 +518,21 @@ impl CommandAgent {
         };
         let outcome = collector.into_outcome();
         let backend = preset.map_or(protocol.as_str(), Preset::as_str);
-        if let Some(usage) = outcome.usage {
-            self.sessions
-                .record_usage(turn.session_id.as_str(), backend, usage)
-                .await;
+        // Codex reports the thread's running total after a resume, not
+        // the turn's: the difference to its last report is the turn's.
+        let thread = outcome.session.as_deref().or(resume);
+        match (outcome.usage, thread) {
+            (Some(usage), Some(thread)) if protocol == Protocol::CodexJson => {
+                self.sessions
+                    .record_thread_usage(turn.session_id.as_str(), backend, thread, usage)
+                    .await;
+            }
+            (Some(usage), _) => {
+                self.sessions
+                    .record_usage(turn.session_id.as_str(), backend, usage)
+                    .await;
+            }
+            (None, _) => {}
         }
         if outcome.skipped > 0 {
             tracing::info!(skipped = outcome.skipped, "event lines skipped this turn");
@@ -533,6 +562,33 @@ impl CommandAgent {
             .answer
             .unwrap_or_else(|| "(the agent gave no answer)".to_string());
         Ok(AgentReply::new(answer))
+    }
+
+    /// This turn's permission prompts, when the claude preset asks the
+    /// chat (outside a chat turn there is nobody to ask: Claude Code then
+    /// refuses what it was not allowed in advance, as without a prompt).
+    async fn open_prompt(&self, turn: &TurnRequest) -> Result<Option<TurnPrompt>, AgentError> {
+        let (Some(prompts), Some(Preset::Claude), true) = (
+            &self.permissions,
+            self.config.preset,
+            self.config.permission_prompt,
+        ) else {
+            return Ok(None);
+        };
+        let Some(owner) = ProcessOwner::capture() else {
+            tracing::info!("no chat turn: Claude Code's permission prompts are off for this run");
+            return Ok(None);
+        };
+        prompts
+            .open_turn(owner, turn.cancel.clone(), turn.progress.clone())
+            .await
+            .map(Some)
+            .map_err(|detail| AgentError::Backend {
+                user_message:
+                    "Could not set up the approval of Claude Code's tool uses; nothing was run."
+                        .to_string(),
+                detail,
+            })
     }
 
     /// Where the agent session id read from the output goes: remembered at

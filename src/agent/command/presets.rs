@@ -2,8 +2,12 @@
 //! resumes its own session.
 //!
 //! * claude: `claude -p --output-format stream-json --verbose
-//!   [--resume ID] [--model M] [--permission-mode P] [extra_args…]
-//!   [--allowedTools T…]`, the message on stdin.
+//!   --include-partial-messages [--resume ID] [--model M]
+//!   [--permission-mode P] [--mcp-config FILE --permission-prompt-tool
+//!   mcp__telegate__approve] [extra_args…] [--allowedTools T…]`, the
+//!   message on stdin (the partial messages stream the answer's text into
+//!   the preview; the permission prompt, with `permission_prompt = true`,
+//!   see [`crate::tools::permission`]).
 //! * codex: `codex exec --json --skip-git-repo-check [--model M]
 //!   [--sandbox P] [extra_args…] [resume ID] -`, the message on stdin
 //!   (`-`).
@@ -28,12 +32,14 @@ use crate::vocab::Attachment;
 
 impl Preset {
     /// The argv for one turn, resuming `resume` if given, with the turn's
-    /// inbound `files`.
+    /// inbound `files`; `prompt` are the claude preset's permission-prompt
+    /// arguments (`--mcp-config … --permission-prompt-tool …`), if any.
     pub fn argv(
         self,
         config: &CommandConfig,
         resume: Option<&str>,
         files: &[Attachment],
+        prompt: &[String],
     ) -> Vec<String> {
         let program = config
             .program
@@ -55,7 +61,12 @@ impl Preset {
                 for dir in &dirs {
                     push(&["--add-dir", dir]);
                 }
-                push(&["--output-format", "stream-json", "--verbose"]);
+                push(&[
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                    "--include-partial-messages",
+                ]);
                 if let Some(id) = resume {
                     push(&["--resume", id]);
                 }
@@ -65,6 +76,9 @@ impl Preset {
                 if let Some(mode) = &config.permission_mode {
                     push(&["--permission-mode", mode]);
                 }
+                // `--mcp-config` takes several values: the
+                // `--permission-prompt-tool` right after it ends them.
+                argv.extend(prompt.iter().cloned());
                 argv.extend(config.extra_args.iter().cloned());
                 if !config.allowed_tools.is_empty() {
                     argv.push("--allowedTools".to_string());
@@ -138,11 +152,21 @@ mod tests {
     fn claude_argv_fresh_and_resumed() {
         let c = config("preset = \"claude\"\nmodel = \"opus\"\npermission_mode = \"acceptEdits\"\nallowed_tools = [\"Read\", \"Bash(git diff:*)\"]\nextra_args = [\"--max-turns\", \"5\"]");
         assert_eq!(
-            Preset::Claude.argv(&c, None, &[]).join(" "),
-            "claude -p --output-format stream-json --verbose --model opus --permission-mode acceptEdits --max-turns 5 --allowedTools Read Bash(git diff:*)"
+            Preset::Claude.argv(&c, None, &[], &[]).join(" "),
+            "claude -p --output-format stream-json --verbose --include-partial-messages --model opus --permission-mode acceptEdits --max-turns 5 --allowedTools Read Bash(git diff:*)"
         );
-        let resumed = Preset::Claude.argv(&c, Some("abc"), &[]);
-        assert_eq!(&resumed[5..7], ["--resume", "abc"]);
+        let resumed = Preset::Claude.argv(&c, Some("abc"), &[], &[]);
+        assert_eq!(&resumed[6..8], ["--resume", "abc"]);
+        let prompt = [
+            "--mcp-config".to_string(),
+            "/d/m.json".to_string(),
+            "--permission-prompt-tool".to_string(),
+            "mcp__telegate__approve".to_string(),
+        ];
+        assert_eq!(
+            Preset::Claude.argv(&c, None, &[], &prompt).join(" "),
+            "claude -p --output-format stream-json --verbose --include-partial-messages --model opus --permission-mode acceptEdits --mcp-config /d/m.json --permission-prompt-tool mcp__telegate__approve --max-turns 5 --allowedTools Read Bash(git diff:*)"
+        );
     }
 
     #[test]
@@ -151,11 +175,11 @@ mod tests {
             "preset = \"codex\"\nprogram = \"/opt/codex\"\npermission_mode = \"workspace-write\"",
         );
         assert_eq!(
-            Preset::Codex.argv(&c, None, &[]).join(" "),
+            Preset::Codex.argv(&c, None, &[], &[]).join(" "),
             "/opt/codex exec --json --skip-git-repo-check --sandbox workspace-write -"
         );
         assert_eq!(
-            Preset::Codex.argv(&c, Some("t-1"), &[]).join(" "),
+            Preset::Codex.argv(&c, Some("t-1"), &[], &[]).join(" "),
             "/opt/codex exec --json --skip-git-repo-check --sandbox workspace-write resume t-1 -"
         );
     }
@@ -174,16 +198,16 @@ mod tests {
         ];
         let c = config("preset = \"claude\"");
         assert_eq!(
-            Preset::Claude.argv(&c, Some("x"), &files).join(" "),
-            "claude -p --add-dir /m/s --add-dir /m/t --output-format stream-json --verbose --resume x"
+            Preset::Claude.argv(&c, Some("x"), &files, &[]).join(" "),
+            "claude -p --add-dir /m/s --add-dir /m/t --output-format stream-json --verbose --include-partial-messages --resume x"
         );
         let c = config("preset = \"codex\"");
         assert_eq!(
-            Preset::Codex.argv(&c, None, &files).join(" "),
+            Preset::Codex.argv(&c, None, &files, &[]).join(" "),
             "codex exec --image /m/s/1-0-a.jpg --image /m/t/2-0-c.png --json --skip-git-repo-check -"
         );
         assert_eq!(
-            Preset::Codex.argv(&c, Some("t-1"), &files).join(" "),
+            Preset::Codex.argv(&c, Some("t-1"), &files, &[]).join(" "),
             "codex exec --json --skip-git-repo-check resume t-1 --image /m/s/1-0-a.jpg --image /m/t/2-0-c.png -"
         );
     }

@@ -66,10 +66,31 @@ impl AgentSessions {
         }
     }
 
-    /// Add one turn's usage.
+    /// Add one turn's usage (also to the turn's meter: budgets, /usage).
     pub async fn record_usage(&self, session: &str, backend: &'static str, usage: AgentUsage) {
+        crate::limits::meter::record(&usage);
         if let Some(store) = self.store.get() {
             if let Err(error) = store.add_agent_usage(session, backend, usage).await {
+                tracing::error!(session_id = session, %error, "could not record the agent's usage");
+            }
+        }
+    }
+
+    /// Add one turn's usage when the agent reported its thread's running
+    /// total (Codex after a resume): the difference to the thread's last
+    /// report is the turn's.
+    pub async fn record_thread_usage(
+        &self,
+        session: &str,
+        backend: &'static str,
+        thread: &str,
+        total: AgentUsage,
+    ) {
+        if let Some(store) = self.store.get() {
+            if let Err(error) = store
+                .add_agent_thread_usage(session, backend, thread, total)
+                .await
+            {
                 tracing::error!(session_id = session, %error, "could not record the agent's usage");
             }
         }

@@ -62,6 +62,11 @@ pub struct OpenAiConfig {
     /// only shows `model`.
     #[serde(default)]
     pub models: Vec<String>,
+    /// Ask a streamed answer to end with its token usage
+    /// (`stream_options.include_usage`), which budgets and /usage count.
+    /// Turn off for a server that refuses the option.
+    #[serde(default = "yes")]
+    pub stream_usage: bool,
 }
 
 pub(super) fn default_base_url() -> String {
@@ -101,6 +106,7 @@ impl OpenAiConfig {
             max_tool_rounds: default_max_tool_rounds(),
             vision: false,
             models: Vec::new(),
+            stream_usage: true,
         }
     }
 

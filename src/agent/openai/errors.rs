@@ -39,12 +39,12 @@ impl OpenAiAgent {
             status,
             provider_message.as_deref(),
             &self.config,
-            self.api_key.is_some(),
             &self.shown_base_url,
         );
+        let hint = owner_hint(status, &self.config, self.api_key.is_some());
         self.backend_error(
             user_message,
-            format!("HTTP {status}: {}", excerpt(body, LOG_BODY_CHARS)),
+            format!("HTTP {status}{hint}: {}", excerpt(body, LOG_BODY_CHARS)),
         )
     }
 
@@ -71,11 +71,14 @@ impl OpenAiAgent {
     pub(super) fn unreadable(&self, body: &str) -> AgentError {
         self.backend_error(
             format!(
-                "The LLM at {} sent an answer telegate could not read. Check that \
-                 agent.openai.base_url points to an OpenAI-compatible API.",
+                "The LLM at {} sent an answer telegate could not read.",
                 self.shown_base_url
             ),
-            format!("unreadable response: {}", excerpt(body, LOG_BODY_CHARS)),
+            format!(
+                "unreadable response (check that agent.openai.base_url points to an \
+                 OpenAI-compatible API): {}",
+                excerpt(body, LOG_BODY_CHARS)
+            ),
         )
     }
 }
@@ -91,12 +94,24 @@ pub(super) fn provider_message_in_body(body: &str) -> Option<String> {
     })
 }
 
+/// What the owner should check for an HTTP error status (for the log: the
+/// chat is told in its users' words, without config keys).
+pub(super) fn owner_hint(status: u16, config: &OpenAiConfig, key_set: bool) -> String {
+    match status {
+        401 | 403 if key_set => format!(" (check the key in {})", config.api_key_env),
+        401 | 403 => format!(" (no API key is set: {} is empty)", config.api_key_env),
+        404 => " (check agent.openai.model, and that agent.openai.base_url is the API root, \
+                often ending in /v1)"
+            .to_string(),
+        _ => String::new(),
+    }
+}
+
 /// The chat message for an HTTP error status.
 pub(super) fn http_error_message(
     status: u16,
     provider_message: Option<&str>,
     config: &OpenAiConfig,
-    key_set: bool,
     base_url: &str,
 ) -> String {
     // The provider's own words never reach the chat (they can quote keys,
@@ -108,16 +123,13 @@ pub(super) fn http_error_message(
         _ => String::new(),
     };
     match status {
-        401 | 403 => {
-            let hint = if key_set { "" } else { " (it is not set)" };
-            format!(
-                "The LLM provider rejected the API key (HTTP {status}). Check the key in {}{hint}.",
-                config.api_key_env
-            )
-        }
+        401 | 403 => format!(
+            "The LLM provider rejected this bot's API key (HTTP {status}). \
+             The bot's owner needs to check it."
+        ),
         404 => format!(
-            "The LLM provider has no model \"{}\" at {base_url} (HTTP 404). Check \
-             agent.openai.model, and that agent.openai.base_url is the API root (often ending in /v1).",
+            "The LLM provider has no model \"{}\" at {base_url} (HTTP 404). \
+             The bot's owner needs to check its model setting.",
             config.model
         ),
         429 => "The LLM provider is rate limiting us or the quota is used up (HTTP 429). Try again later."

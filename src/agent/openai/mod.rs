@@ -140,4 +140,8 @@ impl Agent for OpenAiAgent {
     fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>> {
         Box::pin(self.run_turn(turn))
     }
+
+    fn attach_store(&self, store: &crate::store::Store) {
+        self.tools.attach_store(store);
+    }
 }

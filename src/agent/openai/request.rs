@@ -45,14 +45,19 @@ impl OpenAiAgent {
             "sending a chat completion request"
         );
         let response = self.send(&body, cancel).await?;
-        if is_json_response(&response) {
+        let answer = if is_json_response(&response) {
             let answer = self.read_json_answer(response, round, cancel).await?;
             shown.push(&answer.text);
-            Ok(answer)
+            answer
         } else {
             self.read_stream_answer(response, round, cancel, shown)
-                .await
+                .await?
+        };
+        // Counted for the user's budget and /usage.
+        if let Some(usage) = &answer.usage {
+            crate::limits::meter::record(usage);
         }
+        Ok(answer)
     }
 
     pub(super) fn request_body(&self, messages: &[ChatMessage], tools: Option<&Value>) -> Value {
@@ -69,6 +74,10 @@ impl OpenAiAgent {
         }
         if let Some(tools) = tools {
             body["tools"] = tools.clone();
+        }
+        if self.config.stream && self.config.stream_usage {
+            // The last chunk then carries the usage (budgets, /usage).
+            body["stream_options"] = json!({"include_usage": true});
         }
         body
     }

@@ -5,6 +5,7 @@ use crate::agent::openai::config::chat_completions_url;
 use crate::agent::openai::config::parse_base_url;
 use crate::agent::openai::config::shareable_url;
 use crate::agent::openai::errors::http_error_message;
+use crate::agent::openai::errors::owner_hint;
 use crate::agent::openai::errors::provider_message_in_body;
 use crate::agent::openai::history::message_chars;
 use crate::agent::openai::request::wire_message;
@@ -433,13 +434,22 @@ fn urls_keep_their_path_and_lose_credentials_when_shown() {
 #[test]
 fn each_http_status_class_has_its_message() {
     let config = OpenAiConfig::new("http://h/v1", "gpt-x");
-    let message =
-        |status, provider| http_error_message(status, provider, &config, true, "http://h/v1");
+    let message = |status, provider| http_error_message(status, provider, &config, "http://h/v1");
     assert_eq!(
         message(401, Some("Incorrect API key provided: sk-12***")),
-        "The LLM provider rejected the API key (HTTP 401). Check the key in OPENAI_API_KEY."
+        "The LLM provider rejected this bot's API key (HTTP 401). The bot's owner needs to check it."
     );
-    assert!(http_error_message(403, None, &config, false, "u").contains("(it is not set)"));
+    // The chat is told in its users' words; which setting to check is the
+    // owner's detail, for the log.
+    for status in [401, 403, 404] {
+        let text = message(status, None);
+        assert!(
+            !text.contains("OPENAI_API_KEY") && !text.contains("agent.openai"),
+            "{text}"
+        );
+        assert!(!owner_hint(status, &config, status != 403).is_empty());
+    }
+    assert!(owner_hint(403, &config, false).contains("no API key is set"));
     let not_found = message(404, None);
     assert!(not_found.contains("\"gpt-x\"") && not_found.contains("http://h/v1"));
     assert!(message(429, Some("quota exceeded sk-1234567890")).contains("quota"));
@@ -470,4 +480,76 @@ fn provider_messages_are_found_in_common_body_shapes() {
 fn excerpts_cut_on_character_boundaries() {
     assert_eq!(excerpt("héllo", 2), "hé…");
     assert_eq!(excerpt("hi", 2), "hi");
+}
+
+#[test]
+fn usage_is_read_from_the_last_chunk_and_from_a_json_body() {
+    let mut answer = StreamedAnswer::default();
+    apply_all(
+        &mut answer,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":120,"completion_tokens":7,"total_tokens":127,"prompt_tokens_details":{"cached_tokens":100}}}"#,
+        ],
+    );
+    let usage = answer.finish(0).usage.unwrap();
+    assert_eq!(
+        (
+            usage.input_tokens,
+            usage.cached_input_tokens,
+            usage.output_tokens
+        ),
+        (20, 100, 7)
+    );
+    let body = r#"{"choices":[{"message":{"content":"x"},"finish_reason":"stop"}],
+        "usage":{"prompt_tokens":3,"completion_tokens":2,"cost":0.0015}}"#;
+    let usage = parse_completion(body, 0).unwrap().usage.unwrap();
+    assert_eq!((usage.input_tokens, usage.output_tokens), (3, 2));
+    assert!((usage.cost_usd - 0.0015).abs() < 1e-12);
+    // A null or empty usage, or none, is no usage.
+    for body in [
+        r#"{"choices":[{"message":{"content":"x"}}],"usage":null}"#,
+        r#"{"choices":[{"message":{"content":"x"}}],"usage":{}}"#,
+        r#"{"choices":[{"message":{"content":"x"}}]}"#,
+    ] {
+        assert_eq!(parse_completion(body, 0).unwrap().usage, None, "{body}");
+    }
+}
+
+#[test]
+fn a_streamed_request_asks_for_its_usage_unless_told_not_to() {
+    let agent = OpenAiAgent::new(
+        OpenAiConfig::new("http://127.0.0.1:9/v1", "m"),
+        None,
+        Arc::new(crate::tools::NoTools),
+    )
+    .unwrap();
+    let body = agent.request_body(&[], None);
+    assert_eq!(body["stream_options"]["include_usage"], json!(true));
+    let quiet = OpenAiAgent::new(
+        OpenAiConfig {
+            stream_usage: false,
+            ..OpenAiConfig::new("http://127.0.0.1:9/v1", "m")
+        },
+        None,
+        Arc::new(crate::tools::NoTools),
+    )
+    .unwrap();
+    assert!(quiet
+        .request_body(&[], None)
+        .get("stream_options")
+        .is_none());
+    let unstreamed = OpenAiAgent::new(
+        OpenAiConfig {
+            stream: false,
+            ..OpenAiConfig::new("http://127.0.0.1:9/v1", "m")
+        },
+        None,
+        Arc::new(crate::tools::NoTools),
+    )
+    .unwrap();
+    assert!(unstreamed
+        .request_body(&[], None)
+        .get("stream_options")
+        .is_none());
 }

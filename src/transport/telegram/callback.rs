@@ -18,7 +18,12 @@
 //!   the presser (the prompt's one-time ticket, `may_decide`), never a
 //!   newer request; the prompt is edited to say what was decided and by
 //!   whom;
-//! * a model: /model NAME.
+//! * a model: /model NAME;
+//! * a job's Pause, Resume or Delete: `/pause ID`, `/resume ID`,
+//!   `/unschedule ID` from the presser, allowed for the job's creator or
+//!   an approver (checked before the row is used up, so someone else's
+//!   press leaves the buttons to their owner).
+//! * a conversation: /resume ID.
 //!
 //! Telegram's own stop control on a streamed draft (a
 //! `stopped_message_generation` update, [`DraftStop`]) takes the same road
@@ -142,7 +147,10 @@ impl CallbackHandler {
                 return (InboxState::Dropped, Some("unknown action"));
             }
         };
-        if !self.may_press(&stored, presser) {
+        // A job's button is checked against the job's creator instead of
+        // the user the list was shown to (below, by its command's rule).
+        let job_button = matches!(action, ButtonAction::Job { .. });
+        if !job_button && !self.may_press(&stored, presser) {
             let whose = stored
                 .button
                 .owner_name
@@ -155,7 +163,7 @@ impl CallbackHandler {
             );
             self.toast(
                 query,
-                &format!("Only {whose} (or an approver) can use this button."),
+                &format!("Only {whose} (or an admin) can use this button."),
             )
             .await;
             return (InboxState::Dropped, Some("not allowed"));
@@ -227,6 +235,25 @@ impl CallbackHandler {
                 self.rewrite_prompt(query, &owner, &outcome).await;
                 (InboxState::Answered, None)
             }
+            ButtonAction::Job { id: job, change } => {
+                // `/pause ID` (or resume, unschedule) from the presser: the
+                // same command, the same rule (its creator or an approver).
+                let actor = presser_source(&owner, query);
+                if let Err(refusal) = self.engine.runner.may_change_job(&actor, job).await {
+                    self.toast(query, &refusal).await;
+                    return (InboxState::Dropped, Some("not allowed"));
+                }
+                if !self.claim(id, update_id).await {
+                    self.toast(query, "Already done.").await;
+                    return (InboxState::Dropped, Some("already used"));
+                }
+                self.toast(query, "OK").await;
+                self.engine
+                    .adapter
+                    .handle_message(MessageEvent::text(actor, change.command(job)))
+                    .await;
+                (InboxState::Answered, None)
+            }
             ButtonAction::Model { name } => {
                 if !self.claim(id, update_id).await {
                     self.toast(query, "Already chosen.").await;
@@ -241,13 +268,30 @@ impl CallbackHandler {
                     .await;
                 (InboxState::Answered, None)
             }
+            ButtonAction::Resume { session } => {
+                if !self.claim(id, update_id).await {
+                    self.toast(query, "Already chosen.").await;
+                    return (InboxState::Dropped, Some("already used"));
+                }
+                self.toast(query, "Going back to that conversation…").await;
+                // The same path as a typed /resume from the session's user.
+                self.engine
+                    .adapter
+                    .handle_message(MessageEvent::text(owner, format!("/resume {session}")))
+                    .await;
+                (InboxState::Answered, None)
+            }
         }
     }
 
-    /// The session's own user, or an approver: the one rule
-    /// ([`may_decide`]) every control acting on someone's turn asks.
+    /// The session's own user, or an approver (with teams: the owner and
+    /// the admins): the one rule ([`may_decide`]) every control acting on
+    /// someone's turn asks.
     fn may_press(&self, stored: &StoredButton, presser: u64) -> bool {
-        may_decide(stored.button.owner_id, Some(presser), &self.approvers)
+        match self.engine.runner.access() {
+            Some(access) => may_decide(stored.button.owner_id, Some(presser), access),
+            None => may_decide(stored.button.owner_id, Some(presser), &self.approvers),
+        }
     }
 
     async fn claim(&self, id: &str, update_id: i64) -> bool {
@@ -408,6 +452,8 @@ fn used_text(action: &ButtonAction) -> &'static str {
         ButtonAction::Stop { .. } => "Already finished.",
         ButtonAction::Approve { .. } | ButtonAction::Deny { .. } => "Already answered.",
         ButtonAction::Model { .. } => "Already chosen.",
+        ButtonAction::Job { .. } => "Already done.",
+        ButtonAction::Resume { .. } => "Already chosen.",
     }
 }
 

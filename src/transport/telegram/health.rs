@@ -1,7 +1,8 @@
 //! What `/healthz` reports for a running bot: are updates arriving (the
 //! last `getUpdates` succeeded, or the webhook server runs), does the
 //! store answer, and do its writes work (every kind of write the store
-//! saw fail since it last worked: [`crate::store::WriteHealth`]).
+//! saw fail since it last worked: [`crate::store::WriteHealth`]), and does
+//! the scheduler keep up with its jobs ([`crate::schedule::SchedulerHealth`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,6 +44,8 @@ pub struct BotHealth {
     pub updates: UpdatesHealth,
     /// The store.
     pub store: Store,
+    /// The scheduler, when jobs are on.
+    pub scheduler: Option<crate::schedule::SchedulerHealth>,
 }
 
 impl HealthCheck for BotHealth {
@@ -54,7 +57,7 @@ impl HealthCheck for BotHealth {
             } else {
                 report.failing("updates", "the last getUpdates request failed")
             };
-            match self
+            let report = match self
                 .store
                 .call(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
                 .await
@@ -64,6 +67,13 @@ impl HealthCheck for BotHealth {
                     Some(reason) => report.failing("store", reason),
                 },
                 Err(error) => report.failing("store", error.to_string()),
+            };
+            match &self.scheduler {
+                None => report,
+                Some(scheduler) => match scheduler.failing(crate::store::now_ms()) {
+                    None => report.ok("scheduler"),
+                    Some(reason) => report.failing("scheduler", reason),
+                },
             }
         })
     }

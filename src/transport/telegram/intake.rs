@@ -323,6 +323,7 @@ impl Intake {
         let (state, reason) = match &verdict {
             Inbound::Accept(_) => (InboxState::Received, None),
             Inbound::Stranger { .. } => (InboxState::Dropped, Some("sender not allowed")),
+            Inbound::Redeem { .. } => (InboxState::Dropped, Some("access code")),
             Inbound::Ignore(reason) => (InboxState::Dropped, Some(*reason)),
         };
         Sorted::Plain(Box::new(PlainUpdate {
@@ -422,27 +423,31 @@ impl Intake {
             Inbound::Stranger { chat_id, user_id } => {
                 tracing::info!(
                     user_id,
-                    "message from a user who is not allowed (add the id to \
-                     telegram.allowed_users to let them in)"
+                    "message from a user who is not allowed (invite them with /invite, \
+                     or add the id to telegram.allowed_users)"
                 );
                 if self.strangers.due(user_id) {
                     // The setting is the owner's business: the log names it.
                     let reply = Reply::notice(format!(
                         "Sorry, this bot is private. Your user id is {user_id}; \
-                         send it to the bot's owner if you should have access."
+                         send it to the bot's owner if you should have access, \
+                         or send /start CODE with an invite code."
                     ));
-                    let target = ChatTarget {
-                        chat_id,
-                        thread_id: None,
-                        is_group: false,
-                    };
-                    // Best effort, and never in the way of the next update.
-                    let delivery = self.delivery.clone();
-                    tokio::spawn(async move {
-                        if let Err(error) = delivery.deliver_reply(target, &reply, None).await {
-                            tracing::debug!(%error, "could not answer a stranger");
-                        }
-                    });
+                    self.tell_stranger(chat_id, reply);
+                }
+                Intook::Ignored
+            }
+            Inbound::Redeem {
+                chat_id,
+                user_id,
+                name,
+                code,
+            } => {
+                if let Some(access) = self.policy.access.clone() {
+                    // One store call, in update order (a code and what the
+                    // same user sends next are seen in the order sent); the
+                    // answer is sent on its own.
+                    self.redeem(&access, chat_id, user_id, name, &code).await;
                 }
                 Intook::Ignored
             }
@@ -451,6 +456,102 @@ impl Intake {
                 Intook::Ignored
             }
         }
+    }
+
+    /// Send `reply` to a stranger's private chat: best effort, and never
+    /// in the way of the next update.
+    fn tell_stranger(&self, chat_id: i64, reply: Reply) {
+        let target = ChatTarget {
+            chat_id,
+            thread_id: None,
+            is_group: false,
+        };
+        let delivery = self.delivery.clone();
+        tokio::spawn(async move {
+            if let Err(error) = delivery.deliver_reply(target, &reply, None).await {
+                tracing::debug!(%error, "could not answer a stranger");
+            }
+        });
+    }
+
+    /// A stranger sent a code (see [`crate::access`]): redeem it and
+    /// answer (nothing once they used up their wrong tries).
+    async fn redeem(
+        &self,
+        access: &crate::access::Access,
+        chat_id: i64,
+        user_id: u64,
+        name: String,
+        code: &str,
+    ) {
+        use crate::store::Redeemed;
+        let name = Some(name).filter(|n| !n.trim().is_empty());
+        let redeemed = match access.redeem(user_id, name, code).await {
+            Ok(redeemed) => redeemed,
+            Err(error) => {
+                tracing::error!(user_id, %error, "could not check an access code");
+                self.tell_stranger(
+                    chat_id,
+                    Reply::notice(
+                        "⚠️ I could not check that code right now; please try again later.",
+                    ),
+                );
+                return;
+            }
+        };
+        let text = match redeemed {
+            Redeemed::Joined(role, crate::store::CodeKind::Pairing) => {
+                tracing::info!(
+                    user_id,
+                    role = role.as_str(),
+                    "paired: the bot has its owner"
+                );
+                "✅ You are the owner of this bot now. Send me a message to start; \
+                 /invite adds people, /help lists the commands."
+                    .to_string()
+            }
+            Redeemed::Joined(role, _) => {
+                tracing::info!(user_id, role = role.as_str(), "joined by invite");
+                format!(
+                    "✅ Welcome! You have access to this bot now (as {}). Send me a message \
+                     to start; /help lists the commands.",
+                    role.as_str()
+                )
+            }
+            Redeemed::AlreadyMember(role) => {
+                format!(
+                    "You already have access to this bot (as {}).",
+                    role.as_str()
+                )
+            }
+            Redeemed::Wrong { tries_left } => {
+                tracing::info!(user_id, tries_left, "a wrong access code was sent");
+                match tries_left {
+                    0 => "That code is not valid. You cannot try another one this hour.".to_string(),
+                    1 => "That code is not valid (it may have expired or been used). You can try once more this hour.".to_string(),
+                    n => format!("That code is not valid (it may have expired or been used). You can try {n} more times this hour."),
+                }
+            }
+            Redeemed::Silenced => {
+                tracing::info!(
+                    user_id,
+                    "an access code from a user out of tries was ignored"
+                );
+                return;
+            }
+            Redeemed::Busy => {
+                tracing::warn!(
+                    user_id,
+                    "access code not checked: too many wrong codes were sent in the last hour"
+                );
+                if !self.strangers.due(user_id) {
+                    return;
+                }
+                "Too many wrong codes were sent to this bot recently; please try again in an hour."
+                    .to_string()
+            }
+        };
+        self.tell_stranger(chat_id, Reply::notice(text));
     }
 
     /// Queue `event` on its chat's worker, starting one if the chat has none.

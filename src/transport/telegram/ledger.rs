@@ -4,18 +4,17 @@
 //! internal events (wakeups), so a wakeup survives a restart.
 //!
 //! This module owns the mapping from outcomes to inbox states and the
-//! wakeup's inbox payload. It must never block the caller of `record`.
+//! journaling of wakeups (their payload's format is [`crate::journal`]'s). It must never block the caller of `record`.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use futures::future::BoxFuture;
-use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::adapter::{EventLedger, EventOutcome};
 use crate::media::album::AlbumAliases;
 use crate::store::Store;
-use crate::vocab::{ChatType, InboxState, MessageEvent, Platform, SessionId, SessionSource};
+use crate::vocab::{InboxState, MessageEvent, SessionSource};
 
 /// At most this many outcomes go to the store in one call.
 const LEDGER_BATCH: usize = 512;
@@ -150,56 +149,17 @@ fn synthetic_id() -> i64 {
     -next(previous)
 }
 
-/// The inbox payload of a journaled wakeup: enough to rebuild the event.
-fn wakeup_payload(event: &MessageEvent) -> Value {
-    let source = &event.source;
-    serde_json::json!({
-        "telegate_wakeup": {
-            "text": event.text,
-            "chat_id": source.chat_id,
-            "chat_type": source.chat_type.as_str(),
-            "thread_id": source.thread_id,
-            "user_id": source.user_id,
-            "user_name": source.user_name,
-            "session_id": event.session_override.as_ref().map(|s| s.as_str().to_string()),
-        }
-    })
-}
-
-/// The wakeup event a journaled payload describes.
-pub(super) fn wakeup_from_payload(payload: &Value) -> Option<MessageEvent> {
-    let wakeup = payload.get("telegate_wakeup")?;
-    let chat_type = match wakeup.get("chat_type")?.as_str()? {
-        "dm" => ChatType::Dm,
-        "group" => ChatType::Group,
-        "supergroup" => ChatType::Supergroup,
-        _ => ChatType::Channel,
-    };
-    let source = SessionSource {
-        platform: Platform::Telegram,
-        chat_id: wakeup.get("chat_id")?.as_i64()?,
-        chat_type,
-        thread_id: wakeup
-            .get("thread_id")
-            .and_then(Value::as_i64)
-            .and_then(|t| i32::try_from(t).ok()),
-        user_id: wakeup.get("user_id").and_then(Value::as_u64),
-        user_name: wakeup
-            .get("user_name")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-    };
-    let text = wakeup.get("text")?.as_str()?;
-    let mut event = MessageEvent::internal(source, text);
-    if let Some(session) = wakeup.get("session_id").and_then(Value::as_str) {
-        event = event.with_session_override(SessionId::new(session));
-    }
-    Some(event)
-}
+/// The inbox payload of a journaled wakeup (the format every internal
+/// event shares, [`crate::journal`]).
+pub(super) use crate::journal::{
+    internal_from_payload as wakeup_from_payload, internal_payload as wakeup_payload,
+};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vocab::SessionId;
+    use crate::vocab::{ChatType, Platform};
     use std::time::Duration;
 
     fn source(chat_id: i64) -> SessionSource {

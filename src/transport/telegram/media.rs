@@ -36,6 +36,11 @@ use crate::vocab::{InboxState, MessageEvent, SessionKey, SessionSource};
 pub const STOPPED_TEXT: &str =
     "⏹ Stopped before I finished reading this; send it again if you still need it.";
 
+/// What a user is told when reading a message of theirs failed
+/// unexpectedly (the detail is in the log).
+pub const PREPARATION_FAILED_TEXT: &str =
+    "⚠️ Something went wrong while I was reading this, so it was not passed on. Please send it again.";
+
 /// What the chat workers need for media.
 pub struct IntakeMedia {
     /// Prepares files.
@@ -149,6 +154,18 @@ impl IntakeMedia {
         self.close(event, "stopped").await;
     }
 
+    /// Preparing `event` failed unexpectedly (a bug, logged where it
+    /// happened): its sender is asked to send it again and its rows are
+    /// closed, so a restart does not run into the same failure again.
+    pub async fn report_failed(&self, event: &MessageEvent) {
+        let reply = Reply::notice(PREPARATION_FAILED_TEXT).in_reply_to(event.message_id);
+        let target = ChatTarget::of(&event.source);
+        if let Err(error) = self.delivery.deliver_reply(target, &reply, None).await {
+            tracing::warn!(%error, "could not tell a user their message could not be read");
+        }
+        self.close(event, "its preparation failed").await;
+    }
+
     /// `events` waited behind a preparation when a new session started:
     /// they belonged to the old one, like the adapter's queue. One notice
     /// tells their sender.
@@ -245,6 +262,10 @@ impl StageIo for ChatStage {
 
     fn report_stopped(self: Arc<Self>, event: MessageEvent) -> BoxFuture<'static, ()> {
         Box::pin(async move { self.media.report_stopped(&event).await })
+    }
+
+    fn report_failed(self: Arc<Self>, event: MessageEvent) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.media.report_failed(&event).await })
     }
 
     fn report_dropped(self: Arc<Self>, events: Vec<MessageEvent>) -> BoxFuture<'static, ()> {

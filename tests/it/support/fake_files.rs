@@ -1,6 +1,6 @@
 //! Files for the fake Bot API: `getFile`, the file download URL
 //! (`/file/bot<token>/<file_path>`) and the uploads of `sendPhoto` /
-//! `sendDocument`, kept apart from `fake_bot.rs` which only routes to it.
+//! `sendDocument` / `sendVoice`, kept apart from `fake_bot.rs` which only routes to it.
 //!
 //! Behaves like Telegram where telegate can tell: `getFile` answers
 //! `file_id`, `file_unique_id`, `file_size` and a relative `file_path`;
@@ -11,6 +11,7 @@
 //! and a first byte, then nothing: a hung transfer), and are counted. A
 //! file can also be "on the Bot API server's disk": getFile then answers
 //! its absolute path, as a local server (`--local`) does.
+//! [`minimal_pdf`] writes real PDF files for tests to send.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -39,7 +40,7 @@ struct StoredFile {
 /// One upload the bot made.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Upload {
-    /// `sendPhoto` or `sendDocument`.
+    /// `sendPhoto`, `sendDocument` or `sendVoice`.
     pub method: String,
     /// The chat.
     pub chat_id: i64,
@@ -292,18 +293,19 @@ impl FakeFiles {
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
     }
 
-    /// `sendPhoto` / `sendDocument`: record the upload and answer with the
-    /// sent message (`base` carries message_id, from, chat, date).
+    /// `sendPhoto` / `sendDocument` / `sendVoice`: record the upload and
+    /// answer with the sent message (`base` carries message_id, from, chat,
+    /// date). A caption longer than Telegram's 1024 characters is refused.
     pub fn upload(
         &self,
         method: &str,
         body: &Value,
         mut base: Value,
     ) -> Result<Value, (u16, String)> {
-        let field = if method == "sendPhoto" {
-            "photo"
-        } else {
-            "document"
+        let field = match method {
+            "sendPhoto" => "photo",
+            "sendVoice" => "voice",
+            _ => "document",
         };
         let part = body.get(field).ok_or((
             400,
@@ -333,6 +335,12 @@ impl FakeFiles {
             .get("caption")
             .and_then(Value::as_str)
             .map(str::to_string);
+        if caption
+            .as_ref()
+            .is_some_and(|c| c.encode_utf16().count() > 1024)
+        {
+            return Err((400, "Bad Request: message caption is too long".to_string()));
+        }
         let reply_to = body
             .get("reply_parameters")
             .and_then(|r| r.get("message_id"))
@@ -360,6 +368,11 @@ impl FakeFiles {
             photo["width"] = json!(100);
             photo["height"] = json!(100);
             base["photo"] = json!([photo]);
+        } else if method == "sendVoice" {
+            let mut voice = meta;
+            voice["duration"] = json!(1);
+            voice["mime_type"] = json!("audio/ogg");
+            base["voice"] = voice;
         } else {
             let mut document = meta;
             document["file_name"] = json!(file_name);
@@ -403,4 +416,67 @@ pub fn document_json(file_id: &str, unique_id: &str, name: &str, mime: &str, siz
 pub fn photo_json(file_id: &str, unique_id: &str, size: usize) -> Value {
     json!({"photo": [{"file_id": file_id, "file_unique_id": unique_id, "width": 64,
         "height": 64, "file_size": size}]})
+}
+
+/// A minimal valid PDF written by hand: one page showing `lines` in
+/// Helvetica, or, without lines, a page that only shows an image (like a
+/// scanned page with no text layer). Offsets are computed, so the
+/// cross-reference table is right.
+pub fn minimal_pdf(lines: &[&str]) -> Vec<u8> {
+    let content = if lines.is_empty() {
+        "q 200 0 0 200 72 500 cm /Im1 Do Q".to_string()
+    } else {
+        let mut text = String::from("BT /F1 12 Tf 72 720 Td 14 TL\n");
+        for line in lines {
+            text.push_str(&format!("({line}) Tj T*\n"));
+        }
+        text + "ET"
+    };
+    // The start of a JPEG: pixels, no text.
+    let pixels: &[u8] = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00";
+    let mut image = format!(
+        "<< /Type /XObject /Subtype /Image /Width 2 /Height 2 /ColorSpace /DeviceGray \
+         /BitsPerComponent 8 /Filter /DCTDecode /Length {} >>\nstream\n",
+        pixels.len()
+    )
+    .into_bytes();
+    image.extend_from_slice(pixels);
+    image.extend_from_slice(b"\nendstream");
+    let objects: Vec<Vec<u8>> = vec![
+        b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+        b"<< /Type /Pages /Kids [4 0 R] /Count 1 >>".to_vec(),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_vec(),
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] \
+          /Resources << /Font << /F1 3 0 R >> /XObject << /Im1 6 0 R >> >> /Contents 5 0 R >>"
+            .to_vec(),
+        format!(
+            "<< /Length {} >>\nstream\n{content}\nendstream",
+            content.len() + 1
+        )
+        .into_bytes(),
+        image,
+    ];
+    let mut out = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, object) in objects.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend_from_slice(format!("{} 0 obj\n", i + 1).as_bytes());
+        out.extend_from_slice(object);
+        out.extend_from_slice(b"\nendobj\n");
+    }
+    let xref = out.len();
+    out.extend_from_slice(
+        format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
+    );
+    for offset in offsets {
+        out.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    out.extend_from_slice(
+        format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            objects.len() + 1
+        )
+        .as_bytes(),
+    );
+    out
 }

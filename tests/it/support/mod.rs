@@ -4,9 +4,12 @@
 
 pub mod agents;
 pub mod binary;
+pub mod buttons;
+pub mod fake_agent_apis;
 pub mod fake_bot;
 pub mod fake_files;
 pub mod fake_openai;
+pub mod fake_speech;
 pub mod fake_transcribe;
 pub mod recorder;
 pub mod store_faults;

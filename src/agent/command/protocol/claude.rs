@@ -9,7 +9,13 @@
 //! * `result`: the end: `result` (the final text), `is_error`, `subtype`,
 //!   `total_cost_usd`, `usage` (`input_tokens`, `output_tokens`,
 //!   `cache_read_input_tokens`, `cache_creation_input_tokens`);
-//! * `stream_event` (only with `--include-partial-messages`) is ignored.
+//! * `stream_event` (with `--include-partial-messages`): the API's raw
+//!   stream events under `event`; a `content_block_delta` whose `delta`
+//!   is a `text_delta` streams the answer's text into the preview before
+//!   the whole `assistant` message arrives (which then replaces it), and
+//!   a `content_block_stop` ends that piece. Deltas of a subagent
+//!   (`parent_tool_use_id` set), of thinking and of tool input are not
+//!   shown.
 
 use serde_json::Value;
 
@@ -28,10 +34,33 @@ pub fn parse(value: &Value) -> Result<Vec<AgentEvent>, Skipped> {
             _ => vec![AgentEvent::Nothing],
         },
         "assistant" => assistant(value),
-        "user" | "stream_event" | "rate_limit_event" => vec![AgentEvent::Nothing],
+        "stream_event" => vec![stream_event(value)],
+        "user" | "rate_limit_event" => vec![AgentEvent::Nothing],
         "result" => vec![result(value)],
         other => return Err(Skipped::UnknownType(other.to_string())),
     })
+}
+
+/// A raw stream event: only the main agent's text deltas show.
+fn stream_event(value: &Value) -> AgentEvent {
+    if value
+        .get("parent_tool_use_id")
+        .is_some_and(|id| !id.is_null())
+    {
+        return AgentEvent::Nothing;
+    }
+    let event = value.get("event").unwrap_or(&Value::Null);
+    match str_field(event, "type") {
+        Some("content_block_delta") => {
+            let delta = event.get("delta").unwrap_or(&Value::Null);
+            match (str_field(delta, "type"), str_field(delta, "text")) {
+                (Some("text_delta"), Some(text)) => AgentEvent::TextDelta(text.to_string()),
+                _ => AgentEvent::Nothing,
+            }
+        }
+        Some("content_block_stop" | "message_stop") => AgentEvent::TextBlockEnd,
+        _ => AgentEvent::Nothing,
+    }
 }
 
 fn assistant(value: &Value) -> Vec<AgentEvent> {
@@ -198,6 +227,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn partial_messages_stream_the_main_agents_text() {
+        let delta = r#"{"type":"stream_event","event":{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}},"session_id":"s","parent_tool_use_id":null,"uuid":"u1"}"#;
+        assert_eq!(events(delta), [AgentEvent::TextDelta("Hel".into())]);
+        let stop = r#"{"type":"stream_event","event":{"type":"content_block_stop","index":0},"session_id":"s","parent_tool_use_id":null}"#;
+        assert_eq!(events(stop), [AgentEvent::TextBlockEnd]);
+        let sub = r#"{"type":"stream_event","event":{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}},"parent_tool_use_id":"toolu_9"}"#;
+        assert_eq!(events(sub), [AgentEvent::Nothing]);
+        let json_delta = r#"{"type":"stream_event","event":{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a"}}}"#;
+        assert_eq!(events(json_delta), [AgentEvent::Nothing]);
+        let start =
+            r#"{"type":"stream_event","event":{"type":"message_start","message":{"id":"m"}}}"#;
+        assert_eq!(events(start), [AgentEvent::Nothing]);
     }
 
     #[test]

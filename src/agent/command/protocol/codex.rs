@@ -3,7 +3,10 @@
 //!
 //! * `thread.started`: `thread_id` (what `codex exec resume` takes);
 //! * `turn.started`; `turn.completed` with `usage` (`input_tokens`,
-//!   `cached_input_tokens`, `output_tokens`; Codex reports no cost);
+//!   `cached_input_tokens`, `output_tokens`; Codex reports no cost). After
+//!   `exec resume` the figures are the thread's running total, not the
+//!   turn's: the command backend records the difference per thread
+//!   ([`crate::store::Store::add_agent_thread_usage`]);
 //! * `turn.failed` with `error.message`; `error` with `message`;
 //! * `item.started` / `item.updated` / `item.completed` with an `item`
 //!   whose `type` is `agent_message` (`text`), `reasoning`,

@@ -60,6 +60,11 @@ pub enum AgentEvent {
     Session(String),
     /// A piece of the agent's answer or commentary.
     Text(String),
+    /// A streamed part of a text still being written (shown in the
+    /// preview; the whole [`AgentEvent::Text`] follows and replaces it).
+    TextDelta(String),
+    /// The text being streamed is complete (the next delta starts another).
+    TextBlockEnd,
     /// A tool started: one short progress line.
     Tool(String),
     /// The turn completed; `answer` is the final text when the protocol
@@ -233,6 +238,11 @@ impl JsonlCollector {
                     self.texts.push(text);
                 }
             }
+            AgentEvent::TextDelta(delta) => {
+                self.preview.delta(&delta);
+                self.progress.set_text(&self.preview.render());
+            }
+            AgentEvent::TextBlockEnd => self.preview.end_block(),
             AgentEvent::Tool(line) => {
                 self.preview.tool(&line);
                 self.progress.set_text(&self.preview.render());
@@ -347,6 +357,36 @@ mod tests {
         assert_eq!(out.answer.as_deref(), Some("All tests pass."));
         assert_eq!(out.failure, None);
         assert_eq!(*seen.lock().unwrap(), ["sess-1"]);
+    }
+
+    #[test]
+    fn streamed_text_grows_the_preview_and_the_whole_message_replaces_it() {
+        let (mut c, _, progress) = collector(Protocol::ClaudeStreamJson);
+        let delta = |text: &str| {
+            format!(
+                "{{\"type\":\"stream_event\",\"event\":{{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{text}\"}}}},\"parent_tool_use_id\":null}}\n"
+            )
+        };
+        c.push(delta("The answer ").as_bytes());
+        assert_eq!(progress.snapshot(), "The answer");
+        c.push(delta("is 42.").as_bytes());
+        assert_eq!(progress.snapshot(), "The answer is 42.");
+        c.push(b"{\"type\":\"stream_event\",\"event\":{\"type\":\"content_block_stop\",\"index\":0}}\n");
+        c.push(b"{\"type\":\"assistant\",\"message\":{\"content\":[{\"type\":\"text\",\"text\":\"The answer is 42.\"}]}}\n");
+        assert_eq!(progress.snapshot(), "The answer is 42.", "not shown twice");
+        c.push(b"{\"type\":\"assistant\",\"message\":{\"content\":[{\"type\":\"tool_use\",\"name\":\"Bash\",\"input\":{\"command\":\"ls\"}}]}}\n");
+        c.push(delta("Done").as_bytes());
+        assert_eq!(
+            progress.snapshot(),
+            "The answer is 42.\n\n🔧 Bash: ls\n\nDone"
+        );
+        c.finish();
+        let out = c.into_outcome();
+        assert_eq!(
+            out.answer.as_deref(),
+            Some("The answer is 42."),
+            "deltas are only the preview"
+        );
     }
 
     #[test]

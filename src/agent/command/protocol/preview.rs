@@ -1,7 +1,7 @@
 //! The live preview of a JSONL turn: the agent's text and one short line
 //! per tool it starts, newest last, bounded so an agent that runs a
 //! thousand tools still fits one Telegram message. The preview only feeds
-//! [`crate::agent::Progress`]; edit pacing stays with delivery.
+//! [`crate::vocab::Progress`]; edit pacing stays with delivery.
 
 use std::collections::VecDeque;
 
@@ -13,6 +13,8 @@ const MAX_CHARS: usize = 3000;
 #[derive(Debug, Clone, PartialEq)]
 enum Entry {
     Text(String),
+    /// Text streamed in deltas, not yet confirmed by its whole message.
+    Streamed(String),
     Tool(String),
 }
 
@@ -21,21 +23,61 @@ enum Entry {
 pub struct Preview {
     entries: VecDeque<Entry>,
     hidden: usize,
+    /// The last entry is a [`Entry::Streamed`] still being written.
+    streaming: bool,
 }
 
 impl Preview {
-    /// The agent said something.
+    /// The agent said something (whole). It replaces the oldest text
+    /// streamed before it, if any (the same text, now complete).
     pub fn text(&mut self, text: &str) {
-        self.push(Entry::Text(text.trim().to_string()));
+        let text = text.trim().to_string();
+        if let Some(streamed) = self
+            .entries
+            .iter_mut()
+            .find(|e| matches!(e, Entry::Streamed(_)))
+        {
+            *streamed = Entry::Text(text);
+            self.streaming = self.streaming
+                && self
+                    .entries
+                    .back()
+                    .is_some_and(|e| matches!(e, Entry::Streamed(_)));
+            return;
+        }
+        self.push(Entry::Text(text));
+    }
+
+    /// A piece of text still being written.
+    pub fn delta(&mut self, delta: &str) {
+        if self.streaming {
+            if let Some(Entry::Streamed(text)) = self.entries.back_mut() {
+                text.push_str(delta);
+                self.trim();
+                return;
+            }
+        }
+        self.push(Entry::Streamed(delta.to_string()));
+        self.streaming = true;
+    }
+
+    /// The text being streamed is complete.
+    pub fn end_block(&mut self) {
+        self.streaming = false;
     }
 
     /// A tool started.
     pub fn tool(&mut self, line: &str) {
+        self.streaming = false;
         self.push(Entry::Tool(line.to_string()));
     }
 
     fn push(&mut self, entry: Entry) {
         self.entries.push_back(entry);
+        self.trim();
+    }
+
+    fn trim(&mut self) {
         while self.entries.len() > MAX_ENTRIES
             || (self.entries.len() > 1 && self.chars() > MAX_CHARS)
         {
@@ -48,7 +90,7 @@ impl Preview {
         self.entries
             .iter()
             .map(|e| match e {
-                Entry::Text(t) | Entry::Tool(t) => t.chars().count() + 2,
+                Entry::Text(t) | Entry::Streamed(t) | Entry::Tool(t) => t.chars().count() + 2,
             })
             .sum()
     }
@@ -68,6 +110,7 @@ impl Preview {
             }
             match entry {
                 Entry::Text(t) | Entry::Tool(t) => out.push_str(t),
+                Entry::Streamed(t) => out.push_str(t.trim()),
             }
             previous = Some(entry);
         }
