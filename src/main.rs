@@ -7,8 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use telegate::config::{Config, LogFormat, Purpose};
-use telegate::zero_config;
+use telegate::config::{zero_config, Config, LogFormat, Purpose};
 
 #[derive(Parser)]
 #[command(
@@ -165,9 +164,9 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Console { .. } => telegate::transport::console::run(&config).await,
+            Command::Console { .. } => telegate::wiring::console::run(&config).await,
             Command::Run { standby, .. } => {
-                telegate::transport::telegram::run_with(&config, standby).await
+                telegate::wiring::telegram::run_with(&config, standby).await
             }
             Command::CheckConfig { .. }
             | Command::Init { .. }

@@ -6,9 +6,9 @@
 //! runner answers them at once, also mid-turn. An invite's code is shown
 //! only in the reply to its creator, in a private chat.
 
-use crate::event::SessionSource;
 use crate::limits::{usage_line, zone, Limits};
 use crate::store::{AgentUsage, Store};
+use crate::vocab::SessionSource;
 
 use super::roles::{self, Origin, Role, Standing};
 use super::Access;

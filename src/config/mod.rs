@@ -9,48 +9,32 @@
 //! This module owns the schema, loading and validation. It must never
 //! connect to anything or log a secret.
 
-use std::fmt;
+use crate::secrets::Secret;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::adapter::{AdapterConfig, BusyMode};
-use crate::event::KeyPolicy;
+use crate::adapter::AdapterConfig;
 use crate::runner::RunnerConfig;
+use crate::vocab::KeyPolicy;
 
+mod checks;
 mod locate;
 mod sections;
+pub mod zero_config;
 
-pub use sections::*;
+use crate::config::sections::MAX_ANSWER_PARTS;
+use crate::config::sections::MAX_INBOX_RETENTION_DAYS;
+pub use sections::{
+    AgentConfig, Backend, ConsoleConfig, DeliverySettings, EchoConfig, LogConfig, LogFormat,
+    SessionsConfig, StoreSettings, TelegramConfig, ToolsConfig, UpdateMode, WebhookConfig,
+};
 
 /// Environment variable read for the bot token when the file has none.
 pub const TOKEN_ENV: &str = "TELEGRAM_BOT_TOKEN";
 /// Environment variable read for the webhook secret when the file has none.
 pub const WEBHOOK_SECRET_ENV: &str = "TELEGRAM_WEBHOOK_SECRET";
-
-/// A secret string. `Debug` prints `Secret(***)`; there is no `Display`.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wrap a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-
-    /// The secret itself, for the one place that must send it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -85,7 +69,7 @@ pub struct Config {
     pub metrics: crate::metrics::MetricsConfig,
     /// Where this configuration came from (not a key of the file).
     #[serde(skip)]
-    pub source: crate::zero_config::ConfigSource,
+    pub source: crate::config::zero_config::ConfigSource,
     /// `[media]`: photos, voice, documents in; files out.
     #[serde(default)]
     pub media: crate::media::MediaConfig,
@@ -200,7 +184,7 @@ impl Config {
         config
             .resolve_secrets(&env)
             .map_err(|message| located(message, &[]))?;
-        config.source = crate::zero_config::ConfigSource::File(path.to_path_buf());
+        config.source = crate::config::zero_config::ConfigSource::File(path.to_path_buf());
         config
             .validate(path, purpose)
             .map_err(|error| match error {
@@ -220,17 +204,17 @@ impl Config {
             path: path.to_path_buf(),
             message,
         };
-        crate::config_checks::check_durations(self).map_err(invalid)?;
+        crate::config::checks::check_durations(self).map_err(invalid)?;
         self.check_secret_formats().map_err(invalid)?;
         let secret_names = self.secret_env_names();
-        crate::config_checks::check_pass_env(
+        crate::config::checks::check_pass_env(
             "tools.terminal.pass_env",
             &self.tools.terminal.pass_env,
             &secret_names,
         )
         .map_err(invalid)?;
         if let Some(command) = &self.agent.command {
-            crate::config_checks::check_pass_env(
+            crate::config::checks::check_pass_env(
                 "agent.command.pass_env",
                 &command.pass_env,
                 &secret_names,
@@ -279,7 +263,7 @@ impl Config {
         self.media.validate().map_err(invalid)?;
         self.access.validate().map_err(invalid)?;
         self.limits.validate().map_err(invalid)?;
-        crate::config_checks::check_data_dir("store.data_dir", &self.store.data_dir)
+        crate::config::checks::check_data_dir("store.data_dir", &self.store.data_dir)
             .map_err(invalid)?;
 
         self.schedule.validate().map_err(invalid)?;
@@ -301,7 +285,7 @@ impl Config {
             )));
         }
         for (index, server) in self.tools.mcp.iter().enumerate() {
-            crate::config_checks::check_pass_env(
+            crate::config::checks::check_pass_env(
                 &format!("tools.mcp[{index}].pass_env"),
                 &server.pass_env,
                 &secret_names,
@@ -321,7 +305,7 @@ impl Config {
                     "telegram.token is missing: set it in the file or in the {TOKEN_ENV} environment variable"
                 )));
             }
-            crate::config_checks::check_http_url("telegram.api_url", &telegram.api_url)
+            crate::config::checks::check_http_url("telegram.api_url", &telegram.api_url)
                 .map_err(invalid)?;
             if telegram.mode == UpdateMode::Webhook {
                 let Some(webhook) = &telegram.webhook else {
@@ -391,6 +375,20 @@ impl Config {
                 group_sessions_per_user: self.sessions.group_sessions_per_user,
             },
             metrics: crate::metrics::Metrics::default(),
+        }
+    }
+
+    /// Whether the model is shown saved files' paths: what the configured
+    /// backend and tools can open.
+    pub fn file_access(&self) -> crate::media::FileAccess {
+        use crate::media::FileAccess;
+        let terminal = &self.tools.terminal;
+        match self.agent.backend {
+            Backend::Command => FileAccess::Paths { workdir: None },
+            Backend::Openai if terminal.enabled && terminal.run_as.is_none() => FileAccess::Paths {
+                workdir: terminal.workdir.clone(),
+            },
+            _ => FileAccess::Names,
         }
     }
 
@@ -616,7 +614,7 @@ impl Config {
     /// Secrets that are present must be well formed, whatever the purpose.
     fn check_secret_formats(&self) -> Result<(), String> {
         if let Some(token) = &self.telegram.token {
-            crate::config_checks::check_token("telegram.token", token)?;
+            crate::config::checks::check_token("telegram.token", token)?;
         }
         if let Some(secret) = self
             .telegram
@@ -624,7 +622,7 @@ impl Config {
             .as_ref()
             .and_then(|w| w.secret_token.as_ref())
         {
-            crate::config_checks::check_webhook_secret("telegram.webhook.secret_token", secret)?;
+            crate::config::checks::check_webhook_secret("telegram.webhook.secret_token", secret)?;
         }
         Ok(())
     }
@@ -666,7 +664,7 @@ impl Config {
     pub fn secret_env_names(&self) -> Vec<String> {
         let mut names: Vec<String> = [TOKEN_ENV, WEBHOOK_SECRET_ENV]
             .iter()
-            .chain(crate::agent::command::ALWAYS_STRIPPED_ENV)
+            .chain(crate::vocab::ALWAYS_STRIPPED_ENV)
             .map(|name| name.to_string())
             .collect();
         if let Some(openai) = &self.agent.openai {

@@ -15,10 +15,9 @@ use teloxide::requests::{Request, Requester};
 use teloxide::types::{ChatId, InlineKeyboardButton, InlineKeyboardMarkup, MessageId};
 
 use super::telegram::{render_chunks, ChatTarget, Delivery, Idempotence, Priority};
-use crate::buttons::{callback_data, new_button_id, Button, ButtonAction};
-use crate::event::SessionSource;
 use crate::reply::{DeliveryError, Reply, ReplyKind};
 use crate::store::{now_ms, NewButton, Store};
+use crate::vocab::{callback_data, new_button_id, Button, ButtonAction, SessionSource};
 
 /// Store `buttons` as one row bound to the user of `to`, and lay them out
 /// as an inline keyboard. `None` (no keyboard) without a store or when the

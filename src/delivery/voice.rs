@@ -1,5 +1,5 @@
 //! Answers as Telegram voice notes (`sendVoice`, Ogg/Opus), at most once
-//! like every answer ([`super::outbound::deliver_answer_once`], whose
+//! like every answer ([`super::answer::deliver_text_answer_once`], whose
 //! outbox record this shares).
 //!
 //! * No preview in the chat (drafts, or nothing streamed): the voice note
@@ -24,12 +24,11 @@ use teloxide::requests::{Request, Requester};
 use teloxide::types::{ChatId, InputFile, Message, MessageId, ReplyParameters, ThreadId};
 use teloxide::{Bot, RequestError};
 
+use super::answer::{deliver_text_answer_once, plan_answer, send_as_file, tell_unconfirmed};
 use super::entity::{to_telegram, FormattedText};
 use super::files::upload_timeout;
 use super::markdown::render;
-use super::outbound::{
-    deliver_answer_once, plan_answer, send_as_file, tell_unconfirmed, ReplyRecord,
-};
+use super::reply_record::ReplyRecord;
 use super::telegram::{render_chunks, ChatTarget, Delivery, Idempotence};
 use crate::reply::{DeliveryError, Reply, SendingStop};
 
@@ -64,7 +63,7 @@ pub async fn deliver_voice_answer_once(
     record: Option<&ReplyRecord>,
 ) -> Result<(), DeliveryError> {
     let Some(audio) = reply.voice.clone() else {
-        return deliver_answer_once(delivery, target, reply, preview, record).await;
+        return deliver_text_answer_once(delivery, target, reply, preview, record).await;
     };
     let mut text_only = reply.clone();
     text_only.voice = None;
@@ -73,8 +72,14 @@ pub async fn deliver_voice_answer_once(
         if let Some(entry) = record.recorded().await {
             if entry.delivered || entry.sending {
                 // Delivered, or an ambiguous send: the text path says so.
-                return deliver_answer_once(delivery, target, &text_only, preview, Some(record))
-                    .await;
+                return deliver_text_answer_once(
+                    delivery,
+                    target,
+                    &text_only,
+                    preview,
+                    Some(record),
+                )
+                .await;
             }
             preview = preview.or(entry.reply_ids.first().copied());
         }
@@ -82,7 +87,7 @@ pub async fn deliver_voice_answer_once(
     if let Some(preview) = preview {
         // The chat shows the text already: it becomes the answer, the
         // voice note follows it.
-        deliver_answer_once(delivery, target, &text_only, Some(preview), record).await?;
+        deliver_text_answer_once(delivery, target, &text_only, Some(preview), record).await?;
         if let Err(error) =
             send_voice(delivery, target, &audio, None, Some(i64::from(preview))).await
         {
@@ -115,7 +120,7 @@ pub async fn deliver_voice_answer_once(
                 record.save(Vec::new(), false).await;
             }
             let fallback = with_line(reply, VOICE_REFUSED_LINE);
-            return deliver_answer_once(delivery, target, &fallback, None, record).await;
+            return deliver_text_answer_once(delivery, target, &fallback, None, record).await;
         }
         Err(error) => {
             if matches!(

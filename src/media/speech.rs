@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::Secret;
+use crate::secrets::Secret;
 
 /// `[media.speech]`: voice answers.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -64,7 +64,7 @@ fn default_max_chars() -> usize {
 impl SpeechConfig {
     /// Check the values; the error names the key.
     pub fn validate(&self) -> Result<(), String> {
-        crate::config_checks::check_http_url("media.speech.base_url", &self.base_url)?;
+        crate::vocab::check_http_url("media.speech.base_url", &self.base_url)?;
         if self.model.trim().is_empty() {
             return Err("media.speech.model is empty".into());
         }

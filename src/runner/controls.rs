@@ -6,7 +6,44 @@
 //! the rest of the runner they never send anything themselves and never
 //! hold the runner's lock across an `.await`.
 
-use super::*;
+use crate::adapter::DispatchContext;
+use crate::reply::DeliveryError;
+use crate::reply::LiveReply;
+use crate::reply::Outbound;
+use crate::reply::Outgoing;
+use crate::reply::Reply;
+use crate::runner::commands;
+use crate::runner::help_text;
+use crate::runner::process_line;
+use crate::runner::ps_text;
+use crate::runner::status_text;
+use crate::runner::ApprovalPress;
+use crate::runner::InvalidateReason;
+use crate::runner::Runner;
+use crate::runner::RunningAgent;
+use crate::runner::StatusView;
+use crate::runner::STORE_DOWN_TEXT;
+use crate::tools::approval::Denial;
+use crate::tools::approval::Lookup;
+use crate::tools::approval_prompt::preview;
+use crate::tools::authority::may_decide;
+use crate::tools::authority::who_may_decide;
+use crate::tools::process::ProcessId;
+use crate::tools::process::ProcessMode;
+use crate::tools::process::ProcessRecord;
+use crate::tools::process::Scope;
+use crate::vocab::Button;
+use crate::vocab::ButtonAction;
+use crate::vocab::KnownCommand;
+use crate::vocab::MessageEvent;
+use crate::vocab::MessageKind;
+use crate::vocab::SessionId;
+use crate::vocab::SessionKey;
+use crate::vocab::TurnEnd;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 impl Runner {
     pub(super) async fn command(
@@ -14,7 +51,7 @@ impl Runner {
         command: KnownCommand,
         args: &str,
         ctx: &DispatchContext,
-        source: &crate::event::SessionSource,
+        source: &crate::vocab::SessionSource,
     ) -> Reply {
         let key = &ctx.key;
         match command {
@@ -198,7 +235,7 @@ impl Runner {
     pub(super) fn answer_approval(
         &self,
         slot: &SessionKey,
-        actor: &crate::event::SessionSource,
+        actor: &crate::vocab::SessionSource,
         approve: Option<bool>,
         args: &str,
     ) -> Reply {
@@ -412,7 +449,7 @@ impl Runner {
     /// rule ([`may_decide`]: the turn's starter or an approver).
     pub fn press_approval(
         &self,
-        actor: &crate::event::SessionSource,
+        actor: &crate::vocab::SessionSource,
         ticket: &str,
         approve: bool,
     ) -> ApprovalPress {
@@ -505,7 +542,7 @@ pub(super) fn line_of(record: &ProcessRecord) -> String {
 /// is dropped unsent, so the marker is never held forever).
 pub(super) struct OpenGateAfterSending {
     pub(super) outbound: Arc<dyn Outbound>,
-    pub(super) to: crate::event::SessionSource,
+    pub(super) to: crate::vocab::SessionSource,
     pub(super) gate: CancellationToken,
 }
 
@@ -528,7 +565,7 @@ impl Drop for OpenGateAfterSending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Platform, SessionSource};
+    use crate::vocab::{Platform, SessionSource};
 
     /// Delivers nothing, successfully.
     struct Nowhere;

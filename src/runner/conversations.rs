@@ -8,7 +8,11 @@
 //! ([`crate::store::resume`]). /resume is refused while a task runs (like
 //! /retry): the running turn belongs to the conversation being left.
 
-use super::*;
+use super::commands;
+use crate::adapter::DispatchContext;
+use crate::reply::Reply;
+use crate::runner::{Runner, STORE_DOWN_TEXT};
+use crate::vocab::{Button, ButtonAction, SessionId, SessionKey};
 
 /// How many conversations /sessions lists.
 const LISTED: usize = 10;
@@ -46,7 +50,7 @@ impl Runner {
     pub(super) async fn sessions_command(
         &self,
         key: &SessionKey,
-        source: &crate::event::SessionSource,
+        source: &crate::vocab::SessionSource,
     ) -> Reply {
         let Some(store) = self.store() else {
             return Reply::command("This chat keeps no history to go back to.");

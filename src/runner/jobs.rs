@@ -12,11 +12,16 @@
 //! and the chat is told). A run of a job deleted or paused since it was
 //! journaled does nothing.
 
-use super::*;
-use crate::event::SessionSource;
+use crate::adapter::DispatchContext;
+use crate::reply::{Outgoing, Reply};
+use crate::runner::Runner;
+use crate::vocab::{Button, KnownCommand, MessageEvent, SessionKey};
+use tracing::Instrument;
+
 use crate::reply::ReplyKind;
 use crate::schedule::run::LATE_AFTER;
 use crate::schedule::{parse_job, Action, Change, Form, Jobs};
+use crate::vocab::SessionSource;
 
 /// Said when a job command is used where nothing schedules.
 pub const NO_JOBS_TEXT: &str =

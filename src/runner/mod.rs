@@ -48,9 +48,7 @@ mod turn;
 mod voice;
 mod watchdog;
 
-pub use commands::{
-    help_text, process_line, ps_text, status_text, KnownCommand, StatusView, COMMANDS,
-};
+pub use commands::{help_text, process_line, ps_text, status_text, StatusView};
 pub use sessions::SessionTable;
 pub use slots::{AgentHandle, AgentSlots, InvalidateReason, RunningAgent};
 pub use watchdog::{watch_for_stall, Watched};
@@ -59,26 +57,20 @@ use controls::OpenGateAfterSending;
 use generations::GenerationLease;
 
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
-use crate::agent::{Agent, AgentError, ChatMessage, Progress, Role, TurnEnd, TurnRequest};
-use crate::buttons::{Button, ButtonAction};
-use crate::event::{MessageEvent, MessageKind, SessionKey};
-use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
+use crate::agent::Agent;
 use crate::metrics::Metrics;
-use crate::reply::{DeliveryError, LiveReply, Outbound, Outgoing, Reply, TurnStart};
-use crate::store::{Store, TranscriptEntry};
-use crate::tools::approval::ApprovalGate;
-use crate::tools::approval::{approval_reply, Denial, Lookup};
-use crate::tools::approval_prompt::preview;
-use crate::tools::authority::{may_decide, who_may_decide};
-use crate::tools::process::{ProcessId, ProcessMode, ProcessRecord, Scope};
+use crate::reply::{Outbound, Outgoing, Reply};
+use crate::store::Store;
+use crate::tools::approval::{approval_reply, ApprovalGate};
+use crate::tools::authority::may_decide;
 use crate::tools::TerminalTool;
+use crate::vocab::KnownCommand;
+use crate::vocab::{MessageEvent, MessageKind, SessionId, SessionKey, TurnGeneration};
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -205,9 +197,6 @@ pub struct SessionUnavailable(pub String);
 /// What the chat is told when its session cannot be stored.
 pub const STORE_DOWN_TEXT: &str = "⚠️ I cannot save this conversation right now: the session store is failing \
      (the operator sees this in the logs and on /healthz). Your message was not run; please send it again later.";
-
-/// The hint appended to every failure message.
-pub const RESET_HINT: &str = "If this keeps happening, send /reset to start a fresh session.";
 
 impl Runner {
     /// A runner answering with `agent` and showing progress through

@@ -8,7 +8,11 @@
 //! turn; the rules and texts of the team commands live in
 //! [`crate::access`]. Nothing here sends anything.
 
-use super::*;
+use super::voice;
+use crate::adapter::DispatchContext;
+use crate::reply::Reply;
+use crate::runner::Runner;
+use crate::vocab::{KnownCommand, MessageEvent};
 
 use crate::access::commands::{self as team, TeamContext};
 
@@ -75,7 +79,7 @@ impl Runner {
     }
 
     /// /voice [on|off|auto]: the sender's choice of voice answers.
-    async fn voice_command(&self, source: &crate::event::SessionSource, args: &str) -> Reply {
+    async fn voice_command(&self, source: &crate::vocab::SessionSource, args: &str) -> Reply {
         if self.inner.config.speech.is_none() {
             return Reply::command("Voice answers are not set up on this bot.");
         }

@@ -6,7 +6,37 @@
 //! ([`SlotRelease`] also when the turn's future is dropped), so a turn
 //! that is still unwinding never writes into a newer one.
 
-use super::*;
+use crate::adapter::DispatchContext;
+use crate::agent::AgentError;
+use crate::agent::TurnRequest;
+use crate::reply::Outgoing;
+use crate::reply::Reply;
+use crate::reply::TurnStart;
+use crate::runner::commands;
+use crate::runner::panic_message;
+use crate::runner::watch_for_stall;
+use crate::runner::AgentHandle;
+use crate::runner::Runner;
+use crate::runner::RunningAgent;
+use crate::runner::Watched;
+use crate::runner::STORE_DOWN_TEXT;
+use crate::store::Store;
+use crate::store::TranscriptEntry;
+use crate::vocab::bind_turn_identity;
+use crate::vocab::ChatMessage;
+use crate::vocab::MessageEvent;
+use crate::vocab::Progress;
+use crate::vocab::Role;
+use crate::vocab::SessionId;
+use crate::vocab::SessionKey;
+use crate::vocab::TurnEnd;
+use crate::vocab::TurnGeneration;
+use crate::vocab::TurnIdentity;
+use crate::vocab::RESET_HINT;
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 impl Runner {
     pub(super) async fn turn(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {

@@ -8,7 +8,13 @@
 //! Any failure sends the text with one line saying so. A stop while the
 //! answer is being spoken sends nothing of it (like any answer's sending).
 
-use super::*;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::reply::{DeliveryError, LiveReply, Outbound, Reply};
+use crate::runner::Runner;
+use crate::vocab::MessageEvent;
 
 use crate::media::speech::{plain_text, Speaker};
 use crate::reply::SendingStop;
@@ -78,7 +84,7 @@ pub(super) fn spoken_answer(
     live: Option<Box<dyn LiveReply>>,
     speaker: Arc<Speaker>,
     outbound: Arc<dyn Outbound>,
-    source: crate::event::SessionSource,
+    source: crate::vocab::SessionSource,
 ) -> Option<Box<dyn LiveReply>> {
     Some(Box::new(Spoken {
         inner: live,
@@ -92,7 +98,7 @@ struct Spoken {
     inner: Option<Box<dyn LiveReply>>,
     speaker: Arc<Speaker>,
     outbound: Arc<dyn Outbound>,
-    source: crate::event::SessionSource,
+    source: crate::vocab::SessionSource,
 }
 
 impl LiveReply for Spoken {

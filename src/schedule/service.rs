@@ -25,12 +25,13 @@ use super::clock::Clock;
 use super::config::ScheduleConfig;
 use super::health::SchedulerHealth;
 use super::spec::Schedule;
-use super::text::{confirmation, duration_words, list_text, JobView};
+use super::text::{confirmation, list_text, JobView};
+use super::when::duration_words;
 use super::when::{Action, JobRequest};
-use crate::event::{SessionKey, SessionSource};
 use crate::metrics::Metrics;
 use crate::store::{JobState, NewJob, Store, StoreError, StoredJob};
 use crate::tools::authority::{may_decide, Deciders};
+use crate::vocab::{SessionKey, SessionSource};
 
 /// What a user does to a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

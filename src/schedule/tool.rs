@@ -88,7 +88,7 @@ impl WithSchedule {
         })
         .map_err(|e| ToolError::BadArguments(e.to_string()))?;
         let turn = turn_jobs();
-        let (Some(turn), Some(identity)) = (turn, crate::identity::current_identity()) else {
+        let (Some(turn), Some(identity)) = (turn, crate::vocab::current_identity()) else {
             return Err(ToolError::Failed(
                 "scheduling is not available here (no chat to schedule in)".into(),
             ));
@@ -130,7 +130,7 @@ impl WithSchedule {
         &self,
         args: Arguments,
         turn: &super::requests::TurnJobs,
-        identity: &crate::identity::TurnIdentity,
+        identity: &crate::vocab::TurnIdentity,
     ) -> Result<String, ToolError> {
         let Some(jobs) = turn.jobs() else {
             return Err(ToolError::Failed("scheduling is turned off here".into()));
@@ -222,8 +222,8 @@ impl ToolRegistry for WithSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::Progress;
     use crate::tools::NoTools;
+    use crate::vocab::Progress;
     use tokio_util::sync::CancellationToken;
 
     #[tokio::test]

@@ -46,8 +46,7 @@ use tokio_util::sync::CancellationToken;
 use super::approval_prompt::{request_text, timeout_text_for};
 use super::events::{ToolEvent, ToolEventSender};
 use super::process::ProcessOwner;
-use crate::agent::Progress;
-use crate::event::{SessionKey, SessionSource};
+use crate::vocab::{Progress, SessionKey, SessionSource};
 
 /// The dangerous patterns used unless the config replaces them.
 pub const DEFAULT_DANGEROUS_PATTERNS: &[&str] = &[
@@ -858,7 +857,7 @@ mod tests {
         let gate = ApprovalGate::new(Duration::from_secs(60), events);
         let owner = ProcessOwner {
             session_key: SessionKey::from_raw("k"),
-            source: crate::event::SessionSource::dm(crate::event::Platform::Console, 1),
+            source: crate::vocab::SessionSource::dm(crate::vocab::Platform::Console, 1),
             spawn_session_id: None,
         };
         let key = owner.session_key.clone();
@@ -903,7 +902,7 @@ mod tests {
         let gate = ApprovalGate::new(Duration::from_secs(300), events);
         let owner = ProcessOwner {
             session_key: SessionKey::from_raw("k"),
-            source: crate::event::SessionSource::dm(crate::event::Platform::Console, 1),
+            source: crate::vocab::SessionSource::dm(crate::vocab::Platform::Console, 1),
             spawn_session_id: None,
         };
         let cancel = CancellationToken::new();

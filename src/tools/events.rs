@@ -16,7 +16,7 @@
 use tokio::sync::mpsc;
 
 use super::wakeup::Wakeup;
-use crate::event::SessionSource;
+use crate::vocab::SessionSource;
 
 /// Something a tool produced for a chat, outside a tool result.
 #[derive(Debug)]

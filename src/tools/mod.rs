@@ -26,7 +26,7 @@
 //! gate, and the file `send_file` was asked to send), touch another session, or push text into the turn's progress
 //! (that text is the model's answer, not the tool's). A tool that needs to
 //! know whose turn it serves reads the task-local turn identity
-//! ([`crate::identity::current_identity`]), never global state.
+//! ([`crate::vocab::current_identity`]), never global state.
 //!
 //! The modules:
 //! * [`terminal`]: the `terminal` and `process` tools and `[tools.terminal]`;
@@ -62,8 +62,8 @@ pub use terminal::{TerminalConfig, TerminalTool};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Progress;
 use crate::store::Store;
+use crate::vocab::Progress;
 
 /// A tool as advertised to the model.
 #[derive(Clone, Debug, PartialEq)]

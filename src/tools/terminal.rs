@@ -41,7 +41,7 @@ use super::process::{
     RegistryConfig, Scope, SpawnSpec, WaitOutcome,
 };
 use super::{ToolContext, ToolDefinition, ToolError, ToolRegistry};
-use crate::identity::current_identity;
+use crate::vocab::current_identity;
 
 /// The name of the shell tool.
 pub const TERMINAL_TOOL: &str = "terminal";

@@ -14,10 +14,10 @@ use std::time::Duration;
 use support::fake_bot::FakeBotApi;
 use telegate::delivery::files::TelegramFileSender;
 use telegate::delivery::{Delivery, DeliveryConfig, RateLimits};
-use telegate::event::{Platform, SessionSource};
 use telegate::media::handle::Reader;
 use telegate::media::outbox::{FileRefusal, SendOutcome, Workspace};
 use telegate::media::OutboxFiles;
+use telegate::vocab::{Platform, SessionSource};
 
 const USER: i64 = 42;
 const SECRET: &[u8] = b"ROOT-ONLY-SECRET";

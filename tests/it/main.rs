@@ -59,6 +59,7 @@ mod telegram_e2e;
 mod terminal_approval_e2e;
 mod terminal_e2e;
 mod terminal_isolation_e2e;
+mod tidy;
 mod webhook_lifecycle;
 mod xsession_wakeup;
 mod zero_config;

@@ -30,13 +30,14 @@ use futures::future::BoxFuture;
 use support::recorder::{session_key, Recorder};
 use telegate::adapter::AdapterConfig;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
-use telegate::buttons::{ButtonAction, JobButton};
 use telegate::engine::Engine;
-use telegate::event::{ChatType, KeyPolicy, MessageEvent, Platform, SessionKey, SessionSource};
 use telegate::metrics::Metrics;
-use telegate::runner::{RunnerConfig, COMMANDS};
+use telegate::runner::RunnerConfig;
 use telegate::schedule::{Jobs, RunSink, ScheduleConfig, TokioClock};
 use telegate::store::{JobState, Store};
+use telegate::vocab::COMMANDS;
+use telegate::vocab::{ButtonAction, JobButton};
+use telegate::vocab::{ChatType, KeyPolicy, MessageEvent, Platform, SessionKey, SessionSource};
 use tokio_util::sync::CancellationToken;
 
 /// Real time any one condition may take.

@@ -21,11 +21,11 @@ use telegate::adapter::AdapterConfig;
 use telegate::agent::{OpenAiAgent, OpenAiConfig};
 use telegate::clock::Clock;
 use telegate::engine::Engine;
-use telegate::event::{MessageEvent, Platform, SessionSource};
 use telegate::limits::{Limits, LimitsConfig};
 use telegate::runner::RunnerConfig;
 use telegate::store::Store;
 use telegate::tools::{ToolContext, ToolDefinition, ToolError, ToolRegistry};
+use telegate::vocab::{MessageEvent, Platform, SessionSource};
 
 const WAIT: Duration = Duration::from_secs(10);
 const USER: i64 = 42;

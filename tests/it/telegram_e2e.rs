@@ -575,7 +575,7 @@ async fn rejected_entities_fall_back_to_plain_text_and_the_reply_still_arrives()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
-    use telegate::event::{MessageEvent, Platform, SessionSource};
+    use telegate::vocab::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
     let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
@@ -627,7 +627,7 @@ async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
-    use telegate::event::{MessageEvent, Platform, SessionSource};
+    use telegate::vocab::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
     let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
@@ -667,9 +667,12 @@ fn file_backed_config(fake: &FakeBotApi, data: &Path, rest: &str) -> Config {
 /// inbox row running, and `transcript` (user messages) in USER's session
 /// "s-killed".
 async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) {
-    use telegate::store::{InboxState, TranscriptEntry};
+    use telegate::store::TranscriptEntry;
+    use telegate::vocab::InboxState;
     let key = format!("agent:main:telegram:dm:{USER}");
-    let store = telegate::engine::open_store(&config.store).await.unwrap();
+    let store = telegate::wiring::engine::open_store(&config.store)
+        .await
+        .unwrap();
     let session = store
         .get_or_create_session(&key, "s-killed".into())
         .await
@@ -697,7 +700,7 @@ async fn recorded_times(bot: &TelegramBot, text: &str) -> usize {
     let history = bot.store.load_history("s-killed", None).await.unwrap();
     history
         .iter()
-        .filter(|m| m.role == telegate::store::Role::User && m.content == text)
+        .filter(|m| m.role == telegate::vocab::Role::User && m.content == text)
         .count()
 }
 
@@ -756,7 +759,9 @@ async fn owners_of_background_processes_lost_in_a_restart_are_told() {
     let data = tempfile::tempdir().unwrap();
     let config = file_backed_config(&fake, data.path(), "");
     // The previous run died while chat 42's job was still running.
-    let store = telegate::engine::open_store(&config.store).await.unwrap();
+    let store = telegate::wiring::engine::open_store(&config.store)
+        .await
+        .unwrap();
     store
         .process_started(telegate::store::RunningProcess {
             process_id: "p1a2b".into(),
@@ -829,7 +834,7 @@ async fn an_answer_refused_with_500_for_a_while_arrives_once() {
 /// and once Telegram answers again (here after two more 502s to `getMe`)
 /// its sender is told, once, in reply to the message.
 async fn an_unconfirmed_answer_is_reported_once_telegram_answers(failure: Failure) -> FakeBotApi {
-    use telegate::delivery::outbound::UNCONFIRMED_ANSWER_NOTICE;
+    use telegate::delivery::answer::UNCONFIRMED_ANSWER_NOTICE;
     let fake = FakeBotApi::start().await;
     let (bot, _agent) = start(&fake, "", "").await;
     fake.fail_next("sendMessage", 1, failure);

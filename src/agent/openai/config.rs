@@ -1,7 +1,12 @@
 //! `[agent.openai]`: the server, model and limits of the `openai` backend,
 //! and their validation (URLs, the API key's source).
 
-use super::*;
+use crate::agent::openai::DEFAULT_API_KEY_ENV;
+use crate::agent::openai::DEFAULT_BASE_URL;
+use crate::secrets::Secret;
+use serde::Deserialize;
+use std::time::Duration;
+use url::Url;
 
 /// `[agent.openai]`: which OpenAI-compatible server and model answer, and how.
 #[derive(Clone, Debug, PartialEq, Deserialize)]

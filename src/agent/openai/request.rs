@@ -2,7 +2,23 @@
 //! cancel token raced against every wait, and reading the answer (JSON or
 //! a stream).
 
-use super::*;
+use crate::agent::openai::errors::describe_transport_error;
+use crate::agent::openai::errors::error_chain;
+use crate::agent::openai::stream::parse_completion;
+use crate::agent::openai::stream::CompletionError;
+use crate::agent::openai::stream::StreamStep;
+use crate::agent::openai::stream::StreamedAnswer;
+use crate::agent::openai::tool_loop::ModelAnswer;
+use crate::agent::openai::tool_loop::ShownText;
+use crate::agent::AgentError;
+use crate::agent::OpenAiAgent;
+use crate::vocab::ChatMessage;
+use eventsource_stream::EventStreamError;
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use serde_json::json;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 impl OpenAiAgent {
     /// Send one request and read the answer, streamed or not.

@@ -1,7 +1,11 @@
 //! Reading answers leniently: SSE chunks and plain JSON bodies into a
 //! `ModelAnswer` (text, tool calls merged from deltas, finish reason).
 
-use super::*;
+use crate::agent::openai::tool_loop::ModelAnswer;
+use crate::agent::openai::tool_loop::ToolCall;
+use crate::agent::openai::CHAT_PROVIDER_CHARS;
+use crate::agent::openai::LOG_BODY_CHARS;
+use serde_json::Value;
 
 /// What one SSE event meant.
 #[derive(Debug, PartialEq)]

@@ -1,6 +1,28 @@
 //! Unit tests of the `openai` backend's pure parts.
 
 use super::*;
+use crate::agent::openai::config::chat_completions_url;
+use crate::agent::openai::config::parse_base_url;
+use crate::agent::openai::config::shareable_url;
+use crate::agent::openai::errors::http_error_message;
+use crate::agent::openai::errors::owner_hint;
+use crate::agent::openai::errors::provider_message_in_body;
+use crate::agent::openai::history::message_chars;
+use crate::agent::openai::request::wire_message;
+use crate::agent::openai::stream::excerpt;
+use crate::agent::openai::stream::parse_completion;
+use crate::agent::openai::stream::CompletionError;
+use crate::agent::openai::stream::StreamStep;
+use crate::agent::openai::stream::StreamedAnswer;
+use crate::agent::openai::tool_loop::tool_specs;
+use crate::agent::openai::tool_loop::ShownText;
+use crate::agent::openai::tool_loop::ToolCall;
+use crate::tools::ToolDefinition;
+use crate::vocab::ChatMessage;
+use crate::vocab::Progress;
+use crate::vocab::Role;
+use serde_json::json;
+use serde_json::Value;
 
 fn msg(role: Role, content: &str) -> ChatMessage {
     ChatMessage::new(role, content)

@@ -3,7 +3,24 @@
 //! cannot break a turn: errors and panics become tool results. Also the
 //! text shown across rounds (`ShownText`).
 
-use super::*;
+use crate::agent::openai::trim_history;
+use crate::agent::openai::EMPTY_ANSWER;
+use crate::agent::AgentError;
+use crate::agent::AgentReply;
+use crate::agent::OpenAiAgent;
+use crate::agent::TurnRequest;
+use crate::tools::ToolContext;
+use crate::tools::ToolDefinition;
+use crate::tools::ToolError;
+use crate::tools::ToolRegistry;
+use crate::vocab::ChatMessage;
+use crate::vocab::Progress;
+use crate::vocab::Role;
+use futures::FutureExt;
+use serde_json::json;
+use serde_json::Value;
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 
 /// One tool call the model asked for, complete.
 #[derive(Clone, Debug, PartialEq)]

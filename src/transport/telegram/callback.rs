@@ -40,14 +40,15 @@ use teloxide::payloads::AnswerCallbackQuerySetters;
 use teloxide::requests::{Request, Requester};
 use teloxide::types::CallbackQuery;
 
-use crate::buttons::{button_id, ButtonAction};
 use crate::delivery::{ChatTarget, Delivery, FormattedText};
 use crate::engine::Engine;
-use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
-use crate::identity::TurnGeneration;
 use crate::runner::ApprovalPress;
-use crate::store::{now_ms, InboxState, Store, StoreError, StoredButton};
+use crate::store::{now_ms, Store, StoreError, StoredButton};
 use crate::tools::authority::may_decide;
+use crate::vocab::{
+    button_id, ButtonAction, ChatType, InboxState, MessageEvent, Platform, SessionSource,
+    TurnGeneration,
+};
 
 /// Carries out button presses.
 pub struct CallbackHandler {
@@ -96,7 +97,7 @@ impl CallbackHandler {
     pub async fn resume(&self, update_id: i64, payload: &Value) -> bool {
         let Some(query) = payload
             .get("callback_query")
-            .and_then(super::intake::parse_guarded::<CallbackQuery>)
+            .and_then(super::parse::parse_guarded::<CallbackQuery>)
         else {
             return false;
         };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use teloxide::types::{MediaKind, Message, MessageEntityKind, MessageKind as TgKind};
 
-use crate::event::{parse_command, ChatType, MessageEvent, MessageKind, Platform, SessionSource};
+use crate::vocab::{parse_command, ChatType, MessageEvent, MessageKind, Platform, SessionSource};
 
 /// Who may talk to the bot and when it answers in groups.
 #[derive(Clone, Debug)]

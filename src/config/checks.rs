@@ -9,7 +9,9 @@
 
 use std::path::Path;
 
-use crate::config::{Config, Secret};
+use crate::config::Config;
+use crate::secrets::Secret;
+pub use crate::vocab::check_http_url;
 
 /// The longest any duration setting may be: 7 days. Longer values are
 /// certainly mistakes, and unbounded ones overflow `Instant` arithmetic
@@ -56,20 +58,6 @@ pub fn check_webhook_secret(key: &str, secret: &Secret) -> Result<(), String> {
             value.chars().count(),
             if allowed { "" } else { ", with others" }
         ));
-    }
-    Ok(())
-}
-
-/// The Bot API root must be an http(s) URL with a host.
-pub fn check_http_url(key: &str, value: &str) -> Result<(), String> {
-    let url = url::Url::parse(value).map_err(|e| format!("{key} {value:?} is not a URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "{key} {value:?} must be an http:// or https:// URL"
-        ));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{key} {value:?} has no host"));
     }
     Ok(())
 }
