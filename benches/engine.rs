@@ -57,9 +57,9 @@ use futures::future::BoxFuture;
 use telegate::adapter::{AdapterConfig, BusyMode};
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::engine::Engine;
-use telegate::event::{MessageEvent, Platform, SessionSource};
 use telegate::reply::{DeliveryError, Outbound, Reply, ReplyKind};
 use telegate::runner::RunnerConfig;
+use telegate::vocab::{MessageEvent, Platform, SessionSource};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 

@@ -2,14 +2,13 @@
 //! first `getUpdates` against the fake Bot API, and the whole process's
 //! resident memory while idle with 10,000 known sessions in its store.
 //!
-//! Everything is measured on the binary cargo built for this bench. The
-//! size that ships is the release build (`cargo build --release`: LTO,
-//! stripped), but cargo's bench profile writes to the same
-//! `target/release` directory, so that file cannot be told apart here: the
-//! bench prints its own binary's size, whether it carries symbols, and the
-//! size of a stripped copy (`strip`); the shipped binary is smaller still
-//! (LTO, one codegen unit). Prints figures and targets; asserts nothing
-//! (these machines are noisy).
+//! Everything is measured on the binary cargo built for this bench, and
+//! the profile it was built with is printed beside each figure:
+//! `cargo bench --bench footprint` measures the bench profile (the
+//! `release` settings: parallel codegen, thin local LTO, symbols kept);
+//! `cargo bench --bench footprint --profile dist` measures what ships
+//! (whole-program LTO, one codegen unit, stripped). Prints figures and
+//! targets; asserts nothing (these machines are noisy).
 
 #[path = "../tests/it/support/fake_bot.rs"]
 mod fake_bot;
@@ -30,6 +29,16 @@ const RSS_TARGET_KB: u64 = 20 * 1024;
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_telegate"))
+}
+
+/// The cargo profile the measured binary was built with: the name of the
+/// directory it sits in (`target/<profile>/telegate`; `release` for the
+/// bench profile, which writes there).
+fn profile() -> String {
+    binary()
+        .parent()
+        .and_then(Path::file_name)
+        .map_or_else(|| "?".into(), |n| n.to_string_lossy().into_owned())
 }
 
 fn spawn(fake: &FakeBotApi, data_dir: &Path) -> Child {
@@ -88,10 +97,11 @@ fn print_size() {
     // An ELF file names its sections; a stripped one has no `.symtab`.
     let has_symbols = bytes.windows(7).any(|w| w == b".symtab");
     println!(
-        "binary size: {:.1} MB ({})  [{}]",
+        "binary size [profile {}]: {:.1} MB ({})  [{}]",
+        profile(),
         mb(bytes.len() as u64),
         if has_symbols {
-            "this bench's build: symbols kept, no LTO; not what ships"
+            "symbols kept"
         } else {
             "stripped"
         },
@@ -112,7 +122,8 @@ fn print_size() {
         .is_ok_and(|s| s.success());
     match std::fs::metadata(&copy) {
         Ok(meta) if stripped => println!(
-            "binary size stripped (no LTO): {:.1} MB; the release build (LTO, one codegen unit, stripped) is smaller",
+            "binary size stripped [profile {}]: {:.1} MB (the dist profile adds whole-program LTO)",
+            profile(),
             mb(meta.len())
         ),
         _ => println!("binary size stripped: `strip` not available"),

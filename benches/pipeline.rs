@@ -109,7 +109,21 @@ async fn pipeline(fake: FakeBotApi) {
     let threads = thread_cpu().since(&threads_before);
     let store = bot.store.stats().since(&store_before);
     let got = fake.count_calls(is_answer);
-    println!("pipeline: {CHATS} chats x {per_chat} messages = {total} updates");
+    // target/<profile>/deps/pipeline-…: `release` for `cargo bench`,
+    // `dist` for `cargo bench --profile dist` (what ships).
+    let profile = std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            Some(
+                exe.parent()?
+                    .parent()?
+                    .file_name()?
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        })
+        .unwrap_or_else(|| "?".into());
+    println!("pipeline [profile {profile}]: {CHATS} chats x {per_chat} messages = {total} updates");
     println!(
         "  {} answered in {:.2} s: {:.0} updates/s end to end (inbox write, turn, transcript, delivery){}  target >= {TARGET_PER_SEC:.0}",
         got,

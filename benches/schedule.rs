@@ -25,12 +25,12 @@ use jiff::Timestamp;
 use telegate::adapter::AdapterConfig;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::engine::Engine;
-use telegate::event::SessionSource;
 use telegate::metrics::Metrics;
 use telegate::reply::{DeliveryError, Outbound, Reply};
 use telegate::runner::RunnerConfig;
 use telegate::schedule::{Action, Jobs, RunSink, Schedule, ScheduleConfig, SystemClock};
 use telegate::store::{now_ms, NewJob, Store};
+use telegate::vocab::SessionSource;
 use tokio_util::sync::CancellationToken;
 
 const JOBS: usize = 100_000;

@@ -60,7 +60,7 @@ files_of() {
         slots) echo src/runner/slots.rs ;;
         pending) echo src/adapter/pending.rs ;;
         guard) echo src/adapter/guard.rs ;;
-        identity) echo src/identity.rs ;;
+        identity) echo src/vocab/identity.rs ;;
         wakeup) echo src/tools/wakeup.rs ;;
         split) echo src/delivery/split.rs ;;
         entity) echo src/delivery/entity.rs ;;

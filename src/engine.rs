@@ -1,7 +1,9 @@
-//! Wiring: one adapter in front of one runner, built from the configuration.
+//! The session engine: one adapter in front of one runner, assembled from
+//! an agent (with its tools), an outbound and a store.
 //!
-//! Every transport (Telegram, webhook, console) and every test builds the
-//! session engine through here, so they all run the very same code path.
+//! Every transport (Telegram, webhook, console) and every test assembles
+//! the session engine through here, so they all run the very same code
+//! path; what the configuration says goes in through `crate::wiring`.
 //!
 //! With the terminal tool enabled, three parts meet here that must not know
 //! each other: the tool (inside the agent) produces [`ToolEvent`]s, the
@@ -12,30 +14,17 @@
 //! kept alive by its own forwarder.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::adapter::{Adapter, AdapterConfig, EventLedger, WeakAdapter};
-use crate::agent::{AcpAgent, Agent, CommandAgent, EchoAgent, OpenAiAgent};
-use crate::buttons::Button;
-use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
-use crate::event::{ChatType, Platform, SessionSource};
-use crate::identity::SessionId;
-use crate::media::handle::Reader;
-use crate::media::outbox::Workspace;
+use crate::agent::Agent;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
-use crate::schedule::WithSchedule;
 use crate::store::{RunningProcess, Store, StoreError};
 use crate::tools::approval::ApprovalGate;
 use crate::tools::childgroups::{kill_previous_run, GroupLedger};
-use crate::tools::mcp::WithMcp;
-use crate::tools::permission::PermissionPrompts;
-use crate::tools::runas::RunAs;
-use crate::tools::send_file::WithSendFile;
 use crate::tools::wakeup::{OwnerHistory, Wakeup};
-use crate::tools::{
-    tool_events, NoTools, TerminalTool, ToolEvent, ToolEventReceiver, ToolRegistry,
-};
+use crate::tools::{TerminalTool, ToolEvent, ToolEventReceiver};
+use crate::vocab::{Button, ChatType, Platform, SessionId, SessionSource};
 
 /// The session engine: the adapter that transports feed, and the runner
 /// behind it.
@@ -81,7 +70,7 @@ impl Engine {
     }
 
     /// [`Engine::with_store`] for an [`AgentSetup`] (see
-    /// [`build_agent_setup`]): with its terminal tool, the runner answers
+    /// [`build_agent_setup`](crate::wiring::engine::build_agent_setup)): with its terminal tool, the runner answers
     /// /ps, /kill, /approve and /deny, and a forwarder task brings wakeups
     /// and approval requests to the chats (so this must then be called
     /// inside a tokio runtime).
@@ -140,35 +129,6 @@ impl Engine {
             outbound,
         ));
         Engine { adapter, runner }
-    }
-
-    /// Build an engine from the configuration: the configured store and
-    /// settings, answering with `agent` (which uses no terminal tool).
-    pub async fn open(
-        config: &Config,
-        agent: Arc<dyn Agent>,
-        outbound: Arc<dyn Outbound>,
-    ) -> Result<Engine, StoreError> {
-        Engine::open_setup(config, AgentSetup::without_tools(agent), outbound).await
-    }
-
-    /// [`Engine::open`] for an [`AgentSetup`] (see [`Engine::assemble`]).
-    pub async fn open_setup(
-        config: &Config,
-        setup: AgentSetup,
-        outbound: Arc<dyn Outbound>,
-    ) -> Result<Engine, StoreError> {
-        let store = open_store(&config.store).await?;
-        let engine = Engine::assemble(
-            setup,
-            outbound,
-            store,
-            None,
-            config.adapter_config(),
-            config.runner_config(),
-        );
-        engine.prepare_run().await?;
-        Ok(engine)
     }
 
     /// At start, before anything runs again (recovery included): kill what
@@ -384,237 +344,4 @@ pub async fn report_lost_processes(store: &Store, outbound: &dyn Outbound) -> us
         }
     }
     lost.len()
-}
-
-/// Open the configured store (creating its directory on first run).
-pub async fn open_store(settings: &StoreSettings) -> Result<Store, StoreError> {
-    if settings.in_memory {
-        Store::open_in_memory()
-    } else {
-        Store::open_with(settings.database_path(), settings.synchronous).await
-    }
-}
-
-/// Environment variables holding secrets that no child process may inherit.
-fn secret_env_names(config: &AgentConfig) -> Vec<String> {
-    let mut secrets = vec![TOKEN_ENV.to_string(), WEBHOOK_SECRET_ENV.to_string()];
-    if let Some(openai) = &config.openai {
-        secrets.push(openai.api_key_env.clone());
-    }
-    secrets
-}
-
-/// The configured agent backend with its tools: the openai backend gets the
-/// terminal tool when `[tools.terminal] enabled = true`, the tools of
-/// the `[[tools.mcp]]` servers and the `schedule` tool while `[schedule]
-/// enabled` (the default), and no tools otherwise; the claude preset
-/// with `permission_prompt = true` asks its permission prompts on the
-/// approval card. Fails only for a configuration that [`Config`]
-/// validation would have refused.
-pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
-    if config.agent.backend == Backend::Acp {
-        return build_acp_setup(&config.agent);
-    }
-    let terminal = &config.tools.terminal;
-    let data_dir = (!config.store.in_memory).then_some(config.store.data_dir.as_path());
-    let scheduling = config.schedule.enabled && config.agent.backend == Backend::Openai;
-    if !terminal.enabled && config.tools.mcp.is_empty() && !scheduling {
-        if let Some(setup) = claude_with_permission_prompts(config, data_dir)? {
-            return Ok(setup);
-        }
-        return Ok(AgentSetup::without_tools(build_agent_in(
-            &config.agent,
-            data_dir,
-        )?));
-    }
-    let openai = match (&config.agent.backend, &config.agent.openai) {
-        (Backend::Openai, Some(openai)) => openai.clone(),
-        _ => return Err(
-            "tools.terminal.enabled = true and [[tools.mcp]] need agent.backend = \"openai\" with [agent.openai]"
-                .to_string(),
-        ),
-    };
-    let (sender, events) = tool_events();
-    let tool = if terminal.enabled {
-        Some(Arc::new(TerminalTool::new(
-            terminal,
-            secret_env_names(&config.agent),
-            sender.clone(),
-        )?))
-    } else {
-        None
-    };
-    // One gate for every tool: the terminal tool's, else one of its own
-    // with the same timeout.
-    let gate = tool.as_ref().map_or_else(
-        || ApprovalGate::new(Duration::from_secs(terminal.approval_timeout_secs), sender),
-        |tool| tool.approvals().clone(),
-    );
-    let key = openai.api_key();
-    let mut tools: Arc<dyn ToolRegistry> = match &tool {
-        Some(tool) => with_send_file(tool.clone(), config)?,
-        None => Arc::new(NoTools),
-    };
-    if !config.tools.mcp.is_empty() {
-        tools = Arc::new(WithMcp::new(
-            tools,
-            &config.tools.mcp,
-            gate.clone(),
-            config.secret_env_names().into_iter().collect(),
-        ));
-    }
-    if config.schedule.enabled {
-        tools = Arc::new(WithSchedule::new(tools));
-    }
-    let agent = OpenAiAgent::new(openai, key, tools)?;
-    Ok(match tool {
-        Some(tool) => AgentSetup {
-            agent: Arc::new(agent),
-            terminal: Some(TerminalSetup { tool, events }),
-            approvals: None,
-        },
-        None => AgentSetup {
-            agent: Arc::new(agent),
-            terminal: None,
-            approvals: Some(ApprovalsSetup { gate, events }),
-        },
-    })
-}
-
-/// The terminal tool plus `send_file`, which sends from the workdir only,
-/// on behalf of the `run_as` user if there is one; without a workdir it is
-/// not offered (never telegate's own directory, which holds its config and
-/// database).
-fn with_send_file(
-    tool: Arc<TerminalTool>,
-    config: &Config,
-) -> Result<Arc<dyn ToolRegistry>, String> {
-    let terminal = &config.tools.terminal;
-    Ok(match &terminal.workdir {
-        Some(workdir) => {
-            let reader = terminal
-                .run_as
-                .as_deref()
-                .map(RunAs::resolve)
-                .transpose()?
-                .map(|user| Reader {
-                    uid: user.uid,
-                    gid: user.gid,
-                });
-            let workspace = Workspace::new(workdir, reader);
-            Arc::new(WithSendFile::new(tool, workspace))
-        }
-        None => {
-            tracing::info!("send_file is not offered: it needs [tools.terminal] workdir");
-            tool
-        }
-    })
-}
-
-/// The ACP backend with the approval gate its permission requests wait in
-/// (answered in the chat like the terminal tool's).
-fn build_acp_setup(config: &AgentConfig) -> Result<AgentSetup, String> {
-    let acp = config
-        .acp
-        .clone()
-        .ok_or("agent.backend = \"acp\" needs [agent.acp]")?;
-    let (sender, events) = tool_events();
-    let gate = ApprovalGate::new(Duration::from_secs(acp.permission_timeout_secs), sender);
-    let agent = AcpAgent::new(acp, gate.clone(), secret_env_names(config));
-    Ok(AgentSetup {
-        agent: Arc::new(agent),
-        terminal: None,
-        approvals: Some(ApprovalsSetup { gate, events }),
-    })
-}
-
-/// The claude preset with `permission_prompt = true`: the command backend
-/// asking through a gate of its own (`permission_timeout_secs`), its
-/// socket in `<data_dir>/permission-prompts` (a private temporary
-/// directory without a data directory). `None` for any other backend.
-fn claude_with_permission_prompts(
-    config: &Config,
-    data_dir: Option<&std::path::Path>,
-) -> Result<Option<AgentSetup>, String> {
-    let Some(command) = config
-        .agent
-        .command
-        .as_ref()
-        .filter(|c| config.agent.backend == Backend::Command && c.permission_prompt)
-    else {
-        return Ok(None);
-    };
-    let program = match &command.permission_helper {
-        Some(program) => program.clone(),
-        None => std::env::current_exe().map_err(|e| {
-            format!("cannot find telegate's own binary for the permission helper: {e}")
-        })?,
-    };
-    let dir = match data_dir {
-        Some(dir) => dir.join("permission-prompts"),
-        None => std::env::temp_dir().join(format!(
-            "telegate-permission-{}",
-            uuid::Uuid::new_v4().simple()
-        )),
-    };
-    let (sender, events) = tool_events();
-    let gate = ApprovalGate::new(command.permission_timeout(), sender);
-    let prompts = PermissionPrompts::new(dir, gate.clone(), command.permission_timeout(), program);
-    let agent = CommandAgent::new(command.clone(), secret_env_names(&config.agent));
-    let agent = match data_dir {
-        Some(dir) => agent.with_history_dir(dir),
-        None => agent,
-    }
-    .with_permission_prompts(prompts);
-    Ok(Some(AgentSetup {
-        agent: Arc::new(agent),
-        terminal: None,
-        approvals: Some(ApprovalsSetup { gate, events }),
-    }))
-}
-
-/// The configured agent backend, without tools. Fails only for a
-/// configuration that [`Config`] validation would have refused.
-pub fn build_agent(config: &AgentConfig) -> Result<Arc<dyn Agent>, String> {
-    build_agent_in(config, None)
-}
-
-/// [`build_agent`] for a store in `data_dir`: the command backend keeps
-/// its history files there (clearing what a killed run left), not in the
-/// shared temporary directory. Call it at start, holding the data
-/// directory's lock.
-pub fn build_agent_in(
-    config: &AgentConfig,
-    data_dir: Option<&std::path::Path>,
-) -> Result<Arc<dyn Agent>, String> {
-    let secrets = secret_env_names(config);
-    Ok(match config.backend {
-        Backend::Echo => Arc::new(EchoAgent {
-            delay: Duration::from_millis(config.echo.delay_ms),
-        }),
-        Backend::Command => {
-            let command = config
-                .command
-                .clone()
-                .ok_or("agent.backend = \"command\" needs [agent.command]")?;
-            let agent = CommandAgent::new(command, secrets);
-            Arc::new(match data_dir {
-                Some(dir) => agent.with_history_dir(dir),
-                None => agent,
-            })
-        }
-        Backend::Openai => {
-            let openai = config
-                .openai
-                .clone()
-                .ok_or("agent.backend = \"openai\" needs [agent.openai]")?;
-            let key = openai.api_key();
-            Arc::new(OpenAiAgent::new(openai, key, Arc::new(NoTools))?)
-        }
-        // Its permission requests need the chat: only with its gate.
-        Backend::Acp => return Err(
-            "agent.backend = \"acp\" asks permissions in the chat: build it with build_agent_setup"
-                .to_string(),
-        ),
-    })
 }

@@ -13,8 +13,8 @@
 
 use serde_json::Value;
 
-use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
-use crate::identity::SessionId;
+use crate::vocab::SessionId;
+use crate::vocab::{ChatType, MessageEvent, Platform, SessionSource};
 
 /// The inbox payload of an internal event: enough to rebuild it.
 pub fn internal_payload(event: &MessageEvent) -> Value {

@@ -17,22 +17,24 @@
 //! * [`metrics`]: the explicit metrics registry every component records into;
 //! * [`http`]: the optional `/healthz` and `/metrics` listener;
 //! * [`listener`]: the accept loop both HTTP listeners share (connection
-//!   cap, read deadlines).
+//!   cap, read deadlines);
+//! * [`access`]: pairing, roles and invites (who may use the bot);
+//! * [`limits`]: per-user budgets and usage, days in the chat's zone;
+//! * [`clock`]: the injectable wall clock codes and budgets run on.
 //!
 //! Everything is re-exported here for the binary, the tests and the benches.
 
+pub mod access;
 pub mod adapter;
 pub mod agent;
-pub mod buttons;
+pub mod clock;
 pub mod config;
-pub mod config_checks;
 pub mod delivery;
 pub mod engine;
-pub mod event;
 pub mod http;
-pub mod identity;
 pub mod instance_lock;
 pub mod journal;
+pub mod limits;
 pub mod listener;
 pub mod media;
 pub mod memory;
@@ -46,4 +48,5 @@ pub mod store;
 pub mod systemd;
 pub mod tools;
 pub mod transport;
-pub mod zero_config;
+pub mod vocab;
+pub mod wiring;

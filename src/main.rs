@@ -1,4 +1,5 @@
-//! The `telegate` binary: `run`, `console`, `check-config` and `init`.
+//! The `telegate` binary: `run`, `console`, `check-config`, `init` and
+//! `pair`.
 //!
 //! This is the edge where errors become `anyhow` and exit codes.
 
@@ -6,8 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use telegate::config::{Config, LogFormat, Purpose};
-use telegate::zero_config;
+use telegate::config::{zero_config, Config, LogFormat, Purpose};
 
 #[derive(Parser)]
 #[command(
@@ -55,6 +55,15 @@ enum Command {
         #[arg(long)]
         socket: PathBuf,
     },
+    /// Print a fresh pairing code for the bot of this data directory
+    /// (running or not): the first user to send `/pair CODE` becomes its
+    /// owner.
+    Pair {
+        /// The configuration file (default: telegate.toml if it exists,
+        /// else built-in defaults plus the environment).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
     /// Write a commented example configuration (never over an existing file).
     Init {
         /// Where to write it.
@@ -83,7 +92,7 @@ fn main() -> ExitCode {
         Command::Run { config, .. } | Command::CheckConfig { config } => {
             (config, Purpose::Telegram)
         }
-        Command::Console { config } => (config, Purpose::Console),
+        Command::Console { config } | Command::Pair { config } => (config, Purpose::Console),
         Command::PermissionHelper { socket } => return permission_helper(socket.clone()),
         Command::Init { config } => {
             return match zero_config::init(config) {
@@ -109,6 +118,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::Pair { .. } = cli.command {
+        return pair(&config);
+    }
     if let Command::CheckConfig { .. } = cli.command {
         println!(
             "{}: OK\n{}",
@@ -152,12 +164,13 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Console { .. } => telegate::transport::console::run(&config).await,
+            Command::Console { .. } => telegate::wiring::console::run(&config).await,
             Command::Run { standby, .. } => {
-                telegate::transport::telegram::run_with(&config, standby).await
+                telegate::wiring::telegram::run_with(&config, standby).await
             }
             Command::CheckConfig { .. }
             | Command::Init { .. }
+            | Command::Pair { .. }
             | Command::PermissionHelper { .. } => Ok(()),
         }
     });
@@ -186,6 +199,29 @@ fn permission_helper(socket: PathBuf) -> ExitCode {
     };
     match runtime.block_on(telegate::tools::permission::helper::run(socket)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `telegate pair`: a fresh pairing code written into the data
+/// directory's database (next to a running bot, without its lock), shown
+/// on stdout.
+fn pair(config: &Config) -> ExitCode {
+    if config.store.in_memory {
+        eprintln!("error: store.in_memory = true: there is no database to pair through");
+        return ExitCode::from(2);
+    }
+    match telegate::access::pairing::pair_in(&config.store.data_dir, &config.access) {
+        Ok(code) => {
+            println!(
+                "{}",
+                telegate::access::pairing::pairing_text(&code, config.access.pairing_code_minutes)
+            );
+            ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("error: {error}");
             ExitCode::FAILURE

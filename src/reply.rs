@@ -12,8 +12,7 @@
 
 use futures::future::BoxFuture;
 
-use crate::agent::ProgressWatch;
-use crate::event::SessionSource;
+use crate::vocab::{ProgressWatch, SessionSource};
 
 /// What a reply is, so a transport can render or pace it differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +38,11 @@ pub struct Reply {
     pub reply_to: Option<i64>,
     /// Inline buttons under the reply (transports without buttons ignore
     /// them; every button's action is also a typed command).
-    pub buttons: Vec<crate::buttons::Button>,
+    pub buttons: Vec<crate::vocab::Button>,
+    /// The answer spoken (Ogg/Opus): sent as a voice note carrying the
+    /// text where the transport can (see `delivery::voice`); others send
+    /// the text.
+    pub voice: Option<bytes::Bytes>,
 }
 
 impl Reply {
@@ -50,6 +53,7 @@ impl Reply {
             kind,
             reply_to: None,
             buttons: Vec::new(),
+            voice: None,
         }
     }
 
@@ -80,8 +84,14 @@ impl Reply {
     }
 
     /// Put `buttons` under the reply.
-    pub fn with_buttons(mut self, buttons: Vec<crate::buttons::Button>) -> Self {
+    pub fn with_buttons(mut self, buttons: Vec<crate::vocab::Button>) -> Self {
         self.buttons = buttons;
+        self
+    }
+
+    /// Send the answer as this voice note (Ogg/Opus) with its text.
+    pub fn with_voice(mut self, audio: bytes::Bytes) -> Self {
+        self.voice = Some(audio);
         self
     }
 }
@@ -207,7 +217,7 @@ pub struct TurnStart<'a> {
     /// The turn's generation.
     pub generation: u64,
     /// The message was handed on by restart recovery
-    /// ([`crate::event::MessageEvent::replayed`]): part of its answer may
+    /// ([`crate::vocab::MessageEvent::replayed`]): part of its answer may
     /// be recorded already.
     pub replayed: bool,
 }

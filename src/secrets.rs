@@ -38,9 +38,33 @@
 //! and capability changes are not thread-safe, and capabilities are
 //! per-thread).
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::config::Secret;
+use serde::Deserialize;
+
+/// A secret string. `Debug` prints `Secret(***)`; there is no `Display`.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wrap a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The secret itself, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
 
 /// Environment variable systemd sets to the service's credentials directory.
 pub const CREDENTIALS_DIR_ENV: &str = "CREDENTIALS_DIRECTORY";
@@ -52,6 +76,8 @@ pub const WEBHOOK_SECRET_CREDENTIAL: &str = "telegram_webhook_secret";
 pub const API_KEY_CREDENTIAL: &str = "openai_api_key";
 /// systemd credential name for the transcription endpoint's API key.
 pub const TRANSCRIPTION_KEY_CREDENTIAL: &str = "transcription_api_key";
+/// The credential name of the speech (voice answers) API key.
+pub const SPEECH_KEY_CREDENTIAL: &str = "speech_api_key";
 
 /// The largest secret file read (bytes). Tokens and keys are well under
 /// 1 KiB; a bigger file is a mistake (`token_file = "/dev/zero"`, a

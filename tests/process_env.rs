@@ -9,11 +9,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use telegate::agent::{Agent, CommandAgent, CommandConfig, Progress, TurnRequest};
-use telegate::event::{Platform, SessionKey, SessionSource};
-use telegate::identity::{SessionId, TurnGeneration};
+use telegate::agent::{Agent, CommandAgent, CommandConfig, TurnRequest};
 use telegate::tools::process::{ProcessOwner, ProcessRegistry, RegistryConfig, WaitOutcome};
 use telegate::tools::tool_events;
+use telegate::vocab::{Platform, Progress, SessionId, SessionKey, SessionSource, TurnGeneration};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(5);

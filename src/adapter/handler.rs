@@ -6,8 +6,8 @@ use std::future::Future;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::event::{MessageEvent, SessionKey};
 use crate::reply::Outgoing;
+use crate::vocab::{MessageEvent, SessionKey};
 
 /// What the adapter tells the handler about the slot a message belongs to.
 #[derive(Clone, Debug)]

@@ -8,7 +8,7 @@
 
 use futures::future::BoxFuture;
 
-use crate::event::{MessageEvent, SessionSource};
+use crate::vocab::{MessageEvent, SessionSource};
 
 /// The fate of one message (identified by its chat and message id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -45,7 +45,6 @@ pub use handler::{DispatchContext, MessageHandler};
 pub use ledger::{EventLedger, EventOutcome};
 pub use pending::PendingQueue;
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -55,12 +54,11 @@ use futures::FutureExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::event::{
-    is_control_command, KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource,
-};
-use crate::memory::shrink_when_sparse;
 use crate::metrics::Metrics;
 use crate::reply::{Outbound, Outgoing, Reply, ReplyKind};
+use crate::vocab::{
+    is_control_command, KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource,
+};
 
 /// What an ordinary message does to a busy slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]

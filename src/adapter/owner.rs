@@ -5,8 +5,20 @@
 //! stopped (/stop, /new, /reset: [`crate::reply::SendingStop`]); the owner task then says
 //! in one line what was left unsent.
 
-use super::*;
+use crate::adapter::AdapterInner;
+use crate::adapter::DispatchContext;
+use crate::adapter::EventOutcome;
+use crate::adapter::SessionGuard;
+use crate::memory::shrink_when_sparse;
 use crate::reply::unsent_line;
+use crate::reply::Reply;
+use crate::vocab::MessageEvent;
+use crate::vocab::SessionKey;
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// The body of a slot's owner task: run the event, send its reply if the
 /// task still owns the slot, then take the next follow-up or release.
@@ -152,6 +164,6 @@ pub(super) fn refusal_notice(capacity: usize, count: usize) -> Reply {
 pub(super) fn internal_error() -> Reply {
     Reply::error(format!(
         "⚠️ Something went wrong while handling your message.\n{}",
-        crate::runner::RESET_HINT
+        crate::vocab::RESET_HINT
     ))
 }

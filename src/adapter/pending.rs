@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::event::MessageEvent;
+use crate::vocab::MessageEvent;
 
 /// Follow-ups for one slot, oldest first. Bounded: a full queue refuses the
 /// event and the caller tells the user (nothing is dropped silently).
@@ -59,7 +59,7 @@ impl PendingQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Platform, SessionSource};
+    use crate::vocab::{Platform, SessionSource};
 
     fn event(text: &str) -> MessageEvent {
         MessageEvent::text(SessionSource::dm(Platform::Telegram, 1), text)

@@ -5,7 +5,17 @@
 //!
 //! No I/O and no `.await`: the adapter holds this lock only between awaits.
 
-use super::*;
+use crate::adapter::GuardKind;
+use crate::adapter::OwnerTask;
+use crate::adapter::PendingQueue;
+use crate::adapter::SessionGuard;
+use crate::memory::shrink_when_sparse;
+use crate::vocab::MessageEvent;
+use crate::vocab::SessionKey;
+use crate::vocab::SessionSource;
+use std::collections::HashMap;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Default)]
 pub(super) struct AdapterState {

@@ -17,23 +17,18 @@
 pub mod acp;
 pub mod command;
 mod echo;
-mod message;
 pub mod openai;
-mod progress;
 
 pub use acp::{AcpAgent, AcpConfig, AcpPreset};
 pub use command::{CommandAgent, CommandConfig, HistoryMode, Preset, Protocol};
 pub use echo::EchoAgent;
-pub use message::{ChatMessage, Role};
 pub use openai::{OpenAiAgent, OpenAiConfig};
-pub use progress::{Progress, ProgressWatch, TurnEnd};
 
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::event::{SessionKey, SessionSource};
-use crate::identity::{SessionId, TurnGeneration};
 use crate::store::Store;
+use crate::vocab::{ChatMessage, Progress, SessionId, SessionKey, SessionSource, TurnGeneration};
 
 /// One turn's input.
 #[derive(Debug)]

@@ -9,48 +9,32 @@
 //! This module owns the schema, loading and validation. It must never
 //! connect to anything or log a secret.
 
-use std::fmt;
+use crate::secrets::Secret;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::adapter::{AdapterConfig, BusyMode};
-use crate::event::KeyPolicy;
+use crate::adapter::AdapterConfig;
 use crate::runner::RunnerConfig;
+use crate::vocab::KeyPolicy;
 
+mod checks;
 mod locate;
 mod sections;
+pub mod zero_config;
 
-pub use sections::*;
+use crate::config::sections::MAX_ANSWER_PARTS;
+use crate::config::sections::MAX_INBOX_RETENTION_DAYS;
+pub use sections::{
+    AgentConfig, Backend, ConsoleConfig, DeliverySettings, EchoConfig, LogConfig, LogFormat,
+    SessionsConfig, StoreSettings, TelegramConfig, ToolsConfig, UpdateMode, WebhookConfig,
+};
 
 /// Environment variable read for the bot token when the file has none.
 pub const TOKEN_ENV: &str = "TELEGRAM_BOT_TOKEN";
 /// Environment variable read for the webhook secret when the file has none.
 pub const WEBHOOK_SECRET_ENV: &str = "TELEGRAM_WEBHOOK_SECRET";
-
-/// A secret string. `Debug` prints `Secret(***)`; there is no `Display`.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wrap a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-
-    /// The secret itself, for the one place that must send it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -85,13 +69,23 @@ pub struct Config {
     pub metrics: crate::metrics::MetricsConfig,
     /// Where this configuration came from (not a key of the file).
     #[serde(skip)]
-    pub source: crate::zero_config::ConfigSource,
+    pub source: crate::config::zero_config::ConfigSource,
     /// `[media]`: photos, voice, documents in; files out.
     #[serde(default)]
     pub media: crate::media::MediaConfig,
     /// `[schedule]`: scheduled jobs and reminders.
     #[serde(default)]
     pub schedule: crate::schedule::ScheduleConfig,
+    /// `[access]`: pairing codes, invites, guessing limits.
+    #[serde(default)]
+    pub access: crate::access::AccessConfig,
+    /// `[limits]`: per-user budgets.
+    #[serde(default)]
+    pub limits: crate::limits::LimitsConfig,
+    /// Where "now" comes from for codes and budgets (not a key of the
+    /// file; tests set a manual clock).
+    #[serde(skip)]
+    pub clock: crate::clock::Clock,
 }
 
 /// What the configuration will be used for (what must be present).
@@ -190,7 +184,7 @@ impl Config {
         config
             .resolve_secrets(&env)
             .map_err(|message| located(message, &[]))?;
-        config.source = crate::zero_config::ConfigSource::File(path.to_path_buf());
+        config.source = crate::config::zero_config::ConfigSource::File(path.to_path_buf());
         config
             .validate(path, purpose)
             .map_err(|error| match error {
@@ -205,29 +199,22 @@ impl Config {
         self.validate(path, purpose)
     }
 
-    /// Whether the bot may start with both allowlists empty and
-    /// `allow_all_users` off: only a file-less start may (it answers nobody
-    /// but tells each sender their id, so they can be added).
-    pub fn may_start_locked(&self) -> bool {
-        self.source == crate::zero_config::ConfigSource::Environment
-    }
-
     fn validate(&self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
         let invalid = |message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
             message,
         };
-        crate::config_checks::check_durations(self).map_err(invalid)?;
+        crate::config::checks::check_durations(self).map_err(invalid)?;
         self.check_secret_formats().map_err(invalid)?;
         let secret_names = self.secret_env_names();
-        crate::config_checks::check_pass_env(
+        crate::config::checks::check_pass_env(
             "tools.terminal.pass_env",
             &self.tools.terminal.pass_env,
             &secret_names,
         )
         .map_err(invalid)?;
         if let Some(command) = &self.agent.command {
-            crate::config_checks::check_pass_env(
+            crate::config::checks::check_pass_env(
                 "agent.command.pass_env",
                 &command.pass_env,
                 &secret_names,
@@ -235,7 +222,7 @@ impl Config {
             .map_err(invalid)?;
         }
         if let Some(acp) = &self.agent.acp {
-            crate::config_checks::check_pass_env(
+            crate::config::checks::check_pass_env(
                 "agent.acp.pass_env",
                 &acp.pass_env,
                 &secret_names,
@@ -291,7 +278,9 @@ impl Config {
             )));
         }
         self.media.validate().map_err(invalid)?;
-        crate::config_checks::check_data_dir("store.data_dir", &self.store.data_dir)
+        self.access.validate().map_err(invalid)?;
+        self.limits.validate().map_err(invalid)?;
+        crate::config::checks::check_data_dir("store.data_dir", &self.store.data_dir)
             .map_err(invalid)?;
 
         self.schedule.validate().map_err(invalid)?;
@@ -313,7 +302,7 @@ impl Config {
             )));
         }
         for (index, server) in self.tools.mcp.iter().enumerate() {
-            crate::config_checks::check_pass_env(
+            crate::config::checks::check_pass_env(
                 &format!("tools.mcp[{index}].pass_env"),
                 &server.pass_env,
                 &secret_names,
@@ -333,7 +322,7 @@ impl Config {
                     "telegram.token is missing: set it in the file or in the {TOKEN_ENV} environment variable"
                 )));
             }
-            crate::config_checks::check_http_url("telegram.api_url", &telegram.api_url)
+            crate::config::checks::check_http_url("telegram.api_url", &telegram.api_url)
                 .map_err(invalid)?;
             if telegram.mode == UpdateMode::Webhook {
                 let Some(webhook) = &telegram.webhook else {
@@ -388,17 +377,6 @@ impl Config {
                     )));
                 }
             }
-            if telegram.allowed_users.is_empty()
-                && telegram.allowed_chats.is_empty()
-                && !telegram.allow_all_users
-                && !self.may_start_locked()
-            {
-                return Err(invalid(
-                    "nobody may use the bot: list user ids in telegram.allowed_users \
-                     (or set telegram.allow_all_users = true to open it to everyone)"
-                        .to_string(),
-                ));
-            }
         }
         Ok(())
     }
@@ -414,6 +392,20 @@ impl Config {
                 group_sessions_per_user: self.sessions.group_sessions_per_user,
             },
             metrics: crate::metrics::Metrics::default(),
+        }
+    }
+
+    /// Whether the model is shown saved files' paths: what the configured
+    /// backend and tools can open.
+    pub fn file_access(&self) -> crate::media::FileAccess {
+        use crate::media::FileAccess;
+        let terminal = &self.tools.terminal;
+        match self.agent.backend {
+            Backend::Command => FileAccess::Paths { workdir: None },
+            Backend::Openai if terminal.enabled && terminal.run_as.is_none() => FileAccess::Paths {
+                workdir: terminal.workdir.clone(),
+            },
+            _ => FileAccess::Names,
         }
     }
 
@@ -439,6 +431,15 @@ impl Config {
                 .filter(|_| self.agent.backend == Backend::Openai)
                 .map(|o| o.models.clone())
                 .unwrap_or_default(),
+            access: None,
+            limits: crate::limits::Limits::new(self.limits.clone(), self.clock.clone())
+                .with_default_zone(self.schedule.default_zone().1),
+            speech: self.media.speech.clone().and_then(|speech| {
+                crate::media::speech::Speaker::new(speech)
+                    .map_err(|error| tracing::error!(%error, "voice answers are off"))
+                    .ok()
+                    .map(std::sync::Arc::new)
+            }),
         }
     }
 
@@ -465,6 +466,8 @@ impl Config {
         let t = &self.telegram;
         let access = if t.allow_all_users {
             "everyone".to_string()
+        } else if t.allowed_users.is_empty() && t.allowed_chats.is_empty() {
+            "the team paired and invited from the chat (with no owner yet, a start shows a pairing code)".to_string()
         } else {
             format!(
                 "{} user(s), {} chat(s)",
@@ -561,8 +564,8 @@ impl Config {
     /// key later takes it from here.
     fn resolve_secrets(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
         use crate::secrets::{
-            SecretSources, API_KEY_CREDENTIAL, TOKEN_CREDENTIAL, TRANSCRIPTION_KEY_CREDENTIAL,
-            WEBHOOK_SECRET_CREDENTIAL,
+            SecretSources, API_KEY_CREDENTIAL, SPEECH_KEY_CREDENTIAL, TOKEN_CREDENTIAL,
+            TRANSCRIPTION_KEY_CREDENTIAL, WEBHOOK_SECRET_CREDENTIAL,
         };
         let telegram = &mut self.telegram;
         telegram.token = SecretSources {
@@ -611,13 +614,24 @@ impl Config {
         for (index, server) in self.tools.mcp.iter_mut().enumerate() {
             server.resolve_headers(index)?;
         }
+        if let Some(speech) = self.media.speech.as_mut() {
+            speech.resolved_api_key = SecretSources {
+                key: "media.speech.api_key_env",
+                inline: None,
+                file_key: "media.speech.api_key_file",
+                file: speech.api_key_file.as_deref(),
+                credential: SPEECH_KEY_CREDENTIAL,
+                env_var: speech.api_key_env.as_deref(),
+            }
+            .resolve(env)?;
+        }
         Ok(())
     }
 
     /// Secrets that are present must be well formed, whatever the purpose.
     fn check_secret_formats(&self) -> Result<(), String> {
         if let Some(token) = &self.telegram.token {
-            crate::config_checks::check_token("telegram.token", token)?;
+            crate::config::checks::check_token("telegram.token", token)?;
         }
         if let Some(secret) = self
             .telegram
@@ -625,7 +639,7 @@ impl Config {
             .as_ref()
             .and_then(|w| w.secret_token.as_ref())
         {
-            crate::config_checks::check_webhook_secret("telegram.webhook.secret_token", secret)?;
+            crate::config::checks::check_webhook_secret("telegram.webhook.secret_token", secret)?;
         }
         Ok(())
     }
@@ -644,6 +658,10 @@ impl Config {
                 .transcription
                 .as_ref()
                 .and_then(|t| t.resolved_api_key.as_ref()),
+            self.media
+                .speech
+                .as_ref()
+                .and_then(|s| s.resolved_api_key.as_ref()),
         ]
         .into_iter()
         .flatten()
@@ -663,7 +681,7 @@ impl Config {
     pub fn secret_env_names(&self) -> Vec<String> {
         let mut names: Vec<String> = [TOKEN_ENV, WEBHOOK_SECRET_ENV]
             .iter()
-            .chain(crate::agent::command::ALWAYS_STRIPPED_ENV)
+            .chain(crate::vocab::ALWAYS_STRIPPED_ENV)
             .map(|name| name.to_string())
             .collect();
         if let Some(openai) = &self.agent.openai {
@@ -674,6 +692,14 @@ impl Config {
             .transcription
             .as_ref()
             .and_then(|t| t.api_key_env.clone())
+        {
+            names.push(name);
+        }
+        if let Some(name) = self
+            .media
+            .speech
+            .as_ref()
+            .and_then(|s| s.api_key_env.clone())
         {
             names.push(name);
         }

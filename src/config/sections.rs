@@ -3,7 +3,10 @@
 //! schema only. Loading, environment overrides and validation live in the
 //! parent module.
 
-use super::*;
+use crate::adapter::BusyMode;
+use crate::secrets::Secret;
+use serde::Deserialize;
+use std::path::PathBuf;
 
 /// `[tools]`.
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -1,4 +1,5 @@
 use super::*;
+use crate::adapter::BusyMode;
 
 fn parse(text: &str, purpose: Purpose) -> Result<Config, ConfigError> {
     Config::parse(Path::new("bot.toml"), text, purpose, |_| None)
@@ -149,4 +150,30 @@ fn the_listeners_limits_have_defaults_and_bounds() {
         error.to_string().contains("metrics.connection_limit"),
         "{error}"
     );
+}
+
+#[test]
+fn what_can_open_files_follows_the_backend_and_the_terminal_user() {
+    use crate::media::FileAccess;
+    let parse = |text: &str| {
+        Config::parse(
+            std::path::Path::new("t.toml"),
+            text,
+            Purpose::Console,
+            |_| None,
+        )
+        .unwrap()
+    };
+    let openai = "[agent]\nbackend = \"openai\"\n[agent.openai]\nmodel = \"m\"\n";
+    assert_eq!(parse(openai).file_access(), FileAccess::Names);
+    let terminal = format!("{openai}[tools.terminal]\nenabled = true\napproval = \"always\"\n");
+    let mut config = parse(&terminal);
+    assert_eq!(config.file_access(), FileAccess::Paths { workdir: None });
+    // Commands running as another user cannot read telegate's files.
+    config.tools.terminal.run_as = Some("nobody".into());
+    assert_eq!(config.file_access(), FileAccess::Names);
+    let command = parse("[agent]\nbackend = \"command\"\n[agent.command]\nargv = [\"cat\"]\n");
+    assert_eq!(command.file_access(), FileAccess::Paths { workdir: None });
+    let echo = parse("[agent]\nbackend = \"echo\"\n");
+    assert_eq!(echo.file_access(), FileAccess::Names);
 }

@@ -15,11 +15,10 @@ use teloxide::requests::{Request, Requester};
 use teloxide::types::{ChatId, InlineKeyboardButton, InlineKeyboardMarkup, MessageId};
 
 use super::telegram::{render_chunks, ChatTarget, Delivery, Idempotence, Priority};
-use crate::buttons::{callback_data, new_button_id, Button, ButtonAction};
 use crate::delivery::FormattedText;
-use crate::event::SessionSource;
 use crate::reply::{DeliveryError, Reply, ReplyKind};
 use crate::store::{now_ms, ApprovalPrompt, NewButton, Store};
+use crate::vocab::{callback_data, new_button_id, Button, ButtonAction, SessionSource};
 
 /// Store `buttons` as one row bound to the user of `to`, and lay them out
 /// as an inline keyboard. `None` (no keyboard) without a store or when the
@@ -77,7 +76,7 @@ pub async fn register(
     let one_per_line = buttons.iter().any(|b| {
         matches!(
             b.action,
-            ButtonAction::Model { .. } | ButtonAction::Choose { .. }
+            ButtonAction::Model { .. } | ButtonAction::Choose { .. } | ButtonAction::Resume { .. }
         )
     });
     let layout: Vec<Vec<InlineKeyboardButton>> = if one_per_line {

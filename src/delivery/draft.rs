@@ -36,8 +36,8 @@ use teloxide::types::{MessageEntity, True};
 
 use super::entity::{to_telegram, FormattedText};
 use super::telegram::{ChatTarget, Delivery, Idempotence};
-use crate::event::{ChatType, SessionSource};
 use crate::reply::DeliveryError;
+use crate::vocab::{ChatType, SessionSource};
 
 /// `[delivery] streaming`: how a running turn's partial answer is shown.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -170,7 +170,7 @@ pub async fn send_draft(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Platform;
+    use crate::vocab::Platform;
 
     #[test]
     fn auto_is_the_default() {

@@ -24,9 +24,9 @@ use teloxide::types::{ChatId, InputFile, Message, MessageId, ReplyParameters, Th
 use teloxide::{Bot, RequestError};
 
 use super::telegram::{ChatTarget, Delivery, Idempotence};
-use crate::event::SessionSource;
 use crate::media::outbox::{FileBody, FileSender, OutgoingFile};
 use crate::reply::DeliveryError;
+use crate::vocab::SessionSource;
 
 /// Telegram's caption limit (characters).
 const CAPTION_LIMIT: usize = 1024;

@@ -42,15 +42,14 @@ use teloxide::types::InlineKeyboardMarkup;
 use super::buttons::{clear_markup, register};
 use super::draft::{is_refusal, send_draft, DraftStream};
 use super::entity::FormattedText;
+use super::final_answer::deliver_answer_once;
 use super::markdown::render;
-use super::outbound::{deliver_answer_once, ReplyRecord};
+use super::reply_record::ReplyRecord;
 use super::split::{split, TELEGRAM_LIMIT};
 use super::telegram::{ChatTarget, Delivery, Priority};
-use crate::agent::{ProgressWatch, TurnEnd};
-use crate::buttons::Button;
-use crate::event::SessionSource;
 use crate::reply::{DeliveryError, LiveReply, Reply};
 use crate::store::Store;
+use crate::vocab::{Button, ProgressWatch, SessionSource, TurnEnd};
 
 /// The Stop button a preview offers: /stop for the turn of `generation`,
 /// bound to the user of `to`.

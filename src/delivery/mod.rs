@@ -29,23 +29,27 @@
 //! feeds them input and acts on their answers, which keeps all of this
 //! deterministic and testable with property tests.
 
+pub mod answer;
 pub mod api;
 pub mod buttons;
 pub mod draft;
 pub mod entity;
 pub mod files;
+pub mod final_answer;
 mod lanes;
 pub mod live;
 pub mod markdown;
 pub mod outbound;
 pub mod ratelimit;
 pub mod reaction;
+pub mod reply_record;
 pub mod split;
 pub mod telegram;
+pub mod voice;
 
 pub use entity::{to_telegram, utf16_len, EntityKind, FormattedText, TextEntity};
 pub use markdown::render;
 pub use outbound::TelegramOutbound;
 pub use ratelimit::{RateLimiter, RateLimits};
 pub use split::{split, TELEGRAM_LIMIT};
-pub use telegram::{ChatTarget, Delivery, DeliveryConfig, DeliveryStats};
+pub use telegram::{ChatTarget, Delivery, DeliveryConfig};

@@ -61,12 +61,13 @@ use super::api::{post, AttemptError};
 use super::entity::{to_telegram, FormattedText};
 use super::lanes::ChatLanes;
 use super::markdown::render;
-use super::outbound::ReplyRecord;
 pub use super::ratelimit::Priority;
 use super::ratelimit::{RateLimiter, RateLimits};
+use super::reply_record::ReplyRecord;
 use super::split::{split, TELEGRAM_LIMIT};
-use crate::event::SessionSource;
+use crate::metrics::DeliveryStats;
 use crate::reply::{DeliveryError, Reply, ReplyKind};
+use crate::vocab::SessionSource;
 
 /// Delivery settings.
 #[derive(Clone, Debug)]
@@ -120,19 +121,6 @@ impl Default for DeliveryConfig {
 
 /// Messages an answer takes at most, unless configured.
 pub const DEFAULT_MAX_ANSWER_PARTS: usize = 10;
-
-/// Counters for tests, `/metrics` and benchmarks.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct DeliveryStats {
-    /// 429 answers seen.
-    pub retry_after_hits: u64,
-    /// Total time Telegram asked us to wait, in milliseconds.
-    pub retry_after_wait_ms: u64,
-    /// Requests that failed for good.
-    pub failures: u64,
-    /// Messages resent as plain text after an entity error.
-    pub plain_fallbacks: u64,
-}
 
 /// Whether a request may be repeated when its outcome is unknown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

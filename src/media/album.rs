@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::event::MessageEvent;
+use crate::vocab::MessageEvent;
 
 /// `(chat, first message id)` → the ids of the album's other parts.
 type AliasMap = HashMap<(i64, i64), Vec<i64>>;
@@ -76,7 +76,7 @@ pub fn merge(album: &mut MessageEvent, part: MessageEvent) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Platform, SessionSource};
+    use crate::vocab::{Platform, SessionSource};
 
     fn part(id: i64, group: Option<&str>, caption: &str) -> MessageEvent {
         let mut e = MessageEvent::text(SessionSource::dm(Platform::Telegram, 1), caption)

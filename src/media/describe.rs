@@ -7,7 +7,7 @@
 
 use teloxide::types::{FileMeta, Message};
 
-use super::{FileCandidate, MediaKind, MediaRef};
+use crate::vocab::{FileCandidate, MediaKind, MediaRef};
 
 fn candidate(file: &FileMeta) -> FileCandidate {
     FileCandidate {

@@ -41,6 +41,7 @@ pub mod outbox_dir;
 pub mod pdf;
 pub mod prepare;
 pub mod retention;
+pub mod speech;
 pub mod stage;
 pub mod transcribe;
 pub mod vision;
@@ -49,6 +50,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::vocab::Attachment;
 use serde::Deserialize;
 
 pub use outbox::{FileSender, OutboxFiles};
@@ -97,6 +99,9 @@ pub struct MediaConfig {
     /// `[media.transcription]`: voice, audio and video notes to text.
     #[serde(default)]
     pub transcription: Option<TranscriptionConfig>,
+    /// `[media.speech]`: answers as voice notes (`/voice`).
+    #[serde(default)]
+    pub speech: Option<speech::SpeechConfig>,
 }
 
 fn default_max_file_bytes() -> u64 {
@@ -129,6 +134,7 @@ impl Default for MediaConfig {
 
             max_files_per_answer: default_max_files_per_answer(),
             transcription: None,
+            speech: None,
         }
     }
 }
@@ -150,6 +156,9 @@ impl MediaConfig {
         }
         if let Some(t) = &self.transcription {
             t.validate()?;
+        }
+        if let Some(s) = &self.speech {
+            s.validate()?;
         }
         Ok(())
     }
@@ -181,7 +190,7 @@ pub struct TranscriptionConfig {
     /// The key as resolved when the config was loaded, before telegate
     /// scrubbed its environment (never deserialized; see `crate::secrets`).
     #[serde(skip)]
-    pub resolved_api_key: Option<crate::config::Secret>,
+    pub resolved_api_key: Option<crate::secrets::Secret>,
     /// The spoken language (ISO-639-1), if known; the server guesses
     /// otherwise.
     #[serde(default)]
@@ -226,68 +235,6 @@ impl TranscriptionConfig {
     }
 }
 
-/// What a message carried.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MediaKind {
-    /// A photo (several sizes).
-    Photo,
-    /// A voice note.
-    Voice,
-    /// An audio file.
-    Audio,
-    /// A round video note.
-    VideoNote,
-    /// A file.
-    Document,
-    /// A video or animation.
-    Video,
-}
-
-impl MediaKind {
-    /// Voice, audio and video notes are transcribed.
-    pub fn is_speech(self) -> bool {
-        matches!(
-            self,
-            MediaKind::Voice | MediaKind::Audio | MediaKind::VideoNote
-        )
-    }
-}
-
-/// One downloadable file of a message (a photo has one per size).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileCandidate {
-    /// Telegram's `file_id` (to download).
-    pub file_id: String,
-    /// Telegram's `file_unique_id` (stable; names the saved file).
-    pub unique_id: String,
-    /// The size Telegram announced (0: unknown).
-    pub size: u64,
-}
-
-/// A message's media, as described by the update (nothing downloaded yet).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MediaRef {
-    /// What it is.
-    pub kind: MediaKind,
-    /// The files to choose from, smallest first (one except for photos).
-    pub candidates: Vec<FileCandidate>,
-    /// The MIME type Telegram reported, if any.
-    pub mime: Option<String>,
-    /// The original file name, if any.
-    pub file_name: Option<String>,
-}
-
-/// A prepared inbound file handed to the agent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Attachment {
-    /// Where it was saved.
-    pub path: PathBuf,
-    /// Its MIME type (guessed when Telegram named none).
-    pub mime: String,
-    /// An image the model may look at (photos, image documents).
-    pub is_image: bool,
-}
-
 /// Whether the model is shown saved files' paths: only where a tool it
 /// has can open them. Otherwise it sees file names (and what could be read
 /// of them) and never a server path.
@@ -308,19 +255,6 @@ pub enum FileAccess {
 }
 
 impl FileAccess {
-    /// What the configured backend and tools can open.
-    pub fn for_config(config: &crate::config::Config) -> FileAccess {
-        use crate::config::Backend;
-        let terminal = &config.tools.terminal;
-        match config.agent.backend {
-            Backend::Command => FileAccess::Paths { workdir: None },
-            Backend::Openai if terminal.enabled && terminal.run_as.is_none() => FileAccess::Paths {
-                workdir: terminal.workdir.clone(),
-            },
-            _ => FileAccess::Names,
-        }
-    }
-
     /// How `path` is named to the model (`None`: it is not).
     pub fn shown(&self, path: &Path) -> Option<String> {
         let FileAccess::Paths { workdir } = self else {
@@ -333,30 +267,6 @@ impl FileAccess {
             .and_then(|dir| path.strip_prefix(dir).ok().map(Path::to_path_buf))
             .filter(|relative| !relative.as_os_str().is_empty());
         Some(inside.unwrap_or(path).display().to_string())
-    }
-}
-
-/// The media part of a [`crate::event::MessageEvent`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EventMedia {
-    /// What the message carries, still to be prepared.
-    pub refs: Vec<MediaRef>,
-    /// The album (`media_group_id`) this message belongs to.
-    pub group: Option<String>,
-    /// The message ids of the other album parts merged into this event.
-    pub merged: Vec<i64>,
-    /// Prepared files (set by [`MediaStage`]).
-    pub attachments: Vec<Attachment>,
-    /// On /stop, /new or /reset: how many of the slot's messages this
-    /// command stopped while they were still being prepared (set by the
-    /// [`stage`]); the command stopped something even if no turn ran.
-    pub stopped: usize,
-}
-
-impl EventMedia {
-    /// True while there is media to prepare.
-    pub fn needs_preparing(&self) -> bool {
-        !self.refs.is_empty()
     }
 }
 
@@ -528,32 +438,6 @@ mod tests {
             outside.shown(path).as_deref(),
             Some("/data/media/s1/5-0-report.pdf")
         );
-    }
-
-    #[test]
-    fn what_can_open_files_follows_the_backend_and_the_terminal_user() {
-        use crate::config::{Config, Purpose};
-        let parse = |text: &str| {
-            Config::parse(Path::new("t.toml"), text, Purpose::Console, |_| None).unwrap()
-        };
-        let openai = "[agent]\nbackend = \"openai\"\n[agent.openai]\nmodel = \"m\"\n";
-        assert_eq!(FileAccess::for_config(&parse(openai)), FileAccess::Names);
-        let terminal = format!("{openai}[tools.terminal]\nenabled = true\napproval = \"always\"\n");
-        let mut config = parse(&terminal);
-        assert_eq!(
-            FileAccess::for_config(&config),
-            FileAccess::Paths { workdir: None }
-        );
-        // Commands running as another user cannot read telegate's files.
-        config.tools.terminal.run_as = Some("nobody".into());
-        assert_eq!(FileAccess::for_config(&config), FileAccess::Names);
-        let command = parse("[agent]\nbackend = \"command\"\n[agent.command]\nargv = [\"cat\"]\n");
-        assert_eq!(
-            FileAccess::for_config(&command),
-            FileAccess::Paths { workdir: None }
-        );
-        let echo = parse("[agent]\nbackend = \"echo\"\n");
-        assert_eq!(FileAccess::for_config(&echo), FileAccess::Names);
     }
 
     #[test]

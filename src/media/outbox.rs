@@ -31,9 +31,9 @@ use futures::future::BoxFuture;
 
 use super::handle::{self, OpenError, PathProblem, Reader, Unfit};
 use super::{guess_mime, human_size, is_image_mime, PHOTO_UPLOAD_LIMIT, UPLOAD_LIMIT};
-use crate::event::SessionSource;
 use crate::reply::DeliveryError;
 use crate::store::{FileSend, Store};
+use crate::vocab::SessionSource;
 
 /// What an upload reads.
 #[derive(Clone, Debug)]
@@ -381,7 +381,7 @@ impl OutboxFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Platform;
+    use crate::vocab::Platform;
     use std::io::Read;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Mutex;

@@ -28,8 +28,8 @@ use futures::future::BoxFuture;
 use super::handle::{self, OpenError};
 use super::outbox::{open_checked, OutboxFiles, SendOutcome};
 use super::{FileCount, TurnFiles};
-use crate::event::SessionSource;
 use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, SendingStop};
+use crate::vocab::SessionSource;
 
 /// What one batch did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -363,9 +363,9 @@ impl LiveReply for FilesAfter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Platform;
     use crate::media::outbox::{FileSender, OutgoingFile};
     use crate::store::{FileSend, Store};
+    use crate::vocab::Platform;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Counts sends; fires `stop` once `stop_after` files went out.

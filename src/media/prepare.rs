@@ -19,15 +19,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::event::MessageEvent;
+use crate::vocab::MessageEvent;
 
 use super::document::{self, Shown, Told};
 use super::download::Downloader;
 use super::transcribe::Transcriber;
-use super::{
-    guess_mime, human_size, is_image_mime, safe_component, Attachment, FileAccess, FileCandidate,
-    MediaConfig, MediaKind, MediaRef,
-};
+use super::{guess_mime, human_size, is_image_mime, safe_component, FileAccess, MediaConfig};
+use crate::vocab::{Attachment, FileCandidate, MediaKind, MediaRef};
 
 /// What happens to photos.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +201,7 @@ impl MediaStage {
         }
         shown.extend(notices);
         let echo = (!shown.is_empty()).then(|| shown.join("\n"));
+        event.media.spoken = !spoken.is_empty();
         event.text = compose(&caption, &spoken, &notes);
         Ok(Prepared { event, echo })
     }

@@ -39,8 +39,7 @@ use tokio_util::task::TaskTracker;
 
 use super::album::{merge, same_album};
 use super::order::{ReleaseOrder, Ticket};
-use crate::event::{is_control_command, MessageEvent, SessionKey};
-use crate::runner::KnownCommand;
+use crate::vocab::{is_control_command, KnownCommand, MessageEvent, SessionKey};
 
 /// How an event goes through the stage (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -318,7 +317,7 @@ impl<Io: StageIo> PreparationStage<Io> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Platform, SessionSource};
+    use crate::vocab::{Platform, SessionSource};
     use std::sync::Mutex;
     use tokio::sync::Notify;
 

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::TranscriptionConfig;
-use crate::config::Secret;
+use crate::secrets::Secret;
 
 /// Why a transcription failed. The `Display` text is the owner's detail
 /// (for the log); [`TranscribeError::user_text`] is what the chat is told.

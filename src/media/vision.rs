@@ -12,7 +12,8 @@
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use super::{turn_files, Attachment};
+use super::turn_files;
+use crate::vocab::Attachment;
 
 /// The `image_url` parts for `attachments` (unreadable files are skipped
 /// with a log line).

@@ -34,7 +34,6 @@ use prometheus_client::metrics::gauge::Gauge as PromGauge;
 use prometheus_client::metrics::MetricType;
 use serde::Deserialize;
 
-use crate::delivery::DeliveryStats;
 use crate::listener::{LimitSettings, ListenerLimits};
 
 /// Prefix of every metric name.
@@ -350,7 +349,21 @@ impl EncodeMetric for InboxGauges {
     }
 }
 
-pub use crate::store::InboxState;
+use crate::vocab::InboxState;
+
+/// The delivery engine's totals (`crate::delivery::Delivery::stats`), for
+/// tests, `/metrics` ([`Registry::record_delivery`]) and benchmarks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryStats {
+    /// 429 answers seen.
+    pub retry_after_hits: u64,
+    /// Total time Telegram asked us to wait, in milliseconds.
+    pub retry_after_wait_ms: u64,
+    /// Requests that failed for good.
+    pub failures: u64,
+    /// Messages resent as plain text after an entity error.
+    pub plain_fallbacks: u64,
+}
 
 /// Scheduled runs by outcome, one series per `outcome` (a fixed enum).
 #[derive(Clone, Debug, Default)]

@@ -1,162 +1,15 @@
 //! The slash commands the runner answers, and their texts.
 //!
-//! Parsing lives in [`crate::event`]; this module only knows which commands
-//! exist, which of them may run while a turn is busy, and how their replies
-//! read. Pure functions: no state, no I/O.
+//! Which commands exist and how they are parsed lives in
+//! [`crate::vocab`]; this module only knows how the runner's replies read.
+//! Pure functions: no state, no I/O.
 
 use std::time::Duration;
 
 use crate::store::AgentUsage;
 use crate::tools::approval::{Decided, NotDecided};
 use crate::tools::approval_prompt::preview;
-
-/// The commands telegate knows, with a one-line description (also used for
-/// Telegram's command menu).
-pub const COMMANDS: &[(&str, &str)] = &[
-    ("start", "Say hello and show what I can do"),
-    ("help", "List the commands"),
-    (
-        "status",
-        "Show the session, whether a task runs, and the queue",
-    ),
-    ("stop", "Stop the running task"),
-    ("new", "Start a fresh conversation"),
-    ("reset", "Reset the conversation (same as /new)"),
-    ("ps", "List this chat's background processes"),
-    (
-        "kill",
-        "Stop a background process and all it started: /kill ID",
-    ),
-    ("approve", "Run the command waiting for your approval"),
-    ("deny", "Refuse the command waiting for your approval"),
-    (
-        "retry",
-        "Run your last message again, replacing the last answer",
-    ),
-    ("undo", "Remove the last exchange from the conversation"),
-    ("model", "Show or switch the model: /model NAME"),
-    ("jobs", "List this chat's scheduled jobs"),
-    ("at", "Run or remind at a time: /at 18:00 remind: call Anna"),
-    (
-        "in",
-        "Run or remind after a while: /in 30m remind: call Anna",
-    ),
-    (
-        "every",
-        "Repeat: /every weekday 08:00 summarise my inbox, /every 1h …",
-    ),
-    (
-        "cron",
-        "Repeat by cron: /cron \"0 8 * * 1-5\" summarise my inbox",
-    ),
-    ("pause", "Pause a scheduled job: /pause ID"),
-    ("resume", "Resume a paused job: /resume ID"),
-    ("unschedule", "Delete a scheduled job: /unschedule ID"),
-    (
-        "timezone",
-        "Show or set this chat's time zone: /timezone Europe/Berlin",
-    ),
-];
-
-/// A command the runner recognises.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KnownCommand {
-    /// /start
-    Start,
-    /// /help
-    Help,
-    /// /status
-    Status,
-    /// /stop
-    Stop,
-    /// /new
-    New,
-    /// /reset
-    Reset,
-    /// /ps
-    Ps,
-    /// /kill ID
-    Kill,
-    /// /approve
-    Approve,
-    /// /deny
-    Deny,
-    /// /retry
-    Retry,
-    /// /undo
-    Undo,
-    /// /model [NAME]
-    Model,
-    /// /jobs
-    Jobs,
-    /// /at WHEN ACTION
-    At,
-    /// /in DURATION ACTION
-    In,
-    /// /every SCHEDULE ACTION
-    Every,
-    /// /cron "EXPR" ACTION
-    Cron,
-    /// /pause ID
-    Pause,
-    /// /resume ID
-    Resume,
-    /// /unschedule ID
-    Unschedule,
-    /// /timezone [NAME]
-    Timezone,
-}
-
-impl KnownCommand {
-    /// Look a command name up (case-insensitive).
-    pub fn parse(name: &str) -> Option<KnownCommand> {
-        let known = [
-            ("start", KnownCommand::Start),
-            ("help", KnownCommand::Help),
-            ("status", KnownCommand::Status),
-            ("stop", KnownCommand::Stop),
-            ("new", KnownCommand::New),
-            ("reset", KnownCommand::Reset),
-            ("ps", KnownCommand::Ps),
-            ("kill", KnownCommand::Kill),
-            ("approve", KnownCommand::Approve),
-            ("deny", KnownCommand::Deny),
-            ("retry", KnownCommand::Retry),
-            ("undo", KnownCommand::Undo),
-            ("model", KnownCommand::Model),
-            ("jobs", KnownCommand::Jobs),
-            ("at", KnownCommand::At),
-            ("in", KnownCommand::In),
-            ("every", KnownCommand::Every),
-            ("cron", KnownCommand::Cron),
-            ("pause", KnownCommand::Pause),
-            ("resume", KnownCommand::Resume),
-            ("unschedule", KnownCommand::Unschedule),
-            ("timezone", KnownCommand::Timezone),
-        ];
-        known
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, c)| *c)
-    }
-
-    /// The scheduling commands (answered with the sender known, mid-turn
-    /// too: they never touch the running turn).
-    pub fn is_job_command(self) -> bool {
-        matches!(
-            self,
-            KnownCommand::Jobs
-                | KnownCommand::At
-                | KnownCommand::In
-                | KnownCommand::Every
-                | KnownCommand::Cron
-                | KnownCommand::Pause
-                | KnownCommand::Resume
-                | KnownCommand::Unschedule
-                | KnownCommand::Timezone
-        )
-    }
-}
+use crate::vocab::COMMANDS;
 
 /// The /help text.
 pub fn help_text() -> String {
@@ -404,13 +257,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_listed_command_is_known() {
-        for (name, _) in COMMANDS {
-            assert!(KnownCommand::parse(name).is_some(), "/{name}");
-        }
-    }
-
-    #[test]
     fn ps_lists_or_says_there_is_nothing() {
         assert!(ps_text(&[]).contains("No background processes"));
         let long = "x".repeat(200);
@@ -427,13 +273,6 @@ mod tests {
         for command in ["/stop", "/new", "/help"] {
             assert!(text.contains(command), "{command} missing: {text}");
         }
-    }
-
-    #[test]
-    fn commands_parse_case_insensitively() {
-        assert_eq!(KnownCommand::parse("STOP"), Some(KnownCommand::Stop));
-        assert_eq!(KnownCommand::parse("Model"), Some(KnownCommand::Model));
-        assert_eq!(KnownCommand::parse("models"), None);
     }
 
     #[test]

@@ -6,7 +6,45 @@
 //! the rest of the runner they never send anything themselves and never
 //! hold the runner's lock across an `.await`.
 
-use super::*;
+use crate::adapter::DispatchContext;
+use crate::reply::DeliveryError;
+use crate::reply::LiveReply;
+use crate::reply::Outbound;
+use crate::reply::Outgoing;
+use crate::reply::Reply;
+use crate::runner::commands;
+use crate::runner::help_text;
+use crate::runner::process_line;
+use crate::runner::ps_text;
+use crate::runner::status_text;
+use crate::runner::ApprovalPress;
+use crate::runner::InvalidateReason;
+use crate::runner::Runner;
+use crate::runner::RunningAgent;
+use crate::runner::StatusView;
+use crate::runner::STORE_DOWN_TEXT;
+use crate::tools::approval::Answerer;
+use crate::tools::approval::Choice;
+use crate::tools::approval::Denial;
+use crate::tools::approval::Lookup;
+use crate::tools::authority::may_decide;
+use crate::tools::authority::who_may_decide;
+use crate::tools::process::ProcessId;
+use crate::tools::process::ProcessMode;
+use crate::tools::process::ProcessRecord;
+use crate::tools::process::Scope;
+use crate::vocab::Button;
+use crate::vocab::ButtonAction;
+use crate::vocab::KnownCommand;
+use crate::vocab::MessageEvent;
+use crate::vocab::MessageKind;
+use crate::vocab::SessionId;
+use crate::vocab::SessionKey;
+use crate::vocab::TurnEnd;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 impl Runner {
     pub(super) async fn command(
@@ -14,7 +52,7 @@ impl Runner {
         command: KnownCommand,
         args: &str,
         ctx: &DispatchContext,
-        source: &crate::event::SessionSource,
+        source: &crate::vocab::SessionSource,
     ) -> Reply {
         let key = &ctx.key;
         match command {
@@ -57,6 +95,17 @@ impl Runner {
             KnownCommand::Approve | KnownCommand::Deny => {
                 Reply::command("Reply /approve or /deny in the chat that asked.")
             }
+            // Answered in `dispatch` with the sender (see `team.rs`).
+            KnownCommand::Pair
+            | KnownCommand::Invite
+            | KnownCommand::Users
+            | KnownCommand::Role
+            | KnownCommand::Revoke
+            | KnownCommand::Usage
+            | KnownCommand::Voice
+            | KnownCommand::Sessions
+            | KnownCommand::Resume
+            | KnownCommand::Title => Reply::command(super::team::NO_TEAMS_TEXT),
             KnownCommand::Undo => self.undo(ctx).await,
             // Answered in `dispatch`, which knows the sender; never here.
             KnownCommand::Jobs
@@ -65,7 +114,6 @@ impl Runner {
             | KnownCommand::Every
             | KnownCommand::Cron
             | KnownCommand::Pause
-            | KnownCommand::Resume
             | KnownCommand::Unschedule
             | KnownCommand::Timezone => Reply::command(commands::unknown_command_text("jobs")),
             KnownCommand::Model => self.model_command(key, args).await,
@@ -188,7 +236,7 @@ impl Runner {
     pub(super) fn answer_approval(
         &self,
         slot: &SessionKey,
-        actor: &crate::event::SessionSource,
+        actor: &crate::vocab::SessionSource,
         approve: Option<bool>,
         args: &str,
     ) -> Reply {
@@ -219,11 +267,7 @@ impl Runner {
                 ))
             }
         };
-        if !may_decide(
-            pending.started_by,
-            actor.user_id,
-            &self.inner.config.approvers,
-        ) {
+        if !may_decide(pending.started_by, actor.user_id, self.deciders()) {
             tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval answer refused: not the turn's user nor an approver");
             return Reply::command(format!(
                 "🔒 You cannot answer approval {}. {}",
@@ -397,7 +441,7 @@ impl Runner {
     /// rule ([`may_decide`]: the turn's starter or an approver).
     pub fn press_approval(
         &self,
-        actor: &crate::event::SessionSource,
+        actor: &crate::vocab::SessionSource,
         ticket: &str,
         approve: bool,
     ) -> ApprovalPress {
@@ -408,7 +452,7 @@ impl Runner {
     /// by `actor`: like [`Runner::press_approval`], choosing that option.
     pub fn press_option(
         &self,
-        actor: &crate::event::SessionSource,
+        actor: &crate::vocab::SessionSource,
         ticket: &str,
         option: &str,
     ) -> ApprovalPress {
@@ -417,7 +461,7 @@ impl Runner {
 
     fn press_choice(
         &self,
-        actor: &crate::event::SessionSource,
+        actor: &crate::vocab::SessionSource,
         ticket: &str,
         choice: &Choice,
     ) -> ApprovalPress {
@@ -429,11 +473,7 @@ impl Runner {
             Lookup::Found(pending) => pending,
             _ => return ApprovalPress::NotWaiting,
         };
-        if !may_decide(
-            pending.started_by,
-            actor.user_id,
-            &self.inner.config.approvers,
-        ) {
+        if !may_decide(pending.started_by, actor.user_id, self.deciders()) {
             tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval button refused: not the turn's user nor an approver");
             return ApprovalPress::NotAllowed(who_may_decide(
                 pending.started_by_name.as_deref(),
@@ -519,7 +559,7 @@ pub(super) fn line_of(record: &ProcessRecord) -> String {
 /// is dropped unsent, so the marker is never held forever).
 pub(super) struct OpenGateAfterSending {
     pub(super) outbound: Arc<dyn Outbound>,
-    pub(super) to: crate::event::SessionSource,
+    pub(super) to: crate::vocab::SessionSource,
     pub(super) gate: CancellationToken,
 }
 
@@ -542,7 +582,7 @@ impl Drop for OpenGateAfterSending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Platform, SessionSource};
+    use crate::vocab::{Platform, SessionSource};
 
     /// Delivers nothing, successfully.
     struct Nowhere;

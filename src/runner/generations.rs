@@ -16,8 +16,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::identity::TurnGeneration;
 use crate::store::{Store, StoreError};
+use crate::vocab::TurnGeneration;
 
 /// Generations reserved at a time: one store call per this many turns and
 /// stops, at most this many left unused by a restart.

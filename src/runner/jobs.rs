@@ -12,17 +12,36 @@
 //! and the chat is told). A run of a job deleted or paused since it was
 //! journaled does nothing.
 
-use super::*;
-use crate::event::SessionSource;
+use crate::adapter::DispatchContext;
+use crate::reply::{Outgoing, Reply};
+use crate::runner::Runner;
+use crate::vocab::{Button, KnownCommand, MessageEvent, SessionKey};
+use tracing::Instrument;
+
 use crate::reply::ReplyKind;
 use crate::schedule::run::LATE_AFTER;
 use crate::schedule::{parse_job, Action, Change, Form, Jobs};
+use crate::vocab::SessionSource;
 
 /// Said when a job command is used where nothing schedules.
 pub const NO_JOBS_TEXT: &str =
     "Scheduling is not available here ([schedule] enabled = false, or this transport runs no scheduler).";
 
 impl Runner {
+    /// Whether `/resume ARGS` names a job of this chat: a number that is
+    /// the id of one of its jobs (ids are numbers; a conversation's id is
+    /// hex and may be typed in more characters). Anything else names a
+    /// conversation.
+    pub(super) async fn resumes_job(&self, args: &str, event: &MessageEvent) -> bool {
+        let Some(jobs) = &self.inner.config.jobs else {
+            return false;
+        };
+        match args.trim().parse::<i64>() {
+            Ok(id) => jobs.has_job(event.source.chat_id, id).await,
+            Err(_) => false,
+        }
+    }
+
     fn jobs(&self) -> Option<&Jobs> {
         self.inner.config.jobs.as_ref()
     }

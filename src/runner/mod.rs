@@ -38,17 +38,18 @@
 
 mod commands;
 mod controls;
+mod conversations;
 pub mod generations;
 
 mod jobs;
 mod sessions;
 mod slots;
+mod team;
 mod turn;
+mod voice;
 mod watchdog;
 
-pub use commands::{
-    help_text, process_line, ps_text, status_text, KnownCommand, StatusView, COMMANDS,
-};
+pub use commands::{help_text, process_line, ps_text, status_text, StatusView};
 pub use sessions::SessionTable;
 pub use slots::{AgentHandle, AgentSlots, InvalidateReason, RunningAgent};
 pub use watchdog::{watch_for_stall, Watched};
@@ -57,26 +58,20 @@ use controls::OpenGateAfterSending;
 use generations::GenerationLease;
 
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
-use crate::agent::{Agent, AgentError, ChatMessage, Progress, Role, TurnEnd, TurnRequest};
-use crate::buttons::{Button, ButtonAction};
-use crate::event::{MessageEvent, MessageKind, SessionKey};
-use crate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
+use crate::agent::Agent;
 use crate::metrics::Metrics;
-use crate::reply::{DeliveryError, LiveReply, Outbound, Outgoing, Reply, TurnStart};
-use crate::store::{Store, TranscriptEntry};
-use crate::tools::approval::{
-    approval_reply, Answerer, ApprovalGate, Choice, Decided, Denial, Lookup,
-};
-use crate::tools::authority::{may_decide, who_may_decide};
-use crate::tools::process::{ProcessId, ProcessMode, ProcessRecord, Scope};
+use crate::reply::{Outbound, Outgoing, Reply};
+use crate::store::Store;
+use crate::tools::approval::{approval_reply, ApprovalGate, Decided};
+use crate::tools::authority::may_decide;
 use crate::tools::TerminalTool;
+use crate::vocab::KnownCommand;
+use crate::vocab::{MessageEvent, MessageKind, SessionId, SessionKey, TurnGeneration};
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -103,6 +98,14 @@ pub struct RunnerConfig {
     /// Scheduled jobs (`/jobs`, `/at`…, scheduled runs); `None`: the
     /// commands say scheduling is not available here.
     pub jobs: Option<crate::schedule::Jobs>,
+    /// Who may use the bot and as what (Telegram): the team commands, and
+    /// the owner and admins deciding about anyone's turns. `None`: only
+    /// `approvers` decide for others.
+    pub access: Option<crate::access::Access>,
+    /// Per-user budgets, checked before each turn (with a store).
+    pub limits: crate::limits::Limits,
+    /// Answers spoken as voice notes (`[media.speech]`), per `/voice`.
+    pub speech: Option<Arc<crate::media::speech::Speaker>>,
 }
 
 impl Default for RunnerConfig {
@@ -116,6 +119,9 @@ impl Default for RunnerConfig {
             default_model: None,
             models: Vec::new(),
             jobs: None,
+            access: None,
+            limits: crate::limits::Limits::default(),
+            speech: None,
         }
     }
 }
@@ -193,9 +199,6 @@ pub struct SessionUnavailable(pub String);
 /// What the chat is told when its session cannot be stored.
 pub const STORE_DOWN_TEXT: &str = "⚠️ I cannot save this conversation right now: the session store is failing \
      (the operator sees this in the logs and on /healthz). Your message was not run; please send it again later.";
-
-/// The hint appended to every failure message.
-pub const RESET_HINT: &str = "If this keeps happening, send /reset to start a fresh session.";
 
 impl Runner {
     /// A runner answering with `agent` and showing progress through
@@ -426,6 +429,20 @@ impl Runner {
         self.inner.agent.name()
     }
 
+    /// Who may use the bot and as what, when teams are on (Telegram).
+    pub fn access(&self) -> Option<&crate::access::Access> {
+        self.inner.config.access.as_ref()
+    }
+
+    /// Who decides about anyone's turn: the owner and admins (with teams,
+    /// the config's approvers among them), else the configured approvers.
+    pub fn deciders(&self) -> &dyn crate::tools::authority::Deciders {
+        match &self.inner.config.access {
+            Some(access) => access,
+            None => &self.inner.config.approvers,
+        }
+    }
+
     async fn dispatch(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
         // Media that was never prepared (no media step in this transport)
         // cannot be read either.
@@ -467,9 +484,19 @@ impl Runner {
                     Some(known == KnownCommand::Approve),
                     command.args,
                 ),
-                Some(known) if known.is_job_command() => {
+                // /resume ID names a job of this chat or, failing that,
+                // a conversation (`resumes_job`).
+                Some(KnownCommand::Resume) if self.resumes_job(command.args, &event).await => {
+                    self.job_command(KnownCommand::Resume, command.args, &event.source, &ctx.key)
+                        .await
+                }
+                Some(known) if known.is_job_command() && known != KnownCommand::Resume => {
                     self.job_command(known, command.args, &event.source, &ctx.key)
                         .await
+                }
+                // So do the team commands, /voice and /resume.
+                Some(known) if team::answers(known) => {
+                    self.team_command(known, command.args, &event, &ctx).await
                 }
                 Some(known) => {
                     // A message still being prepared that this command
@@ -536,11 +563,7 @@ impl MessageHandler for Runner {
         self.approvals().is_some_and(|approvals| {
             approval_reply(&event.text).is_some()
                 && approvals.pending_view(key).is_some_and(|pending| {
-                    may_decide(
-                        pending.started_by,
-                        event.source.user_id,
-                        &self.inner.config.approvers,
-                    )
+                    may_decide(pending.started_by, event.source.user_id, self.deciders())
                 })
         })
     }

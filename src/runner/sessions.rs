@@ -6,8 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::event::SessionKey;
-use crate::identity::SessionId;
+use crate::vocab::{SessionId, SessionKey};
 
 /// Current session id per slot.
 #[derive(Debug, Default)]

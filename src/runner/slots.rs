@@ -15,10 +15,8 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Progress;
-use crate::event::SessionKey;
-use crate::identity::TurnGeneration;
 use crate::memory::shrink_when_sparse;
+use crate::vocab::{Progress, SessionKey, TurnGeneration};
 
 /// A live turn's handle: how to stop it and how to see its progress.
 #[derive(Clone, Debug)]

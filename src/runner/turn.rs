@@ -6,7 +6,37 @@
 //! ([`SlotRelease`] also when the turn's future is dropped), so a turn
 //! that is still unwinding never writes into a newer one.
 
-use super::*;
+use crate::adapter::DispatchContext;
+use crate::agent::AgentError;
+use crate::agent::TurnRequest;
+use crate::reply::Outgoing;
+use crate::reply::Reply;
+use crate::reply::TurnStart;
+use crate::runner::commands;
+use crate::runner::panic_message;
+use crate::runner::watch_for_stall;
+use crate::runner::AgentHandle;
+use crate::runner::Runner;
+use crate::runner::RunningAgent;
+use crate::runner::Watched;
+use crate::runner::STORE_DOWN_TEXT;
+use crate::store::Store;
+use crate::store::TranscriptEntry;
+use crate::vocab::bind_turn_identity;
+use crate::vocab::ChatMessage;
+use crate::vocab::MessageEvent;
+use crate::vocab::Progress;
+use crate::vocab::Role;
+use crate::vocab::SessionId;
+use crate::vocab::SessionKey;
+use crate::vocab::TurnEnd;
+use crate::vocab::TurnGeneration;
+use crate::vocab::TurnIdentity;
+use crate::vocab::RESET_HINT;
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 impl Runner {
     pub(super) async fn turn(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
@@ -45,6 +75,15 @@ impl Runner {
             },
         };
         tracing::Span::current().record("session_id", tracing::field::display(&session_id));
+        // A user over budget is refused before anything of the turn is
+        // recorded or charged.
+        let meter = match self.budget_for(&event).await {
+            Ok(meter) => meter,
+            Err(refusal) => {
+                tracing::info!(session_key = %key, user = ?event.source.user_id, "turn refused: over budget");
+                return Some(refusal.in_reply_to(event.message_id).into());
+            }
+        };
         let history = if event.resumed {
             let mut history = self.load_history(&session_id).await;
             // A message replayed after a crash may already be the
@@ -106,7 +145,9 @@ impl Runner {
         )
         .await;
         let job_owner = event.source.clone();
+        let speaker = self.speaker_for(&event).await;
         let reply_source = event.source.clone();
+        let charge = self.charge_for(&event, &session_id, &meter);
         let request = TurnRequest {
             session_key: key.clone(),
             session_id: session_id.clone(),
@@ -126,11 +167,18 @@ impl Runner {
                 turn_jobs.clone(),
                 crate::media::with_turn_files(
                     turn_files.clone(),
-                    watch_for_stall(run, &progress, &cancel, self.inner.config.stall_timeout),
+                    crate::limits::meter::with_meter(
+                        meter,
+                        watch_for_stall(run, &progress, &cancel, self.inner.config.stall_timeout),
+                    ),
                 ),
             ),
         )
         .await;
+        // What the turn used is charged however it ended.
+        if let Some(charge) = charge {
+            charge.charge().await;
+        }
 
         if ctx.interrupt.is_cancelled() {
             // A newer message interrupted it (a /stop before wins).
@@ -204,6 +252,15 @@ impl Runner {
                         .collect()
                 };
                 self.record(&session_id, entries).await;
+                // Spoken first (the voice note carries the text), as asked.
+                if let Some(speaker) = speaker {
+                    live = super::voice::spoken_answer(
+                        live,
+                        speaker,
+                        self.inner.outbound.clone(),
+                        reply_source.clone(),
+                    );
+                }
                 // Files the program left in its outbox follow the answer.
                 live = crate::media::outbox_dir::files_after_answer(
                     live,
@@ -314,6 +371,98 @@ fn with_lines(mut reply: Reply, lines: Vec<String>) -> Reply {
         reply.text.push_str(&lines.join("\n"));
     }
     reply
+}
+
+impl Runner {
+    /// The meter of `event`'s turn, with what is left of its user's
+    /// budget; `Err`: the user is over budget (the refusal). A store that
+    /// cannot be read does not refuse the turn (its failure shows
+    /// elsewhere).
+    pub(super) async fn budget_for(
+        &self,
+        event: &MessageEvent,
+    ) -> Result<crate::limits::TurnMeter, Reply> {
+        let limits = &self.inner.config.limits;
+        let (Some(store), Some(user)) = (self.store(), event.source.user_id) else {
+            return Ok(crate::limits::TurnMeter::default());
+        };
+        // Background results are never refused: they finish work started.
+        if event.internal || limits.config().is_unlimited() {
+            return Ok(crate::limits::TurnMeter::default());
+        }
+        let role = self.access().and_then(|a| a.standing(user)).map(|s| s.role);
+        let budget = limits.config().budget_for(role);
+        match limits.check(store, user, role, event.source.chat_id).await {
+            Ok(crate::limits::Verdict::Go(allowance)) => Ok(crate::limits::TurnMeter::new(
+                allowance,
+                (budget.daily_tokens, budget.daily_cost_usd),
+            )),
+            Ok(crate::limits::Verdict::Refused(text)) => Err(Reply::notice(text)),
+            Err(error) => {
+                tracing::error!(%error, "could not read the usage; the turn runs unchecked");
+                Ok(crate::limits::TurnMeter::default())
+            }
+        }
+    }
+
+    /// What charges `event`'s turn (its user's usage row) once it ran.
+    fn charge_for(
+        &self,
+        event: &MessageEvent,
+        session_id: &SessionId,
+        meter: &crate::limits::TurnMeter,
+    ) -> Option<Charge> {
+        let (store, user) = (self.store()?.clone(), event.source.user_id?);
+        Some(Charge {
+            store,
+            meter: meter.clone(),
+            turn: Some(crate::store::TurnUsage {
+                user_id: user,
+                chat_id: event.source.chat_id,
+                session_id: session_id.to_string(),
+                at_ms: self.inner.config.limits.clock().now_ms(),
+                usage: crate::store::AgentUsage::default(),
+            }),
+        })
+    }
+}
+
+/// Records a turn's usage once it ran: by [`Charge::charge`], or when the
+/// turn's future is dropped first (a stop), by a short task.
+pub(super) struct Charge {
+    store: Store,
+    meter: crate::limits::TurnMeter,
+    turn: Option<crate::store::TurnUsage>,
+}
+
+impl Charge {
+    fn take(&mut self) -> Option<crate::store::TurnUsage> {
+        let mut turn = self.turn.take()?;
+        turn.usage = self.meter.used();
+        Some(turn)
+    }
+
+    pub(super) async fn charge(mut self) {
+        if let Some(turn) = self.take() {
+            if let Err(error) = self.store.record_turn_usage(turn).await {
+                tracing::error!(%error, "could not record a turn's usage");
+            }
+        }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        let Some(turn) = self.take() else { return };
+        let store = self.store.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = store.record_turn_usage(turn).await {
+                    tracing::error!(%error, "could not record a stopped turn's usage");
+                }
+            });
+        }
+    }
 }
 
 pub(super) fn user_entry(event: &MessageEvent) -> TranscriptEntry {

@@ -2,7 +2,7 @@
 //! is cancelled, so a hung backend can never keep a chat busy forever.
 //!
 //! "Sign of life" is anything the agent reports through its
-//! [`Progress`](crate::agent::Progress): text, or a bare "still working" ping
+//! [`Progress`](crate::vocab::Progress): text, or a bare "still working" ping
 //! from a long tool call. The watchdog is a wrapper around the turn's future,
 //! not a global scanner: no extra task, no shared state.
 
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Progress;
+use crate::vocab::Progress;
 
 /// How a watched future ended.
 #[derive(Debug)]

@@ -33,7 +33,7 @@ use serde::Deserialize;
 
 use super::service::Jobs;
 use super::when::{parse_when, Action, JobRequest};
-use crate::event::{SessionKey, SessionSource};
+use crate::vocab::{SessionKey, SessionSource};
 
 /// The variable naming a program's request directory.
 pub const SCHEDULE_ENV: &str = "TELEGATE_SCHEDULE";

@@ -32,10 +32,10 @@ use super::run::{plan_firing, run_id, FirePlan, Planned};
 use super::service::{decode, Decoded, Jobs};
 use super::text::late_words;
 use super::when::Action;
-use crate::event::{MessageEvent, Platform, SessionSource};
-use crate::identity::SessionId;
 use crate::journal::{chat_type_named, internal_payload};
 use crate::store::{JobFiring, NewRun, StoreError, StoredJob};
+use crate::vocab::SessionId;
+use crate::vocab::{MessageEvent, Platform, SessionSource};
 
 /// Where the scheduler hands its runs (the adapter's `handle_message`).
 pub type RunSink = Arc<dyn Fn(MessageEvent) -> BoxFuture<'static, ()> + Send + Sync>;

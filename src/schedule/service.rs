@@ -25,12 +25,13 @@ use super::clock::Clock;
 use super::config::ScheduleConfig;
 use super::health::SchedulerHealth;
 use super::spec::Schedule;
-use super::text::{confirmation, duration_words, list_text, JobView};
+use super::text::{confirmation, list_text, JobView};
+use super::when::duration_words;
 use super::when::{Action, JobRequest};
-use crate::event::{SessionKey, SessionSource};
 use crate::metrics::Metrics;
 use crate::store::{JobState, NewJob, Store, StoreError, StoredJob};
-use crate::tools::authority::may_decide;
+use crate::tools::authority::{may_decide, Deciders};
+use crate::vocab::{SessionKey, SessionSource};
 
 /// What a user does to a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,7 +63,7 @@ pub(super) struct JobsInner {
     pub(super) changed: Notify,
     pub(super) metrics: Metrics,
     pub(super) health: SchedulerHealth,
-    approvers: Vec<u64>,
+    deciders: Arc<dyn Deciders + Send + Sync>,
     requests_root: Option<PathBuf>,
 }
 
@@ -111,18 +112,28 @@ impl Jobs {
                 changed: Notify::new(),
                 metrics,
                 health: SchedulerHealth::default(),
-                approvers: Vec::new(),
+                deciders: Arc::new(Vec::<u64>::new()),
                 requests_root: None,
             }),
         })
     }
 
-    /// Let `approvers` change anyone's jobs (`[telegram] approvers`).
-    pub fn with_approvers(mut self, approvers: Vec<u64>) -> Jobs {
+    /// Let `deciders` change anyone's jobs: `[telegram] approvers`, or
+    /// with a team the owner and admins (the approvers among them).
+    pub fn with_deciders(mut self, deciders: Arc<dyn Deciders + Send + Sync>) -> Jobs {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.approvers = approvers;
+            inner.deciders = deciders;
         }
         self
+    }
+
+    /// Whether `chat_id` has a job `id` that is not done (so `/resume ID`
+    /// names the job, not a conversation).
+    pub async fn has_job(&self, chat_id: i64, id: i64) -> bool {
+        matches!(
+            self.inner.store.job(id).await,
+            Ok(Some(job)) if job.job.chat_id == chat_id && job.state != JobState::Done
+        )
     }
 
     /// Give the command backend's programs a request directory per turn
@@ -307,10 +318,10 @@ impl Jobs {
                 return Err(JOBS_STORE_DOWN.to_string());
             }
         };
-        if !may_decide(stored.job.creator_id, actor.user_id, &self.inner.approvers) {
+        if !may_decide(stored.job.creator_id, actor.user_id, &*self.inner.deciders) {
             tracing::info!(job = id, actor = ?actor.user_id, "job change refused: not its creator nor an approver");
             return Err(format!(
-                "🔒 Only {} (who made job {id}) or a user listed in telegram.approvers can change it.",
+                "🔒 Only {} (who made job {id}), an admin or one of this bot's approvers can change it.",
                 creator_name(stored.job.creator_name.as_deref(), stored.job.creator_id)
             ));
         }
@@ -473,7 +484,7 @@ impl Jobs {
             if !decoded.schedule.is_recurring() {
                 continue;
             }
-            if !may_decide(job.job.creator_id, actor.user_id, &self.inner.approvers) {
+            if !may_decide(job.job.creator_id, actor.user_id, &*self.inner.deciders) {
                 return Err(format!(
                     "🔒 Job {} here belongs to {}; only an approver may move this chat's jobs to another time zone.",
                     job.id,

@@ -32,22 +32,6 @@ pub struct JobView {
     pub failures: u32,
 }
 
-/// `30s`, `1m 30s`, `2h`, `1h 30m`.
-pub fn duration_words(secs: i64) -> String {
-    let (h, m, s) = (secs / 3600, (secs % 3600) / 60, secs % 60);
-    let mut parts = Vec::new();
-    if h > 0 {
-        parts.push(format!("{h}h"));
-    }
-    if m > 0 {
-        parts.push(format!("{m}m"));
-    }
-    if s > 0 || parts.is_empty() {
-        parts.push(format!("{s}s"));
-    }
-    parts.join(" ")
-}
-
 /// An instant in words, relative to `now` in `tz`: `today 18:00`,
 /// `tomorrow 09:00`, `Mon 08:00` (within a week), `2026-12-24 18:00`;
 /// seconds only when they are not zero.
@@ -152,6 +136,7 @@ pub fn late_words(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schedule::when::duration_words;
 
     fn tz() -> TimeZone {
         TimeZone::get("Europe/Berlin").unwrap()

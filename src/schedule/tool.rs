@@ -88,7 +88,7 @@ impl WithSchedule {
         })
         .map_err(|e| ToolError::BadArguments(e.to_string()))?;
         let turn = turn_jobs();
-        let (Some(turn), Some(identity)) = (turn, crate::identity::current_identity()) else {
+        let (Some(turn), Some(identity)) = (turn, crate::vocab::current_identity()) else {
             return Err(ToolError::Failed(
                 "scheduling is not available here (no chat to schedule in)".into(),
             ));
@@ -130,7 +130,7 @@ impl WithSchedule {
         &self,
         args: Arguments,
         turn: &super::requests::TurnJobs,
-        identity: &crate::identity::TurnIdentity,
+        identity: &crate::vocab::TurnIdentity,
     ) -> Result<String, ToolError> {
         let Some(jobs) = turn.jobs() else {
             return Err(ToolError::Failed("scheduling is turned off here".into()));
@@ -188,6 +188,14 @@ impl WithSchedule {
 }
 
 impl ToolRegistry for WithSchedule {
+    fn prepare<'a>(&'a self, ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        self.inner.prepare(ctx)
+    }
+
+    fn attach_store(&self, store: &crate::store::Store) {
+        self.inner.attach_store(store);
+    }
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         let mut definitions = self.inner.definitions();
         definitions.push(definition());
@@ -209,23 +217,13 @@ impl ToolRegistry for WithSchedule {
             self.inner.call(name, arguments, ctx)
         }
     }
-
-    // The registries it wraps (MCP servers) start their tools here and
-    // record their children in the store: passed on, or they never would.
-    fn prepare<'a>(&'a self, ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
-        self.inner.prepare(ctx)
-    }
-
-    fn attach_store(&self, store: &crate::store::Store) {
-        self.inner.attach_store(store);
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::Progress;
     use crate::tools::NoTools;
+    use crate::vocab::Progress;
     use tokio_util::sync::CancellationToken;
 
     #[tokio::test]

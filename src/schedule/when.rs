@@ -430,6 +430,22 @@ fn day_list(lower: &str) -> Option<(String, String)> {
     Some((field.join(","), format!("every {}", label.join(", "))))
 }
 
+/// `30s`, `1m 30s`, `2h`, `1h 30m`.
+pub fn duration_words(secs: i64) -> String {
+    let (h, m, s) = (secs / 3600, (secs % 3600) / 60, secs % 60);
+    let mut parts = Vec::new();
+    if h > 0 {
+        parts.push(format!("{h}h"));
+    }
+    if m > 0 {
+        parts.push(format!("{m}m"));
+    }
+    if s > 0 || parts.is_empty() {
+        parts.push(format!("{s}s"));
+    }
+    parts.join(" ")
+}
+
 /// `Mon`, `Tue`, …
 pub fn short_day(day: Weekday) -> &'static str {
     match day {
@@ -473,7 +489,7 @@ fn interval(span: Span, now: Timestamp, tz: &TimeZone) -> Result<(Schedule, Stri
                     every_secs: secs,
                     anchor,
                 },
-                format!("every {}", super::text::duration_words(secs)),
+                format!("every {}", duration_words(secs)),
             ))
         }
         (days, 0) => {

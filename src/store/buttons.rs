@@ -13,7 +13,8 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, InboxState, Store, StoreError, WriteKind};
+use super::{now_ms, Store, StoreError, WriteKind};
+use crate::vocab::InboxState;
 
 /// A button to remember.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,7 +33,7 @@ pub struct NewButton {
     pub owner_id: Option<u64>,
     /// Their display name.
     pub owner_name: Option<String>,
-    /// What it does (JSON of [`crate::buttons::ButtonAction`]).
+    /// What it does (JSON of [`crate::vocab::ButtonAction`]).
     pub action: serde_json::Value,
     /// Unix ms after which it no longer works.
     pub expires_at: i64,

@@ -501,7 +501,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::InboxState;
+    use crate::vocab::InboxState;
 
     fn job(chat_id: i64, next_run: i64) -> NewJob {
         NewJob {

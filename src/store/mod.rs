@@ -102,11 +102,14 @@ pub mod generations;
 mod integrity;
 pub mod jobs;
 pub mod ledger;
+pub mod resume;
 mod retention;
 pub mod schema;
 pub mod sessions;
 pub mod transcript;
 pub mod undo;
+pub mod usage;
+pub mod users;
 mod write_health;
 
 use std::fmt;
@@ -127,11 +130,14 @@ pub use child_groups::{ChildGroup, ChildGroupChange};
 pub use files::FileSend;
 pub use integrity::marker_path;
 pub use jobs::{JobFiring, JobOutcome, JobState, NewJob, NewRun, StoredJob};
-pub use ledger::{InboxEntry, InboxState, NewUpdate, OutboxEntry, RunningProcess};
+pub use ledger::{InboxEntry, NewUpdate, OutboxEntry, RunningProcess};
+pub use resume::{Conversation, Resumed};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
-pub use transcript::{Role, TranscriptEntry};
+pub use transcript::TranscriptEntry;
 pub use undo::UndoneExchange;
+pub use usage::TurnUsage;
+pub use users::{Attempt, CodeKind, GuessLimits, Member, NewCode, Redeemed};
 pub use write_health::{WriteHealth, WriteKind};
 
 /// How long SQLite retries when another process holds the write lock.

@@ -39,7 +39,8 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{InboxState, TranscriptEntry};
+    use crate::store::TranscriptEntry;
+    use crate::vocab::InboxState;
 
     #[tokio::test]
     async fn only_old_finished_rows_go_and_transcripts_stay() {

@@ -200,13 +200,71 @@ CREATE TABLE chat_timezones (
 ) STRICT;
 ";
 
-/// Version 11: approval decisions: how every request of the approval gate ended
+/// Version 11: teams (pairing, roles, invites, usage, voice replies).
+///
+/// * `members`: who may use the bot besides the config's allowlist, with
+///   their role; at most one owner (a unique partial index, so two
+///   pairings can never both make an owner).
+/// * `access_codes`: pairing codes and invites, by the SHA-256 of the code
+///   (the code itself is shown once and never stored), single use
+///   (`used_by`), expiring.
+/// * `access_attempts`: wrong codes tried, per user and time, so the
+///   guessing limits survive a restart.
+/// * `usage_turns`: one row per turn a user started (for turns per hour),
+///   with the tokens and cost the backend reported.
+/// * `user_settings`: per user preferences (`/voice`).
+const V11_TEAMS: &str = "
+CREATE TABLE members (
+    user_id   INTEGER PRIMARY KEY,
+    role      TEXT NOT NULL CHECK (role IN ('owner', 'admin', 'user')),
+    name      TEXT,
+    added_by  INTEGER,
+    added_at  INTEGER NOT NULL,
+    via       TEXT NOT NULL CHECK (via IN ('pairing', 'invite'))
+) STRICT;
+CREATE UNIQUE INDEX members_one_owner ON members (role) WHERE role = 'owner';
+CREATE TABLE access_codes (
+    code_hash  TEXT PRIMARY KEY NOT NULL,
+    kind       TEXT NOT NULL CHECK (kind IN ('pairing', 'invite')),
+    role       TEXT NOT NULL CHECK (role IN ('owner', 'admin', 'user')),
+    created_by INTEGER,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    used_by    INTEGER,
+    used_at    INTEGER
+) STRICT;
+CREATE TABLE access_attempts (
+    id      INTEGER PRIMARY KEY,
+    user_id INTEGER NOT NULL,
+    at      INTEGER NOT NULL
+) STRICT;
+CREATE INDEX access_attempts_by_user ON access_attempts (user_id, at);
+CREATE INDEX access_attempts_by_time ON access_attempts (at);
+CREATE TABLE usage_turns (
+    id                  INTEGER PRIMARY KEY,
+    user_id             INTEGER NOT NULL,
+    chat_id             INTEGER NOT NULL,
+    session_id          TEXT NOT NULL,
+    at                  INTEGER NOT NULL,
+    input_tokens        INTEGER NOT NULL DEFAULT 0,
+    cached_input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens       INTEGER NOT NULL DEFAULT 0,
+    cost_usd            REAL NOT NULL DEFAULT 0
+) STRICT;
+CREATE INDEX usage_turns_by_user ON usage_turns (user_id, at);
+CREATE TABLE user_settings (
+    user_id INTEGER PRIMARY KEY,
+    voice   TEXT NOT NULL DEFAULT 'off' CHECK (voice IN ('on', 'off', 'auto'))
+) STRICT;
+";
+
+/// Version 12: approval decisions: how every request of the approval gate ended
 /// (`tools::approval_gate`): which option who chose and when, or why
 /// nobody did (`timed_out`, `stopped`, `superseded`). Kept for the
 /// operator; nothing reads it back to decide. `approval_prompts`: the
 /// message that shows a request (its last part, which carries the
 /// buttons), so an answer typed or a timeout can edit it too.
-const V11_APPROVAL_DECISIONS: &str = "
+const V12_APPROVAL_DECISIONS: &str = "
 CREATE TABLE approval_decisions (
     id              INTEGER PRIMARY KEY,
     ticket          TEXT NOT NULL,
@@ -360,7 +418,11 @@ pub const MIGRATIONS: &[Migration] = &[
     ),
     Migration::new("scheduled jobs", V9_JOBS),
     Migration::new("cumulative thread usage of CLI agents", V10_THREAD_USAGE),
-    Migration::new("approval decisions and prompts", V11_APPROVAL_DECISIONS),
+    Migration::new(
+        "teams: members, access codes, usage, user settings",
+        V11_TEAMS,
+    ),
+    Migration::new("approval decisions and prompts", V12_APPROVAL_DECISIONS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

@@ -264,7 +264,10 @@ impl RawSession {
     }
 }
 
-fn select_current(conn: &Connection, key: &str) -> Result<Option<SessionRecord>, StoreError> {
+pub(super) fn select_current(
+    conn: &Connection,
+    key: &str,
+) -> Result<Option<SessionRecord>, StoreError> {
     let raw = conn
         .prepare_cached(SELECT_CURRENT)?
         .query_row([key], RawSession::from_row)
@@ -305,7 +308,7 @@ fn insert_session(
 }
 
 /// Freezes the final state of a session that is being rotated away.
-fn archive(conn: &Connection, old: &SessionRecord, now: i64) -> Result<(), StoreError> {
+pub(super) fn archive(conn: &Connection, old: &SessionRecord, now: i64) -> Result<(), StoreError> {
     conn.prepare_cached(
         "UPDATE session_history SET rotated_at = ?2, last_active_at = ?3, overrides = ?4
          WHERE session_id = ?1",

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::{now_ms, Store, StoreError, WriteKind};
 
-pub use crate::agent::Role;
+use crate::vocab::Role;
 
 impl ToSql for Role {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
@@ -284,8 +284,8 @@ impl RawEntry {
 
 impl TranscriptEntry {
     /// The entry as the agent sees it.
-    pub fn to_message(&self) -> crate::agent::ChatMessage {
-        crate::agent::ChatMessage {
+    pub fn to_message(&self) -> crate::vocab::ChatMessage {
+        crate::vocab::ChatMessage {
             role: self.role,
             content: self.content.clone(),
             tool_calls: self.tool_calls.clone(),
@@ -295,7 +295,7 @@ impl TranscriptEntry {
     }
 
     /// A message produced by a turn, stamped now.
-    pub fn from_message(message: crate::agent::ChatMessage) -> Self {
+    pub fn from_message(message: crate::vocab::ChatMessage) -> Self {
         TranscriptEntry {
             tool_calls: message.tool_calls,
             tool_call_id: message.tool_call_id,

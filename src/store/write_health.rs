@@ -46,6 +46,10 @@ pub enum WriteKind {
     Approval,
     /// Scheduled jobs, their runs' journal, chat time zones.
     Job,
+    /// Members, pairing codes, invites and wrong tries.
+    Access,
+    /// Per-user usage (turns, tokens, cost) and settings.
+    Usage,
 }
 
 impl WriteKind {
@@ -64,6 +68,8 @@ impl WriteKind {
             WriteKind::Retention => "inbox retention",
             WriteKind::Approval => "approval decisions",
             WriteKind::Job => "scheduled jobs",
+            WriteKind::Access => "access",
+            WriteKind::Usage => "usage",
         }
     }
 }

@@ -30,17 +30,19 @@
 //! Matching errs on the side of asking: words inside quotes count too, so
 //! `git commit -m "fix reboot"` asks because of `reboot`.
 //!
-//! The requests themselves wait in [`super::approval_gate`] (re-exported
-//! here), the one gate every agent's approvals go through.
+//! The requests themselves wait in [`super::approval_gate`], the one gate
+//! every agent's approvals go through (re-exported here, with the words of
+//! [`super::approval_options`]).
 //!
 //! This module owns the policy and the patterns. It must never run
 //! anything itself.
 
 use serde::Deserialize;
 
-pub use super::approval_gate::{
-    approval_reply, Answerer, ApprovalGate, ApprovalOption, ApprovalRequest, Choice, Decided,
-    Decision, Denial, Lookup, NotDecided, OptionKind, PendingView, Verdict,
+pub use super::approval_gate::{approval_reply, ApprovalGate, Lookup, PendingView};
+pub use super::approval_options::{
+    Answerer, ApprovalOption, ApprovalRequest, Choice, Decided, Decision, Denial, NotDecided,
+    OptionKind, Verdict,
 };
 
 /// The dangerous patterns used unless the config replaces them.

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use super::approval_gate::{Answerer, ApprovalOption, Decision, Denial};
+use super::approval_options::{Answerer, ApprovalOption, Decision, Denial};
 
 /// The approval request: header, the whole command, how to answer.
 pub fn request_text(ticket: &str, command: &str, reason: &str, timeout: Duration) -> String {
@@ -188,7 +188,7 @@ mod tests {
         let always = ApprovalOption {
             id: "a".into(),
             label: "Always allow".into(),
-            kind: crate::tools::approval_gate::OptionKind::AllowAlways,
+            kind: crate::tools::approval_options::OptionKind::AllowAlways,
         };
         assert_eq!(
             settled_line(&Decision::Chosen(always), Some(&ann), at),
@@ -202,7 +202,7 @@ mod tests {
 
     #[test]
     fn an_option_request_shows_its_input_and_every_option() {
-        use crate::tools::approval_gate::OptionKind;
+        use crate::tools::approval_options::OptionKind;
         let options = vec![
             ApprovalOption {
                 id: "a".into(),

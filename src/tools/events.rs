@@ -16,7 +16,7 @@
 use tokio::sync::mpsc;
 
 use super::wakeup::Wakeup;
-use crate::event::SessionSource;
+use crate::vocab::SessionSource;
 
 /// Something a tool produced for a chat, outside a tool result.
 #[derive(Debug)]
@@ -44,7 +44,7 @@ pub enum ToolEvent {
         /// Plain text.
         text: String,
         /// The answers offered, in order.
-        options: Vec<super::approval_gate::ApprovalOption>,
+        options: Vec<super::approval_options::ApprovalOption>,
     },
     /// The approval request `ticket` of the chat of `to` ended other than
     /// by a button (whose press shows it itself): show `line` under its

@@ -26,7 +26,7 @@
 //! gate, and the file `send_file` was asked to send), touch another session, or push text into the turn's progress
 //! (that text is the model's answer, not the tool's). A tool that needs to
 //! know whose turn it serves reads the task-local turn identity
-//! ([`crate::identity::current_identity`]), never global state.
+//! ([`crate::vocab::current_identity`]), never global state.
 //!
 //! The modules:
 //! * [`terminal`]: the `terminal` and `process` tools and `[tools.terminal]`;
@@ -34,6 +34,7 @@
 //! * [`wakeup`]: wakeups for finished background processes and their routing;
 //! * [`approval`]: dangerous-command patterns and the approval policy;
 //! * [`approval_gate`]: pending approvals with their options, for every agent;
+//! * [`approval_options`]: a request's options, answers and endings (plain data);
 //! * [`approval_prompt`]: the request's wording (the whole command, every match);
 //! * [`authority`]: who may approve, deny or stop somebody's turn;
 //! * [`events`]: the channel through which wakeups and notices leave the tools;
@@ -44,6 +45,7 @@
 
 pub mod approval;
 pub mod approval_gate;
+pub mod approval_options;
 pub mod approval_prompt;
 pub mod authority;
 pub mod childenv;
@@ -64,8 +66,8 @@ pub use terminal::{TerminalConfig, TerminalTool};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Progress;
 use crate::store::Store;
+use crate::vocab::Progress;
 
 /// A tool as advertised to the model.
 #[derive(Clone, Debug, PartialEq)]
@@ -121,14 +123,14 @@ pub trait ToolRegistry: Send + Sync {
     /// Called once at the start of each turn, before [`Self::definitions`]:
     /// a registry whose tools come from elsewhere (MCP servers) starts or
     /// restarts them here, bounded by its own timeouts and `ctx.cancel`.
-    /// A registry that wraps another calls the inner one's too.
-    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
-    }
+    /// A registry that wraps another calls the inner one's too. Required
+    /// (no default), as is [`Self::attach_store`]: a wrapper that forgot to
+    /// pass them on would silently turn off the tools it wraps.
+    fn prepare<'a>(&'a self, ctx: &'a ToolContext) -> BoxFuture<'a, ()>;
 
     /// The runner's store, once (child process groups are recorded there).
     /// A registry that wraps another passes it on.
-    fn attach_store(&self, _store: &Store) {}
+    fn attach_store(&self, store: &Store);
 }
 
 /// A registry without tools: the model only talks. The default.
@@ -136,6 +138,12 @@ pub trait ToolRegistry: Send + Sync {
 pub struct NoTools;
 
 impl ToolRegistry for NoTools {
+    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    fn attach_store(&self, _store: &Store) {}
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         Vec::new()
     }

@@ -77,7 +77,7 @@ impl WithSendFile {
         })
         .map_err(|e| ToolError::BadArguments(e.to_string()))?;
         let files = crate::media::turn_files();
-        let (Some(sender), Some(identity)) = (files.sender, crate::identity::current_identity())
+        let (Some(sender), Some(identity)) = (files.sender, crate::vocab::current_identity())
         else {
             return Err(ToolError::Failed(
                 "files cannot be sent from here (no chat to send them to)".into(),
@@ -154,8 +154,8 @@ impl ToolRegistry for WithSendFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::Progress;
     use crate::tools::NoTools;
+    use crate::vocab::Progress;
     use std::path::Path;
     use tokio_util::sync::CancellationToken;
 

@@ -41,7 +41,7 @@ use super::process::{
     RegistryConfig, Scope, SpawnSpec, WaitOutcome,
 };
 use super::{ToolContext, ToolDefinition, ToolError, ToolRegistry};
-use crate::identity::current_identity;
+use crate::vocab::current_identity;
 
 /// The name of the shell tool.
 pub const TERMINAL_TOOL: &str = "terminal";
@@ -442,6 +442,15 @@ impl TerminalTool {
 }
 
 impl ToolRegistry for TerminalTool {
+    /// Nothing to start: commands run when called.
+    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    /// Its process groups are recorded through the ledger it was built
+    /// with (see `engine`), not through this store.
+    fn attach_store(&self, _store: &crate::store::Store) {}
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         vec![terminal_definition(), process_definition()]
     }

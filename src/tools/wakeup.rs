@@ -29,8 +29,7 @@
 use std::time::Duration;
 
 use super::process::{ExitInfo, ProcessId, ProcessOwner, ProcessRecord};
-use crate::event::MessageEvent;
-use crate::identity::SessionId;
+use crate::vocab::{MessageEvent, SessionId};
 
 /// About this many characters of output go into a wakeup.
 pub const WAKEUP_TAIL_CHARS: usize = 2000;

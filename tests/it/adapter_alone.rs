@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use support::recorder::{eventually, make_event, Recorder};
 use telegate::adapter::{AdapterConfig, BusyMode};
-use telegate::event::{MessageEvent, Platform, SessionSource};
+use telegate::vocab::{MessageEvent, Platform, SessionSource};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -132,7 +132,7 @@ impl telegate::adapter::MessageHandler for ClaimingHandler {
         })
     }
 
-    fn claims_while_busy(&self, _key: &telegate::event::SessionKey, event: &MessageEvent) -> bool {
+    fn claims_while_busy(&self, _key: &telegate::vocab::SessionKey, event: &MessageEvent) -> bool {
         event.text == "yes"
     }
 }

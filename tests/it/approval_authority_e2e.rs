@@ -15,8 +15,8 @@ use crate::support;
 use serde_json::json;
 use support::fake_openai::{last_tool_result, last_user_contains, tool_result_after, Script};
 use support::tools_bot::{ToolsBot, CHAT_A, CHAT_B};
-use telegate::event::{ChatType, KeyPolicy, Platform, SessionKey, SessionSource};
 use telegate::tools::approval::Lookup;
+use telegate::vocab::{ChatType, KeyPolicy, Platform, SessionKey, SessionSource};
 
 /// A group open to everyone in it (allowed_chats).
 const GROUP: i64 = -100;

@@ -15,10 +15,12 @@ use support::recorder::{eventually, make_event, Recorder};
 use telegate::adapter::{AdapterConfig, BusyMode};
 use telegate::agent::EchoAgent;
 use telegate::config::{Config, Purpose};
-use telegate::engine::{build_agent, open_store, Engine};
+use telegate::engine::Engine;
 use telegate::runner::RunnerConfig;
-use telegate::store::{Role, Store};
+use telegate::store::Store;
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::Role;
+use telegate::wiring::engine::{build_agent, open_store};
 
 const WAIT: Duration = Duration::from_secs(10);
 const USER: i64 = 42;

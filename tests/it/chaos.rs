@@ -60,8 +60,8 @@ use futures::future::BoxFuture;
 use support::fake_bot::{Failure, FakeBotApi, Outcome, RecordedCall, RetryScope};
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::config::{Config, Purpose};
-use telegate::store::InboxState;
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::InboxState;
 use tokio::task::JoinHandle;
 
 /// Private chats get ids 1001..; groups -2001.. (basic groups in the fake).

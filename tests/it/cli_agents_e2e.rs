@@ -24,7 +24,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// A bot on `preset`, its fake agent recording into `agent_dir`.
-fn config(
+pub(crate) fn config(
     fake: &FakeBotApi,
     preset: &str,
     agent_dir: &Path,
@@ -91,7 +91,7 @@ async fn say_and_wait(fake: &FakeBotApi, text: &str, needle: &str) {
 }
 
 /// Every recorded invocation, as its argv (without the program).
-fn invocations(agent_dir: &Path) -> Vec<Vec<String>> {
+pub(crate) fn invocations(agent_dir: &Path) -> Vec<Vec<String>> {
     std::fs::read_to_string(agent_dir.join("argv.log"))
         .unwrap_or_default()
         .lines()
@@ -99,7 +99,7 @@ fn invocations(agent_dir: &Path) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn resumed_id(argv: &[String], flag: &str) -> Option<String> {
+pub(crate) fn resumed_id(argv: &[String], flag: &str) -> Option<String> {
     argv.iter()
         .position(|a| a == flag)
         .and_then(|i| argv.get(i + 1).cloned())

@@ -9,9 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use telegate::agent::{Agent, AgentError, CommandAgent, CommandConfig, Progress, TurnRequest};
-use telegate::event::{Platform, SessionKey, SessionSource};
-use telegate::identity::{SessionId, TurnGeneration};
+use telegate::agent::{Agent, AgentError, CommandAgent, CommandConfig, TurnRequest};
+use telegate::vocab::{Platform, Progress, SessionId, SessionKey, SessionSource, TurnGeneration};
 use tokio_util::sync::CancellationToken;
 
 fn turn(text: &str) -> TurnRequest {
@@ -348,7 +347,7 @@ async fn configuration_problems_are_reported_per_turn() {
 }
 
 fn history_turn(text: &str) -> TurnRequest {
-    use telegate::agent::{ChatMessage, Role};
+    use telegate::vocab::{ChatMessage, Role};
     let mut turn = turn(text);
     turn.history = vec![
         ChatMessage::new(Role::User, "my name is Ann"),

@@ -16,8 +16,9 @@ use support::agents::ScriptedAgent;
 use support::fake_bot::{ChatType, FakeBotApi};
 use support::fake_openai::{last_user_contains, messages, FakeOpenAi, Script};
 use telegate::config::{Config, Purpose};
-use telegate::store::{InboxState, Store};
+use telegate::store::Store;
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::InboxState;
 
 const WAIT: Duration = Duration::from_secs(10);
 const USER: i64 = 42;
@@ -274,7 +275,7 @@ async fn store_in(fake: &FakeBotApi, dir: &Path) -> Store {
 /// Wait until the private chat of USER has no task running or queued (an
 /// answer may be visible as a preview before its turn has ended).
 async fn idle(bot: &TelegramBot) {
-    let key = telegate::event::SessionKey::from_raw(format!("agent:main:telegram:dm:{USER}"));
+    let key = telegate::vocab::SessionKey::from_raw(format!("agent:main:telegram:dm:{USER}"));
     let adapter = &bot.engine.adapter;
     assert!(until(|| !adapter.is_active(&key) && adapter.pending_len(&key) == 0).await);
 }
@@ -366,7 +367,7 @@ async fn retry_undo_and_model_change_what_the_llm_receives() {
     let session = bot
         .engine
         .runner
-        .current_session(&telegate::event::SessionKey::from_raw(format!(
+        .current_session(&telegate::vocab::SessionKey::from_raw(format!(
             "agent:main:telegram:dm:{USER}"
         )))
         .unwrap();

@@ -48,8 +48,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::fake_bot::{Failure, FakeBotApi, Outcome, RecordedCall};
 use telegate::config::{Config, Purpose};
-use telegate::store::{InboxState, Store};
+use telegate::store::Store;
 use telegate::transport::telegram::intake::AMBIGUOUS_SEND_NOTICE;
+use telegate::vocab::InboxState;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -594,8 +595,8 @@ async fn crash_mid_turn_with_queued_follow_ups(resume: bool) {
         let history = store.load_history(&session.session_id, None).await.unwrap();
         for pair in history.windows(2) {
             assert!(
-                !(pair[0].role == telegate::store::Role::User
-                    && pair[1].role == telegate::store::Role::User
+                !(pair[0].role == telegate::vocab::Role::User
+                    && pair[1].role == telegate::vocab::Role::User
                     && pair[0].content == pair[1].content),
                 "a user message was recorded twice in a row: {:?}",
                 history

@@ -11,9 +11,9 @@ use support::agents::ScriptedAgent;
 use support::recorder::{eventually, make_event, session_key, Recorder};
 use telegate::adapter::{AdapterConfig, BusyMode};
 use telegate::engine::Engine;
-use telegate::event::{MessageEvent, Platform, SessionSource};
 use telegate::reply::ReplyKind;
 use telegate::runner::RunnerConfig;
+use telegate::vocab::{MessageEvent, Platform, SessionSource};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -454,7 +454,7 @@ async fn a_turn_dropped_at_shutdown_fires_its_cancel_token_for_work_it_handed_of
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_transcript_keeps_an_answer_whole_and_a_failed_turn_as_interrupted() {
     use telegate::adapter::{DispatchContext, MessageHandler};
-    use telegate::store::Role;
+    use telegate::vocab::Role;
     let store = telegate::store::Store::open_in_memory().unwrap();
     let metrics = telegate::metrics::Metrics::default();
     let runner = telegate::runner::Runner::with_store(
@@ -566,7 +566,7 @@ async fn a_failing_store_is_retried_with_growing_pauses_before_a_session_is_give
 async fn a_message_kind_it_cannot_read_is_told_so_and_never_reaches_the_agent() {
     let (engine, agent, sent) = engine(BusyMode::Interrupt);
     let mut sticker = make_event("", 1);
-    sticker.kind = telegate::event::MessageKind::Unsupported;
+    sticker.kind = telegate::vocab::MessageKind::Unsupported;
     engine.adapter.handle_message(sticker).await;
     assert!(sent.wait_for_text("can only read text", WAIT).await);
     settle(&engine).await;

@@ -33,10 +33,9 @@ use support::recorder::Recorder;
 use telegate::adapter::{Adapter, AdapterConfig, BusyMode, EventLedger, EventOutcome};
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::engine::Engine;
-use telegate::event::{MessageEvent, Platform, SessionSource};
 use telegate::reply::ReplyKind;
-use telegate::runner::Runner;
-use telegate::runner::RunnerConfig;
+use telegate::runner::{Runner, RunnerConfig};
+use telegate::vocab::{MessageEvent, Platform, SessionSource};
 use tokio::sync::oneshot;
 
 #[derive(Clone, Copy, Debug)]

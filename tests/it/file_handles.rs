@@ -14,10 +14,10 @@ use std::time::Duration;
 use support::fake_bot::FakeBotApi;
 use telegate::delivery::files::TelegramFileSender;
 use telegate::delivery::{Delivery, DeliveryConfig, RateLimits};
-use telegate::event::{Platform, SessionSource};
 use telegate::media::handle::Reader;
 use telegate::media::outbox::{FileRefusal, SendOutcome, Workspace};
 use telegate::media::OutboxFiles;
+use telegate::vocab::{Platform, SessionSource};
 
 const USER: i64 = 42;
 const SECRET: &[u8] = b"ROOT-ONLY-SECRET";
@@ -46,8 +46,7 @@ enum Swap {
 }
 
 /// Swap `root/swap.txt` through `cycle` (renamed into place, so the name
-/// always exists) until `stop`; the harmless file stays a little longer,
-/// so every kind is seen.
+/// always exists) until `stop`, each for a while, so every kind is seen.
 fn swapper(
     root: PathBuf,
     secret: PathBuf,
@@ -70,9 +69,10 @@ fn swapper(
                 Swap::HardLink => std::fs::hard_link(&secret, &staged).unwrap(),
             }
             std::fs::rename(&staged, root.join("swap.txt")).unwrap();
-            if matches!(swap, Swap::Harmless) {
-                std::thread::sleep(Duration::from_micros(300));
-            }
+            // Every kind stays in place a while, so that each is seen by
+            // some send even on a loaded machine (a link held only
+            // between two renames was missed under load).
+            std::thread::sleep(Duration::from_micros(300));
             n += 1;
         }
     })

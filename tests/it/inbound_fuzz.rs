@@ -44,12 +44,11 @@ use serde_json::{json, Map, Value};
 use support::fake_bot::FakeBotApi;
 use telegate::agent::EchoAgent;
 use telegate::config::{Config, Purpose};
-use telegate::event::parse_command;
-use telegate::store::InboxState;
 use telegate::transport::telegram::callback::CallbackHandler;
 use telegate::transport::telegram::inbound::InboundPolicy;
 use telegate::transport::telegram::intake::{Intake, Intook};
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::{parse_command, InboxState};
 use tokio::runtime::Runtime;
 
 /// Users on the allowlist.
@@ -133,6 +132,7 @@ fn harness() -> &'static Harness {
             allowed_chats: vec![],
             allow_all_users: false,
             require_mention: true,
+            access: None,
         };
         let intake = Intake::new(
             bot.engine.clone(),

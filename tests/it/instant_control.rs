@@ -22,9 +22,9 @@ use support::fake_bot::{Failure, FakeBotApi, FloodLimits, Outcome, RecordedCall}
 use support::recorder::{eventually, make_event, session_key, Recorder};
 use telegate::adapter::{Adapter, AdapterConfig, DispatchContext};
 use telegate::config::{Config, Purpose};
-use telegate::event::{MessageEvent, SessionSource};
 use telegate::reply::{Outgoing, Reply};
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::{MessageEvent, SessionSource};
 use tokio::sync::Notify;
 
 /// Generous: the machine is shared and loaded; nothing waits this long
@@ -464,7 +464,7 @@ async fn a_wakeup_during_a_slow_new_waits_for_it() {
     );
 
     let wakeup = MessageEvent::internal(
-        SessionSource::dm(telegate::event::Platform::Telegram, 1),
+        SessionSource::dm(telegate::vocab::Platform::Telegram, 1),
         "wake",
     );
     adapter.wake(wakeup).await;

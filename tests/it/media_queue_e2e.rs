@@ -22,9 +22,9 @@ use serde_json::{json, Value};
 use support::fake_bot::FakeBotApi;
 use support::fake_files::{document_json, photo_json, voice_json};
 use support::fake_openai::{last_user_contains, FakeOpenAi, Script};
-use telegate::store::InboxState;
 use telegate::transport::telegram::media::STOPPED_TEXT;
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::InboxState;
 
 /// The openai agent with a choice of models (so /model shows buttons).
 fn openai_with_models(llm: &FakeOpenAi) -> String {

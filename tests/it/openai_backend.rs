@@ -11,14 +11,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
 use support::fake_openai::{FakeOpenAi, Script, COMMENTS_TEXT, DEFAULT_TEXT};
-use telegate::agent::{
-    Agent, AgentError, AgentReply, ChatMessage, OpenAiAgent, OpenAiConfig, Progress, Role,
-    TurnRequest,
-};
-use telegate::config::Secret;
-use telegate::event::{Platform, SessionKey, SessionSource};
-use telegate::identity::{SessionId, TurnGeneration};
+use telegate::agent::{Agent, AgentError, AgentReply, OpenAiAgent, OpenAiConfig, TurnRequest};
+use telegate::secrets::Secret;
 use telegate::tools::{NoTools, ToolContext, ToolDefinition, ToolError, ToolRegistry};
+use telegate::vocab::{
+    ChatMessage, Platform, Progress, Role, SessionId, SessionKey, SessionSource, TurnGeneration,
+};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(2);
@@ -83,6 +81,12 @@ fn roles(request: &Value) -> Vec<String> {
 struct TestTools;
 
 impl ToolRegistry for TestTools {
+    fn prepare<'a>(&'a self, _ctx: &'a ToolContext) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    fn attach_store(&self, _store: &telegate::store::Store) {}
+
     fn definitions(&self) -> Vec<ToolDefinition> {
         let schema = json!({
             "type": "object",

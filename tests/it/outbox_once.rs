@@ -23,11 +23,11 @@ use support::agents::ScriptedAgent;
 use support::fake_bot::{Failure, FakeBotApi, RecordedCall};
 use telegate::config::{Config, Purpose};
 use telegate::delivery::{Delivery, DeliveryConfig, TelegramOutbound};
-use telegate::event::{Platform, SessionSource};
 use telegate::reply::{Outbound, Reply};
-use telegate::store::{InboxState, Store};
+use telegate::store::Store;
 use telegate::transport::telegram::intake::AMBIGUOUS_SEND_NOTICE;
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::{InboxState, Platform, SessionSource};
 
 const WAIT: Duration = Duration::from_secs(20);
 const USER: i64 = 42;
@@ -319,8 +319,8 @@ async fn a_recorded_half_streamed_preview_is_finished_in_place() {
 /// out, the row names it, and the final answer finishes it in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preview_send_records_its_intent_before_the_request() {
-    use telegate::agent::Progress;
     use telegate::reply::TurnStart;
+    use telegate::vocab::Progress;
     let fake = FakeBotApi::start().await;
     let store = Store::open_in_memory().unwrap();
     let config = DeliveryConfig {

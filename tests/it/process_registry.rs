@@ -9,9 +9,6 @@ use std::time::Duration;
 use futures::FutureExt;
 use serde_json::json;
 use support::tools_bot::live_group_members;
-use telegate::agent::Progress;
-use telegate::event::{Platform, SessionKey, SessionSource};
-use telegate::identity::{bind_turn_identity, SessionId, TurnGeneration, TurnIdentity};
 use telegate::tools::process::{
     ProcessMode, ProcessOwner, ProcessRegistry, RegistryConfig, Scope, SpawnError, SpawnSpec,
     WaitOutcome,
@@ -19,6 +16,10 @@ use telegate::tools::process::{
 use telegate::tools::{
     tool_events, TerminalConfig, TerminalTool, ToolContext, ToolEvent, ToolEventReceiver,
     ToolRegistry,
+};
+use telegate::vocab::{
+    bind_turn_identity, Platform, Progress, SessionId, SessionKey, SessionSource, TurnGeneration,
+    TurnIdentity,
 };
 use tokio_util::sync::CancellationToken;
 

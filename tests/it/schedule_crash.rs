@@ -27,8 +27,9 @@ use std::time::Duration;
 use support::fake_bot::FakeBotApi;
 use telegate::config::{Config, Purpose};
 use telegate::schedule::{run_of, Action, Schedule};
-use telegate::store::{now_ms, InboxState, NewJob, Store};
+use telegate::store::{now_ms, NewJob, Store};
 use telegate::transport::telegram::intake::AMBIGUOUS_SEND_NOTICE;
+use telegate::vocab::InboxState;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 

@@ -30,13 +30,14 @@ use futures::future::BoxFuture;
 use support::recorder::{session_key, Recorder};
 use telegate::adapter::AdapterConfig;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
-use telegate::buttons::{ButtonAction, JobButton};
 use telegate::engine::Engine;
-use telegate::event::{ChatType, KeyPolicy, MessageEvent, Platform, SessionKey, SessionSource};
 use telegate::metrics::Metrics;
-use telegate::runner::{RunnerConfig, COMMANDS};
+use telegate::runner::RunnerConfig;
 use telegate::schedule::{Jobs, RunSink, ScheduleConfig, TokioClock};
 use telegate::store::{JobState, Store};
+use telegate::vocab::COMMANDS;
+use telegate::vocab::{ButtonAction, JobButton};
+use telegate::vocab::{ChatType, KeyPolicy, MessageEvent, Platform, SessionKey, SessionSource};
 use tokio_util::sync::CancellationToken;
 
 /// Real time any one condition may take.
@@ -161,7 +162,7 @@ fn harness(config: ScheduleConfig) -> Harness {
         metrics.clone(),
     )
     .unwrap()
-    .with_approvers(vec![APPROVER]);
+    .with_deciders(std::sync::Arc::new(vec![APPROVER]));
     let agent = Arc::new(RunAgent::default());
     let recorder = Recorder::new();
     let engine = Engine::with_store(

@@ -16,11 +16,10 @@ use std::time::{Duration, Instant};
 
 use support::recorder::{eventually, make_event, session_key, Recorder};
 use telegate::adapter::{Adapter, AdapterConfig, DispatchContext, OwnerTask, SessionGuard};
-use telegate::agent::{Agent, AgentError, AgentReply, Progress, TurnRequest};
-use telegate::event::MessageEvent;
-use telegate::identity::TurnGeneration;
+use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::reply::{Outgoing, Reply};
 use telegate::runner::{AgentHandle, InvalidateReason, Runner, RunnerConfig, RunningAgent};
+use telegate::vocab::{MessageEvent, Progress, TurnGeneration};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -543,7 +542,7 @@ const SK: &str = "agent:main:telegram:dm:12345";
 #[test]
 fn release_without_generation_behaves_as_before() {
     let runner = make_runner();
-    let sk = telegate::event::SessionKey::from_raw(SK);
+    let sk = telegate::vocab::SessionKey::from_raw(SK);
     runner.install_running_agent(&sk, agent_marked(1), Instant::now());
     assert!(runner.release(&sk, None));
     assert!(runner.running_agent(&sk).is_none());
@@ -553,7 +552,7 @@ fn release_without_generation_behaves_as_before() {
 #[test]
 fn release_with_current_generation_clears_slot() {
     let runner = make_runner();
-    let sk = telegate::event::SessionKey::from_raw(SK);
+    let sk = telegate::vocab::SessionKey::from_raw(SK);
     let generation = runner.begin_generation(&sk);
     runner.install_running_agent(&sk, agent_marked(1), Instant::now());
 
@@ -564,7 +563,7 @@ fn release_with_current_generation_clears_slot() {
 #[test]
 fn release_with_stale_generation_blocks() {
     let runner = make_runner();
-    let sk = telegate::event::SessionKey::from_raw(SK);
+    let sk = telegate::vocab::SessionKey::from_raw(SK);
     let stale = runner.begin_generation(&sk);
     // /stop bumps the generation: the stale run's generation is no longer current.
     runner.invalidate_generation(&sk, InvalidateReason::Stop);
@@ -583,7 +582,7 @@ fn release_with_stale_generation_blocks() {
 #[test]
 fn is_session_run_current_tracks_bumps() {
     let runner = make_runner();
-    let sk = telegate::event::SessionKey::from_raw(SK);
+    let sk = telegate::vocab::SessionKey::from_raw(SK);
     let gen1 = runner.begin_generation(&sk);
     assert!(runner.is_current(&sk, gen1));
 
@@ -609,7 +608,7 @@ struct OrderedOutbound {
 impl telegate::reply::Outbound for OrderedOutbound {
     fn deliver<'a>(
         &'a self,
-        _to: &'a telegate::event::SessionSource,
+        _to: &'a telegate::vocab::SessionSource,
         reply: Reply,
     ) -> futures::future::BoxFuture<'a, Result<(), telegate::reply::DeliveryError>> {
         Box::pin(async move {

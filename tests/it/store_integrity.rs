@@ -25,8 +25,9 @@ use std::time::Duration;
 use support::agents::ScriptedAgent;
 use support::fake_bot::FakeBotApi;
 use telegate::config::{Config, Purpose};
-use telegate::store::{InboxState, Store, TranscriptEntry};
+use telegate::store::{Store, TranscriptEntry};
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::InboxState;
 
 const USER: i64 = 42;
 const WAIT: Duration = Duration::from_secs(20);
@@ -293,8 +294,8 @@ async fn every_failing_kind_of_write_turns_healthz_503_until_it_works_again() {
     bot.shutdown().await;
 }
 
-fn key() -> telegate::event::SessionKey {
-    use telegate::event::{KeyPolicy, Platform, SessionKey, SessionSource};
+fn key() -> telegate::vocab::SessionKey {
+    use telegate::vocab::{KeyPolicy, Platform, SessionKey, SessionSource};
     SessionKey::for_source(
         &SessionSource::dm(Platform::Telegram, USER),
         KeyPolicy::default(),

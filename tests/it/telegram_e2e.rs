@@ -475,25 +475,24 @@ async fn a_stranger_gets_their_id_and_no_turn() {
     bot.shutdown().await;
 }
 
-#[tokio::test]
-async fn the_bot_refuses_to_start_with_an_empty_allowlist() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bot_nobody_may_use_yet_starts_and_runs_no_strangers_turn() {
+    // No allowlist: the bot starts (showing a pairing code, see
+    // teams_pairing.rs); a wrong code and plain text run nothing.
     let fake = FakeBotApi::start().await;
     let text = config_text(&fake, "", "").replace(&format!("allowed_users = [{USER}]"), "");
-    let error =
-        Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap_err();
-    assert!(
-        error.to_string().contains("nobody may use the bot"),
-        "{error}"
-    );
-    // Even a config built without validation is refused at start.
-    let mut unchecked = config(&fake, "", "");
-    unchecked.telegram.allowed_users.clear();
-    let error = TelegramBot::start(&unchecked).await.err().expect("refused");
-    assert!(
-        error.to_string().contains("nobody may use the bot"),
-        "{error}"
-    );
-    assert!(fake.calls_to("getUpdates").is_empty());
+    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None)
+        .expect("an empty allowlist is valid: the bot pairs");
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+        .await
+        .expect("starts");
+    fake.push_text(7, 7, "/pair AAAAAAAAAA");
+    assert!(wait_text(&fake, 7, "That code is not valid").await);
+    fake.push_text(7, 7, "hello");
+    assert!(wait_text(&fake, 7, "Your user id is 7").await);
+    assert_eq!(agent.started(), 0);
+    bot.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -576,7 +575,7 @@ async fn rejected_entities_fall_back_to_plain_text_and_the_reply_still_arrives()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
-    use telegate::event::{MessageEvent, Platform, SessionSource};
+    use telegate::vocab::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
     let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
@@ -628,7 +627,7 @@ async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
-    use telegate::event::{MessageEvent, Platform, SessionSource};
+    use telegate::vocab::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
     let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
@@ -668,9 +667,12 @@ fn file_backed_config(fake: &FakeBotApi, data: &Path, rest: &str) -> Config {
 /// inbox row running, and `transcript` (user messages) in USER's session
 /// "s-killed".
 async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) {
-    use telegate::store::{InboxState, TranscriptEntry};
+    use telegate::store::TranscriptEntry;
+    use telegate::vocab::InboxState;
     let key = format!("agent:main:telegram:dm:{USER}");
-    let store = telegate::engine::open_store(&config.store).await.unwrap();
+    let store = telegate::wiring::engine::open_store(&config.store)
+        .await
+        .unwrap();
     let session = store
         .get_or_create_session(&key, "s-killed".into())
         .await
@@ -698,7 +700,7 @@ async fn recorded_times(bot: &TelegramBot, text: &str) -> usize {
     let history = bot.store.load_history("s-killed", None).await.unwrap();
     history
         .iter()
-        .filter(|m| m.role == telegate::store::Role::User && m.content == text)
+        .filter(|m| m.role == telegate::vocab::Role::User && m.content == text)
         .count()
 }
 
@@ -757,7 +759,9 @@ async fn owners_of_background_processes_lost_in_a_restart_are_told() {
     let data = tempfile::tempdir().unwrap();
     let config = file_backed_config(&fake, data.path(), "");
     // The previous run died while chat 42's job was still running.
-    let store = telegate::engine::open_store(&config.store).await.unwrap();
+    let store = telegate::wiring::engine::open_store(&config.store)
+        .await
+        .unwrap();
     store
         .process_started(telegate::store::RunningProcess {
             process_id: "p1a2b".into(),
@@ -830,7 +834,7 @@ async fn an_answer_refused_with_500_for_a_while_arrives_once() {
 /// and once Telegram answers again (here after two more 502s to `getMe`)
 /// its sender is told, once, in reply to the message.
 async fn an_unconfirmed_answer_is_reported_once_telegram_answers(failure: Failure) -> FakeBotApi {
-    use telegate::delivery::outbound::UNCONFIRMED_ANSWER_NOTICE;
+    use telegate::delivery::answer::UNCONFIRMED_ANSWER_NOTICE;
     let fake = FakeBotApi::start().await;
     let (bot, _agent) = start(&fake, "", "").await;
     fake.fail_next("sendMessage", 1, failure);

@@ -31,13 +31,18 @@ const LAYERS: &[&str] = &[
     "http",
     "engine",
     "runner",
+    "access",
     "agent",
+    "schedule",
     "tools",
     "delivery",
     "media",
     "adapter",
     "reply",
     "systemd",
+    "journal",
+    "limits",
+    "clock",
     "store",
     "metrics",
     "listener",
@@ -92,7 +97,10 @@ fn tidy_layer_order_matches_architecture_md() {
     let tree = SourceTree::read(&repo().join("src"));
     let mut top: BTreeSet<String> = tree.top_level_modules();
     top.remove("lib");
-    let missing: Vec<&String> = top.iter().filter(|m| !LAYERS.contains(&m.as_str())).collect();
+    let missing: Vec<&String> = top
+        .iter()
+        .filter(|m| !LAYERS.contains(&m.as_str()))
+        .collect();
     assert!(
         missing.is_empty(),
         "top-level modules without a layer: {missing:?}; add each to LAYERS (tests/it/tidy.rs) \
@@ -153,10 +161,18 @@ fn tidy_checker_sees_a_planted_back_edge_and_circle() {
         .iter()
         .map(|e| format!("{}:{}", e.file, e.line))
         .collect();
-    assert_eq!(back, ["src/low/b.rs:3"], "only the expression path, not the comment, string or test file");
+    assert_eq!(
+        back,
+        ["src/low/b.rs:3"],
+        "only the expression path, not the comment, string or test file"
+    );
     let circles = tree.circles();
     assert_eq!(circles.len(), 1);
-    assert_eq!(circles[0].files, ["low::a", "low::b"], "a -> b -> (super::A = a) -> a");
+    assert_eq!(
+        circles[0].files,
+        ["low::a", "low::b"],
+        "a -> b -> (super::A = a) -> a"
+    );
     assert!(
         tree.back_edges(&Layers::new(&["low", "high"])).is_empty(),
         "low above high may use it"
@@ -344,7 +360,9 @@ impl SourceTree {
                 if path.is_dir() {
                     dirs.push(path);
                 } else if path.extension().is_some_and(|e| e == "rs") {
-                    let rel = path.strip_prefix(src.parent().expect("repo")).expect("under repo");
+                    let rel = path
+                        .strip_prefix(src.parent().expect("repo"))
+                        .expect("under repo");
                     let text = std::fs::read_to_string(&path).expect("source file");
                     found.push((rel.to_string_lossy().into_owned(), text));
                 }
@@ -354,8 +372,10 @@ impl SourceTree {
     }
 
     fn from_files(files: impl IntoIterator<Item = (String, String)>) -> SourceTree {
-        let mut files: Vec<SourceFile> =
-            files.into_iter().map(|(path, text)| SourceFile::parse(path, &text)).collect();
+        let mut files: Vec<SourceFile> = files
+            .into_iter()
+            .map(|(path, text)| SourceFile::parse(path, &text))
+            .collect();
         files.sort_by(|a, b| a.path.cmp(&b.path));
         let test_only: BTreeSet<Vec<String>> = files
             .iter()
@@ -368,14 +388,23 @@ impl SourceTree {
             })
             .collect();
         files.retain(|f| !test_only.iter().any(|t| f.module.starts_with(t)));
-        let modules = files.iter().enumerate().map(|(i, f)| (f.module.clone(), i)).collect();
+        let modules = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.module.clone(), i))
+            .collect();
         SourceTree { files, modules }
     }
 
     fn top_level_modules(&self) -> BTreeSet<String> {
         self.files
             .iter()
-            .map(|f| f.module.first().cloned().unwrap_or_else(|| "lib".to_string()))
+            .map(|f| {
+                f.module
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "lib".to_string())
+            })
             .collect()
     }
 
@@ -416,7 +445,9 @@ impl SourceTree {
                 .modules
                 .get(&target)
                 .map(|&i| &self.files[i])
-                .is_some_and(|g| g.defined.contains(name) || g.bindings.iter().any(|b| &b.name == name));
+                .is_some_and(|g| {
+                    g.defined.contains(name) || g.bindings.iter().any(|b| &b.name == name)
+                });
             if provides {
                 target.extend_from_slice(&path[n..]);
                 return self.locate(&target, depth + 1);
@@ -648,7 +679,9 @@ impl SourceFile {
                             if top && inline.is_empty() {
                                 if leaf.glob {
                                     self.globs.push(leaf.segments.clone());
-                                } else if let Some(name) = alias.or_else(|| leaf.segments.last().cloned()) {
+                                } else if let Some(name) =
+                                    alias.or_else(|| leaf.segments.last().cloned())
+                                {
                                     self.bindings.push(Binding {
                                         name,
                                         target: leaf.segments.clone(),
@@ -661,7 +694,15 @@ impl SourceFile {
                     }
                     let item = matches!(
                         word.as_str(),
-                        "struct" | "enum" | "fn" | "const" | "static" | "trait" | "type" | "union" | "mod"
+                        "struct"
+                            | "enum"
+                            | "fn"
+                            | "const"
+                            | "static"
+                            | "trait"
+                            | "type"
+                            | "union"
+                            | "mod"
                     );
                     if item && top && inline.is_empty() {
                         if let Some(name) = ident(i + 1) {
@@ -671,7 +712,8 @@ impl SourceFile {
                     if word == "mod" && ident(i + 1).is_some() && punct(i + 2, '{') {
                         inline.push(depth);
                     }
-                    let starts_path = sep(i + 1) && !(i > 0 && sep(i - 1)) && !(i > 0 && punct(i - 1, '$'));
+                    let starts_path =
+                        sep(i + 1) && !(i > 0 && sep(i - 1)) && !(i > 0 && punct(i - 1, '$'));
                     if starts_path {
                         let line = tokens[i].line;
                         let mut segments = vec![word.clone()];
@@ -746,7 +788,11 @@ fn is_cfg_test(tokens: &[Token], i: usize) -> bool {
         Tok::Punct(')'),
         Tok::Punct(']'),
     ];
-    tokens.len() >= i + want.len() && tokens[i..i + want.len()].iter().zip(&want).all(|(t, w)| &t.tok == w)
+    tokens.len() >= i + want.len()
+        && tokens[i..i + want.len()]
+            .iter()
+            .zip(&want)
+            .all(|(t, w)| &t.tok == w)
 }
 
 /// Past the attribute `#[...]` (or `#![...]`) at `i`.
@@ -825,9 +871,10 @@ fn parse_use_tree(
         }
         _ => {
             let mut alias = None;
-            if let (Some(Tok::Ident(a)), Some(Tok::Ident(name))) =
-                (tokens.get(i).map(|t| &t.tok), tokens.get(i + 1).map(|t| &t.tok))
-            {
+            if let (Some(Tok::Ident(a)), Some(Tok::Ident(name))) = (
+                tokens.get(i).map(|t| &t.tok),
+                tokens.get(i + 1).map(|t| &t.tok),
+            ) {
                 if a == "as" {
                     alias = Some(name.clone());
                     i += 2;
@@ -865,7 +912,10 @@ fn parse_use_tree(
 /// `src/a/b.rs` -> `["a", "b"]`; `mod.rs` names its directory; `lib.rs` is
 /// the root; `main.rs` (the binary) is `["main"]`.
 fn module_of(path: &str) -> Vec<String> {
-    let rel = path.strip_prefix("src/").unwrap_or(path).trim_end_matches(".rs");
+    let rel = path
+        .strip_prefix("src/")
+        .unwrap_or(path)
+        .trim_end_matches(".rs");
     let mut parts: Vec<String> = rel.split('/').map(str::to_string).collect();
     match parts.last().map(String::as_str) {
         Some("lib") if parts.len() == 1 => Vec::new(),
@@ -999,7 +1049,13 @@ fn skip_string(chars: &[char], mut i: usize, hashes: usize, raw: bool, line: &mu
     while i < chars.len() {
         match chars[i] {
             '\\' if !raw => i += 2,
-            '"' if chars[i + 1..].iter().take(hashes).filter(|&&c| c == '#').count() == hashes => {
+            '"' if chars[i + 1..]
+                .iter()
+                .take(hashes)
+                .filter(|&&c| c == '#')
+                .count()
+                == hashes =>
+            {
                 return i + 1 + hashes;
             }
             '\n' => {

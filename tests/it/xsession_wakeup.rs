@@ -26,18 +26,17 @@ use futures::future::BoxFuture;
 use serde_json::json;
 use support::recorder::{eventually, Recorder};
 use telegate::adapter::AdapterConfig;
-use telegate::agent::{Agent, AgentError, AgentReply, Progress, TurnRequest};
+use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::engine::{AgentSetup, Engine, TerminalSetup};
-use telegate::event::{MessageEvent, Platform, SessionKey, SessionSource};
-use telegate::identity::{
-    bind_turn_identity, current_identity, current_session_id, SessionId, TurnGeneration,
-    TurnIdentity,
-};
 use telegate::runner::RunnerConfig;
 use telegate::store::Store;
 use telegate::tools::process::{ProcessId, ProcessOwner, ProcessRecord, Scope};
 use telegate::tools::wakeup::resolve_wakeup_target;
 use telegate::tools::{tool_events, TerminalConfig, TerminalTool, ToolContext, ToolRegistry};
+use telegate::vocab::{
+    bind_turn_identity, current_identity, current_session_id, MessageEvent, Platform, Progress,
+    SessionId, SessionKey, SessionSource, TurnGeneration, TurnIdentity,
+};
 use tokio::sync::{Barrier, Notify};
 use tokio_util::sync::CancellationToken;
 

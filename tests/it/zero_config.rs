@@ -161,7 +161,7 @@ async fn a_fresh_directory_and_the_environment_are_enough_to_run_the_bot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_alone_starts_a_bot_that_tells_each_sender_their_id() {
+async fn a_token_alone_starts_a_bot_that_shows_a_pairing_code_and_tells_each_sender_their_id() {
     let fake = FakeBotApi::start().await;
     let dir = tempfile::tempdir().unwrap();
     let running = Running::start(
@@ -177,9 +177,8 @@ async fn a_token_alone_starts_a_bot_that_tells_each_sender_their_id() {
     let log = running.stop();
     assert!(
         log.lines()
-            .any(|l| l.contains("nobody may use the bot yet")
-                && l.contains("TELEGATE_ALLOWED_USERS")),
-        "the log says how to let someone in:\n{log}"
+            .any(|l| l.contains("nobody may use the bot yet") && l.contains("/pair")),
+        "the log says how to pair:\n{log}"
     );
     assert!(!fake.sent_texts(42).iter().any(|t| t.contains("echo")));
 }

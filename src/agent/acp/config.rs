@@ -18,7 +18,6 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::agent::command::workdir;
-use crate::config_checks::MAX_DURATION_SECS;
 
 /// `[agent.acp] preset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -251,9 +250,6 @@ impl AcpConfig {
             if value < at_least {
                 return Err(format!("agent.acp.{key} must be at least {at_least}"));
             }
-            if value > MAX_DURATION_SECS {
-                return Err(format!("agent.acp.{key} is too large: at most 7 days"));
-            }
         }
         if self.output_cap_bytes == 0 {
             return Err("agent.acp.output_cap_bytes must be at least 1".to_string());
@@ -332,10 +328,6 @@ mod tests {
             (
                 "program = \"x\"\nworkdir = \"/definitely/not/here\"",
                 "not a directory",
-            ),
-            (
-                "program = \"x\"\npermission_timeout_secs = 99999999",
-                "too large",
             ),
         ];
         for (text, needle) in bad {

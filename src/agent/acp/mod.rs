@@ -61,12 +61,13 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use super::command::sessions::AgentSessions;
-use super::command::{workdir, ALWAYS_STRIPPED_ENV, RESUME_LOST_NOTICE};
+use super::command::{workdir, RESUME_LOST_NOTICE};
 use super::{Agent, AgentError, AgentReply, TurnRequest};
-use crate::event::SessionKey;
 use crate::store::{AgentUsage, Store};
 use crate::tools::approval::ApprovalGate;
 use crate::tools::childgroups::GroupLedger;
+use crate::vocab::SessionKey;
+use crate::vocab::ALWAYS_STRIPPED_ENV;
 use process::{ended_error, protocol_error, within, AgentProcess, Launch, Route};
 use view::TurnView;
 

@@ -52,12 +52,12 @@ use super::config::AcpConfig;
 use super::fs;
 use super::permission;
 use super::view::TurnView;
-use crate::agent::{AgentError, Progress};
-use crate::event::{SessionKey, SessionSource};
+use crate::agent::AgentError;
 use crate::tools::approval::ApprovalGate;
 use crate::tools::childenv::ChildEnv;
 use crate::tools::childgroups::{GroupLedger, RecordedGroup};
 use crate::tools::procgroup::{spawn_leader, ProcessGroup};
+use crate::vocab::{Progress, SessionKey, SessionSource};
 
 /// The longest line (one JSON-RPC message) accepted from an agent.
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;

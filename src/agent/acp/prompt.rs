@@ -15,7 +15,7 @@ use agent_client_protocol::v1::schema::{
 };
 use base64::Engine as _;
 
-use crate::media::Attachment;
+use crate::vocab::Attachment;
 
 /// Images larger than this go as a link, not inline.
 pub const MAX_IMAGE_BYTES: u64 = 10 * 1024 * 1024;

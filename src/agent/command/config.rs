@@ -8,9 +8,41 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::argv::{message_in_shell_script, tokenize, Field, Token, RESUME_PLACEHOLDER};
-use super::presets::Preset;
 use super::protocol::Protocol;
 use super::workdir;
+
+/// `[agent.command] preset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Preset {
+    /// Claude Code (`claude -p`).
+    Claude,
+    /// OpenAI Codex (`codex exec`).
+    Codex,
+}
+
+impl Preset {
+    /// The name in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Preset::Claude => "claude",
+            Preset::Codex => "codex",
+        }
+    }
+
+    /// The protocol the preset's program speaks.
+    pub fn protocol(self) -> Protocol {
+        match self {
+            Preset::Claude => Protocol::ClaudeStreamJson,
+            Preset::Codex => Protocol::CodexJson,
+        }
+    }
+
+    /// The executable run unless `program` says otherwise.
+    pub fn default_program(self) -> &'static str {
+        self.as_str()
+    }
+}
 
 /// `[agent.command]`: which program to run per turn, and how.
 ///

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::agent::ChatMessage;
+use crate::vocab::ChatMessage;
 
 /// Set for the program with `history = "env-file"`.
 pub const HISTORY_FILE_ENV: &str = "TELEGATE_HISTORY_FILE";
@@ -124,7 +124,7 @@ fn unique() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::Role;
+    use crate::vocab::Role;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]

@@ -58,9 +58,8 @@ pub mod protocol;
 pub(crate) mod sessions;
 pub(crate) mod workdir;
 
-pub use config::{CommandConfig, HistoryMode};
+pub use config::{CommandConfig, HistoryMode, Preset};
 pub use history::HISTORY_FILE_ENV;
-pub use presets::Preset;
 pub use protocol::Protocol;
 
 use std::collections::BTreeSet;
@@ -78,22 +77,13 @@ use crate::tools::childgroups::{GroupLedger, RecordedGroup};
 use crate::tools::permission::{PermissionPrompts, TurnPrompt};
 use crate::tools::process::ProcessOwner;
 use crate::tools::procgroup::{spawn_leader, ProcessGroup};
+use crate::vocab::{ALWAYS_STRIPPED_ENV, CHAT_ID_ENV, SESSION_ID_ENV};
 use argv::{Substitutions, RESUME_PLACEHOLDER};
 use history::HistoryFile;
 use output::StdoutCollector;
 use process::{pump, StderrTail};
 use protocol::{JsonlCollector, OutputCollector};
 use sessions::AgentSessions;
-
-/// Environment variables never passed to the program, whatever the config
-/// says in `remove_env`.
-pub const ALWAYS_STRIPPED_ENV: &[&str] =
-    &["TELEGRAM_BOT_TOKEN", "TELOXIDE_TOKEN", "OPENAI_API_KEY"];
-
-/// Set for the program: the conversation's session id.
-pub const SESSION_ID_ENV: &str = "TELEGATE_SESSION_ID";
-/// Set for the program: the chat id the message came from.
-pub const CHAT_ID_ENV: &str = "TELEGATE_CHAT_ID";
 
 /// The one line a user sees when the agent's session could not be resumed.
 pub const RESUME_LOST_NOTICE: &str =

@@ -1,7 +1,8 @@
 //! The `text` protocol: stdout streamed as it comes (UTF-8 decoded without
 //! splitting a character), kept up to the output cap, and answered as is.
 
-use super::super::{AgentReply, Progress};
+use super::super::AgentReply;
+use crate::vocab::Progress;
 
 /// Decodes a byte stream as UTF-8 without ever splitting a character: an
 /// incomplete sequence at the end of a chunk waits for the next one.

@@ -27,44 +27,10 @@
 //!   `resume ID` (where it takes one value). Other files are only named in
 //!   the prompt.
 
-use serde::Deserialize;
-
-use super::config::CommandConfig;
-use super::protocol::Protocol;
-use crate::media::Attachment;
-
-/// `[agent.command] preset`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Preset {
-    /// Claude Code (`claude -p`).
-    Claude,
-    /// OpenAI Codex (`codex exec`).
-    Codex,
-}
+use super::config::{CommandConfig, Preset};
+use crate::vocab::Attachment;
 
 impl Preset {
-    /// The name in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Preset::Claude => "claude",
-            Preset::Codex => "codex",
-        }
-    }
-
-    /// The protocol the preset's program speaks.
-    pub fn protocol(self) -> Protocol {
-        match self {
-            Preset::Claude => Protocol::ClaudeStreamJson,
-            Preset::Codex => Protocol::CodexJson,
-        }
-    }
-
-    /// The executable run unless `program` says otherwise.
-    pub fn default_program(self) -> &'static str {
-        self.as_str()
-    }
-
     /// The argv for one turn, resuming `resume` if given, with the turn's
     /// inbound `files`; `prompt` are the claude preset's permission-prompt
     /// arguments (`--mcp-config … --permission-prompt-tool …`), if any.

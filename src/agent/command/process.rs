@@ -17,8 +17,9 @@ use tokio::process::{Child, ChildStdin};
 
 use super::protocol::OutputCollector;
 use super::CommandAgent;
-use crate::agent::{AgentError, Progress, TurnRequest};
+use crate::agent::{AgentError, TurnRequest};
 use crate::tools::procgroup::{signal_name, ProcessGroup};
+use crate::vocab::Progress;
 
 /// How much of stderr is kept (the tail).
 const STDERR_TAIL_BYTES: usize = 4096;

@@ -66,8 +66,9 @@ impl AgentSessions {
         }
     }
 
-    /// Add one turn's usage.
+    /// Add one turn's usage (also to the turn's meter: budgets, /usage).
     pub async fn record_usage(&self, session: &str, backend: &'static str, usage: AgentUsage) {
+        crate::limits::meter::record(&usage);
         if let Some(store) = self.store.get() {
             if let Err(error) = store.add_agent_usage(session, backend, usage).await {
                 tracing::error!(session_id = session, %error, "could not record the agent's usage");

@@ -1,7 +1,12 @@
 //! `[agent.openai]`: the server, model and limits of the `openai` backend,
 //! and their validation (URLs, the API key's source).
 
-use super::*;
+use crate::agent::openai::DEFAULT_API_KEY_ENV;
+use crate::agent::openai::DEFAULT_BASE_URL;
+use crate::secrets::Secret;
+use serde::Deserialize;
+use std::time::Duration;
+use url::Url;
 
 /// `[agent.openai]`: which OpenAI-compatible server and model answer, and how.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -57,6 +62,11 @@ pub struct OpenAiConfig {
     /// only shows `model`.
     #[serde(default)]
     pub models: Vec<String>,
+    /// Ask a streamed answer to end with its token usage
+    /// (`stream_options.include_usage`), which budgets and /usage count.
+    /// Turn off for a server that refuses the option.
+    #[serde(default = "yes")]
+    pub stream_usage: bool,
 }
 
 pub(super) fn default_base_url() -> String {
@@ -96,6 +106,7 @@ impl OpenAiConfig {
             max_tool_rounds: default_max_tool_rounds(),
             vision: false,
             models: Vec::new(),
+            stream_usage: true,
         }
     }
 

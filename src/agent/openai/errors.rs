@@ -1,7 +1,15 @@
 //! Failures as one short chat message each; status codes, bodies and
 //! error chains go to the log only, with credentials redacted.
 
-use super::*;
+use crate::agent::openai::stream::excerpt;
+use crate::agent::openai::stream::provider_error_message;
+use crate::agent::openai::CHAT_PROVIDER_CHARS;
+use crate::agent::openai::LOG_BODY_CHARS;
+use crate::agent::AgentError;
+use crate::agent::OpenAiAgent;
+use crate::agent::OpenAiConfig;
+use crate::secrets::Secret;
+use serde_json::Value;
 
 impl OpenAiAgent {
     pub(super) fn backend_error(&self, user_message: String, detail: String) -> AgentError {

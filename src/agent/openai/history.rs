@@ -1,7 +1,9 @@
 //! History trimming to a character budget, oldest first, never separating
 //! an assistant's tool calls from their results.
 
-use super::*;
+use crate::vocab::ChatMessage;
+use crate::vocab::Role;
+use serde_json::Value;
 
 /// Build a request's messages: `system` first (never trimmed), as much of
 /// `history` as fits `budget_chars`, then `user` (always included). Returns

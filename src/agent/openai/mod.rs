@@ -41,23 +41,15 @@
 //! loop. It must never decide whether a reply is delivered, never log the API
 //! key, and never log message contents above `debug`.
 
-use std::any::Any;
 use std::fmt;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
-use eventsource_stream::{EventStreamError, Eventsource};
 use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt};
-use serde::Deserialize;
-use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 use url::Url;
 
-use super::{Agent, AgentError, AgentReply, ChatMessage, Progress, Role, TurnRequest};
-use crate::config::Secret;
-use crate::tools::{ToolContext, ToolDefinition, ToolError, ToolRegistry};
+use super::{Agent, AgentError, AgentReply, TurnRequest};
+use crate::secrets::Secret;
+use crate::tools::ToolRegistry;
 
 /// The base URL used when the config names none: OpenAI itself.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -80,8 +72,9 @@ mod stream;
 mod tests;
 mod tool_loop;
 
-#[allow(unused_imports)]
-use self::{config::*, errors::*, history::*, request::*, stream::*, tool_loop::*};
+use crate::agent::openai::config::chat_completions_url;
+use crate::agent::openai::config::parse_base_url;
+use crate::agent::openai::config::shareable_url;
 pub use config::OpenAiConfig;
 pub use history::trim_history;
 

@@ -2,7 +2,23 @@
 //! cancel token raced against every wait, and reading the answer (JSON or
 //! a stream).
 
-use super::*;
+use crate::agent::openai::errors::describe_transport_error;
+use crate::agent::openai::errors::error_chain;
+use crate::agent::openai::stream::parse_completion;
+use crate::agent::openai::stream::CompletionError;
+use crate::agent::openai::stream::StreamStep;
+use crate::agent::openai::stream::StreamedAnswer;
+use crate::agent::openai::tool_loop::ModelAnswer;
+use crate::agent::openai::tool_loop::ShownText;
+use crate::agent::AgentError;
+use crate::agent::OpenAiAgent;
+use crate::vocab::ChatMessage;
+use eventsource_stream::EventStreamError;
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use serde_json::json;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 impl OpenAiAgent {
     /// Send one request and read the answer, streamed or not.
@@ -29,14 +45,19 @@ impl OpenAiAgent {
             "sending a chat completion request"
         );
         let response = self.send(&body, cancel).await?;
-        if is_json_response(&response) {
+        let answer = if is_json_response(&response) {
             let answer = self.read_json_answer(response, round, cancel).await?;
             shown.push(&answer.text);
-            Ok(answer)
+            answer
         } else {
             self.read_stream_answer(response, round, cancel, shown)
-                .await
+                .await?
+        };
+        // Counted for the user's budget and /usage.
+        if let Some(usage) = &answer.usage {
+            crate::limits::meter::record(usage);
         }
+        Ok(answer)
     }
 
     pub(super) fn request_body(&self, messages: &[ChatMessage], tools: Option<&Value>) -> Value {
@@ -53,6 +74,10 @@ impl OpenAiAgent {
         }
         if let Some(tools) = tools {
             body["tools"] = tools.clone();
+        }
+        if self.config.stream && self.config.stream_usage {
+            // The last chunk then carries the usage (budgets, /usage).
+            body["stream_options"] = json!({"include_usage": true});
         }
         body
     }

@@ -1,7 +1,11 @@
 //! Reading answers leniently: SSE chunks and plain JSON bodies into a
 //! `ModelAnswer` (text, tool calls merged from deltas, finish reason).
 
-use super::*;
+use crate::agent::openai::tool_loop::ModelAnswer;
+use crate::agent::openai::tool_loop::ToolCall;
+use crate::agent::openai::CHAT_PROVIDER_CHARS;
+use crate::agent::openai::LOG_BODY_CHARS;
+use serde_json::Value;
 
 /// What one SSE event meant.
 #[derive(Debug, PartialEq)]
@@ -29,6 +33,7 @@ pub(super) struct StreamedAnswer {
     pub(super) text: String,
     pub(super) calls: Vec<PartialCall>,
     pub(super) finish_reason: Option<String>,
+    pub(super) usage: Option<crate::store::AgentUsage>,
 }
 
 impl StreamedAnswer {
@@ -53,6 +58,9 @@ impl StreamedAnswer {
         }
         if event_name == "error" {
             return Err(excerpt(data, CHAT_PROVIDER_CHARS));
+        }
+        if let Some(usage) = usage_of(&chunk) {
+            self.usage = Some(usage);
         }
         let mut text = String::new();
         for choice in first_choices(&chunk) {
@@ -145,6 +153,7 @@ impl StreamedAnswer {
             text: self.text,
             tool_calls,
             finish_reason: self.finish_reason,
+            usage: self.usage,
         }
     }
 }
@@ -193,6 +202,7 @@ pub(super) fn parse_completion(body: &str, round: u32) -> Result<ModelAnswer, Co
         text: content_text(&message["content"]),
         tool_calls,
         finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+        usage: usage_of(&completion),
     })
 }
 
@@ -204,6 +214,31 @@ pub(super) fn first_choices(chunk: &Value) -> impl Iterator<Item = &Value> {
         .into_iter()
         .flatten()
         .filter(|choice| choice["index"].as_u64().unwrap_or(0) == 0)
+}
+
+/// The `usage` object of a completion or of a stream's last chunk:
+/// `prompt_tokens` (of which `prompt_tokens_details.cached_tokens` came
+/// from the cache), `completion_tokens`, and `cost` (US dollars) where the
+/// server reports one (OpenRouter). `None` without a usable object.
+pub(super) fn usage_of(body: &Value) -> Option<crate::store::AgentUsage> {
+    let usage = body.get("usage").filter(|u| u.is_object())?;
+    let count = |v: &Value| v.as_u64().unwrap_or(0);
+    let prompt = count(&usage["prompt_tokens"]);
+    let cached = count(&usage["prompt_tokens_details"]["cached_tokens"]).min(prompt);
+    let output = count(&usage["completion_tokens"]);
+    let cost = usage["cost"]
+        .as_f64()
+        .filter(|c| c.is_finite() && *c >= 0.0);
+    if prompt == 0 && output == 0 && cost.is_none() {
+        return None;
+    }
+    Some(crate::store::AgentUsage {
+        turns: 1,
+        input_tokens: prompt - cached,
+        cached_input_tokens: cached,
+        output_tokens: output,
+        cost_usd: cost.unwrap_or(0.0),
+    })
 }
 
 /// Text content: a string, or an array of parts with `text`.

@@ -1,6 +1,28 @@
 //! Unit tests of the `openai` backend's pure parts.
 
 use super::*;
+use crate::agent::openai::config::chat_completions_url;
+use crate::agent::openai::config::parse_base_url;
+use crate::agent::openai::config::shareable_url;
+use crate::agent::openai::errors::http_error_message;
+use crate::agent::openai::errors::owner_hint;
+use crate::agent::openai::errors::provider_message_in_body;
+use crate::agent::openai::history::message_chars;
+use crate::agent::openai::request::wire_message;
+use crate::agent::openai::stream::excerpt;
+use crate::agent::openai::stream::parse_completion;
+use crate::agent::openai::stream::CompletionError;
+use crate::agent::openai::stream::StreamStep;
+use crate::agent::openai::stream::StreamedAnswer;
+use crate::agent::openai::tool_loop::tool_specs;
+use crate::agent::openai::tool_loop::ShownText;
+use crate::agent::openai::tool_loop::ToolCall;
+use crate::tools::ToolDefinition;
+use crate::vocab::ChatMessage;
+use crate::vocab::Progress;
+use crate::vocab::Role;
+use serde_json::json;
+use serde_json::Value;
 
 fn msg(role: Role, content: &str) -> ChatMessage {
     ChatMessage::new(role, content)
@@ -458,4 +480,76 @@ fn provider_messages_are_found_in_common_body_shapes() {
 fn excerpts_cut_on_character_boundaries() {
     assert_eq!(excerpt("héllo", 2), "hé…");
     assert_eq!(excerpt("hi", 2), "hi");
+}
+
+#[test]
+fn usage_is_read_from_the_last_chunk_and_from_a_json_body() {
+    let mut answer = StreamedAnswer::default();
+    apply_all(
+        &mut answer,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":120,"completion_tokens":7,"total_tokens":127,"prompt_tokens_details":{"cached_tokens":100}}}"#,
+        ],
+    );
+    let usage = answer.finish(0).usage.unwrap();
+    assert_eq!(
+        (
+            usage.input_tokens,
+            usage.cached_input_tokens,
+            usage.output_tokens
+        ),
+        (20, 100, 7)
+    );
+    let body = r#"{"choices":[{"message":{"content":"x"},"finish_reason":"stop"}],
+        "usage":{"prompt_tokens":3,"completion_tokens":2,"cost":0.0015}}"#;
+    let usage = parse_completion(body, 0).unwrap().usage.unwrap();
+    assert_eq!((usage.input_tokens, usage.output_tokens), (3, 2));
+    assert!((usage.cost_usd - 0.0015).abs() < 1e-12);
+    // A null or empty usage, or none, is no usage.
+    for body in [
+        r#"{"choices":[{"message":{"content":"x"}}],"usage":null}"#,
+        r#"{"choices":[{"message":{"content":"x"}}],"usage":{}}"#,
+        r#"{"choices":[{"message":{"content":"x"}}]}"#,
+    ] {
+        assert_eq!(parse_completion(body, 0).unwrap().usage, None, "{body}");
+    }
+}
+
+#[test]
+fn a_streamed_request_asks_for_its_usage_unless_told_not_to() {
+    let agent = OpenAiAgent::new(
+        OpenAiConfig::new("http://127.0.0.1:9/v1", "m"),
+        None,
+        Arc::new(crate::tools::NoTools),
+    )
+    .unwrap();
+    let body = agent.request_body(&[], None);
+    assert_eq!(body["stream_options"]["include_usage"], json!(true));
+    let quiet = OpenAiAgent::new(
+        OpenAiConfig {
+            stream_usage: false,
+            ..OpenAiConfig::new("http://127.0.0.1:9/v1", "m")
+        },
+        None,
+        Arc::new(crate::tools::NoTools),
+    )
+    .unwrap();
+    assert!(quiet
+        .request_body(&[], None)
+        .get("stream_options")
+        .is_none());
+    let unstreamed = OpenAiAgent::new(
+        OpenAiConfig {
+            stream: false,
+            ..OpenAiConfig::new("http://127.0.0.1:9/v1", "m")
+        },
+        None,
+        Arc::new(crate::tools::NoTools),
+    )
+    .unwrap();
+    assert!(unstreamed
+        .request_body(&[], None)
+        .get("stream_options")
+        .is_none());
 }

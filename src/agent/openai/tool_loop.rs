@@ -3,7 +3,24 @@
 //! cannot break a turn: errors and panics become tool results. Also the
 //! text shown across rounds (`ShownText`).
 
-use super::*;
+use crate::agent::openai::trim_history;
+use crate::agent::openai::EMPTY_ANSWER;
+use crate::agent::AgentError;
+use crate::agent::AgentReply;
+use crate::agent::OpenAiAgent;
+use crate::agent::TurnRequest;
+use crate::tools::ToolContext;
+use crate::tools::ToolDefinition;
+use crate::tools::ToolError;
+use crate::tools::ToolRegistry;
+use crate::vocab::ChatMessage;
+use crate::vocab::Progress;
+use crate::vocab::Role;
+use futures::FutureExt;
+use serde_json::json;
+use serde_json::Value;
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 
 /// One tool call the model asked for, complete.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +37,8 @@ pub(super) struct ModelAnswer {
     pub(super) text: String,
     pub(super) tool_calls: Vec<ToolCall>,
     pub(super) finish_reason: Option<String>,
+    /// The tokens (and cost) the server reported for this request.
+    pub(super) usage: Option<crate::store::AgentUsage>,
 }
 
 impl OpenAiAgent {
@@ -79,6 +98,14 @@ impl OpenAiAgent {
                     ..self.tool_budget_exhausted(answer, shown, transcript)
                 });
             }
+            // The user's budget ran out during the task: end it here.
+            if let Some(note) = crate::limits::meter::exhausted() {
+                tracing::info!("the user's budget ran out during a tool loop; stopping it");
+                return Ok(AgentReply {
+                    history_trimmed: dropped,
+                    ..stop_with_note(answer, shown, transcript, &note)
+                });
+            }
             rounds_run += 1;
             let call_message = assistant_tool_call_message(&answer);
             messages.push(call_message.clone());
@@ -96,8 +123,8 @@ impl OpenAiAgent {
     pub(super) fn tool_budget_exhausted(
         &self,
         answer: ModelAnswer,
-        mut shown: ShownText<'_>,
-        mut transcript: Vec<ChatMessage>,
+        shown: ShownText<'_>,
+        transcript: Vec<ChatMessage>,
     ) -> AgentReply {
         let rounds = self.config.max_tool_rounds;
         tracing::warn!(
@@ -108,20 +135,7 @@ impl OpenAiAgent {
             "(Stopped: the model still wanted to call tools after {rounds} rounds, the limit set \
              by agent.openai.max_tool_rounds. Ask again to continue, or narrow the request.)"
         );
-        // The unanswered tool calls stay out of the transcript: a history with
-        // calls but no results is rejected by the API.
-        let content = if answer.text.trim().is_empty() {
-            notice.clone()
-        } else {
-            answer.text
-        };
-        transcript.push(ChatMessage::new(Role::Assistant, content));
-        shown.push_paragraph(&notice);
-        AgentReply {
-            text: shown.into_text(),
-            transcript,
-            history_trimmed: 0,
-        }
+        stop_with_note(answer, shown, transcript, &notice)
     }
 
     /// Run one tool call; every failure becomes the result text. Only
@@ -152,6 +166,30 @@ impl OpenAiAgent {
                 tool_error_text(&error, definitions)
             }
         })
+    }
+}
+
+/// End the loop before `answer`'s tool calls run: what the model said so
+/// far, then `notice`. The unanswered tool calls stay out of the
+/// transcript (a history with calls but no results is rejected by the
+/// API).
+pub(super) fn stop_with_note(
+    answer: ModelAnswer,
+    mut shown: ShownText<'_>,
+    mut transcript: Vec<ChatMessage>,
+    notice: &str,
+) -> AgentReply {
+    let content = if answer.text.trim().is_empty() {
+        notice.to_string()
+    } else {
+        answer.text
+    };
+    transcript.push(ChatMessage::new(Role::Assistant, content));
+    shown.push_paragraph(notice);
+    AgentReply {
+        text: shown.into_text(),
+        transcript,
+        history_trimmed: 0,
     }
 }
 

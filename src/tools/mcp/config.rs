@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::Secret;
+use crate::secrets::Secret;
 
 /// Which calls of a server's tools need the user's approval.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -151,7 +151,7 @@ impl McpServerConfig {
                 }
             }
             (None, Some(url)) => {
-                crate::config_checks::check_http_url(&key("url"), url)?;
+                crate::vocab::check_http_url(&key("url"), url)?;
                 if !self.args.is_empty()
                     || !self.env.is_empty()
                     || !self.pass_env.is_empty()
@@ -301,7 +301,7 @@ mod tests {
 
     #[test]
     fn every_key_the_example_shows_is_a_real_key() {
-        let example = crate::zero_config::EXAMPLE_CONFIG;
+        let example = crate::config::zero_config::EXAMPLE_CONFIG;
         let start = example
             .find("# [[tools.mcp]]")
             .expect("the example documents [[tools.mcp]]");

@@ -31,10 +31,10 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 use super::config::McpServerConfig;
-use crate::agent::Progress;
 use crate::tools::childenv::ChildEnv;
 use crate::tools::childgroups::{GroupLedger, RecordedGroup};
 use crate::tools::procgroup::{spawn_leader, ProcessGroup};
+use crate::vocab::Progress;
 
 /// A start that failed is tried again after this long at the earliest.
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);

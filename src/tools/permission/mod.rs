@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::approval::{ApprovalGate, Verdict};
 use super::process::ProcessOwner;
-use crate::agent::Progress;
+use crate::vocab::Progress;
 use wire::Decision;
 
 /// The MCP server's name in Claude Code's config.
@@ -420,7 +420,7 @@ async fn reply(stream: &mut UnixStream, decision: &Decision) -> std::io::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Platform, SessionKey, SessionSource};
+    use crate::vocab::{Platform, SessionKey, SessionSource};
 
     fn owner() -> ProcessOwner {
         ProcessOwner {

@@ -1,7 +1,12 @@
 //! What the registry allows (`RegistryConfig`), what a spawn asks for
 //! (`SpawnSpec`), and how spawning and waiting can end.
 
-use super::*;
+use crate::tools::process::ProcessMode;
+use crate::tools::process::ProcessOwner;
+use crate::tools::process::ProcessRecord;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
 
 /// How the registry runs processes and what it allows.
 #[derive(Clone, Debug)]
@@ -31,7 +36,7 @@ impl Default for RegistryConfig {
     fn default() -> Self {
         RegistryConfig {
             workdir: None,
-            stripped_env: crate::agent::command::ALWAYS_STRIPPED_ENV
+            stripped_env: crate::vocab::ALWAYS_STRIPPED_ENV
                 .iter()
                 .map(|name| name.to_string())
                 .collect(),

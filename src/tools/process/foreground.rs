@@ -2,7 +2,20 @@
 //! is cancelled after the exit hands the wakeup back, and `ForegroundRun`
 //! kills its group when dropped.
 
-use super::*;
+use crate::tools::process::kill_entry;
+use crate::tools::process::Entry;
+use crate::tools::process::ProcessId;
+use crate::tools::process::ProcessRegistry;
+use crate::tools::process::WaitOutcome;
+use crate::tools::process::WakeupState;
+use crate::tools::process::ALIVE_PING;
+use crate::tools::ToolEvent;
+use crate::tools::ToolEventSender;
+use crate::vocab::Progress;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// How a wait ended.
 pub(super) enum Waited {

@@ -36,29 +36,20 @@
 //! identity, never signal a group whose process it does not hold as running,
 //! and never hold its locks across an `.await`.
 
-use std::collections::BTreeSet;
-use std::collections::VecDeque;
-use std::fmt;
-use std::io;
-use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
+use std::{fmt, io};
 
-use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::command::{CHAT_ID_ENV, SESSION_ID_ENV};
-use crate::agent::Progress;
-use crate::event::{SessionKey, SessionSource};
-use crate::identity::{current_identity, SessionId};
 use crate::tools::childgroups::{GroupLedger, RecordedGroup};
 use crate::tools::events::{ToolEvent, ToolEventSender};
-use crate::tools::procgroup::{signal_name, spawn_leader, GroupId, ProcessGroup};
+use crate::tools::procgroup::{spawn_leader, GroupId, ProcessGroup};
 use crate::tools::wakeup::Wakeup;
+use crate::vocab::{Progress, CHAT_ID_ENV, SESSION_ID_ENV};
 
 /// Bytes read from a pipe at a time.
 const READ_CHUNK: usize = 16 * 1024;
@@ -76,8 +67,10 @@ mod ring;
 mod tests;
 mod watcher;
 
-#[allow(unused_imports)]
-use self::{config::*, foreground::*, record::*, ring::*, watcher::*};
+use crate::tools::process::foreground::wait_for_exit;
+use crate::tools::process::foreground::Waited;
+use crate::tools::process::foreground::Waiter;
+use crate::tools::process::watcher::supervise;
 pub use config::{RegistryConfig, SpawnError, SpawnSpec, WaitOutcome};
 pub use foreground::ForegroundRun;
 pub use record::{

@@ -2,7 +2,18 @@
 //! (captured from the turn identity, never from global state), its mode,
 //! state, exit and output statistics, and the `ProcessRecord` snapshot.
 
-use super::*;
+use crate::tools::procgroup::signal_name;
+use crate::vocab::current_identity;
+use crate::vocab::SessionId;
+use crate::vocab::SessionKey;
+use crate::vocab::SessionSource;
+use std::fmt;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::SystemTime;
 
 /// A process's short id, e.g. `p1a2b`. Unique among the records a registry
 /// holds.

@@ -1,7 +1,8 @@
 //! `OutputRing`: the last `cap` bytes of a process's output; memory never
 //! exceeds the cap, and reads start at a character boundary.
 
-use super::*;
+use crate::tools::process::OutputStats;
+use std::collections::VecDeque;
 
 /// The last `cap` bytes of a process's output. Older bytes fall out; memory
 /// never exceeds the cap.

@@ -1,6 +1,8 @@
 //! Unit tests of the process registry.
 
 use super::*;
+use crate::vocab::SessionKey;
+use crate::vocab::SessionSource;
 
 #[test]
 fn the_ring_keeps_the_newest_bytes_within_its_cap() {
@@ -67,7 +69,7 @@ fn scopes_separate_chats_and_unowned_processes() {
     let other = SessionKey::from_raw("b");
     let owner = ProcessOwner {
         session_key: key.clone(),
-        source: SessionSource::dm(crate::event::Platform::Console, 1),
+        source: SessionSource::dm(crate::vocab::Platform::Console, 1),
         spawn_session_id: None,
     };
     assert!(Scope::Chat(&key).admits(Some(&owner)));

@@ -2,7 +2,19 @@
 //! the exit, stop what the leader left in its group, record the exit and
 //! send the wakeup if one is due.
 
-use super::*;
+use crate::tools::childgroups::RecordedGroup;
+use crate::tools::process::Entry;
+use crate::tools::process::DRAIN_LIMIT;
+use crate::tools::process::READ_CHUNK;
+use crate::tools::procgroup::ProcessGroup;
+use crate::tools::ToolEvent;
+use crate::tools::ToolEventSender;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncRead;
+use tokio::io::AsyncReadExt;
+use tokio::process::Child;
 
 /// Pump the process's output into its ring, wait for it, stop what it left
 /// in its group, record the exit and send the wakeup if one is due.

@@ -24,6 +24,7 @@
 //!   `/unschedule ID` from the presser, allowed for the job's creator or
 //!   an approver (checked before the row is used up, so someone else's
 //!   press leaves the buttons to their owner).
+//! * a conversation: /resume ID.
 //!
 //! Telegram's own stop control on a streamed draft (a
 //! `stopped_message_generation` update, [`DraftStop`]) takes the same road
@@ -40,16 +41,17 @@ use teloxide::payloads::AnswerCallbackQuerySetters;
 use teloxide::requests::{Request, Requester};
 use teloxide::types::CallbackQuery;
 
-use crate::buttons::{button_id, ButtonAction};
 use crate::delivery::{ChatTarget, Delivery, FormattedText};
 use crate::engine::Engine;
-use crate::event::{ChatType, MessageEvent, Platform, SessionSource};
-use crate::identity::TurnGeneration;
 use crate::runner::ApprovalPress;
-use crate::store::{now_ms, InboxState, Store, StoreError, StoredButton};
+use crate::store::{now_ms, Store, StoreError, StoredButton};
 use crate::tools::approval::Decided;
 use crate::tools::approval_prompt::{chosen_line, clock_utc};
 use crate::tools::authority::may_decide;
+use crate::vocab::{
+    button_id, ButtonAction, ChatType, InboxState, MessageEvent, Platform, SessionSource,
+    TurnGeneration,
+};
 
 /// Carries out button presses.
 pub struct CallbackHandler {
@@ -98,7 +100,7 @@ impl CallbackHandler {
     pub async fn resume(&self, update_id: i64, payload: &Value) -> bool {
         let Some(query) = payload
             .get("callback_query")
-            .and_then(super::intake::parse_guarded::<CallbackQuery>)
+            .and_then(super::parse::parse_guarded::<CallbackQuery>)
         else {
             return false;
         };
@@ -164,7 +166,7 @@ impl CallbackHandler {
             );
             self.toast(
                 query,
-                &format!("Only {whose} (or an approver) can use this button."),
+                &format!("Only {whose} (or an admin) can use this button."),
             )
             .await;
             return (InboxState::Dropped, Some("not allowed"));
@@ -276,13 +278,30 @@ impl CallbackHandler {
                     .await;
                 (InboxState::Answered, None)
             }
+            ButtonAction::Resume { session } => {
+                if !self.claim(id, update_id).await {
+                    self.toast(query, "Already chosen.").await;
+                    return (InboxState::Dropped, Some("already used"));
+                }
+                self.toast(query, "Going back to that conversation…").await;
+                // The same path as a typed /resume from the session's user.
+                self.engine
+                    .adapter
+                    .handle_message(MessageEvent::text(owner, format!("/resume {session}")))
+                    .await;
+                (InboxState::Answered, None)
+            }
         }
     }
 
-    /// The session's own user, or an approver: the one rule
-    /// ([`may_decide`]) every control acting on someone's turn asks.
+    /// The session's own user, or an approver (with teams: the owner and
+    /// the admins): the one rule ([`may_decide`]) every control acting on
+    /// someone's turn asks.
     fn may_press(&self, stored: &StoredButton, presser: u64) -> bool {
-        may_decide(stored.button.owner_id, Some(presser), &self.approvers)
+        match self.engine.runner.access() {
+            Some(access) => may_decide(stored.button.owner_id, Some(presser), access),
+            None => may_decide(stored.button.owner_id, Some(presser), &self.approvers),
+        }
     }
 
     async fn claim(&self, id: &str, update_id: i64) -> bool {
@@ -446,6 +465,7 @@ fn used_text(action: &ButtonAction) -> &'static str {
         }
         ButtonAction::Model { .. } => "Already chosen.",
         ButtonAction::Job { .. } => "Already done.",
+        ButtonAction::Resume { .. } => "Already chosen.",
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use teloxide::types::{MediaKind, Message, MessageEntityKind, MessageKind as TgKind};
 
-use crate::event::{parse_command, ChatType, MessageEvent, MessageKind, Platform, SessionSource};
+use crate::vocab::{parse_command, ChatType, MessageEvent, MessageKind, Platform, SessionSource};
 
 /// Who may talk to the bot and when it answers in groups.
 #[derive(Clone, Debug)]
@@ -25,6 +25,8 @@ pub struct InboundPolicy {
     pub allow_all_users: bool,
     /// In groups, only messages addressed to the bot are taken.
     pub require_mention: bool,
+    /// The team (pairing, invites): its members are allowed too.
+    pub access: Option<crate::access::Access>,
 }
 
 /// What to do with one inbound message.
@@ -39,6 +41,18 @@ pub enum Inbound {
         chat_id: i64,
         /// Their user id.
         user_id: u64,
+    },
+    /// A stranger sends a code in private (`/pair CODE`, or `/start CODE`
+    /// from an invite link): the caller redeems it, runs no turn.
+    Redeem {
+        /// The chat to answer in.
+        chat_id: i64,
+        /// Their user id.
+        user_id: u64,
+        /// Their name.
+        name: String,
+        /// What they sent as the code (a secret: never logged).
+        code: String,
     },
     /// Not for us (service message, group chatter, another bot's command,
     /// a stranger in a group). Ignored without error.
@@ -60,7 +74,18 @@ fn chat_type(message: &Message) -> ChatType {
 fn is_allowed(policy: &InboundPolicy, chat_id: i64, user_id: Option<u64>) -> bool {
     policy.allow_all_users
         || policy.allowed_chats.contains(&chat_id)
-        || user_id.is_some_and(|u| policy.allowed_users.contains(&u))
+        || user_id.is_some_and(|u| {
+            policy.allowed_users.contains(&u)
+                || policy.access.as_ref().is_some_and(|a| a.is_member(u))
+        })
+}
+
+/// The code in a stranger's `/pair CODE` or `/start CODE`, if that is
+/// what the text is.
+fn code_in(text: &str, username: &str) -> Option<String> {
+    let command = parse_command(text, Some(username))?;
+    let code = command.args.trim();
+    ((command.is("pair") || command.is("start")) && !code.is_empty()).then(|| code.to_string())
 }
 
 /// The text or caption, and whether the message carries media we do not
@@ -169,7 +194,15 @@ pub fn classify(message: &Message, policy: &InboundPolicy) -> Inbound {
 
     if !is_allowed(policy, chat_id, user_id) {
         return match (chat_type, user_id) {
-            (ChatType::Dm, Some(user_id)) => Inbound::Stranger { chat_id, user_id },
+            (ChatType::Dm, Some(user_id)) => match code_in(text, username) {
+                Some(code) if policy.access.is_some() => Inbound::Redeem {
+                    chat_id,
+                    user_id,
+                    name: from.map(|u| u.full_name()).unwrap_or_default(),
+                    code,
+                },
+                _ => Inbound::Stranger { chat_id, user_id },
+            },
             _ => Inbound::Ignore("sender not allowed"),
         };
     }
@@ -238,6 +271,7 @@ mod tests {
             allowed_chats: vec![],
             allow_all_users: false,
             require_mention: true,
+            access: None,
         }
     }
 
@@ -308,6 +342,55 @@ mod tests {
             json!({}),
         );
         assert!(matches!(classify(&g, &policy()), Inbound::Ignore(_)));
+    }
+
+    #[test]
+    fn a_strangers_code_is_redeemed_in_private_only() {
+        let mut with_access = policy();
+        with_access.access = Some(crate::access::Access::new(
+            crate::access::AccessSetup::default(),
+            None,
+        ));
+        for text in [
+            "/pair ABCD-EFGH-JK",
+            "/start ABCDEFGHJK",
+            "/pair@telegate_test_bot X",
+        ] {
+            assert!(
+                matches!(
+                    classify(&dm(5, text), &with_access),
+                    Inbound::Redeem { user_id: 5, .. }
+                ),
+                "{text}"
+            );
+        }
+        let Inbound::Redeem { code, name, .. } = classify(&dm(5, "/pair  ab cd "), &with_access)
+        else {
+            panic!("not a redemption")
+        };
+        assert_eq!((code.as_str(), name.as_str()), ("ab cd", "Ann"));
+        // No code, another command, another bot: the stranger's reply.
+        for text in ["/start", "/pair", "/help X", "/pair@other_bot X", "hello"] {
+            assert!(
+                matches!(
+                    classify(&dm(5, text), &with_access),
+                    Inbound::Stranger { .. }
+                ),
+                "{text}"
+            );
+        }
+        // Without a team there is nothing to redeem.
+        assert!(matches!(
+            classify(&dm(5, "/pair X"), &policy()),
+            Inbound::Stranger { .. }
+        ));
+        let g = message(
+            json!({"id": -100, "type": "group", "title": "G"}),
+            5,
+            "/pair@telegate_test_bot ABCDEFGHJK",
+            json!({}),
+        );
+        assert!(matches!(classify(&g, &with_access), Inbound::Ignore(_)));
     }
 
     #[test]

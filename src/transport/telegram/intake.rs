@@ -21,7 +21,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-
 use std::time::Duration;
 
 use serde_json::Value;
@@ -34,78 +33,21 @@ use super::callback::{CallbackHandler, DraftStop};
 use super::inbound::{classify, Inbound, InboundPolicy};
 use super::ledger::wakeup_from_payload;
 use super::media::{has_media, ChatStage, IntakeMedia};
-use crate::delivery::outbound::AMBIGUOUS_SEND;
+use super::parse::{parse_guarded, parse_update};
+use crate::delivery::answer::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::{MessageEvent, SessionSource};
 use crate::media::stage::{PreparationStage, Wake};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
-use crate::store::{InboxState, NewUpdate, Store, StoreError};
+use crate::store::{NewUpdate, Store, StoreError};
+use crate::vocab::{InboxState, MessageEvent, SessionSource};
 
 /// What the sender of a message is told when the answer's send was cut
 /// off by a restart (it may or may not have arrived; it is not sent again).
 pub const AMBIGUOUS_SEND_NOTICE: &str =
     "⚠️ telegate restarted while sending the answer to this message, \
      so it may not have arrived. If you don't see it, please send your message again.";
-
-/// Updates nested at most this deep (objects and arrays) are parsed in
-/// place; deeper ones on a thread with a stack sized for them. teloxide's
-/// `Message` deserializer recurses once per nested message
-/// (`reply_to_message`, `pinned_message`) with large frames: a chain of a
-/// dozen nested messages overflows a 2 MiB task stack (debug build) and
-/// aborts the whole process. Telegram nests messages at most a level or
-/// two, so only malformed or hostile updates take the slow path.
-const PARSE_IN_PLACE_DEPTH: usize = 8;
-/// Stack reserved per level of nesting on that thread (committed lazily).
-const PARSE_STACK_PER_LEVEL: usize = 512 * 1024;
-
-/// Parse an update. (teloxide's types deserialize reliably from text, not
-/// from a `serde_json::Value`, hence the detour through a string.)
-fn parse_update(raw: &Value) -> Option<Update> {
-    parse_guarded(raw)
-}
-
-/// Parse a Telegram object (an update, a callback query) from raw JSON on
-/// a stack deep enough for its nesting: teloxide's deserializers recurse
-/// (a chain of `reply_to_message` would overflow the task's stack).
-pub(super) fn parse_guarded<T: serde::de::DeserializeOwned + Send>(raw: &Value) -> Option<T> {
-    let text = raw.to_string();
-    let depth = nesting_depth(raw);
-    if depth <= PARSE_IN_PLACE_DEPTH {
-        return serde_json::from_str(&text).ok();
-    }
-    let stack = depth
-        .saturating_add(4)
-        .saturating_mul(PARSE_STACK_PER_LEVEL);
-    std::thread::scope(|scope| {
-        std::thread::Builder::new()
-            .name("telegate-parse".into())
-            .stack_size(stack)
-            .spawn_scoped(scope, || serde_json::from_str::<T>(&text).ok())
-            .ok()?
-            .join()
-            .ok()
-            .flatten()
-    })
-}
-
-/// How deep objects and arrays nest in `value` (0 for a scalar), found
-/// without recursion.
-fn nesting_depth(value: &Value) -> usize {
-    let mut deepest = 0;
-    let mut todo = vec![(value, 0usize)];
-    while let Some((value, depth)) = todo.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match value {
-            Value::Array(items) => Box::new(items.iter()),
-            Value::Object(fields) => Box::new(fields.values()),
-            _ => continue,
-        };
-        deepest = deepest.max(depth + 1);
-        todo.extend(children.map(|child| (child, depth + 1)));
-    }
-    deepest
-}
 
 /// Hand one chat's messages to the adapter, in order; leave when none is
 /// waiting. With media, they go through the chat's preparation stage
@@ -381,6 +323,7 @@ impl Intake {
         let (state, reason) = match &verdict {
             Inbound::Accept(_) => (InboxState::Received, None),
             Inbound::Stranger { .. } => (InboxState::Dropped, Some("sender not allowed")),
+            Inbound::Redeem { .. } => (InboxState::Dropped, Some("access code")),
             Inbound::Ignore(reason) => (InboxState::Dropped, Some(*reason)),
         };
         Sorted::Plain(Box::new(PlainUpdate {
@@ -480,27 +423,31 @@ impl Intake {
             Inbound::Stranger { chat_id, user_id } => {
                 tracing::info!(
                     user_id,
-                    "message from a user who is not allowed (add the id to \
-                     telegram.allowed_users to let them in)"
+                    "message from a user who is not allowed (invite them with /invite, \
+                     or add the id to telegram.allowed_users)"
                 );
                 if self.strangers.due(user_id) {
                     // The setting is the owner's business: the log names it.
                     let reply = Reply::notice(format!(
                         "Sorry, this bot is private. Your user id is {user_id}; \
-                         send it to the bot's owner if you should have access."
+                         send it to the bot's owner if you should have access, \
+                         or send /start CODE with an invite code."
                     ));
-                    let target = ChatTarget {
-                        chat_id,
-                        thread_id: None,
-                        is_group: false,
-                    };
-                    // Best effort, and never in the way of the next update.
-                    let delivery = self.delivery.clone();
-                    tokio::spawn(async move {
-                        if let Err(error) = delivery.deliver_reply(target, &reply, None).await {
-                            tracing::debug!(%error, "could not answer a stranger");
-                        }
-                    });
+                    self.tell_stranger(chat_id, reply);
+                }
+                Intook::Ignored
+            }
+            Inbound::Redeem {
+                chat_id,
+                user_id,
+                name,
+                code,
+            } => {
+                if let Some(access) = self.policy.access.clone() {
+                    // One store call, in update order (a code and what the
+                    // same user sends next are seen in the order sent); the
+                    // answer is sent on its own.
+                    self.redeem(&access, chat_id, user_id, name, &code).await;
                 }
                 Intook::Ignored
             }
@@ -509,6 +456,102 @@ impl Intake {
                 Intook::Ignored
             }
         }
+    }
+
+    /// Send `reply` to a stranger's private chat: best effort, and never
+    /// in the way of the next update.
+    fn tell_stranger(&self, chat_id: i64, reply: Reply) {
+        let target = ChatTarget {
+            chat_id,
+            thread_id: None,
+            is_group: false,
+        };
+        let delivery = self.delivery.clone();
+        tokio::spawn(async move {
+            if let Err(error) = delivery.deliver_reply(target, &reply, None).await {
+                tracing::debug!(%error, "could not answer a stranger");
+            }
+        });
+    }
+
+    /// A stranger sent a code (see [`crate::access`]): redeem it and
+    /// answer (nothing once they used up their wrong tries).
+    async fn redeem(
+        &self,
+        access: &crate::access::Access,
+        chat_id: i64,
+        user_id: u64,
+        name: String,
+        code: &str,
+    ) {
+        use crate::store::Redeemed;
+        let name = Some(name).filter(|n| !n.trim().is_empty());
+        let redeemed = match access.redeem(user_id, name, code).await {
+            Ok(redeemed) => redeemed,
+            Err(error) => {
+                tracing::error!(user_id, %error, "could not check an access code");
+                self.tell_stranger(
+                    chat_id,
+                    Reply::notice(
+                        "⚠️ I could not check that code right now; please try again later.",
+                    ),
+                );
+                return;
+            }
+        };
+        let text = match redeemed {
+            Redeemed::Joined(role, crate::store::CodeKind::Pairing) => {
+                tracing::info!(
+                    user_id,
+                    role = role.as_str(),
+                    "paired: the bot has its owner"
+                );
+                "✅ You are the owner of this bot now. Send me a message to start; \
+                 /invite adds people, /help lists the commands."
+                    .to_string()
+            }
+            Redeemed::Joined(role, _) => {
+                tracing::info!(user_id, role = role.as_str(), "joined by invite");
+                format!(
+                    "✅ Welcome! You have access to this bot now (as {}). Send me a message \
+                     to start; /help lists the commands.",
+                    role.as_str()
+                )
+            }
+            Redeemed::AlreadyMember(role) => {
+                format!(
+                    "You already have access to this bot (as {}).",
+                    role.as_str()
+                )
+            }
+            Redeemed::Wrong { tries_left } => {
+                tracing::info!(user_id, tries_left, "a wrong access code was sent");
+                match tries_left {
+                    0 => "That code is not valid. You cannot try another one this hour.".to_string(),
+                    1 => "That code is not valid (it may have expired or been used). You can try once more this hour.".to_string(),
+                    n => format!("That code is not valid (it may have expired or been used). You can try {n} more times this hour."),
+                }
+            }
+            Redeemed::Silenced => {
+                tracing::info!(
+                    user_id,
+                    "an access code from a user out of tries was ignored"
+                );
+                return;
+            }
+            Redeemed::Busy => {
+                tracing::warn!(
+                    user_id,
+                    "access code not checked: too many wrong codes were sent in the last hour"
+                );
+                if !self.strangers.due(user_id) {
+                    return;
+                }
+                "Too many wrong codes were sent to this bot recently; please try again in an hour."
+                    .to_string()
+            }
+        };
+        self.tell_stranger(chat_id, Reply::notice(text));
     }
 
     /// Queue `event` on its chat's worker, starting one if the chat has none.
@@ -716,33 +759,6 @@ impl Intake {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn nesting_depth_counts_objects_and_arrays() {
-        assert_eq!(nesting_depth(&json!(1)), 0);
-        assert_eq!(nesting_depth(&json!({"a": 1})), 1);
-        assert_eq!(nesting_depth(&json!({"a": [1, {"b": []}], "c": {}})), 4);
-    }
-
-    #[test]
-    fn a_deep_reply_chain_is_parsed_without_overflowing_the_stack() {
-        // Found by tests/it/inbound_fuzz.rs: a dozen nested `reply_to_message`
-        // overflowed the stack inside teloxide and aborted the process.
-        let base = json!({
-            "message_id": 1, "date": 1, "text": "hi",
-            "chat": {"id": 1, "type": "private", "first_name": "A"},
-        });
-        let mut message = base.clone();
-        for _ in 0..100 {
-            let mut outer = base.clone();
-            outer["reply_to_message"] = message;
-            message = outer;
-        }
-        let raw = json!({"update_id": 5, "message": message});
-        let update = parse_update(&raw).expect("a deep but valid update parses");
-        assert!(matches!(update.kind, UpdateKind::Message(_)));
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_stranger_is_told_once_per_interval() {

@@ -12,9 +12,9 @@ use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::adapter::{EventLedger, EventOutcome};
-use crate::event::{MessageEvent, SessionSource};
 use crate::media::album::AlbumAliases;
-use crate::store::{InboxState, Store};
+use crate::store::Store;
+use crate::vocab::{InboxState, MessageEvent, SessionSource};
 
 /// At most this many outcomes go to the store in one call.
 const LEDGER_BATCH: usize = 512;
@@ -158,8 +158,8 @@ pub(super) use crate::journal::{
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{ChatType, Platform};
-    use crate::identity::SessionId;
+    use crate::vocab::SessionId;
+    use crate::vocab::{ChatType, Platform};
     use std::time::Duration;
 
     fn source(chat_id: i64) -> SessionSource {

@@ -23,13 +23,13 @@ use tokio_util::sync::CancellationToken;
 use crate::adapter::MessageHandler;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::event::{MessageEvent, SessionKey, SessionSource};
 use crate::media::album::AlbumAliases;
 use crate::media::prepare::Refusal;
 use crate::media::stage::{lane_of, Lane, Preparation, StageIo};
 use crate::media::MediaStage;
 use crate::reply::Reply;
-use crate::store::{InboxState, Store};
+use crate::store::Store;
+use crate::vocab::{InboxState, MessageEvent, SessionKey, SessionSource};
 
 /// What a user is told about a message of theirs that /stop, /new or
 /// /reset stopped while it was still being prepared.
@@ -363,79 +363,6 @@ impl Drop for ScratchMediaDir {
             tracing::debug!(dir = %self.0.display(), %error, "could not remove the scratch media directory");
         }
     }
-}
-
-/// The media step and the file output of a Telegram bot, from the config.
-/// Saved files go to `<data_dir>/media`; with an in-memory store, to a
-/// [`ScratchMediaDir`] returned for the bot to keep.
-#[allow(clippy::too_many_arguments)]
-pub fn build(
-    config: &crate::config::Config,
-    bot: &teloxide::Bot,
-    api_url: &url::Url,
-    token: &str,
-    store: &Store,
-    delivery: &Delivery,
-    aliases: AlbumAliases,
-    stop: CancellationToken,
-) -> Result<
-    (
-        IntakeMedia,
-        Arc<crate::media::OutboxFiles>,
-        Option<ScratchMediaDir>,
-    ),
-    String,
-> {
-    use crate::config::Backend;
-    use crate::media::prepare::ImageMode;
-    let images = match config.agent.backend {
-        Backend::Openai if config.agent.openai.as_ref().is_some_and(|o| o.vision) => {
-            ImageMode::Vision
-        }
-        Backend::Openai => ImageMode::Refuse,
-        _ => ImageMode::Path,
-    };
-    let scratch = if config.store.in_memory {
-        Some(
-            ScratchMediaDir::create()
-                .map_err(|error| format!("could not create a media directory: {error}"))?,
-        )
-    } else {
-        None
-    };
-    let root = match &scratch {
-        Some(scratch) => scratch.path().to_path_buf(),
-        None => crate::media::media_root(&config.store.data_dir),
-    };
-    let time = crate::media::download::DownloadTime::capped(Duration::from_secs(
-        config.media.download_timeout_secs,
-    ));
-    let downloader = crate::media::download::Downloader::new(
-        bot.clone(),
-        api_url,
-        token,
-        config.telegram.local_bot_api,
-        time,
-    )?;
-    let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?
-        .with_file_access(crate::media::FileAccess::for_config(config));
-    crate::media::retention::spawn_retention(root.clone(), config.media.keep_days, stop.clone());
-    let sender = Arc::new(crate::delivery::files::TelegramFileSender::new(
-        delivery.clone(),
-    ));
-    let files = Arc::new(
-        crate::media::OutboxFiles::new(sender, Some(store.clone()), root)
-            .with_max_files(config.media.max_files_per_answer),
-    );
-    let media = IntakeMedia {
-        stage,
-        aliases,
-        stop,
-        delivery: delivery.clone(),
-        store: store.clone(),
-        files: files.clone(),
-    };
-    Ok((media, files, scratch))
 }
 
 #[cfg(test)]

@@ -17,16 +17,15 @@ pub mod inbound;
 pub mod intake;
 pub mod ledger;
 pub mod media;
+mod parse;
 pub mod polling;
 pub mod raw;
 pub mod registration;
 pub mod webhook;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use teloxide::requests::Requester;
 use teloxide::types::BotCommand;
 use teloxide::Bot;
@@ -34,20 +33,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::health::{BotHealth, UpdatesHealth};
-use self::inbound::InboundPolicy;
-use self::intake::Intake;
 use self::ledger::StoreLedger;
-use crate::adapter::AdapterConfig;
-use crate::agent::Agent;
-use crate::config::{Config, UpdateMode};
-use crate::delivery::{Delivery, TelegramOutbound};
-use crate::engine::{build_agent_setup, open_store, report_lost_processes, AgentSetup, Engine};
+use crate::delivery::Delivery;
+use crate::engine::Engine;
 use crate::metrics::{InboxCounts, Metrics};
-use crate::runner::RunnerConfig;
-use crate::runner::COMMANDS;
-use crate::store::InboxState;
 use crate::store::Store;
+use crate::vocab::{InboxState, COMMANDS};
 
 /// Why the bot could not start.
 #[derive(Debug, thiserror::Error)]
@@ -83,21 +74,21 @@ pub struct TelegramBot {
     pub metrics: Metrics,
     /// Where `/healthz` and `/metrics` are served, if configured.
     pub metrics_addr: Option<SocketAddr>,
-    ledger: StoreLedger,
-    stop_intake: CancellationToken,
-    intake_task: JoinHandle<()>,
-    chat_workers: TaskTracker,
-    shutdown_grace: Duration,
+    pub(crate) ledger: StoreLedger,
+    pub(crate) stop_intake: CancellationToken,
+    pub(crate) intake_task: JoinHandle<()>,
+    pub(crate) chat_workers: TaskTracker,
+    pub(crate) shutdown_grace: Duration,
     /// Cancelled when Telegram keeps refusing the token (polling): the bot
     /// cannot work and `run` exits with an error.
     pub token_rejected: CancellationToken,
     /// The media directory of an in-memory store, removed with the bot
     /// (dropped last in `shutdown`, after the workers that write to it).
-    _scratch_media: Option<media::ScratchMediaDir>,
+    pub(crate) _scratch_media: Option<media::ScratchMediaDir>,
 }
 
 /// Register the command menu, only when it differs from what Telegram has.
-async fn sync_commands(bot: &Bot) {
+pub(crate) async fn sync_commands(bot: &Bot) {
     let wanted: Vec<BotCommand> = COMMANDS
         .iter()
         .map(|(name, description)| BotCommand::new(*name, *description))
@@ -115,276 +106,6 @@ async fn sync_commands(bot: &Bot) {
 }
 
 impl TelegramBot {
-    /// Connect, register commands, resume unfinished work and start
-    /// receiving updates, answering with the configured agent backend.
-    pub async fn start(config: &Config) -> Result<TelegramBot, StartError> {
-        let setup = build_agent_setup(config).map_err(StartError::Config)?;
-        TelegramBot::start_with_setup(config, setup).await
-    }
-
-    /// Like [`TelegramBot::start`], with a given agent (tests, embedding).
-    pub async fn start_with_agent(
-        config: &Config,
-        agent: Arc<dyn Agent>,
-    ) -> Result<TelegramBot, StartError> {
-        TelegramBot::start_with_setup(config, AgentSetup::without_tools(agent)).await
-    }
-
-    /// Like [`TelegramBot::start`], with a given agent and its tools.
-    pub async fn start_with_setup(
-        config: &Config,
-        setup: AgentSetup,
-    ) -> Result<TelegramBot, StartError> {
-        let telegram = &config.telegram;
-        let token = telegram
-            .token
-            .as_ref()
-            .ok_or_else(|| StartError::Config("telegram.token is missing".into()))?;
-        let api_url = url::Url::parse(&telegram.api_url)
-            .map_err(|e| StartError::Config(format!("telegram.api_url: {e}")))?;
-        if telegram.allowed_users.is_empty()
-            && telegram.allowed_chats.is_empty()
-            && !telegram.allow_all_users
-            && !config.may_start_locked()
-        {
-            return Err(StartError::Config(
-                "nobody may use the bot: set telegram.allowed_users or telegram.allow_all_users = true".into(),
-            ));
-        }
-        if telegram.allowed_users.is_empty()
-            && telegram.allowed_chats.is_empty()
-            && !telegram.allow_all_users
-        {
-            tracing::warn!(
-                "nobody may use the bot yet: each sender is told their user id; \
-                 put the ids in {} and restart",
-                crate::zero_config::ALLOWED_USERS_ENV
-            );
-        }
-        let bot = Bot::new(token.expose()).set_api_url(api_url.clone());
-        // Start-up does three independent things before it can take updates:
-        // ask Telegram who we are, open the store, and (polling) remove a
-        // webhook left behind, which would make getUpdates fail with 409.
-        // They overlap; the first error in that order is the one reported.
-        let leftover_webhook = async {
-            match telegram.mode {
-                UpdateMode::Polling => registration::remove_leftover_webhook(&bot)
-                    .await
-                    .map(|_| ()),
-                UpdateMode::Webhook => Ok(()),
-            }
-        };
-        let (me, store, leftover_webhook) = tokio::join!(
-            async { bot.get_me().await },
-            open_store(&config.store),
-            leftover_webhook
-        );
-        let me = me?;
-        tracing::info!(username = %me.username(), "connected to Telegram");
-        let store = store?;
-        leftover_webhook?;
-        let delivery = Delivery::new(bot.clone(), config.delivery_config());
-        let (ledger, _writer) = StoreLedger::spawn(store.clone());
-        let metrics = Metrics::new();
-        let stop_intake = CancellationToken::new();
-        // The command menu is a convenience: updates need not wait for it.
-        tokio::spawn({
-            let bot = bot.clone();
-            let stop = stop_intake.clone();
-            async move {
-                tokio::select! {
-                    () = sync_commands(&bot) => {}
-                    () = stop.cancelled() => {}
-                }
-            }
-        });
-        let (intake_media, files, scratch_media) = media::build(
-            config,
-            &bot,
-            &api_url,
-            token.expose(),
-            &store,
-            &delivery,
-            ledger.album_aliases(),
-            stop_intake.clone(),
-        )
-        .map_err(StartError::Config)?;
-        let jobs = build_jobs(config, &store, &metrics)?;
-        let engine = Engine::assemble(
-            setup,
-            Arc::new(
-                TelegramOutbound::new(delivery.clone(), Some(store.clone()))
-                    .with_reactions(config.delivery.reactions)
-                    .with_streaming(config.delivery.streaming),
-            ),
-            store.clone(),
-            Some(Arc::new(ledger.clone())),
-            AdapterConfig {
-                metrics: metrics.clone(),
-                ..config.adapter_config()
-            },
-            RunnerConfig {
-                metrics: metrics.clone(),
-                files: Some(files),
-                jobs: jobs.clone(),
-                ..config.runner_config()
-            },
-        );
-        // Before recovery runs anything again: what the previous run left
-        // running is killed, and this run's generations are reserved.
-        engine.prepare_run().await?;
-        collect_gauges(&metrics, &engine, &delivery);
-        let policy = InboundPolicy {
-            bot_id: me.id.0,
-            bot_username: Arc::from(me.username()),
-            allowed_users: telegram.allowed_users.clone(),
-            allowed_chats: telegram.allowed_chats.clone(),
-            allow_all_users: telegram.allow_all_users,
-            require_mention: telegram.require_mention,
-        };
-        let intake = Intake::new(
-            engine.clone(),
-            delivery.clone(),
-            store.clone(),
-            policy,
-            config.sessions.resume_interrupted,
-            metrics.clone(),
-        )
-        .with_media(intake_media)
-        .with_callbacks(Arc::new(callback::CallbackHandler::new(
-            engine.clone(),
-            delivery.clone(),
-            store.clone(),
-            telegram.approvers.clone(),
-        )));
-        let chat_workers = intake.worker_tasks();
-        let resumed = intake.recover().await?;
-        let outbound = TelegramOutbound::new(delivery.clone(), None);
-        let lost = report_lost_processes(&store, &outbound).await;
-        if lost > 0 {
-            tracing::info!(
-                lost,
-                "told the owners of background processes lost in the restart"
-            );
-        }
-        if resumed > 0 {
-            tracing::info!(
-                resumed,
-                "resumed unfinished messages from before the restart"
-            );
-        }
-
-        // Runs are started only after recovery replayed the journal: a run
-        // journaled before the restart is resumed by recovery, never fired
-        // a second time.
-        if let Some(jobs) = &jobs {
-            start_scheduler(jobs.clone(), &engine, &metrics, stop_intake.clone());
-        }
-
-        // The same token the media step was built with: a shutdown must stop
-        // a download in progress too.
-        let token_rejected = CancellationToken::new();
-        let updates_health = UpdatesHealth::default();
-        let metrics_addr = match config.metrics.listen_addr().map_err(StartError::Config)? {
-            Some(listen) => {
-                let health = Arc::new(BotHealth {
-                    updates: updates_health.clone(),
-                    store: store.clone(),
-                    scheduler: jobs.as_ref().map(crate::schedule::Jobs::health),
-                });
-                let server = crate::http::HealthServer::new(metrics.clone(), health);
-                let limits = config.metrics.limits();
-                let (bound, _task) =
-                    crate::http::serve(listen, limits, server, stop_intake.clone())
-                        .await
-                        .map_err(|e| StartError::Webhook(format!("metrics listener: {e}")))?;
-                tracing::info!(%bound, "serving /healthz and /metrics");
-                Some(bound)
-            }
-            None => None,
-        };
-        refresh_inbox_gauges(metrics.clone(), store.clone(), stop_intake.clone());
-        prune_inbox_regularly(
-            store.clone(),
-            config.store.inbox_retention_days,
-            stop_intake.clone(),
-        );
-        // One list for both ways of receiving updates (and for "the
-        // webhook is already registered").
-        let allowed_updates = registration::handled_updates(config.delivery.streaming);
-        let (intake_task, webhook_addr) = match telegram.mode {
-            UpdateMode::Polling => {
-                // A leftover webhook was removed above, keeping its pending
-                // updates.
-                let task = tokio::spawn(polling::poll(
-                    bot.clone(),
-                    allowed_updates,
-                    intake,
-                    updates_health,
-                    stop_intake.clone(),
-                    token_rejected.clone(),
-                ));
-                (task, None)
-            }
-            UpdateMode::Webhook => {
-                let webhook = telegram.webhook.as_ref().ok_or_else(|| {
-                    StartError::Config(
-                        "telegram.mode = \"webhook\" needs [telegram.webhook]".into(),
-                    )
-                })?;
-                let listen: SocketAddr = webhook
-                    .listen
-                    .parse()
-                    .map_err(|e| StartError::Config(format!("telegram.webhook.listen: {e}")))?;
-                let url = url::Url::parse(&webhook.public_url)
-                    .map_err(|e| StartError::Config(format!("telegram.webhook.public_url: {e}")))?;
-                let secret = webhook.secret_token.clone().ok_or_else(|| {
-                    StartError::Config("telegram.webhook.secret_token is required".into())
-                })?;
-                let path = match url.path() {
-                    "" => "/".to_string(),
-                    path => path.to_string(),
-                };
-                let at = webhook::WebhookListen {
-                    listen,
-                    path: &path,
-                    limits: webhook.limits(),
-                };
-                let (bound, task) = webhook::serve(at, secret.clone(), intake, stop_intake.clone())
-                    .await
-                    .map_err(|e| StartError::Webhook(e.to_string()))?;
-                let wanted = registration::WantedWebhook {
-                    url: &url,
-                    secret: &secret,
-                    max_connections: webhook.max_connections,
-                    allowed_updates: &allowed_updates,
-                    state_dir: (!config.store.in_memory).then_some(config.store.data_dir.as_path()),
-                };
-                if let Err(error) = registration::ensure_webhook(&bot, &wanted).await {
-                    stop_intake.cancel();
-                    let _ = task.await;
-                    return Err(error.into());
-                }
-                (task, Some(bound))
-            }
-        };
-        Ok(TelegramBot {
-            engine,
-            delivery,
-            store,
-            webhook_addr,
-            metrics,
-            metrics_addr,
-            ledger,
-            stop_intake,
-            intake_task,
-            chat_workers,
-            shutdown_grace: Duration::from_secs(config.sessions.shutdown_grace_secs),
-            token_rejected,
-            _scratch_media: scratch_media,
-        })
-    }
-
     /// Stop taking updates, let running turns finish (up to the configured
     /// grace), cancel the rest (their messages are resumed on the next
     /// start), write every record, close the store.
@@ -418,61 +139,8 @@ impl TelegramBot {
     }
 }
 
-/// The jobs service from `[schedule]` (`None` when it is off).
-fn build_jobs(
-    config: &Config,
-    store: &Store,
-    metrics: &Metrics,
-) -> Result<Option<crate::schedule::Jobs>, StartError> {
-    if !config.schedule.enabled {
-        return Ok(None);
-    }
-    let jobs = crate::schedule::Jobs::new(
-        store.clone(),
-        config.schedule.clone(),
-        Arc::new(crate::schedule::SystemClock),
-        metrics.clone(),
-    )
-    .map_err(StartError::Config)?
-    .with_approvers(config.telegram.approvers.clone());
-    Ok(Some(if config.store.in_memory {
-        jobs
-    } else {
-        jobs.with_requests_dir(config.store.data_dir.join("schedule").join("requests"))
-    }))
-}
-
-/// Start the scheduler, handing its runs to the engine's adapter; and
-/// mirror how far behind it is into `/metrics`.
-fn start_scheduler(
-    jobs: crate::schedule::Jobs,
-    engine: &Engine,
-    metrics: &Metrics,
-    stop: CancellationToken,
-) {
-    let adapter = engine.adapter.downgrade();
-    let sink: crate::schedule::RunSink = Arc::new(move |event| {
-        let adapter = adapter.clone();
-        Box::pin(async move {
-            match adapter.upgrade() {
-                Some(adapter) => adapter.handle_message(event).await,
-                // Journaled already: the next start runs it.
-                None => tracing::info!("scheduled run left for the next start: the engine is gone"),
-            }
-        })
-    });
-    let health = jobs.health();
-    metrics.add_collector(move |registry| {
-        let behind = health.behind_ms(crate::store::now_ms());
-        registry
-            .schedule_behind_seconds
-            .set(u64::try_from(behind / 1000).unwrap_or(0));
-    });
-    crate::schedule::spawn(jobs, sink, stop);
-}
-
 /// Gauges and mirrored counters are read from their owners at each scrape.
-fn collect_gauges(metrics: &Metrics, engine: &Engine, delivery: &Delivery) {
+pub(crate) fn collect_gauges(metrics: &Metrics, engine: &Engine, delivery: &Delivery) {
     let adapter = engine.adapter.clone();
     let delivery = delivery.clone();
     metrics.add_collector(move |registry| {
@@ -483,7 +151,7 @@ fn collect_gauges(metrics: &Metrics, engine: &Engine, delivery: &Delivery) {
 }
 
 /// The inbox gauges need the store (async), so a small task refreshes them.
-fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken) {
+pub(crate) fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken) {
     tokio::spawn(async move {
         loop {
             if let Ok(counts) = store.inbox_counts().await {
@@ -510,7 +178,7 @@ fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken)
 }
 
 /// Prune finished inbox rows older than `days` at start, then hourly.
-fn prune_inbox_regularly(store: Store, days: u64, stop: CancellationToken) {
+pub(crate) fn prune_inbox_regularly(store: Store, days: u64, stop: CancellationToken) {
     tokio::spawn(async move {
         loop {
             match store.prune_inbox(days).await {
@@ -524,134 +192,4 @@ fn prune_inbox_regularly(store: Store, days: u64, stop: CancellationToken) {
             }
         }
     });
-}
-
-/// `telegate run`: start the bot and serve until SIGINT or SIGTERM.
-///
-/// The signal handlers are installed before anything starts and stay
-/// installed: a signal that arrives while the bot starts (recovery and
-/// polling may already be running) leads to the same clean shutdown once
-/// the start is done, instead of the default action killing the process;
-/// and a second signal is never missed, whenever it comes.
-pub async fn run(config: &Config) -> anyhow::Result<()> {
-    run_with(config, false).await
-}
-
-/// `telegate run [--standby]`: like [`run`]; first takes the data
-/// directory's lock ([`crate::instance_lock`]): fails at once naming the
-/// holder, or with `standby` waits until the holder exits.
-pub async fn run_with(config: &Config, standby: bool) -> anyhow::Result<()> {
-    use crate::instance_lock::{InstanceLock, LockError};
-    let stop = watch_signals();
-    let _lock = if config.store.in_memory {
-        None
-    } else if standby {
-        match InstanceLock::acquire_standby(&config.store.data_dir, &stop).await {
-            Ok(lock) => Some(lock),
-            Err(LockError::Cancelled) => return Ok(()),
-            Err(error) => return Err(error.into()),
-        }
-    } else {
-        Some(InstanceLock::acquire(&config.store.data_dir)?)
-    };
-    let bot = TelegramBot::start(config)
-        .await
-        .context("the bot could not start")?;
-    crate::systemd::ready();
-    let watchdog = crate::systemd::spawn_watchdog(bot.store.clone(), stop.clone());
-    let token_rejected = bot.token_rejected.clone();
-    tokio::select! {
-        () = stop.cancelled() => {}
-        () = token_rejected.cancelled() => {}
-    }
-    crate::systemd::stopping();
-    if let Some(watchdog) = watchdog {
-        // It ends on `stop`; after a rejected token `stop` never comes.
-        watchdog.abort();
-    }
-    bot.shutdown().await;
-    if token_rejected.is_cancelled() {
-        anyhow::bail!(
-            "the bot token was rejected by Telegram (401 Unauthorized, {} times in a row): \
-             it was revoked or is wrong; get the current one from @BotFather",
-            polling::UNAUTHORIZED_LIMIT
-        );
-    }
-    tracing::info!("stopped cleanly");
-    Ok(())
-}
-
-/// Listen for SIGINT and SIGTERM from now on: the first cancels the
-/// returned token, a second exits the process at once (code 130).
-fn watch_signals() -> CancellationToken {
-    let stop = CancellationToken::new();
-    let mut signals = Signals::listen();
-    let first = stop.clone();
-    tokio::spawn(async move {
-        signals.recv().await;
-        tracing::info!("shutting down (send the signal again to exit at once)");
-        first.cancel();
-        signals.recv().await;
-        // SQLite's write-ahead log keeps the database consistent; what
-        // was not finished is resumed on the next start.
-        tracing::warn!("second signal: exiting at once");
-        std::process::exit(130)
-    });
-    stop
-}
-
-/// SIGINT and SIGTERM, registered once. (A listener registered anew after
-/// each signal would miss a signal arriving in between.)
-struct Signals {
-    #[cfg(unix)]
-    interrupt: Option<tokio::signal::unix::Signal>,
-    #[cfg(unix)]
-    terminate: Option<tokio::signal::unix::Signal>,
-}
-
-impl Signals {
-    fn listen() -> Signals {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let listen = |kind: SignalKind, name: &str| match signal(kind) {
-                Ok(listener) => Some(listener),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot listen for {name}");
-                    None
-                }
-            };
-            Signals {
-                interrupt: listen(SignalKind::interrupt(), "SIGINT"),
-                terminate: listen(SignalKind::terminate(), "SIGTERM"),
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            Signals {}
-        }
-    }
-
-    async fn recv(&mut self) {
-        #[cfg(unix)]
-        {
-            async fn next(listener: &mut Option<tokio::signal::unix::Signal>) {
-                let received = match listener {
-                    Some(listener) => listener.recv().await.is_some(),
-                    None => false,
-                };
-                if !received {
-                    std::future::pending::<()>().await;
-                }
-            }
-            tokio::select! {
-                () = next(&mut self.interrupt) => {}
-                () = next(&mut self.terminate) => {}
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

@@ -23,7 +23,7 @@ use teloxide::requests::{JsonRequest, Payload, Request};
 use teloxide::types::True;
 use teloxide::{Bot, RequestError};
 
-use crate::config::Secret;
+use crate::secrets::Secret;
 
 /// `getUpdates`, answered as raw JSON values.
 #[derive(Clone, Debug, Serialize)]

@@ -29,8 +29,8 @@ use teloxide::requests::Requester;
 use teloxide::{Bot, RequestError};
 
 use super::raw;
-use crate::config::Secret;
 use crate::delivery::draft::StreamingMode;
+use crate::secrets::Secret;
 
 /// A message (text, media, command).
 pub const MESSAGE_UPDATE: &str = "message";

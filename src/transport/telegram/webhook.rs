@@ -22,8 +22,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::intake::Intake;
-use crate::config::Secret;
 use crate::listener::{self, BodyError, ListenerLimits};
+use crate::secrets::Secret;
 
 /// The largest update body read (Telegram's are a few kilobytes; this is
 /// axum's default limit, which the webhook had before).

@@ -35,8 +35,9 @@
 //!   filtered by the webhook's `allowed_updates` like Telegram does.
 //! * Multipart requests are accepted for their text fields (teloxide uses
 //!   multipart for `setWebhook`); file parts are answered with 400, except
-//!   for `sendPhoto`/`sendDocument`, whose uploads are recorded (see
-//!   `fake_files.rs`, which also serves `getFile` and file downloads).
+//!   for `sendPhoto`/`sendDocument`/`sendVoice`, whose uploads are recorded
+//!   (see `fake_files.rs`, which also serves `getFile` and file downloads);
+//!   a caption past Telegram's 1024 characters is refused as Telegram does.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -90,6 +91,7 @@ const KNOWN_METHODS: &[&str] = &[
     "getFile",
     "sendPhoto",
     "sendDocument",
+    "sendVoice",
     "editMessageReplyMarkup",
     "setMessageReaction",
     "sendMessageDraft",
@@ -1479,7 +1481,7 @@ impl Shared {
                 .files
                 .get_file(body)
                 .map_err(|(code, d)| ApiFailure::new(code, d)),
-            "sendPhoto" | "sendDocument" => {
+            "sendPhoto" | "sendDocument" | "sendVoice" => {
                 let base = {
                     let mut inner = self.lock();
                     let chat_id = chat_id_param(body)?;
@@ -2569,7 +2571,7 @@ fn parse_multipart(bytes: &[u8], boundary: &str, method: &str) -> Result<Value, 
         let headers = std::str::from_utf8(&part[..split]).map_err(|_| malformed())?;
         let content = &part[split + 4..];
         let (name, is_file) = disposition(headers).ok_or_else(malformed)?;
-        if is_file && matches!(method, "sendPhoto" | "sendDocument") {
+        if is_file && matches!(method, "sendPhoto" | "sendDocument" | "sendVoice") {
             let filename = headers
                 .split(';')
                 .find_map(|p| p.trim().strip_prefix("filename="))

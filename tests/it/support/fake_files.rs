@@ -1,6 +1,6 @@
 //! Files for the fake Bot API: `getFile`, the file download URL
 //! (`/file/bot<token>/<file_path>`) and the uploads of `sendPhoto` /
-//! `sendDocument`, kept apart from `fake_bot.rs` which only routes to it.
+//! `sendDocument` / `sendVoice`, kept apart from `fake_bot.rs` which only routes to it.
 //!
 //! Behaves like Telegram where telegate can tell: `getFile` answers
 //! `file_id`, `file_unique_id`, `file_size` and a relative `file_path`;
@@ -40,7 +40,7 @@ struct StoredFile {
 /// One upload the bot made.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Upload {
-    /// `sendPhoto` or `sendDocument`.
+    /// `sendPhoto`, `sendDocument` or `sendVoice`.
     pub method: String,
     /// The chat.
     pub chat_id: i64,
@@ -293,18 +293,19 @@ impl FakeFiles {
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
     }
 
-    /// `sendPhoto` / `sendDocument`: record the upload and answer with the
-    /// sent message (`base` carries message_id, from, chat, date).
+    /// `sendPhoto` / `sendDocument` / `sendVoice`: record the upload and
+    /// answer with the sent message (`base` carries message_id, from, chat,
+    /// date). A caption longer than Telegram's 1024 characters is refused.
     pub fn upload(
         &self,
         method: &str,
         body: &Value,
         mut base: Value,
     ) -> Result<Value, (u16, String)> {
-        let field = if method == "sendPhoto" {
-            "photo"
-        } else {
-            "document"
+        let field = match method {
+            "sendPhoto" => "photo",
+            "sendVoice" => "voice",
+            _ => "document",
         };
         let part = body.get(field).ok_or((
             400,
@@ -334,6 +335,12 @@ impl FakeFiles {
             .get("caption")
             .and_then(Value::as_str)
             .map(str::to_string);
+        if caption
+            .as_ref()
+            .is_some_and(|c| c.encode_utf16().count() > 1024)
+        {
+            return Err((400, "Bad Request: message caption is too long".to_string()));
+        }
         let reply_to = body
             .get("reply_parameters")
             .and_then(|r| r.get("message_id"))
@@ -361,6 +368,11 @@ impl FakeFiles {
             photo["width"] = json!(100);
             photo["height"] = json!(100);
             base["photo"] = json!([photo]);
+        } else if method == "sendVoice" {
+            let mut voice = meta;
+            voice["duration"] = json!(1);
+            voice["mime_type"] = json!("audio/ogg");
+            base["voice"] = voice;
         } else {
             let mut document = meta;
             document["file_name"] = json!(file_name);

@@ -29,6 +29,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::fake_speech::FakeSpeaker;
 use super::fake_transcribe::FakeTranscriber;
 
 /// The text [`Script::Comments`] streams after its odd chunks.
@@ -65,6 +66,10 @@ pub enum Script {
     Comments,
     /// Wait until the gate opens, then answer like the inner script.
     Gated(Gate, Box<Script>),
+    /// A streamed answer (`Stream` or `ToolCall`) whose last chunk before
+    /// `[DONE]` reports this `usage` object, as OpenAI does with
+    /// `stream_options.include_usage`.
+    WithUsage(Box<Script>, Value),
 }
 
 /// A gate a [`Script::Gated`] answer waits for. Cheap to clone.
@@ -166,6 +171,16 @@ impl Script {
         }
     }
 
+    /// This streamed answer, ending with a usage chunk of `prompt` and
+    /// `completion` tokens.
+    pub fn with_usage(self, prompt: u64, completion: u64) -> Script {
+        Script::WithUsage(
+            Box::new(self),
+            json!({"prompt_tokens": prompt, "completion_tokens": completion,
+                   "total_tokens": prompt + completion}),
+        )
+    }
+
     /// A non-streamed completion answering `text`.
     pub fn json_text(text: &str) -> Script {
         Script::Json(json!({
@@ -196,6 +211,8 @@ pub struct FakeOpenAi {
     server: JoinHandle<()>,
     /// `POST /v1/audio/transcriptions` (see `fake_transcribe.rs`).
     pub transcriber: FakeTranscriber,
+    /// `POST /v1/audio/speech` (see `fake_speech.rs`).
+    pub speaker: FakeSpeaker,
 }
 
 impl Drop for FakeOpenAi {
@@ -216,10 +233,12 @@ impl FakeOpenAi {
             disconnects: watch::Sender::new(0),
         });
         let transcriber = FakeTranscriber::default();
+        let speaker = FakeSpeaker::default();
         let app = Router::new()
             .route("/v1/chat/completions", post(handle))
             .with_state(shared.clone())
-            .merge(transcriber.router());
+            .merge(transcriber.router())
+            .merge(speaker.router());
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -228,6 +247,7 @@ impl FakeOpenAi {
             shared,
             server,
             transcriber,
+            speaker,
         }
     }
 
@@ -348,6 +368,30 @@ fn respond(script: Script, shared: Arc<Shared>) -> Response {
         }
         Script::Comments => sse_response(timed_frames(comment_frames()), shared),
         Script::Gated(_, inner) => respond(*inner, shared),
+        Script::WithUsage(inner, usage) => {
+            let mut frames = match *inner {
+                Script::Stream { chunks, delay } => {
+                    let mut frames: Vec<(Duration, String)> = vec![(Duration::ZERO, role_chunk())];
+                    frames.extend(chunks.iter().map(|c| (delay, data(&content_delta(c)))));
+                    frames.push((Duration::ZERO, data(&finish("stop"))));
+                    frames
+                }
+                Script::ToolCall {
+                    name,
+                    arguments,
+                    id,
+                } => tool_call_frames(&name, &arguments, &id),
+                other => panic!("usage is only added to streams and tool calls, not {other:?}"),
+            };
+            frames.push((
+                Duration::ZERO,
+                data(
+                    &json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                             "model": "fake", "choices": [], "usage": usage}),
+                ),
+            ));
+            sse_response(timed_frames(frames), shared)
+        }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod fake_agent_apis;
 pub mod fake_bot;
 pub mod fake_files;
 pub mod fake_openai;
+pub mod fake_speech;
 pub mod fake_transcribe;
 pub mod recorder;
 pub mod store_faults;

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use telegate::event::{KeyPolicy, MessageEvent, Platform, SessionKey, SessionSource};
 use telegate::reply::{DeliveryError, Outbound, Reply};
+use telegate::vocab::{KeyPolicy, MessageEvent, Platform, SessionKey, SessionSource};
 use tokio::sync::Notify;
 
 /// One delivered reply.

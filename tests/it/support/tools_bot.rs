@@ -7,11 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use telegate::config::{Config, Purpose};
-use telegate::event::{KeyPolicy, Platform, SessionKey, SessionSource};
-use telegate::identity::SessionId;
 use telegate::store::TranscriptEntry;
 use telegate::tools::process::{ProcessRecord, ProcessRegistry, Scope};
 use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::{KeyPolicy, Platform, SessionId, SessionKey, SessionSource};
 use tempfile::TempDir;
 
 use super::fake_bot::FakeBotApi;

@@ -137,7 +137,7 @@ fn usage(usage: &Value) -> AgentUsage {
 mod tests {
     use super::*;
     use crate::agent::command::protocol::{parse_line, JsonlCollector, Protocol};
-    use crate::agent::Progress;
+    use crate::vocab::Progress;
 
     /// A recorded `codex exec --json` turn.
     const TURN: &str = concat!(

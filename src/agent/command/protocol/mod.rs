@@ -25,8 +25,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::output::StdoutCollector;
-use crate::agent::Progress;
 use crate::store::AgentUsage;
+use crate::vocab::Progress;
 
 /// `[agent.command] protocol`: what the program prints on stdout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

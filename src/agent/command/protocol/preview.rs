@@ -1,7 +1,7 @@
 //! The live preview of a JSONL turn: the agent's text and one short line
 //! per tool it starts, newest last, bounded so an agent that runs a
 //! thousand tools still fits one Telegram message. The preview only feeds
-//! [`crate::agent::Progress`]; edit pacing stays with delivery.
+//! [`crate::vocab::Progress`]; edit pacing stays with delivery.
 
 use std::collections::VecDeque;
 

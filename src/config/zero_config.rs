@@ -13,10 +13,11 @@
 use std::path::{Path, PathBuf};
 
 use crate::agent::OpenAiConfig;
-use crate::config::{Backend, Config, ConfigError, Purpose, Secret, TOKEN_ENV};
+use crate::config::{Backend, Config, ConfigError, Purpose, TOKEN_ENV};
+use crate::secrets::Secret;
 
 /// The commented example configuration, as `telegate init` writes it.
-pub const EXAMPLE_CONFIG: &str = include_str!("../config.example.toml");
+pub const EXAMPLE_CONFIG: &str = include_str!("../../config.example.toml");
 
 /// The config file looked for when `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "telegate.toml";

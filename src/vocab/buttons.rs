@@ -2,7 +2,7 @@
 //!
 //! A reply may carry [`Button`]s (a Stop button on a running turn's preview,
 //! Approve/Deny on an approval prompt or one per option an agent offers,
-//! one button per model for /model).
+//! one button per model for /model, one per conversation for /sessions).
 //! The transport turns them into its own controls; on Telegram each button
 //! gets a short random id stored server-side (the 64-byte `callback_data`
 //! carries only that id), is bound to the user whose session it acts on,
@@ -70,6 +70,11 @@ pub enum ButtonAction {
         /// What the press does to it.
         change: JobButton,
     },
+    /// /resume ID: make this earlier conversation of the chat current.
+    Resume {
+        /// The session id.
+        session: String,
+    },
 }
 
 /// What a job's button does.
@@ -114,7 +119,7 @@ impl ButtonAction {
             ButtonAction::Approve { .. }
             | ButtonAction::Deny { .. }
             | ButtonAction::Choose { .. } => Duration::from_secs(3600),
-            ButtonAction::Model { .. } => Duration::from_secs(600),
+            ButtonAction::Model { .. } | ButtonAction::Resume { .. } => Duration::from_secs(600),
             ButtonAction::Job { .. } => Duration::from_secs(7 * 24 * 3600),
         }
     }
@@ -290,6 +295,9 @@ mod tests {
             ButtonAction::Job {
                 id: 3,
                 change: JobButton::Delete,
+            },
+            ButtonAction::Resume {
+                session: "s".into(),
             },
         ] {
             let json = serde_json::to_string(&action).unwrap();

@@ -9,7 +9,9 @@
 
 use std::path::Path;
 
-use crate::config::{Config, Secret};
+use crate::config::Config;
+use crate::secrets::Secret;
+pub use crate::vocab::check_http_url;
 
 /// The longest any duration setting may be: 7 days. Longer values are
 /// certainly mistakes, and unbounded ones overflow `Instant` arithmetic
@@ -56,20 +58,6 @@ pub fn check_webhook_secret(key: &str, secret: &Secret) -> Result<(), String> {
             value.chars().count(),
             if allowed { "" } else { ", with others" }
         ));
-    }
-    Ok(())
-}
-
-/// The Bot API root must be an http(s) URL with a host.
-pub fn check_http_url(key: &str, value: &str) -> Result<(), String> {
-    let url = url::Url::parse(value).map_err(|e| format!("{key} {value:?} is not a URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "{key} {value:?} must be an http:// or https:// URL"
-        ));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{key} {value:?} has no host"));
     }
     Ok(())
 }
@@ -140,6 +128,27 @@ fn durations(config: &Config) -> Vec<(&'static str, u64, Unit)> {
             command.kill_grace_ms,
             Unit::Millis,
         ));
+    }
+    if let Some(acp) = &config.agent.acp {
+        all.extend([
+            ("agent.acp.idle_secs", acp.idle_secs, Unit::Secs),
+            (
+                "agent.acp.start_timeout_secs",
+                acp.start_timeout_secs,
+                Unit::Secs,
+            ),
+            (
+                "agent.acp.permission_timeout_secs",
+                acp.permission_timeout_secs,
+                Unit::Secs,
+            ),
+            (
+                "agent.acp.cancel_grace_ms",
+                acp.cancel_grace_ms,
+                Unit::Millis,
+            ),
+            ("agent.acp.kill_grace_ms", acp.kill_grace_ms, Unit::Millis),
+        ]);
     }
     if let Some(openai) = &config.agent.openai {
         all.push((

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::event::{SessionKey, SessionSource};
+use super::session::{SessionKey, SessionSource};
 
 /// The id of one conversation living in a chat slot. It changes on /new and
 /// /reset; transcripts belong to a session id. Cloning is cheap.
@@ -138,7 +138,7 @@ pub fn current_session_id() -> Option<SessionId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Platform;
+    use crate::vocab::Platform;
 
     #[test]
     fn generations_only_grow() {

@@ -1,0 +1,185 @@
+//! Showing pairing codes: once at start (when nobody may use the bot), and
+//! on demand with `telegate pair` for a data directory a running bot holds.
+//!
+//! `telegate pair` never runs the bot and never takes the data directory's
+//! lock: it opens the database with a connection of its own (SQLite's WAL
+//! lets it write next to the running bot's connection), inserts the hash of
+//! a fresh code and prints the code. The running bot needs no signal: a
+//! code is looked up in the store when someone sends it.
+//!
+//! The code is shown here and nowhere else; only its hash is stored.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use super::{codes, Access, AccessConfig, AccessError};
+use crate::store::users::{insert_code, select_owner, CodeKind, NewCode, Role};
+
+/// The lines telling the operator how to pair (stderr and the log).
+pub fn pairing_text(code: &str, minutes: u64) -> String {
+    format!(
+        "Nobody may use this bot yet. To become its owner, send this message to the bot \
+         in Telegram within {minutes} minutes:\n\n    /pair {code}\n\n\
+         (`telegate pair` prints a fresh code while the bot runs.)"
+    )
+}
+
+/// At start: when nobody may use the bot, make a pairing code and show it
+/// once (stderr and the log). Returns whether one was shown.
+pub async fn announce_at_start(access: &Access) -> Result<bool, AccessError> {
+    if !access.needs_pairing() {
+        return Ok(false);
+    }
+    let code = access.pairing_code().await?;
+    let minutes = access.settings().pairing_code_minutes;
+    let text = pairing_text(&code, minutes);
+    eprintln!("\n{text}\n");
+    // The one time a code is logged: the operator may only see the log.
+    tracing::warn!(pairing_code = %code, minutes, "nobody may use the bot yet: send /pair <pairing_code> to the bot to become its owner");
+    Ok(true)
+}
+
+/// Why `telegate pair` could not make a code.
+#[derive(Debug, thiserror::Error)]
+pub enum PairError {
+    /// The data directory has no database yet.
+    #[error("there is no telegate database at {0}; start `telegate run` first (it prints a pairing code itself)")]
+    NoDatabase(PathBuf),
+    /// The database belongs to another user: writing it as this one could
+    /// leave files the bot cannot open.
+    #[error("{0} belongs to another user; run `telegate pair` as the user telegate runs as")]
+    OtherUser(PathBuf),
+    /// The database is from a telegate without pairing.
+    #[error("the database at {0} predates pairing; start this telegate once, then run `telegate pair` again")]
+    TooOld(PathBuf),
+    /// Pairing is over.
+    #[error("this bot already has an owner (user {0}); they can /invite people from the chat")]
+    HasOwner(u64),
+    /// No randomness.
+    #[error("the system random generator failed")]
+    NoRandomness,
+    /// SQLite failed.
+    #[error("cannot write the pairing code into {path}: {detail}")]
+    Store {
+        /// The database.
+        path: PathBuf,
+        /// What SQLite said.
+        detail: String,
+    },
+}
+
+/// `telegate pair`: a fresh pairing code in the database of `data_dir`
+/// (the running bot's, or one that will run), returned to be printed.
+pub fn pair_in(data_dir: &Path, settings: &AccessConfig) -> Result<String, PairError> {
+    let path = data_dir.join("telegate.db");
+    let metadata = std::fs::metadata(&path).map_err(|_| PairError::NoDatabase(path.clone()))?;
+    check_owner(&path, &metadata)?;
+    let store_error = |e: rusqlite::Error| PairError::Store {
+        path: path.clone(),
+        detail: e.to_string(),
+    };
+    let conn = Connection::open_with_flags(
+        &path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(store_error)?;
+    conn.busy_timeout(Duration::from_secs(10))
+        .map_err(store_error)?;
+    let has_table: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'access_codes'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(store_error)?;
+    if has_table == 0 {
+        return Err(PairError::TooOld(path));
+    }
+    let store_failed = |e: crate::store::StoreError| PairError::Store {
+        path: path.clone(),
+        detail: e.to_string(),
+    };
+    if let Some(owner) = select_owner(&conn).map_err(store_failed)? {
+        return Err(PairError::HasOwner(owner));
+    }
+    let code = codes::generate().ok_or(PairError::NoRandomness)?;
+    let now_ms = crate::store::now_ms();
+    let lifetime = i64::try_from(settings.pairing_code_minutes * 60_000).unwrap_or(i64::MAX);
+    insert_code(
+        &conn,
+        &NewCode {
+            hash: codes::hash(&code),
+            kind: CodeKind::Pairing,
+            role: Role::Owner,
+            created_by: None,
+            now_ms,
+            expires_at_ms: now_ms.saturating_add(lifetime),
+        },
+    )
+    .map_err(store_failed)?;
+    Ok(code)
+}
+
+#[cfg(unix)]
+fn check_owner(path: &Path, metadata: &std::fs::Metadata) -> Result<(), PairError> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if metadata.uid() != me {
+        return Err(PairError::OtherUser(path.to_path_buf()));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_owner(_path: &Path, _metadata: &std::fs::Metadata) -> Result<(), PairError> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::AccessSetup;
+    use crate::store::{Redeemed, Store};
+
+    #[tokio::test]
+    async fn a_code_written_by_pair_works_in_the_running_store() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            pair_in(dir.path(), &AccessConfig::default()),
+            Err(PairError::NoDatabase(_))
+        ));
+        let store = Store::open_async(dir.path().join("telegate.db"))
+            .await
+            .unwrap();
+        let access = Access::new(AccessSetup::default(), Some(store.clone()));
+        access.load().await.unwrap();
+        let code = tokio::task::spawn_blocking({
+            let dir = dir.path().to_path_buf();
+            move || pair_in(&dir, &AccessConfig::default())
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(codes::normalize(&code).as_deref(), Some(code.as_str()));
+        let joined = access.redeem(5, None, &code).await.unwrap();
+        assert!(matches!(joined, Redeemed::Joined(Role::Owner, _)));
+        let again = tokio::task::spawn_blocking({
+            let dir = dir.path().to_path_buf();
+            move || pair_in(&dir, &AccessConfig::default())
+        })
+        .await
+        .unwrap();
+        assert!(matches!(again, Err(PairError::HasOwner(5))));
+        store.close().await.unwrap();
+    }
+
+    #[test]
+    fn the_text_shows_the_command_to_send() {
+        let text = pairing_text("ABCDEFGHJK", 15);
+        assert!(text.contains("/pair ABCDEFGHJK"));
+        assert!(text.contains("15 minutes"));
+    }
+}

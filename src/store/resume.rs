@@ -1,0 +1,214 @@
+//! Conversations a chat slot had, and making one of them current again
+//! (`/sessions`, `/resume`).
+//!
+//! Every session id a key ever had is in `session_history` (see
+//! [`super::sessions`]); its transcript is kept under that id, and a CLI
+//! agent's resume id is keyed by it too ([`super::agent_sessions`]). So
+//! going back to a conversation is only a matter of making its id the
+//! key's current session again: the history the next turn is given, the
+//! agent session it resumes and the session's settings (`overrides`,
+//! among them its title) all come back with the id. The session being left
+//! is archived exactly as `/new` archives it.
+//!
+//! This module never shows message contents in logs.
+
+use rusqlite::{params, OptionalExtension};
+use serde_json::Value;
+
+use super::sessions::{archive, select_current, Overrides};
+use super::{now_ms, Store, StoreError, WriteKind};
+
+/// One conversation of a key, as /sessions lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conversation {
+    /// Its session id.
+    pub session_id: String,
+    /// When it started (unix ms).
+    pub created_at_ms: i64,
+    /// When it was last used (unix ms).
+    pub last_active_at_ms: i64,
+    /// It is the key's current session.
+    pub current: bool,
+    /// Its `/title`, if it has one.
+    pub title: Option<String>,
+    /// The first message the user sent in it.
+    pub first_message: Option<String>,
+    /// The user's messages in it (not undone, wakeups left out).
+    pub exchanges: u64,
+}
+
+/// What making a conversation current again did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resumed {
+    /// It is the current session now.
+    Resumed,
+    /// It was the current session already.
+    AlreadyCurrent,
+    /// The key never had that session.
+    NotFound,
+}
+
+fn title_of(overrides: Option<&str>) -> Option<String> {
+    let overrides: Overrides = serde_json::from_str(overrides?).ok()?;
+    match overrides.get("title") {
+        Some(Value::String(title)) if !title.trim().is_empty() => Some(title.clone()),
+        _ => None,
+    }
+}
+
+impl Store {
+    /// The key's conversations, newest first, at most `limit`.
+    pub async fn conversations(
+        &self,
+        key: &str,
+        limit: usize,
+    ) -> Result<Vec<Conversation>, StoreError> {
+        let key = key.to_owned();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.call(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT h.session_id, h.created_at,
+                        coalesce(s.last_active_at, h.last_active_at),
+                        s.session_id IS NOT NULL,
+                        coalesce(s.overrides, h.overrides),
+                        (SELECT content FROM transcripts t
+                          WHERE t.session_id = h.session_id AND t.role = 'user'
+                            AND t.name IS NULL
+                          ORDER BY t.id LIMIT 1),
+                        (SELECT count(*) FROM transcripts t
+                          WHERE t.session_id = h.session_id AND t.role = 'user'
+                            AND t.name IS NULL AND t.undone_at IS NULL)
+                 FROM session_history h
+                 LEFT JOIN sessions s ON s.session_id = h.session_id
+                 WHERE h.session_key = ?1
+                 ORDER BY h.created_at DESC, h.rowid DESC
+                 LIMIT ?2",
+            )?;
+            let rows = stmt.query_map(params![key, limit], |r| {
+                Ok(Conversation {
+                    session_id: r.get(0)?,
+                    created_at_ms: r.get(1)?,
+                    last_active_at_ms: r.get(2)?,
+                    current: r.get(3)?,
+                    title: title_of(r.get::<_, Option<String>>(4)?.as_deref()),
+                    first_message: r.get(5)?,
+                    exchanges: u64::try_from(r.get::<_, i64>(6)?).unwrap_or(0),
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    /// Make `session_id`, an earlier session of `key`, its current session
+    /// again; the current one is archived (as by a rotation).
+    pub async fn resume_session(&self, key: &str, session_id: &str) -> Result<Resumed, StoreError> {
+        let (key, session_id) = (key.to_owned(), session_id.to_owned());
+        self.write(WriteKind::Session, move |conn| {
+            let tx = conn.savepoint()?;
+            let old: Option<(String, i64, Option<String>)> = tx
+                .prepare_cached(
+                    "SELECT session_key, created_at, overrides FROM session_history
+                     WHERE session_id = ?1",
+                )?
+                .query_row([&session_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()?;
+            let Some((owner, created_at, overrides)) = old.filter(|(owner, ..)| *owner == key)
+            else {
+                return Ok(Resumed::NotFound);
+            };
+            let now = now_ms();
+            if let Some(current) = select_current(&tx, &owner)? {
+                if current.session_id == session_id {
+                    return Ok(Resumed::AlreadyCurrent);
+                }
+                archive(&tx, &current, now)?;
+            }
+            tx.execute(
+                "UPDATE session_history SET rotated_at = NULL WHERE session_id = ?1",
+                [&session_id],
+            )?;
+            tx.execute(
+                "INSERT INTO sessions (session_key, session_id, created_at, last_active_at, overrides)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (session_key) DO UPDATE SET
+                     session_id = excluded.session_id,
+                     created_at = excluded.created_at,
+                     last_active_at = excluded.last_active_at,
+                     overrides = excluded.overrides",
+                params![
+                    owner,
+                    session_id,
+                    created_at,
+                    now,
+                    overrides.unwrap_or_else(|| "{}".to_string())
+                ],
+            )?;
+            tx.commit()?;
+            tracing::debug!(key = owner, session_id, "session resumed");
+            Ok(Resumed::Resumed)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::TranscriptEntry;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_rotated_session_comes_back_with_its_settings() {
+        let s = Store::open_in_memory().unwrap();
+        s.get_or_create_session("k", "a".into()).await.unwrap();
+        s.append("a", TranscriptEntry::user("first question"))
+            .await
+            .unwrap();
+        s.append("a", TranscriptEntry::assistant("answer"))
+            .await
+            .unwrap();
+        s.append("a", TranscriptEntry::user("second"))
+            .await
+            .unwrap();
+        s.set_override("k", "title", json!("Taxes")).await.unwrap();
+        s.set_override("k", "model", json!("big")).await.unwrap();
+        s.rotate_session("k", "b".into()).await.unwrap();
+        s.append("b", TranscriptEntry::user("other")).await.unwrap();
+
+        let list = s.conversations("k", 10).await.unwrap();
+        let ids: Vec<_> = list.iter().map(|c| c.session_id.as_str()).collect();
+        assert_eq!(ids, ["b", "a"]);
+        assert!(list[0].current && !list[1].current);
+        assert_eq!(list[1].title.as_deref(), Some("Taxes"));
+        assert_eq!(list[1].first_message.as_deref(), Some("first question"));
+        assert_eq!(list[1].exchanges, 2);
+        assert_eq!(list[0].title, None);
+
+        assert_eq!(s.resume_session("k", "a").await.unwrap(), Resumed::Resumed);
+        let current = s.current_session("k").await.unwrap().unwrap();
+        assert_eq!(current.session_id, "a");
+        assert_eq!(current.overrides.get("model"), Some(&json!("big")));
+        assert_eq!(
+            s.resume_session("k", "a").await.unwrap(),
+            Resumed::AlreadyCurrent
+        );
+        // Back and forth: "b" was archived with its state, and returns.
+        assert_eq!(s.resume_session("k", "b").await.unwrap(), Resumed::Resumed);
+        assert!(s.overrides("k").await.unwrap().is_empty());
+        let history = s.session_history("k").await.unwrap();
+        let current_rows: Vec<_> = history
+            .iter()
+            .filter(|h| h.rotated_at_ms.is_none())
+            .map(|h| h.session_id.as_str())
+            .collect();
+        assert_eq!(current_rows, ["b"]);
+        // A session of another key, or none at all, is not found.
+        s.get_or_create_session("other", "x".into()).await.unwrap();
+        assert_eq!(s.resume_session("k", "x").await.unwrap(), Resumed::NotFound);
+        assert_eq!(
+            s.resume_session("k", "never").await.unwrap(),
+            Resumed::NotFound
+        );
+    }
+}

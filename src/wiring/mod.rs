@@ -1,0 +1,15 @@
+//! Wiring: everything built from the configuration.
+//!
+//! This is the one layer above the config loader: it reads [`Config`]
+//! and hands each layer its own settings (the layers below never see the
+//! configuration as a whole), builds the engine, the Telegram bot and the
+//! console from them, and runs them (`telegate run`, `telegate console`).
+//!
+//! It owns no behaviour of its own: every decision stays in the layer that
+//! makes it.
+//!
+//! [`Config`]: crate::config::Config
+
+pub mod console;
+pub mod engine;
+pub mod telegram;

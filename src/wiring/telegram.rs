@@ -1,0 +1,563 @@
+//! The Telegram bot from the configuration: `TelegramBot::start` (connect,
+//! open the store, build the engine, the media step and the listeners,
+//! recover, then take updates) and `telegate run` with its signals.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use teloxide::requests::Requester;
+use teloxide::Bot;
+use tokio_util::sync::CancellationToken;
+
+use crate::adapter::AdapterConfig;
+use crate::agent::Agent;
+use crate::config::{Config, UpdateMode};
+use crate::delivery::{Delivery, TelegramOutbound};
+use crate::engine::{report_lost_processes, AgentSetup, Engine};
+use crate::media::album::AlbumAliases;
+use crate::media::MediaStage;
+use crate::metrics::Metrics;
+use crate::runner::RunnerConfig;
+use crate::store::Store;
+use crate::transport::telegram::health::{BotHealth, UpdatesHealth};
+use crate::transport::telegram::inbound::InboundPolicy;
+use crate::transport::telegram::intake::Intake;
+use crate::transport::telegram::ledger::StoreLedger;
+use crate::transport::telegram::media::{IntakeMedia, ScratchMediaDir};
+use crate::transport::telegram::{
+    callback, collect_gauges, polling, prune_inbox_regularly, refresh_inbox_gauges, registration,
+    sync_commands, webhook, StartError, TelegramBot,
+};
+use crate::wiring::engine::{build_agent_setup, open_store};
+
+/// Starting the bot the configuration describes (the bot itself knows
+/// nothing of the configuration).
+impl TelegramBot {
+    /// Connect, register commands, resume unfinished work and start
+    /// receiving updates, answering with the configured agent backend.
+    pub async fn start(config: &Config) -> Result<TelegramBot, StartError> {
+        let setup = build_agent_setup(config).map_err(StartError::Config)?;
+        TelegramBot::start_with_setup(config, setup).await
+    }
+
+    /// Like [`TelegramBot::start`], with a given agent (tests, embedding).
+    pub async fn start_with_agent(
+        config: &Config,
+        agent: Arc<dyn Agent>,
+    ) -> Result<TelegramBot, StartError> {
+        TelegramBot::start_with_setup(config, AgentSetup::without_tools(agent)).await
+    }
+
+    /// Like [`TelegramBot::start`], with a given agent and its tools.
+    pub async fn start_with_setup(
+        config: &Config,
+        setup: AgentSetup,
+    ) -> Result<TelegramBot, StartError> {
+        let telegram = &config.telegram;
+        let token = telegram
+            .token
+            .as_ref()
+            .ok_or_else(|| StartError::Config("telegram.token is missing".into()))?;
+        let api_url = url::Url::parse(&telegram.api_url)
+            .map_err(|e| StartError::Config(format!("telegram.api_url: {e}")))?;
+        let bot = Bot::new(token.expose()).set_api_url(api_url.clone());
+        // Start-up does three independent things before it can take updates:
+        // ask Telegram who we are, open the store, and (polling) remove a
+        // webhook left behind, which would make getUpdates fail with 409.
+        // They overlap; the first error in that order is the one reported.
+        let leftover_webhook = async {
+            match telegram.mode {
+                UpdateMode::Polling => registration::remove_leftover_webhook(&bot)
+                    .await
+                    .map(|_| ()),
+                UpdateMode::Webhook => Ok(()),
+            }
+        };
+        let (me, store, leftover_webhook) = tokio::join!(
+            async { bot.get_me().await },
+            open_store(&config.store),
+            leftover_webhook
+        );
+        let me = me?;
+        tracing::info!(username = %me.username(), "connected to Telegram");
+        let store = store?;
+        leftover_webhook?;
+        // Who may use the bot: the config's allowlist and the team in the
+        // store. Nobody yet: a pairing code is shown (stderr and the log).
+        let access = crate::access::Access::new(
+            crate::access::AccessSetup {
+                settings: config.access.clone(),
+                allowed_users: telegram.allowed_users.clone(),
+                approvers: telegram.approvers.clone(),
+                open: telegram.allow_all_users || !telegram.allowed_chats.is_empty(),
+                clock: config.clock.clone(),
+            },
+            Some(store.clone()),
+        );
+        access.load().await?;
+        if let Err(error) = crate::access::pairing::announce_at_start(&access).await {
+            tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
+        }
+        let delivery = Delivery::new(bot.clone(), config.delivery_config());
+        let (ledger, _writer) = StoreLedger::spawn(store.clone());
+        let metrics = Metrics::new();
+        let stop_intake = CancellationToken::new();
+        // The command menu is a convenience: updates need not wait for it.
+        tokio::spawn({
+            let bot = bot.clone();
+            let stop = stop_intake.clone();
+            async move {
+                tokio::select! {
+                    () = sync_commands(&bot) => {}
+                    () = stop.cancelled() => {}
+                }
+            }
+        });
+        let (intake_media, files, scratch_media) = build_media(
+            config,
+            &bot,
+            &api_url,
+            token.expose(),
+            &store,
+            &delivery,
+            ledger.album_aliases(),
+            stop_intake.clone(),
+        )
+        .map_err(StartError::Config)?;
+        let jobs = build_jobs(config, &store, &metrics, Arc::new(access.clone()))?;
+        let engine = Engine::assemble(
+            setup,
+            Arc::new(
+                TelegramOutbound::new(delivery.clone(), Some(store.clone()))
+                    .with_reactions(config.delivery.reactions)
+                    .with_streaming(config.delivery.streaming),
+            ),
+            store.clone(),
+            Some(Arc::new(ledger.clone())),
+            AdapterConfig {
+                metrics: metrics.clone(),
+                ..config.adapter_config()
+            },
+            RunnerConfig {
+                metrics: metrics.clone(),
+                files: Some(files),
+                jobs: jobs.clone(),
+                access: Some(access.clone()),
+                ..config.runner_config()
+            },
+        );
+        // Before recovery runs anything again: what the previous run left
+        // running is killed, and this run's generations are reserved.
+        engine.prepare_run().await?;
+        collect_gauges(&metrics, &engine, &delivery);
+        let policy = InboundPolicy {
+            bot_id: me.id.0,
+            bot_username: Arc::from(me.username()),
+            allowed_users: telegram.allowed_users.clone(),
+            allowed_chats: telegram.allowed_chats.clone(),
+            allow_all_users: telegram.allow_all_users,
+            require_mention: telegram.require_mention,
+            access: Some(access),
+        };
+        let intake = Intake::new(
+            engine.clone(),
+            delivery.clone(),
+            store.clone(),
+            policy,
+            config.sessions.resume_interrupted,
+            metrics.clone(),
+        )
+        .with_media(intake_media)
+        .with_callbacks(Arc::new(callback::CallbackHandler::new(
+            engine.clone(),
+            delivery.clone(),
+            store.clone(),
+            telegram.approvers.clone(),
+        )));
+        let chat_workers = intake.worker_tasks();
+        let resumed = intake.recover().await?;
+        let outbound = TelegramOutbound::new(delivery.clone(), None);
+        let lost = report_lost_processes(&store, &outbound).await;
+        if lost > 0 {
+            tracing::info!(
+                lost,
+                "told the owners of background processes lost in the restart"
+            );
+        }
+        if resumed > 0 {
+            tracing::info!(
+                resumed,
+                "resumed unfinished messages from before the restart"
+            );
+        }
+
+        // Runs are started only after recovery replayed the journal: a run
+        // journaled before the restart is resumed by recovery, never fired
+        // a second time.
+        if let Some(jobs) = &jobs {
+            start_scheduler(jobs.clone(), &engine, &metrics, stop_intake.clone());
+        }
+
+        // The same token the media step was built with: a shutdown must stop
+        // a download in progress too.
+        let token_rejected = CancellationToken::new();
+        let updates_health = UpdatesHealth::default();
+        let metrics_addr = match config.metrics.listen_addr().map_err(StartError::Config)? {
+            Some(listen) => {
+                let health = Arc::new(BotHealth {
+                    updates: updates_health.clone(),
+                    store: store.clone(),
+                    scheduler: jobs.as_ref().map(crate::schedule::Jobs::health),
+                });
+                let server = crate::http::HealthServer::new(metrics.clone(), health);
+                let limits = config.metrics.limits();
+                let (bound, _task) =
+                    crate::http::serve(listen, limits, server, stop_intake.clone())
+                        .await
+                        .map_err(|e| StartError::Webhook(format!("metrics listener: {e}")))?;
+                tracing::info!(%bound, "serving /healthz and /metrics");
+                Some(bound)
+            }
+            None => None,
+        };
+        refresh_inbox_gauges(metrics.clone(), store.clone(), stop_intake.clone());
+        prune_inbox_regularly(
+            store.clone(),
+            config.store.inbox_retention_days,
+            stop_intake.clone(),
+        );
+        // One list for both ways of receiving updates (and for "the
+        // webhook is already registered").
+        let allowed_updates = registration::handled_updates(config.delivery.streaming);
+        let (intake_task, webhook_addr) = match telegram.mode {
+            UpdateMode::Polling => {
+                // A leftover webhook was removed above, keeping its pending
+                // updates.
+                let task = tokio::spawn(polling::poll(
+                    bot.clone(),
+                    allowed_updates,
+                    intake,
+                    updates_health,
+                    stop_intake.clone(),
+                    token_rejected.clone(),
+                ));
+                (task, None)
+            }
+            UpdateMode::Webhook => {
+                let webhook = telegram.webhook.as_ref().ok_or_else(|| {
+                    StartError::Config(
+                        "telegram.mode = \"webhook\" needs [telegram.webhook]".into(),
+                    )
+                })?;
+                let listen: SocketAddr = webhook
+                    .listen
+                    .parse()
+                    .map_err(|e| StartError::Config(format!("telegram.webhook.listen: {e}")))?;
+                let url = url::Url::parse(&webhook.public_url)
+                    .map_err(|e| StartError::Config(format!("telegram.webhook.public_url: {e}")))?;
+                let secret = webhook.secret_token.clone().ok_or_else(|| {
+                    StartError::Config("telegram.webhook.secret_token is required".into())
+                })?;
+                let path = match url.path() {
+                    "" => "/".to_string(),
+                    path => path.to_string(),
+                };
+                let at = webhook::WebhookListen {
+                    listen,
+                    path: &path,
+                    limits: webhook.limits(),
+                };
+                let (bound, task) = webhook::serve(at, secret.clone(), intake, stop_intake.clone())
+                    .await
+                    .map_err(|e| StartError::Webhook(e.to_string()))?;
+                let wanted = registration::WantedWebhook {
+                    url: &url,
+                    secret: &secret,
+                    max_connections: webhook.max_connections,
+                    allowed_updates: &allowed_updates,
+                    state_dir: (!config.store.in_memory).then_some(config.store.data_dir.as_path()),
+                };
+                if let Err(error) = registration::ensure_webhook(&bot, &wanted).await {
+                    stop_intake.cancel();
+                    let _ = task.await;
+                    return Err(error.into());
+                }
+                (task, Some(bound))
+            }
+        };
+        Ok(TelegramBot {
+            engine,
+            delivery,
+            store,
+            webhook_addr,
+            metrics,
+            metrics_addr,
+            ledger,
+            stop_intake,
+            intake_task,
+            chat_workers,
+            shutdown_grace: Duration::from_secs(config.sessions.shutdown_grace_secs),
+            token_rejected,
+            _scratch_media: scratch_media,
+        })
+    }
+}
+
+/// The jobs service from `[schedule]` (`None` when it is off).
+fn build_jobs(
+    config: &Config,
+    store: &Store,
+    metrics: &Metrics,
+    deciders: Arc<dyn crate::tools::authority::Deciders + Send + Sync>,
+) -> Result<Option<crate::schedule::Jobs>, StartError> {
+    if !config.schedule.enabled {
+        return Ok(None);
+    }
+    let jobs = crate::schedule::Jobs::new(
+        store.clone(),
+        config.schedule.clone(),
+        Arc::new(crate::schedule::SystemClock),
+        metrics.clone(),
+    )
+    .map_err(StartError::Config)?
+    .with_deciders(deciders);
+    Ok(Some(if config.store.in_memory {
+        jobs
+    } else {
+        jobs.with_requests_dir(config.store.data_dir.join("schedule").join("requests"))
+    }))
+}
+
+/// Start the scheduler, handing its runs to the engine's adapter; and
+/// mirror how far behind it is into `/metrics`.
+fn start_scheduler(
+    jobs: crate::schedule::Jobs,
+    engine: &Engine,
+    metrics: &Metrics,
+    stop: CancellationToken,
+) {
+    let adapter = engine.adapter.downgrade();
+    let sink: crate::schedule::RunSink = Arc::new(move |event| {
+        let adapter = adapter.clone();
+        Box::pin(async move {
+            match adapter.upgrade() {
+                Some(adapter) => adapter.handle_message(event).await,
+                // Journaled already: the next start runs it.
+                None => tracing::info!("scheduled run left for the next start: the engine is gone"),
+            }
+        })
+    });
+    let health = jobs.health();
+    metrics.add_collector(move |registry| {
+        let behind = health.behind_ms(crate::store::now_ms());
+        registry
+            .schedule_behind_seconds
+            .set(u64::try_from(behind / 1000).unwrap_or(0));
+    });
+    crate::schedule::spawn(jobs, sink, stop);
+}
+
+/// The media step and the file output of a Telegram bot, from the config.
+/// Saved files go to `<data_dir>/media`; with an in-memory store, to a
+/// [`ScratchMediaDir`] returned for the bot to keep.
+#[allow(clippy::too_many_arguments)]
+pub fn build_media(
+    config: &crate::config::Config,
+    bot: &teloxide::Bot,
+    api_url: &url::Url,
+    token: &str,
+    store: &Store,
+    delivery: &Delivery,
+    aliases: AlbumAliases,
+    stop: CancellationToken,
+) -> Result<
+    (
+        IntakeMedia,
+        Arc<crate::media::OutboxFiles>,
+        Option<ScratchMediaDir>,
+    ),
+    String,
+> {
+    use crate::config::Backend;
+    use crate::media::prepare::ImageMode;
+    let images = match config.agent.backend {
+        Backend::Openai if config.agent.openai.as_ref().is_some_and(|o| o.vision) => {
+            ImageMode::Vision
+        }
+        Backend::Openai => ImageMode::Refuse,
+        _ => ImageMode::Path,
+    };
+    let scratch = if config.store.in_memory {
+        Some(
+            ScratchMediaDir::create()
+                .map_err(|error| format!("could not create a media directory: {error}"))?,
+        )
+    } else {
+        None
+    };
+    let root = match &scratch {
+        Some(scratch) => scratch.path().to_path_buf(),
+        None => crate::media::media_root(&config.store.data_dir),
+    };
+    let time = crate::media::download::DownloadTime::capped(Duration::from_secs(
+        config.media.download_timeout_secs,
+    ));
+    let downloader = crate::media::download::Downloader::new(
+        bot.clone(),
+        api_url,
+        token,
+        config.telegram.local_bot_api,
+        time,
+    )?;
+    let stage = MediaStage::new(config.media.clone(), root.clone(), downloader, images)?
+        .with_file_access(config.file_access());
+    crate::media::retention::spawn_retention(root.clone(), config.media.keep_days, stop.clone());
+    let sender = Arc::new(crate::delivery::files::TelegramFileSender::new(
+        delivery.clone(),
+    ));
+    let files = Arc::new(
+        crate::media::OutboxFiles::new(sender, Some(store.clone()), root)
+            .with_max_files(config.media.max_files_per_answer),
+    );
+    let media = IntakeMedia {
+        stage,
+        aliases,
+        stop,
+        delivery: delivery.clone(),
+        store: store.clone(),
+        files: files.clone(),
+    };
+    Ok((media, files, scratch))
+}
+
+/// `telegate run`: start the bot and serve until SIGINT or SIGTERM.
+///
+/// The signal handlers are installed before anything starts and stay
+/// installed: a signal that arrives while the bot starts (recovery and
+/// polling may already be running) leads to the same clean shutdown once
+/// the start is done, instead of the default action killing the process;
+/// and a second signal is never missed, whenever it comes.
+pub async fn run(config: &Config) -> anyhow::Result<()> {
+    run_with(config, false).await
+}
+
+/// `telegate run [--standby]`: like [`run`]; first takes the data
+/// directory's lock ([`crate::instance_lock`]): fails at once naming the
+/// holder, or with `standby` waits until the holder exits.
+pub async fn run_with(config: &Config, standby: bool) -> anyhow::Result<()> {
+    use crate::instance_lock::{InstanceLock, LockError};
+    let stop = watch_signals();
+    let _lock = if config.store.in_memory {
+        None
+    } else if standby {
+        match InstanceLock::acquire_standby(&config.store.data_dir, &stop).await {
+            Ok(lock) => Some(lock),
+            Err(LockError::Cancelled) => return Ok(()),
+            Err(error) => return Err(error.into()),
+        }
+    } else {
+        Some(InstanceLock::acquire(&config.store.data_dir)?)
+    };
+    let bot = TelegramBot::start(config)
+        .await
+        .context("the bot could not start")?;
+    crate::systemd::ready();
+    let watchdog = crate::systemd::spawn_watchdog(bot.store.clone(), stop.clone());
+    let token_rejected = bot.token_rejected.clone();
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = token_rejected.cancelled() => {}
+    }
+    crate::systemd::stopping();
+    if let Some(watchdog) = watchdog {
+        // It ends on `stop`; after a rejected token `stop` never comes.
+        watchdog.abort();
+    }
+    bot.shutdown().await;
+    if token_rejected.is_cancelled() {
+        anyhow::bail!(
+            "the bot token was rejected by Telegram (401 Unauthorized, {} times in a row): \
+             it was revoked or is wrong; get the current one from @BotFather",
+            polling::UNAUTHORIZED_LIMIT
+        );
+    }
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// Listen for SIGINT and SIGTERM from now on: the first cancels the
+/// returned token, a second exits the process at once (code 130).
+fn watch_signals() -> CancellationToken {
+    let stop = CancellationToken::new();
+    let mut signals = Signals::listen();
+    let first = stop.clone();
+    tokio::spawn(async move {
+        signals.recv().await;
+        tracing::info!("shutting down (send the signal again to exit at once)");
+        first.cancel();
+        signals.recv().await;
+        // SQLite's write-ahead log keeps the database consistent; what
+        // was not finished is resumed on the next start.
+        tracing::warn!("second signal: exiting at once");
+        std::process::exit(130)
+    });
+    stop
+}
+
+/// SIGINT and SIGTERM, registered once. (A listener registered anew after
+/// each signal would miss a signal arriving in between.)
+struct Signals {
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind: SignalKind, name: &str| match signal(kind) {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for {name}");
+                    None
+                }
+            };
+            Signals {
+                interrupt: listen(SignalKind::interrupt(), "SIGINT"),
+                terminate: listen(SignalKind::terminate(), "SIGTERM"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            Signals {}
+        }
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn next(listener: &mut Option<tokio::signal::unix::Signal>) {
+                let received = match listener {
+                    Some(listener) => listener.recv().await.is_some(),
+                    None => false,
+                };
+                if !received {
+                    std::future::pending::<()>().await;
+                }
+            }
+            tokio::select! {
+                () = next(&mut self.interrupt) => {}
+                () = next(&mut self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
