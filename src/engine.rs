@@ -150,14 +150,16 @@ impl Engine {
 }
 
 /// An agent and, when it has one, its terminal tool with the channel of the
-/// tool's events.
+/// tool's events, or the approval gate it asks the chat through.
 pub struct AgentSetup {
     /// The agent backend.
     pub agent: Arc<dyn Agent>,
-    /// The terminal tool the agent calls, if enabled.
+    /// The terminal tool the agent calls, if enabled (its approval gate
+    /// is the runner's).
     pub terminal: Option<TerminalSetup>,
-    /// Without a terminal tool: the approval gate the agent's other tools
-    /// ask through (MCP tools, Claude Code's permission prompts), if any.
+    /// Without a terminal tool: the approval gate the agent or its other
+    /// tools ask through (an ACP agent's permission requests, MCP tools,
+    /// Claude Code's permission prompts), if any.
     pub approvals: Option<ApprovalsSetup>,
 }
 
@@ -205,10 +207,31 @@ async fn forward_tool_events(
                     tracing::warn!(chat_id = to.chat_id, %error, "a tool notice could not be delivered");
                 }
             }
-            ToolEvent::Approval { to, ticket, text } => {
-                let prompt = Reply::notice(text).with_buttons(Button::approval_pair(&ticket));
+            ToolEvent::Approval {
+                to,
+                ticket,
+                text,
+                options,
+            } => {
+                let choices: Vec<(String, String, bool)> = options
+                    .iter()
+                    .map(|o| {
+                        (
+                            o.id.clone(),
+                            format!("{} {}", o.kind.emoji(), o.label),
+                            o.kind.allows(),
+                        )
+                    })
+                    .collect();
+                let prompt =
+                    Reply::notice(text).with_buttons(Button::approval_choices(&ticket, &choices));
                 if let Err(error) = outbound.deliver(&to, prompt).await {
                     tracing::warn!(chat_id = to.chat_id, %error, "an approval prompt could not be delivered");
+                }
+            }
+            ToolEvent::Settled { to, ticket, line } => {
+                if let Err(error) = outbound.settle_prompt(&to, &ticket, &line).await {
+                    tracing::debug!(chat_id = to.chat_id, %error, "an approval prompt could not be edited");
                 }
             }
             ToolEvent::BackgroundStarted { id, owner, command } => {

@@ -192,6 +192,19 @@ pub trait Outbound: Send + Sync + 'static {
     ) -> Option<Box<dyn LiveReply>> {
         self.turn_started(turn.to, turn.answering, progress)
     }
+
+    /// Approval request `ticket` in the chat of `to` ended: add `line`
+    /// (who chose what, when; or why nobody did) to its prompt and take
+    /// its buttons away. The default does nothing (no buttons to take).
+    fn settle_prompt<'a>(
+        &'a self,
+        to: &'a SessionSource,
+        ticket: &'a str,
+        line: &'a str,
+    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        let _ = (to, ticket, line);
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// A turn that starts, as the outbound sees it.

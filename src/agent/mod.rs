@@ -1,4 +1,6 @@
-//! Agent backends: what actually answers a message.
+//! Agent backends: what actually answers a message: `echo`, `openai`,
+//! `command` (a CLI run per turn), `acp` (an Agent Client Protocol agent
+//! kept running per chat).
 //!
 //! The runner hands an agent one [`TurnRequest`] per turn and awaits its
 //! [`AgentReply`]. The agent reports partial output through the turn's
@@ -12,10 +14,12 @@
 //! current session from anywhere but its [`TurnRequest`] or the task-local
 //! turn identity.
 
+pub mod acp;
 pub mod command;
 mod echo;
 pub mod openai;
 
+pub use acp::{AcpAgent, AcpConfig, AcpPreset};
 pub use command::{CommandAgent, CommandConfig, HistoryMode, Preset, Protocol};
 pub use echo::EchoAgent;
 pub use openai::{OpenAiAgent, OpenAiConfig};
@@ -134,5 +138,12 @@ pub trait Agent: Send + Sync + 'static {
     /// would pay for nothing. Default: no.
     fn leaves_files(&self) -> bool {
         false
+    }
+
+    /// telegate is shutting down: end whatever the backend keeps running
+    /// between turns (an ACP agent's processes), within a bounded time.
+    /// Default: nothing to end.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
     }
 }

@@ -129,6 +129,27 @@ fn durations(config: &Config) -> Vec<(&'static str, u64, Unit)> {
             Unit::Millis,
         ));
     }
+    if let Some(acp) = &config.agent.acp {
+        all.extend([
+            ("agent.acp.idle_secs", acp.idle_secs, Unit::Secs),
+            (
+                "agent.acp.start_timeout_secs",
+                acp.start_timeout_secs,
+                Unit::Secs,
+            ),
+            (
+                "agent.acp.permission_timeout_secs",
+                acp.permission_timeout_secs,
+                Unit::Secs,
+            ),
+            (
+                "agent.acp.cancel_grace_ms",
+                acp.cancel_grace_ms,
+                Unit::Millis,
+            ),
+            ("agent.acp.kill_grace_ms", acp.kill_grace_ms, Unit::Millis),
+        ]);
+    }
     if let Some(openai) = &config.agent.openai {
         all.push((
             "agent.openai.request_timeout_secs",

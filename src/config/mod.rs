@@ -221,6 +221,14 @@ impl Config {
             )
             .map_err(invalid)?;
         }
+        if let Some(acp) = &self.agent.acp {
+            crate::config::checks::check_pass_env(
+                "agent.acp.pass_env",
+                &acp.pass_env,
+                &secret_names,
+            )
+            .map_err(invalid)?;
+        }
         if !(1..=MAX_ANSWER_PARTS).contains(&self.delivery.max_answer_parts) {
             return Err(invalid(format!(
                 "delivery.max_answer_parts must be between 1 and {MAX_ANSWER_PARTS} (it is {})",
@@ -250,6 +258,15 @@ impl Config {
                 )),
                 Some(openai) => openai.validate().map_err(invalid)?,
             },
+            Backend::Acp => {
+                match &self.agent.acp {
+                    None => return Err(invalid(
+                        "agent.backend = \"acp\" needs an [agent.acp] table with preset or program"
+                            .to_string(),
+                    )),
+                    Some(acp) => acp.validate().map_err(invalid)?,
+                }
+            }
         }
         self.metrics.validate().map_err(invalid)?;
         if !(1..=MAX_INBOX_RETENTION_DAYS).contains(&self.store.inbox_retention_days) {

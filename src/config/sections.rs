@@ -354,6 +354,8 @@ pub enum Backend {
     Command,
     /// Any OpenAI-compatible chat-completions server (`[agent.openai]`).
     Openai,
+    /// An Agent Client Protocol agent kept running per chat (`[agent.acp]`).
+    Acp,
 }
 
 impl Backend {
@@ -363,6 +365,7 @@ impl Backend {
             Backend::Echo => "echo",
             Backend::Command => "command",
             Backend::Openai => "openai",
+            Backend::Acp => "acp",
         }
     }
 }
@@ -381,6 +384,8 @@ pub struct AgentConfig {
     pub command: Option<crate::agent::CommandConfig>,
     /// `[agent.openai]`, for `backend = "openai"`.
     pub openai: Option<crate::agent::OpenAiConfig>,
+    /// `[agent.acp]`, for `backend = "acp"`.
+    pub acp: Option<crate::agent::AcpConfig>,
 }
 
 /// `[agent.echo]`.

@@ -15,8 +15,9 @@ use teloxide::requests::{Request, Requester};
 use teloxide::types::{ChatId, InlineKeyboardButton, InlineKeyboardMarkup, MessageId};
 
 use super::telegram::{render_chunks, ChatTarget, Delivery, Idempotence, Priority};
+use crate::delivery::FormattedText;
 use crate::reply::{DeliveryError, Reply, ReplyKind};
-use crate::store::{now_ms, NewButton, Store};
+use crate::store::{now_ms, ApprovalPrompt, NewButton, Store};
 use crate::vocab::{callback_data, new_button_id, Button, ButtonAction, SessionSource};
 
 /// Store `buttons` as one row bound to the user of `to`, and lay them out
@@ -75,7 +76,7 @@ pub async fn register(
     let one_per_line = buttons.iter().any(|b| {
         matches!(
             b.action,
-            ButtonAction::Model { .. } | ButtonAction::Resume { .. }
+            ButtonAction::Model { .. } | ButtonAction::Choose { .. } | ButtonAction::Resume { .. }
         )
     });
     let layout: Vec<Vec<InlineKeyboardButton>> = if one_per_line {
@@ -118,15 +119,78 @@ pub async fn deliver_with_buttons(
     let last = chunks.len().saturating_sub(1);
     for (index, chunk) in chunks.iter().enumerate() {
         if index == last {
-            delivery
+            let id = delivery
                 .send_chunk_unless_withdrawn(target, chunk, reply_to, priority, None, Some(&markup))
                 .await?;
+            remember_prompt(store, to, reply, id, &chunk.text).await;
         } else {
             delivery
                 .send_chunk_with(target, chunk, reply_to, priority)
                 .await?;
         }
         reply_to = None;
+    }
+    Ok(())
+}
+
+/// An approval prompt's message is kept by its ticket, so the request's
+/// ending can be shown there whatever ends it (a typed answer, a timeout).
+async fn remember_prompt(
+    store: Option<&Store>,
+    to: &SessionSource,
+    reply: &Reply,
+    message_id: i32,
+    text: &str,
+) {
+    let (Some(store), Some(ticket)) = (store, reply.buttons.iter().find_map(|b| b.action.ticket()))
+    else {
+        return;
+    };
+    let prompt = ApprovalPrompt {
+        chat_id: to.chat_id,
+        thread_id: to.thread_id,
+        message_id,
+        text: text.to_string(),
+    };
+    if let Err(error) = store.record_approval_prompt(ticket, prompt).await {
+        tracing::warn!(chat_id = to.chat_id, %error, "could not remember an approval prompt");
+    }
+}
+
+/// Show how request `ticket` ended under its prompt: the prompt's text
+/// plus `line`, without its buttons. Nothing to do when the prompt is not
+/// known (no store, or it was never sent).
+pub async fn settle_prompt(
+    delivery: &Delivery,
+    store: Option<&Store>,
+    to: &SessionSource,
+    ticket: &str,
+    line: &str,
+) -> Result<(), DeliveryError> {
+    let Some(store) = store else {
+        return Ok(());
+    };
+    let prompt = match store.take_approval_prompt(ticket).await {
+        Ok(Some(prompt)) => prompt,
+        Ok(None) => return Ok(()),
+        Err(error) => {
+            tracing::warn!(%error, "could not look an approval prompt up");
+            return Ok(());
+        }
+    };
+    let target = ChatTarget {
+        chat_id: prompt.chat_id,
+        thread_id: prompt.thread_id,
+        ..ChatTarget::of(to)
+    };
+    let text = FormattedText::plain(format!("{}\n\n{line}", prompt.text));
+    if delivery
+        .edit_chunk(target, prompt.message_id, &text)
+        .await
+        .is_err()
+    {
+        // Too long with the line, say: at least the buttons go.
+        return clear_markup(delivery, target, prompt.message_id).await;
     }
     Ok(())
 }

@@ -99,6 +99,21 @@ impl Outbound for TelegramOutbound {
         })
     }
 
+    fn settle_prompt<'a>(
+        &'a self,
+        to: &'a SessionSource,
+        ticket: &'a str,
+        line: &'a str,
+    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(super::buttons::settle_prompt(
+            &self.delivery,
+            self.store.as_ref(),
+            to,
+            ticket,
+            line,
+        ))
+    }
+
     fn turn_started(
         &self,
         to: &SessionSource,

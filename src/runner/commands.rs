@@ -7,6 +7,8 @@
 use std::time::Duration;
 
 use crate::store::AgentUsage;
+use crate::tools::approval::{Decided, NotDecided};
+use crate::tools::approval_prompt::preview;
 use crate::vocab::COMMANDS;
 
 /// The /help text.
@@ -181,6 +183,33 @@ pub fn human_duration(d: Duration) -> String {
         format!("{}m {:02}s", secs / 60, secs % 60)
     } else {
         format!("{}h {:02}m", secs / 3600, (secs % 3600) / 60)
+    }
+}
+
+/// The reply to `/approve` or `/deny` of request `ticket`: what was
+/// chosen (the two-option case keeps its plain "running" / "not running").
+pub fn decided_text(ticket: &str, decided: &Result<Decided, NotDecided>) -> String {
+    let decided = match decided {
+        Ok(decided) => decided,
+        Err(NotDecided::NotWaiting) => {
+            return format!("Approval {ticket} is not waiting any more; nothing was run.")
+        }
+        Err(NotDecided::NoSuchOption) => {
+            return format!(
+                "Approval {ticket} offers no option that allows it; nothing was allowed. \
+                 Use one of its buttons, or /deny {ticket}."
+            )
+        }
+    };
+    let subject = preview(&decided.subject);
+    match (&decided.option, decided.approve_deny) {
+        (_, true) if decided.allowed() => format!("✅ Approved {ticket}, running:\n{subject}"),
+        (_, true) => format!("🚫 Denied {ticket}, not running:\n{subject}"),
+        (Some(option), false) if decided.allowed() => {
+            format!("✅ Approved {ticket} ({}):\n{subject}", option.label)
+        }
+        (Some(option), false) => format!("🚫 Denied {ticket} ({}):\n{subject}", option.label),
+        (None, false) => format!("🚫 Denied {ticket}:\n{subject}"),
     }
 }
 

@@ -23,9 +23,10 @@ use crate::runner::Runner;
 use crate::runner::RunningAgent;
 use crate::runner::StatusView;
 use crate::runner::STORE_DOWN_TEXT;
+use crate::tools::approval::Answerer;
+use crate::tools::approval::Choice;
 use crate::tools::approval::Denial;
 use crate::tools::approval::Lookup;
-use crate::tools::approval_prompt::preview;
 use crate::tools::authority::may_decide;
 use crate::tools::authority::who_may_decide;
 use crate::tools::process::ProcessId;
@@ -274,22 +275,13 @@ impl Runner {
                 who_may_decide(pending.started_by_name.as_deref(), pending.started_by)
             ));
         }
-        match approvals.answer_ticket(&pending.key, &pending.ticket, approve) {
-            Some(command) if approve => Reply::command(format!(
-                "✅ Approved {}, running:\n{}",
-                pending.ticket,
-                preview(&command)
-            )),
-            Some(command) => Reply::command(format!(
-                "🚫 Denied {}, not running:\n{}",
-                pending.ticket,
-                preview(&command)
-            )),
-            None => Reply::command(format!(
-                "Approval {} is not waiting any more; nothing was run.",
-                pending.ticket
-            )),
-        }
+        let decided = approvals.decide(
+            &pending.key,
+            Some(&pending.ticket),
+            &Choice::of(approve),
+            &Answerer::of(actor),
+        );
+        Reply::command(commands::decided_text(&pending.ticket, &decided))
     }
 
     /// /retry: take the last exchange out of the history and run its user
@@ -453,6 +445,26 @@ impl Runner {
         ticket: &str,
         approve: bool,
     ) -> ApprovalPress {
+        self.press_choice(actor, ticket, &Choice::of(approve))
+    }
+
+    /// The button of option `option` of the request `ticket` was pressed
+    /// by `actor`: like [`Runner::press_approval`], choosing that option.
+    pub fn press_option(
+        &self,
+        actor: &crate::vocab::SessionSource,
+        ticket: &str,
+        option: &str,
+    ) -> ApprovalPress {
+        self.press_choice(actor, ticket, &Choice::Option(option.to_string()))
+    }
+
+    fn press_choice(
+        &self,
+        actor: &crate::vocab::SessionSource,
+        ticket: &str,
+        choice: &Choice,
+    ) -> ApprovalPress {
         let Some(approvals) = self.approvals() else {
             return ApprovalPress::NotWaiting;
         };
@@ -468,9 +480,14 @@ impl Runner {
                 pending.started_by,
             ));
         }
-        match approvals.answer_ticket(&pending.key, &pending.ticket, approve) {
-            Some(command) => ApprovalPress::Decided(command),
-            None => ApprovalPress::NotWaiting,
+        match approvals.decide(
+            &pending.key,
+            Some(&pending.ticket),
+            choice,
+            &Answerer::pressing(actor),
+        ) {
+            Ok(decided) => ApprovalPress::Decided(decided),
+            Err(_) => ApprovalPress::NotWaiting,
         }
     }
 

@@ -19,8 +19,9 @@
 //! A turn runs against the slot's current session, except an internal event
 //! carrying a session override (a background-process wakeup): it runs, with
 //! its history and transcript, against the session that started the
-//! process. /ps, /kill, /approve and /deny act on the terminal tool's
-//! process registry and approval gate; like /status they never touch the
+//! process. /ps and /kill act on the terminal tool's process registry,
+//! /approve and /deny on the approval gate (the terminal tool's, or the
+//! one an agent backend asks through); like /status they never touch the
 //! running turn, which is exactly what lets /approve reach a turn that waits
 //! for it. A bare "yes"/"no" is claimed for a pending approval the same way
 //! ([`MessageHandler::claims_while_busy`]).
@@ -65,7 +66,7 @@ use crate::agent::Agent;
 use crate::metrics::Metrics;
 use crate::reply::{Outbound, Outgoing, Reply};
 use crate::store::Store;
-use crate::tools::approval::{approval_reply, ApprovalGate};
+use crate::tools::approval::{approval_reply, ApprovalGate, Decided};
 use crate::tools::authority::may_decide;
 use crate::tools::TerminalTool;
 use crate::vocab::KnownCommand;
@@ -125,11 +126,11 @@ impl Default for RunnerConfig {
     }
 }
 
-/// What an Approve or Deny button press did ([`Runner::press_approval`]).
+/// What an approval button press did ([`Runner::press_approval`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ApprovalPress {
-    /// The request was answered; this is its command.
-    Decided(String),
+    /// The request was answered: what it asked, what was chosen.
+    Decided(Decided),
     /// The presser may not decide; the text says who may.
     NotAllowed(String),
     /// That request no longer waits (answered, timed out, replaced).
@@ -157,10 +158,11 @@ struct RunnerInner {
     store: Option<Store>,
     /// The block of generations reserved in the store (with a store).
     generations: Option<Arc<GenerationLease>>,
-    /// The terminal tool's processes and approvals, when it is enabled.
+    /// The terminal tool's processes, when it is enabled.
     tools: Option<Arc<TerminalTool>>,
-    /// The approval gate every tool asks through (the terminal tool's,
-    /// or the one of MCP tools or Claude Code's permission prompts).
+    /// The approval gate every tool and agent asks through (the terminal
+    /// tool's, or the one of MCP tools, Claude Code's permission prompts
+    /// or an ACP agent's permission requests).
     approvals: Option<ApprovalGate>,
     config: RunnerConfig,
 }
@@ -231,9 +233,9 @@ impl Runner {
     }
 
     /// A runner whose agent asks approvals through `approvals` without a
-    /// terminal tool (MCP tools alone, Claude Code's permission prompts):
-    /// /approve, /deny and the buttons answer them, /stop, /new and
-    /// /reset deny them.
+    /// terminal tool (an ACP agent's permission requests, MCP tools alone,
+    /// Claude Code's permission prompts): /approve, /deny and the buttons
+    /// answer them, /stop, /new and /reset deny them.
     pub fn with_approvals(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
@@ -252,6 +254,9 @@ impl Runner {
         approvals: Option<ApprovalGate>,
         config: RunnerConfig,
     ) -> Self {
+        if let (Some(store), Some(gate)) = (&store, &approvals) {
+            gate.record_in(store);
+        }
         if let Some(store) = &store {
             agent.attach_store(store);
         }
@@ -411,6 +416,12 @@ impl Runner {
     /// The current session id of `key`, if any.
     pub fn current_session(&self, key: &SessionKey) -> Option<SessionId> {
         self.state().sessions.get(key).cloned()
+    }
+
+    /// At shutdown, after the turns: let the backend end what it keeps
+    /// running between turns (bounded by the backend).
+    pub async fn shutdown_agent(&self) {
+        self.inner.agent.shutdown().await;
     }
 
     /// The agent backend's name.

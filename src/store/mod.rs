@@ -93,6 +93,7 @@
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
 pub mod agent_sessions;
+pub mod approvals;
 mod batch;
 pub mod buttons;
 pub mod child_groups;
@@ -122,6 +123,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 pub use agent_sessions::AgentUsage;
+pub use approvals::{ApprovalPrompt, ApprovalRecord};
 pub use batch::StoreStats;
 pub use buttons::{NewButton, StoredButton};
 pub use child_groups::{ChildGroup, ChildGroupChange};

@@ -258,6 +258,39 @@ CREATE TABLE user_settings (
 ) STRICT;
 ";
 
+/// Version 12: approval decisions: how every request of the approval gate ended
+/// (`tools::approval_gate`): which option who chose and when, or why
+/// nobody did (`timed_out`, `stopped`, `superseded`). Kept for the
+/// operator; nothing reads it back to decide. `approval_prompts`: the
+/// message that shows a request (its last part, which carries the
+/// buttons), so an answer typed or a timeout can edit it too.
+const V12_APPROVAL_DECISIONS: &str = "
+CREATE TABLE approval_decisions (
+    id              INTEGER PRIMARY KEY,
+    ticket          TEXT NOT NULL,
+    session_key     TEXT NOT NULL,
+    chat_id         INTEGER NOT NULL,
+    subject         TEXT NOT NULL,
+    outcome         TEXT NOT NULL,
+    option_id       TEXT,
+    option_label    TEXT,
+    option_kind     TEXT,
+    decided_by      INTEGER,
+    decided_by_name TEXT,
+    asked_at        INTEGER NOT NULL,
+    decided_at      INTEGER NOT NULL
+) STRICT;
+CREATE INDEX approval_decisions_by_slot ON approval_decisions (session_key, id);
+CREATE TABLE approval_prompts (
+    ticket     TEXT PRIMARY KEY NOT NULL,
+    chat_id    INTEGER NOT NULL,
+    thread_id  INTEGER,
+    message_id INTEGER NOT NULL,
+    text       TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
+";
+
 /// Version 3: background processes that are running, with the chat that
 /// started them. Processes do not survive a restart of telegate; a row still
 /// here at start means its owner was never told how the job ended, so the
@@ -389,6 +422,7 @@ pub const MIGRATIONS: &[Migration] = &[
         "teams: members, access codes, usage, user settings",
         V11_TEAMS,
     ),
+    Migration::new("approval decisions and prompts", V12_APPROVAL_DECISIONS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

@@ -42,6 +42,8 @@ pub enum WriteKind {
     AgentSession,
     /// Pruning old inbox rows.
     Retention,
+    /// The record of approval decisions.
+    Approval,
     /// Scheduled jobs, their runs' journal, chat time zones.
     Job,
     /// Members, pairing codes, invites and wrong tries.
@@ -64,6 +66,7 @@ impl WriteKind {
             WriteKind::Process => "background processes",
             WriteKind::AgentSession => "agent sessions",
             WriteKind::Retention => "inbox retention",
+            WriteKind::Approval => "approval decisions",
             WriteKind::Job => "scheduled jobs",
             WriteKind::Access => "access",
             WriteKind::Usage => "usage",

@@ -32,9 +32,10 @@ pub enum ToolEvent {
         text: String,
     },
     /// Ask the chat of `to` to approve the request with one-time id
-    /// `ticket`: `text` is shown with Approve and Deny buttons (where the
-    /// transport has buttons; typed `/approve <ticket>` works everywhere).
-    /// A button press is that ticket's answer.
+    /// `ticket`: `text` is shown with a button per option (Approve and
+    /// Deny for the two-option case; where the transport has buttons;
+    /// typed `/approve <ticket>` works everywhere). A button press is that
+    /// ticket's answer.
     Approval {
         /// The chat (and the user whose turn asks).
         to: SessionSource,
@@ -42,6 +43,19 @@ pub enum ToolEvent {
         ticket: String,
         /// Plain text.
         text: String,
+        /// The answers offered, in order.
+        options: Vec<super::approval_options::ApprovalOption>,
+    },
+    /// The approval request `ticket` of the chat of `to` ended other than
+    /// by a button (whose press shows it itself): show `line` under its
+    /// prompt and take the buttons away.
+    Settled {
+        /// The chat.
+        to: SessionSource,
+        /// The request's one-time id.
+        ticket: String,
+        /// Who chose what and when, or why nobody did.
+        line: String,
     },
     /// A background process started for the chat of `owner`: recorded, so
     /// that if telegate dies before it ends, the next start tells the owner.

@@ -32,7 +32,9 @@
 //! * [`terminal`]: the `terminal` and `process` tools and `[tools.terminal]`;
 //! * [`process`]: the process registry (owners, bounded output, limits);
 //! * [`wakeup`]: wakeups for finished background processes and their routing;
-//! * [`approval`]: dangerous-command patterns and pending approvals;
+//! * [`approval`]: dangerous-command patterns and the approval policy;
+//! * [`approval_gate`]: pending approvals with their options, for every agent;
+//! * [`approval_options`]: a request's options, answers and endings (plain data);
 //! * [`approval_prompt`]: the request's wording (the whole command, every match);
 //! * [`authority`]: who may approve, deny or stop somebody's turn;
 //! * [`events`]: the channel through which wakeups and notices leave the tools;
@@ -42,6 +44,8 @@
 //! * [`permission`]: Claude Code's permission prompts on the approval card.
 
 pub mod approval;
+pub mod approval_gate;
+pub mod approval_options;
 pub mod approval_prompt;
 pub mod authority;
 pub mod childenv;

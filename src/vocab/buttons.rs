@@ -1,8 +1,8 @@
 //! Inline buttons, platform-neutral: what a button does when pressed.
 //!
 //! A reply may carry [`Button`]s (a Stop button on a running turn's preview,
-//! Approve/Deny on an approval prompt, one button per model for /model, one
-//! per conversation for /sessions).
+//! Approve/Deny on an approval prompt or one per option an agent offers,
+//! one button per model for /model, one per conversation for /sessions).
 //! The transport turns them into its own controls; on Telegram each button
 //! gets a short random id stored server-side (the 64-byte `callback_data`
 //! carries only that id), is bound to the user whose session it acts on,
@@ -11,9 +11,10 @@
 //!
 //! A press is never trusted to carry what it does: the action is read back
 //! from the store by id. Every action is carried out through the same code
-//! path as the typed command it stands for (/stop, /approve, /deny,
-//! /model NAME, /pause ID, /resume ID, /unschedule ID), so a button can
-//! never do more than its command.
+//! path as the typed command it stands for (/stop, /approve, /deny, an
+//! option's button that of `/approve` choosing that option, /model NAME,
+//! /pause ID, /resume ID, /unschedule ID), so a button can never do more
+//! than its command.
 //!
 //! This module owns the action type and its wire format. It must never do
 //! I/O: storing and pressing buttons is the transport's job.
@@ -45,6 +46,15 @@ pub enum ButtonAction {
     Deny {
         /// The request's one-time id (the same ticket the prompt shows).
         ticket: String,
+    },
+    /// One option of an approval request that offers more than approve
+    /// and deny (an ACP agent's permission request): choose it, like a
+    /// typed `/approve <ticket>` would choose the first allowing one.
+    Choose {
+        /// The request's one-time id (the same ticket the prompt shows).
+        ticket: String,
+        /// The option's id, as the request named it.
+        option: String,
     },
     /// /model NAME.
     Model {
@@ -91,12 +101,24 @@ impl JobButton {
 }
 
 impl ButtonAction {
+    /// The approval request it answers, if it answers one.
+    pub fn ticket(&self) -> Option<&str> {
+        match self {
+            ButtonAction::Approve { ticket }
+            | ButtonAction::Deny { ticket }
+            | ButtonAction::Choose { ticket, .. } => Some(ticket),
+            _ => None,
+        }
+    }
+
     /// How long a button stays pressable. A Stop button lives as long as a
     /// turn may; the others belong to a prompt that is soon out of date.
     pub fn lifetime(&self) -> Duration {
         match self {
             ButtonAction::Stop { .. } => Duration::from_secs(24 * 3600),
-            ButtonAction::Approve { .. } | ButtonAction::Deny { .. } => Duration::from_secs(3600),
+            ButtonAction::Approve { .. }
+            | ButtonAction::Deny { .. }
+            | ButtonAction::Choose { .. } => Duration::from_secs(3600),
             ButtonAction::Model { .. } | ButtonAction::Resume { .. } => Duration::from_secs(600),
             ButtonAction::Job { .. } => Duration::from_secs(7 * 24 * 3600),
         }
@@ -187,6 +209,34 @@ impl Button {
     }
 }
 
+impl Button {
+    /// One button per option of the approval request `ticket`: Approve and
+    /// Deny for the two-option case, else a button choosing each option
+    /// (`options`: id, label and whether it allows).
+    pub fn approval_choices(ticket: &str, options: &[(String, String, bool)]) -> Vec<Button> {
+        let plain = options.len() == 2
+            && options[0].0 == "approve"
+            && options[0].2
+            && options[1].0 == "deny"
+            && !options[1].2;
+        if plain {
+            return Button::approval_pair(ticket);
+        }
+        options
+            .iter()
+            .map(|(id, label, _)| {
+                Button::new(
+                    label.clone(),
+                    ButtonAction::Choose {
+                        ticket: ticket.to_string(),
+                        option: id.clone(),
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
 /// A fresh button id: 12 characters from `[0-9a-z]`, random per process
 /// and distinct within it (well inside Telegram's 64-byte `callback_data`).
 pub fn new_button_id() -> String {
@@ -236,6 +286,10 @@ mod tests {
             },
             ButtonAction::Deny {
                 ticket: "a1b2c3".into(),
+            },
+            ButtonAction::Choose {
+                ticket: "a1b2c3".into(),
+                option: "allow-always".into(),
             },
             ButtonAction::Model { name: "m".into() },
             ButtonAction::Job {

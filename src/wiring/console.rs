@@ -58,5 +58,6 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
     while !engine.adapter.is_idle() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    engine.runner.shutdown_agent().await;
     Ok(())
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::agent::{Agent, CommandAgent, EchoAgent, OpenAiAgent};
+use crate::agent::{AcpAgent, Agent, CommandAgent, EchoAgent, OpenAiAgent};
 use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
 use crate::engine::{AgentSetup, ApprovalsSetup, Engine, TerminalSetup};
 use crate::media::handle::Reader;
@@ -79,6 +79,9 @@ fn secret_env_names(config: &AgentConfig) -> Vec<String> {
 /// approval card. Fails only for a configuration that [`Config`]
 /// validation would have refused.
 pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
+    if config.agent.backend == Backend::Acp {
+        return build_acp_setup(&config.agent);
+    }
     let terminal = &config.tools.terminal;
     let data_dir = (!config.store.in_memory).then_some(config.store.data_dir.as_path());
     let scheduling = config.schedule.enabled && config.agent.backend == Backend::Openai;
@@ -175,6 +178,23 @@ fn with_send_file(
     })
 }
 
+/// The ACP backend with the approval gate its permission requests wait in
+/// (answered in the chat like the terminal tool's).
+fn build_acp_setup(config: &AgentConfig) -> Result<AgentSetup, String> {
+    let acp = config
+        .acp
+        .clone()
+        .ok_or("agent.backend = \"acp\" needs [agent.acp]")?;
+    let (sender, events) = tool_events();
+    let gate = ApprovalGate::new(Duration::from_secs(acp.permission_timeout_secs), sender);
+    let agent = AcpAgent::new(acp, gate.clone(), secret_env_names(config));
+    Ok(AgentSetup {
+        agent: Arc::new(agent),
+        terminal: None,
+        approvals: Some(ApprovalsSetup { gate, events }),
+    })
+}
+
 /// The claude preset with `permission_prompt = true`: the command backend
 /// asking through a gate of its own (`permission_timeout_secs`), its
 /// socket in `<data_dir>/permission-prompts` (a private temporary
@@ -258,5 +278,10 @@ pub fn build_agent_in(
             let key = openai.api_key();
             Arc::new(OpenAiAgent::new(openai, key, Arc::new(NoTools))?)
         }
+        // Its permission requests need the chat: only with its gate.
+        Backend::Acp => return Err(
+            "agent.backend = \"acp\" asks permissions in the chat: build it with build_agent_setup"
+                .to_string(),
+        ),
     })
 }

@@ -149,6 +149,11 @@ fn huge_durations_are_refused_not_a_panic_or_a_hang() {
         ("agent.openai", "model = \"m\"\n", "request_timeout_secs"),
         ("agent.command", "argv = [\"true\"]\n", "timeout_secs"),
         ("agent.command", "argv = [\"true\"]\n", "kill_grace_ms"),
+        ("agent.acp", "program = \"x\"\n", "idle_secs"),
+        ("agent.acp", "program = \"x\"\n", "start_timeout_secs"),
+        ("agent.acp", "program = \"x\"\n", "permission_timeout_secs"),
+        ("agent.acp", "program = \"x\"\n", "cancel_grace_ms"),
+        ("agent.acp", "program = \"x\"\n", "kill_grace_ms"),
     ] {
         refused(
             &format!("[telegram]\ntoken = \"1:abc\"\n{ACCESS}\n[{table}]\n{extra}{key} = {max}\n"),

@@ -9,6 +9,7 @@
 
 mod support;
 
+mod acp_e2e;
 mod adapter_alone;
 mod answer_sending;
 mod approval_authority_e2e;
@@ -40,6 +41,7 @@ mod media_queue_e2e;
 mod openai_backend;
 mod outbox_once;
 mod process_registry;
+mod real_agents;
 mod real_clients;
 mod restarts;
 

@@ -55,8 +55,8 @@ mod output;
 mod presets;
 mod process;
 pub mod protocol;
-mod sessions;
-mod workdir;
+pub(crate) mod sessions;
+pub(crate) mod workdir;
 
 pub use config::{CommandConfig, HistoryMode, Preset};
 pub use history::HISTORY_FILE_ENV;

@@ -16,8 +16,9 @@
 //!   an earlier process never matches);
 //! * Approve / Deny: exactly `/approve <ticket>` / `/deny <ticket>` from
 //!   the presser (the prompt's one-time ticket, `may_decide`), never a
-//!   newer request; the prompt is edited to say what was decided and by
-//!   whom;
+//!   newer request; an option's button (a request offering more than two
+//!   answers) chooses that option the same way; the prompt is edited to
+//!   say what was decided, by whom and when (the gate records it);
 //! * a model: /model NAME;
 //! * a job's Pause, Resume or Delete: `/pause ID`, `/resume ID`,
 //!   `/unschedule ID` from the presser, allowed for the job's creator or
@@ -44,6 +45,8 @@ use crate::delivery::{ChatTarget, Delivery, FormattedText};
 use crate::engine::Engine;
 use crate::runner::ApprovalPress;
 use crate::store::{now_ms, Store, StoreError, StoredButton};
+use crate::tools::approval::Decided;
+use crate::tools::approval_prompt::{chosen_line, clock_utc};
 use crate::tools::authority::may_decide;
 use crate::vocab::{
     button_id, ButtonAction, ChatType, InboxState, MessageEvent, Platform, SessionSource,
@@ -202,36 +205,43 @@ impl CallbackHandler {
                     .await;
                 (InboxState::Answered, None)
             }
-            ButtonAction::Approve { ref ticket } | ButtonAction::Deny { ref ticket } => {
-                let approve = matches!(action, ButtonAction::Approve { .. });
-                let ticket = ticket.clone();
-                // A press is `/approve <ticket>` (or `/deny <ticket>`) from
-                // the presser: the same ticket, the same authority rule.
+            ButtonAction::Approve { .. }
+            | ButtonAction::Deny { .. }
+            | ButtonAction::Choose { .. } => {
+                // A press is `/approve <ticket>` (or `/deny <ticket>`, or
+                // the choice of one option) from the presser: the same
+                // ticket, the same authority rule.
                 let actor = presser_source(&owner, query);
-                let decided = self.engine.runner.press_approval(&actor, &ticket, approve);
-                let who = query.from.full_name();
-                let (toast, outcome) = match (&decided, approve) {
-                    (ApprovalPress::NotAllowed(who_may), _) => {
+                let decided = match &action {
+                    ButtonAction::Choose { ticket, option } => {
+                        self.engine.runner.press_option(&actor, ticket, option)
+                    }
+                    ButtonAction::Approve { ticket } => {
+                        self.engine.runner.press_approval(&actor, ticket, true)
+                    }
+                    ButtonAction::Deny { ticket } => {
+                        self.engine.runner.press_approval(&actor, ticket, false)
+                    }
+                    _ => ApprovalPress::NotWaiting,
+                };
+                let decided = match decided {
+                    ApprovalPress::NotAllowed(who_may) => {
                         self.toast(query, &format!("🔒 {who_may}")).await;
                         return (InboxState::Dropped, Some("not allowed"));
                     }
-                    (ApprovalPress::NotWaiting, _) => {
+                    ApprovalPress::NotWaiting => {
                         self.toast(query, "This request is no longer waiting.")
                             .await;
                         self.rewrite_prompt(query, &owner, "(No longer waiting for an answer.)")
                             .await;
                         return (InboxState::Dropped, Some("approval no longer pending"));
                     }
-                    (ApprovalPress::Decided(_), true) => {
-                        ("Approved.", format!("✅ Approved by {who}."))
-                    }
-                    (ApprovalPress::Decided(_), false) => {
-                        ("Denied.", format!("🚫 Denied by {who}."))
-                    }
+                    ApprovalPress::Decided(decided) => decided,
                 };
+                let (toast, outcome) = decided_lines(&decided, &query.from.full_name());
                 // Remember the press (a replay after a restart is this one).
                 self.claim(id, update_id).await;
-                self.toast(query, toast).await;
+                self.toast(query, &toast).await;
                 self.rewrite_prompt(query, &owner, &outcome).await;
                 (InboxState::Answered, None)
             }
@@ -450,11 +460,27 @@ impl CallbackHandler {
 fn used_text(action: &ButtonAction) -> &'static str {
     match action {
         ButtonAction::Stop { .. } => "Already finished.",
-        ButtonAction::Approve { .. } | ButtonAction::Deny { .. } => "Already answered.",
+        ButtonAction::Approve { .. } | ButtonAction::Deny { .. } | ButtonAction::Choose { .. } => {
+            "Already answered."
+        }
         ButtonAction::Model { .. } => "Already chosen.",
         ButtonAction::Job { .. } => "Already done.",
         ButtonAction::Resume { .. } => "Already chosen.",
     }
+}
+
+/// The toast and the line added to the prompt once `who` decided: the
+/// option chosen (Approved / Denied for the two-option case), by whom and
+/// when.
+fn decided_lines(decided: &Decided, who: &str) -> (String, String) {
+    let at = clock_utc(now_ms());
+    let line = chosen_line(decided.option.as_ref(), who, &at);
+    let toast = match (&decided.option, decided.approve_deny) {
+        (_, true) if decided.allowed() => "Approved.".to_string(),
+        (Some(option), false) => format!("{}.", option.label),
+        _ => "Denied.".to_string(),
+    };
+    (toast, line)
 }
 
 /// The presser, in the chat (and thread) of the button's session.

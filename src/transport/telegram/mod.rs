@@ -131,6 +131,7 @@ impl TelegramBot {
             );
         }
         self.ledger.flush().await;
+        self.engine.runner.shutdown_agent().await;
         drop(self.engine);
         if let Err(error) = self.store.close().await {
             tracing::warn!(%error, "the store did not close cleanly");

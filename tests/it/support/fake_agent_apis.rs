@@ -11,6 +11,8 @@
 //! * `POST /v1/responses`: a streamed answer "Codex answer N" whose
 //!   `usage` is this request's own: [`PER_RESPONSE_INPUT`] input tokens.
 //! * Anything else: 404.
+//! * A request whose last item is a user message containing `REAL-SLOW`
+//!   (either API) is answered only after a minute: a turn to /stop.
 //!
 //! Every request is recorded (path, authorization, body).
 
@@ -108,6 +110,9 @@ async fn handle(
         });
         requests.iter().filter(|r| r.path == path).count()
     };
+    if last_user_says(&body, "REAL-SLOW") {
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    }
     if path.ends_with("/v1/messages") {
         messages(&body)
     } else if path.ends_with("/v1/messages/count_tokens") {
@@ -123,6 +128,19 @@ async fn handle(
             ))
             .unwrap()
     }
+}
+
+/// The last item of the conversation (`messages` of the Messages API,
+/// `input` of the Responses API) is the user's and its text has `needle`.
+fn last_user_says(body: &Value, needle: &str) -> bool {
+    let last = body["messages"]
+        .as_array()
+        .or_else(|| body["input"].as_array())
+        .and_then(|items| items.last());
+    let Some(last) = last else {
+        return false;
+    };
+    last["role"] == "user" && last["content"].to_string().contains(needle)
 }
 
 fn json_response(value: Value) -> Response {
