@@ -10,7 +10,7 @@
 //! (whole-program LTO, one codegen unit, stripped). Prints figures and
 //! targets; asserts nothing (these machines are noisy).
 
-#[path = "../tests/it/support/fake_bot.rs"]
+#[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;

@@ -20,7 +20,7 @@
 //! Prints its figures and the target (10,000 updates/s end to end); asserts
 //! nothing about time (these machines are noisy).
 
-#[path = "../tests/it/support/fake_bot.rs"]
+#[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;

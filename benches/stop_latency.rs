@@ -9,7 +9,7 @@
 //!
 //! Ten chats run their trials at once (ten rounds), as a busy bot would.
 
-#[path = "../tests/it/support/fake_bot.rs"]
+#[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;

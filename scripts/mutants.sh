@@ -64,10 +64,10 @@ files_of() {
         wakeup) echo src/tools/wakeup.rs ;;
         split) echo src/delivery/split.rs ;;
         entity) echo src/delivery/entity.rs ;;
-        adapter) echo "src/adapter/mod.rs src/adapter/state.rs src/adapter/owner.rs src/adapter/handler.rs src/adapter/ledger.rs" ;;
-        runner) echo "src/runner/mod.rs src/runner/turn.rs src/runner/controls.rs src/runner/commands.rs src/runner/sessions.rs src/runner/watchdog.rs" ;;
-        ledger) echo src/store/ledger.rs ;;
-        intake) echo "src/transport/telegram/intake.rs src/transport/telegram/ledger.rs" ;;
+        adapter) echo "src/adapter/mod.rs src/adapter/state.rs src/adapter/owner.rs src/adapter/handler.rs src/adapter/outcome.rs" ;;
+        runner) echo "src/runner/mod.rs src/runner/turn.rs src/runner/controls.rs src/runner/commands.rs src/runner/session_table.rs src/runner/watchdog.rs" ;;
+        ledger) echo src/store/inbox.rs ;;
+        intake) echo "src/transport/telegram/intake.rs src/transport/telegram/inbox_writer.rs" ;;
         delivery) echo "src/delivery/telegram.rs src/delivery/lanes.rs" ;;
         *) echo "unknown group: $1" >&2; exit 2 ;;
     esac

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::adapter::{Adapter, AdapterConfig, EventLedger, WeakAdapter};
+use crate::adapter::{Adapter, AdapterConfig, OutcomeSink, WeakAdapter};
 use crate::agent::Agent;
 use crate::reply::{Outbound, Reply};
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
@@ -50,12 +50,12 @@ impl Engine {
     }
 
     /// Build an engine that keeps sessions and transcripts in `store` and,
-    /// with a ledger, reports every message's outcome to it.
+    /// with an outcome sink, reports every message's outcome to it.
     pub fn with_store(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
         store: Store,
-        ledger: Option<Arc<dyn EventLedger>>,
+        outcomes: Option<Arc<dyn OutcomeSink>>,
         adapter_config: AdapterConfig,
         runner_config: RunnerConfig,
     ) -> Engine {
@@ -63,7 +63,7 @@ impl Engine {
             AgentSetup::without_tools(agent),
             outbound,
             store,
-            ledger,
+            outcomes,
             adapter_config,
             runner_config,
         )
@@ -78,7 +78,7 @@ impl Engine {
         setup: AgentSetup,
         outbound: Arc<dyn Outbound>,
         store: Store,
-        ledger: Option<Arc<dyn EventLedger>>,
+        outcomes: Option<Arc<dyn OutcomeSink>>,
         adapter_config: AdapterConfig,
         runner_config: RunnerConfig,
     ) -> Engine {
@@ -107,20 +107,20 @@ impl Engine {
             }
             (None, None) => {
                 let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
-                let adapter = Adapter::with_ledger(
+                let adapter = Adapter::with_outcomes(
                     Arc::new(runner.clone()),
                     outbound,
                     adapter_config,
-                    ledger,
+                    outcomes,
                 );
                 return Engine { adapter, runner };
             }
         };
-        let adapter = Adapter::with_ledger(
+        let adapter = Adapter::with_outcomes(
             Arc::new(runner.clone()),
             outbound.clone(),
             adapter_config,
-            ledger,
+            outcomes,
         );
         tokio::spawn(forward_tool_events(
             events,

@@ -32,7 +32,7 @@
 
 mod guard;
 mod handler;
-mod ledger;
+mod outcome;
 mod owner;
 mod pending;
 mod state;
@@ -42,7 +42,7 @@ use state::{AdapterState, Refusals};
 
 pub use guard::{CommandLease, GuardKind, OwnerTask, SessionGuard};
 pub use handler::{DispatchContext, MessageHandler};
-pub use ledger::{EventLedger, EventOutcome};
+pub use outcome::{EventOutcome, OutcomeSink};
 pub use pending::PendingQueue;
 
 use std::panic::AssertUnwindSafe;
@@ -107,7 +107,7 @@ struct AdapterInner {
     state: Mutex<AdapterState>,
     handler: Arc<dyn MessageHandler>,
     outbound: Arc<dyn Outbound>,
-    ledger: Option<Arc<dyn EventLedger>>,
+    outcomes: Option<Arc<dyn OutcomeSink>>,
     config: AdapterConfig,
     /// Set by [`Adapter::shutdown`]: cancelled turns keep their "running"
     /// record, so a restart resumes them.
@@ -164,22 +164,22 @@ impl Adapter {
         outbound: Arc<dyn Outbound>,
         config: AdapterConfig,
     ) -> Self {
-        Adapter::with_ledger(handler, outbound, config, None)
+        Adapter::with_outcomes(handler, outbound, config, None)
     }
 
-    /// An adapter that also reports every message's outcome to `ledger`.
-    pub fn with_ledger(
+    /// An adapter that also reports every message's outcome to `outcomes`.
+    pub fn with_outcomes(
         handler: Arc<dyn MessageHandler>,
         outbound: Arc<dyn Outbound>,
         config: AdapterConfig,
-        ledger: Option<Arc<dyn EventLedger>>,
+        outcomes: Option<Arc<dyn OutcomeSink>>,
     ) -> Self {
         Adapter {
             inner: Arc::new(AdapterInner {
                 state: Mutex::new(AdapterState::default()),
                 handler,
                 outbound,
-                ledger,
+                outcomes,
                 config,
                 shutting_down: AtomicBool::new(false),
             }),
@@ -230,12 +230,12 @@ impl Adapter {
     }
 
     /// Hand on an internal event (a background-process wakeup): journaled
-    /// first when the adapter keeps a ledger, so a restart between now and
+    /// first when the adapter has an outcome sink, so a restart between now and
     /// its turn still delivers it; then routed like any event (queued
     /// silently behind a busy slot).
     pub async fn wake(&self, mut event: MessageEvent) {
-        if let Some(ledger) = &self.inner.ledger {
-            if let Some(id) = ledger.journal(&event).await {
+        if let Some(outcomes) = &self.inner.outcomes {
+            if let Some(id) = outcomes.journal(&event).await {
                 event.message_id = Some(id);
             }
         }
@@ -248,7 +248,7 @@ impl Adapter {
     pub async fn handle_message(&self, event: MessageEvent) {
         if self.inner.shutting_down() {
             // Nothing new starts once the shutdown began: the message stays
-            // unfinished in the ledger (the inbox), and the next start
+            // unfinished in the outcome sink (the inbox), and the next start
             // resumes it.
             tracing::info!(
                 message_id = ?event.message_id,
@@ -762,8 +762,8 @@ impl AdapterInner {
     }
 
     fn note(&self, to: &SessionSource, message_id: Option<i64>, outcome: EventOutcome) {
-        if let (Some(ledger), Some(id)) = (&self.ledger, message_id) {
-            ledger.record(to, id, outcome);
+        if let (Some(outcomes), Some(id)) = (&self.outcomes, message_id) {
+            outcomes.record(to, id, outcome);
         }
     }
 

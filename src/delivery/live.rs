@@ -39,10 +39,10 @@ use tokio_util::sync::CancellationToken;
 
 use teloxide::types::InlineKeyboardMarkup;
 
-use super::buttons::{clear_markup, register};
 use super::draft::{is_refusal, send_draft, DraftStream};
 use super::entity::FormattedText;
 use super::final_answer::deliver_answer_once;
+use super::keyboard::{clear_markup, register};
 use super::markdown::render;
 use super::reply_record::ReplyRecord;
 use super::split::{split, TELEGRAM_LIMIT};

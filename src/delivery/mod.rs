@@ -31,11 +31,11 @@
 
 pub mod answer;
 pub mod api;
-pub mod buttons;
 pub mod draft;
 pub mod entity;
 pub mod files;
 pub mod final_answer;
+pub mod keyboard;
 mod lanes;
 pub mod live;
 pub mod markdown;

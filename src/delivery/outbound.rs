@@ -84,7 +84,7 @@ impl Outbound for TelegramOutbound {
             let target = ChatTarget::of(to);
             if !reply.buttons.is_empty() {
                 let store = self.store.as_ref();
-                return super::buttons::deliver_with_buttons(&self.delivery, store, to, &reply)
+                return super::keyboard::deliver_with_buttons(&self.delivery, store, to, &reply)
                     .await;
             }
             if reply.kind == ReplyKind::Answer {
@@ -105,7 +105,7 @@ impl Outbound for TelegramOutbound {
         ticket: &'a str,
         line: &'a str,
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
-        Box::pin(super::buttons::settle_prompt(
+        Box::pin(super::keyboard::settle_prompt(
             &self.delivery,
             self.store.as_ref(),
             to,

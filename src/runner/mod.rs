@@ -42,7 +42,7 @@ mod conversations;
 pub mod generations;
 
 mod jobs;
-mod sessions;
+mod session_table;
 mod slots;
 mod team;
 mod turn;
@@ -50,7 +50,7 @@ mod voice;
 mod watchdog;
 
 pub use commands::{help_text, process_line, ps_text, status_text, StatusView};
-pub use sessions::SessionTable;
+pub use session_table::SessionTable;
 pub use slots::{AgentHandle, AgentSlots, InvalidateReason, RunningAgent};
 pub use watchdog::{watch_for_stall, Watched};
 

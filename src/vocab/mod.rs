@@ -13,7 +13,7 @@
 //! hold process state beyond the turn identity's task-local and the
 //! generation counter.
 
-mod buttons;
+mod button;
 mod child_env;
 mod command;
 mod event;
@@ -26,7 +26,7 @@ mod session;
 mod texts;
 mod url;
 
-pub use buttons::{button_id, callback_data, new_button_id, Button, ButtonAction, JobButton};
+pub use button::{button_id, callback_data, new_button_id, Button, ButtonAction, JobButton};
 pub use child_env::{ALWAYS_STRIPPED_ENV, CHAT_ID_ENV, SESSION_ID_ENV};
 pub use command::{is_control_command, parse_command, Command, KnownCommand, COMMANDS};
 pub use event::{MessageEvent, MessageKind};

@@ -23,8 +23,8 @@ use crate::runner::RunnerConfig;
 use crate::store::Store;
 use crate::transport::telegram::health::{BotHealth, UpdatesHealth};
 use crate::transport::telegram::inbound::InboundPolicy;
+use crate::transport::telegram::inbox_writer::InboxWriter;
 use crate::transport::telegram::intake::Intake;
-use crate::transport::telegram::ledger::StoreLedger;
 use crate::transport::telegram::media::{IntakeMedia, ScratchMediaDir};
 use crate::transport::telegram::{
     callback, collect_gauges, polling, prune_inbox_regularly, refresh_inbox_gauges, registration,
@@ -101,7 +101,7 @@ impl TelegramBot {
             tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
         }
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
-        let (ledger, _writer) = StoreLedger::spawn(store.clone());
+        let (inbox_writer, _writer) = InboxWriter::spawn(store.clone());
         let metrics = Metrics::new();
         let stop_intake = CancellationToken::new();
         // The command menu is a convenience: updates need not wait for it.
@@ -122,7 +122,7 @@ impl TelegramBot {
             token.expose(),
             &store,
             &delivery,
-            ledger.album_aliases(),
+            inbox_writer.album_aliases(),
             stop_intake.clone(),
         )
         .map_err(StartError::Config)?;
@@ -135,7 +135,7 @@ impl TelegramBot {
                     .with_streaming(config.delivery.streaming),
             ),
             store.clone(),
-            Some(Arc::new(ledger.clone())),
+            Some(Arc::new(inbox_writer.clone())),
             AdapterConfig {
                 metrics: metrics.clone(),
                 ..config.adapter_config()
@@ -294,7 +294,7 @@ impl TelegramBot {
             webhook_addr,
             metrics,
             metrics_addr,
-            ledger,
+            inbox_writer,
             stop_intake,
             intake_task,
             chat_workers,

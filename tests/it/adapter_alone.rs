@@ -255,7 +255,7 @@ async fn busy_slots_and_queued_follow_ups_are_counted_and_forgotten_when_idle() 
 #[derive(Default)]
 struct OutcomeLog(std::sync::Mutex<Vec<(i64, telegate::adapter::EventOutcome)>>);
 
-impl telegate::adapter::EventLedger for OutcomeLog {
+impl telegate::adapter::OutcomeSink for OutcomeLog {
     fn record(
         &self,
         _source: &SessionSource,
@@ -300,7 +300,7 @@ async fn each_message_is_recorded_answered_failed_or_dropped_as_it_ended() {
     };
     let recorder = Recorder::new();
     let ledger = Arc::new(OutcomeLog::default());
-    let adapter = telegate::adapter::Adapter::with_ledger(
+    let adapter = telegate::adapter::Adapter::with_outcomes(
         Arc::new(handler),
         Arc::new(PickyOutbound(recorder.clone())),
         AdapterConfig::default(),
@@ -575,7 +575,7 @@ async fn an_answer_a_stop_kept_back_entirely_is_dropped_as_stopped_not_answered(
     let recorder = Recorder::new();
     let reached = Arc::new(tokio::sync::Notify::new());
     let ledger = Arc::new(OutcomeLog::default());
-    let adapter = telegate::adapter::Adapter::with_ledger(
+    let adapter = telegate::adapter::Adapter::with_outcomes(
         Arc::new(handler),
         Arc::new(LaneOutbound {
             recorder: recorder.clone(),

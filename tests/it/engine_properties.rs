@@ -30,7 +30,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use proptest::prelude::*;
 use support::recorder::Recorder;
-use telegate::adapter::{Adapter, AdapterConfig, BusyMode, EventLedger, EventOutcome};
+use telegate::adapter::{Adapter, AdapterConfig, BusyMode, EventOutcome, OutcomeSink};
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::engine::Engine;
 use telegate::reply::ReplyKind;
@@ -156,7 +156,7 @@ struct RecordingLedger {
     outcomes: Mutex<HashMap<i64, Vec<EventOutcome>>>,
 }
 
-impl EventLedger for RecordingLedger {
+impl OutcomeSink for RecordingLedger {
     fn record(&self, _source: &SessionSource, message_id: i64, outcome: EventOutcome) {
         self.outcomes
             .lock()
@@ -213,7 +213,7 @@ impl World {
                 ..RunnerConfig::default()
             },
         );
-        let adapter = Adapter::with_ledger(
+        let adapter = Adapter::with_outcomes(
             Arc::new(runner.clone()),
             sent.clone(),
             AdapterConfig {
@@ -227,7 +227,7 @@ impl World {
                 cancel_wait: Duration::from_millis(50),
                 ..AdapterConfig::default()
             },
-            Some(ledger.clone() as Arc<dyn EventLedger>),
+            Some(ledger.clone() as Arc<dyn OutcomeSink>),
         );
         World {
             engine: Engine { adapter, runner },

@@ -60,7 +60,7 @@ use agent_client_protocol::v1::schema::{
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::command::sessions::AgentSessions;
+use super::command::native_sessions::AgentSessions;
 use super::command::{workdir, RESUME_LOST_NOTICE};
 use super::{Agent, AgentError, AgentReply, TurnRequest};
 use crate::store::{AgentUsage, Store};

@@ -51,11 +51,11 @@
 mod argv;
 mod config;
 mod history;
+pub(crate) mod native_sessions;
 mod output;
 mod presets;
 mod process;
 pub mod protocol;
-pub(crate) mod sessions;
 pub(crate) mod workdir;
 
 pub use config::{CommandConfig, HistoryMode, Preset};
@@ -80,10 +80,10 @@ use crate::tools::procgroup::{spawn_leader, ProcessGroup};
 use crate::vocab::{ALWAYS_STRIPPED_ENV, CHAT_ID_ENV, SESSION_ID_ENV};
 use argv::{Substitutions, RESUME_PLACEHOLDER};
 use history::HistoryFile;
+use native_sessions::AgentSessions;
 use output::StdoutCollector;
 use process::{pump, StderrTail};
 use protocol::{JsonlCollector, OutputCollector};
-use sessions::AgentSessions;
 
 /// The one line a user sees when the agent's session could not be resumed.
 pub const RESUME_LOST_NOTICE: &str =

@@ -31,7 +31,7 @@ use tokio_util::task::TaskTracker;
 
 use super::callback::{CallbackHandler, DraftStop};
 use super::inbound::{classify, Inbound, InboundPolicy};
-use super::ledger::wakeup_from_payload;
+use super::inbox_writer::wakeup_from_payload;
 use super::media::{has_media, ChatStage, IntakeMedia};
 use super::parse::{parse_guarded, parse_update};
 use crate::delivery::answer::AMBIGUOUS_SEND;

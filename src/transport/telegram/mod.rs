@@ -14,8 +14,8 @@
 pub mod callback;
 pub mod health;
 pub mod inbound;
+pub mod inbox_writer;
 pub mod intake;
-pub mod ledger;
 pub mod media;
 mod parse;
 pub mod polling;
@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::ledger::StoreLedger;
+use self::inbox_writer::InboxWriter;
 use crate::delivery::Delivery;
 use crate::engine::Engine;
 use crate::metrics::{InboxCounts, Metrics};
@@ -74,7 +74,7 @@ pub struct TelegramBot {
     pub metrics: Metrics,
     /// Where `/healthz` and `/metrics` are served, if configured.
     pub metrics_addr: Option<SocketAddr>,
-    pub(crate) ledger: StoreLedger,
+    pub(crate) inbox_writer: InboxWriter,
     pub(crate) stop_intake: CancellationToken,
     pub(crate) intake_task: JoinHandle<()>,
     pub(crate) chat_workers: TaskTracker,
@@ -130,7 +130,7 @@ impl TelegramBot {
                 "turns cut short by the shutdown will be resumed on the next start"
             );
         }
-        self.ledger.flush().await;
+        self.inbox_writer.flush().await;
         self.engine.runner.shutdown_agent().await;
         drop(self.engine);
         if let Err(error) = self.store.close().await {

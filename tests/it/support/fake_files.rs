@@ -1,6 +1,6 @@
 //! Files for the fake Bot API: `getFile`, the file download URL
 //! (`/file/bot<token>/<file_path>`) and the uploads of `sendPhoto` /
-//! `sendDocument` / `sendVoice`, kept apart from `fake_bot.rs` which only routes to it.
+//! `sendDocument` / `sendVoice`, kept apart from `fake_bot/` which only routes to it.
 //!
 //! Behaves like Telegram where telegate can tell: `getFile` answers
 //! `file_id`, `file_unique_id`, `file_size` and a relative `file_path`;

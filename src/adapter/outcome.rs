@@ -3,7 +3,7 @@
 //! The adapter is where every message's outcome is decided (run, answered,
 //! refused, dropped by /new, cut short by /stop), so it is the one place
 //! that reports it. A transport with a durable inbox implements
-//! [`EventLedger`] to keep those outcomes across restarts; without one,
+//! [`OutcomeSink`] to keep those outcomes across restarts; without one,
 //! nothing is recorded.
 
 use futures::future::BoxFuture;
@@ -27,7 +27,7 @@ pub enum EventOutcome {
 
 /// Receives message outcomes. Must not block: implementations hand the
 /// record to a writer and return.
-pub trait EventLedger: Send + Sync + 'static {
+pub trait OutcomeSink: Send + Sync + 'static {
     /// Record that message `message_id` of `source`'s chat reached `outcome`.
     fn record(&self, source: &SessionSource, message_id: i64, outcome: EventOutcome);
 

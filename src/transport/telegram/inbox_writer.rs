@@ -1,4 +1,4 @@
-//! The store-backed [`EventLedger`]: the adapter's outcomes (running,
+//! The store-backed [`OutcomeSink`]: the adapter's outcomes (running,
 //! answered, failed, dropped) become inbox states, written in order by one
 //! writer task so the adapter never waits for the disk; and the journal of
 //! internal events (wakeups), so a wakeup survives a restart.
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::adapter::{EventLedger, EventOutcome};
+use crate::adapter::{EventOutcome, OutcomeSink};
 use crate::media::album::AlbumAliases;
 use crate::store::Store;
 use crate::vocab::{InboxState, MessageEvent, SessionSource};
@@ -19,10 +19,10 @@ use crate::vocab::{InboxState, MessageEvent, SessionSource};
 /// At most this many outcomes go to the store in one call.
 const LEDGER_BATCH: usize = 512;
 
-/// The [`EventLedger`] backed by the store: outcomes go, in order, to one
+/// The [`OutcomeSink`] backed by the store: outcomes go, in order, to one
 /// writer task (the adapter never waits for the disk).
 #[derive(Clone)]
-pub struct StoreLedger {
+pub struct InboxWriter {
     tx: mpsc::UnboundedSender<LedgerOp>,
     store: Store,
     aliases: AlbumAliases,
@@ -33,12 +33,12 @@ enum LedgerOp {
     Flush(oneshot::Sender<()>),
 }
 
-impl StoreLedger {
+impl InboxWriter {
     /// Start the writer task for `store`.
-    pub fn spawn(store: Store) -> (StoreLedger, tokio::task::JoinHandle<()>) {
+    pub fn spawn(store: Store) -> (InboxWriter, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let aliases = AlbumAliases::default();
-        let ledger = StoreLedger {
+        let inbox_writer = InboxWriter {
             tx,
             store: store.clone(),
             aliases: aliases.clone(),
@@ -75,10 +75,10 @@ impl StoreLedger {
                 }
             }
         });
-        (ledger, writer)
+        (inbox_writer, writer)
     }
 
-    /// The album aliases this ledger applies (shared with the intake).
+    /// The album aliases this inbox_writer applies (shared with the intake).
     pub fn album_aliases(&self) -> AlbumAliases {
         self.aliases.clone()
     }
@@ -101,7 +101,7 @@ fn inbox_state(outcome: EventOutcome) -> (InboxState, Option<String>) {
     }
 }
 
-impl EventLedger for StoreLedger {
+impl OutcomeSink for InboxWriter {
     fn record(&self, source: &SessionSource, message_id: i64, outcome: EventOutcome) {
         let _ = self
             .tx
@@ -190,9 +190,9 @@ mod tests {
     async fn flush_returns_once_every_outcome_recorded_before_it_is_written() {
         let store = Store::open_in_memory().unwrap();
         received(&store, 1).await;
-        let (ledger, _writer) = StoreLedger::spawn(store.clone());
-        ledger.record(&source(7), 1, EventOutcome::Answered);
-        ledger.flush().await;
+        let (inbox_writer, _writer) = InboxWriter::spawn(store.clone());
+        inbox_writer.record(&source(7), 1, EventOutcome::Answered);
+        inbox_writer.flush().await;
         assert_eq!(state_of(&store, 1).await, InboxState::Answered);
     }
 
@@ -202,11 +202,11 @@ mod tests {
         for id in [1, 2, 3] {
             received(&store, id).await;
         }
-        let (ledger, _writer) = StoreLedger::spawn(store.clone());
-        // The intake registers the album through the ledger's aliases.
-        ledger.album_aliases().add(7, 1, &[2, 3]);
-        ledger.record(&source(7), 1, EventOutcome::Answered);
-        ledger.flush().await;
+        let (inbox_writer, _writer) = InboxWriter::spawn(store.clone());
+        // The intake registers the album through the inbox_writer's aliases.
+        inbox_writer.album_aliases().add(7, 1, &[2, 3]);
+        inbox_writer.record(&source(7), 1, EventOutcome::Answered);
+        inbox_writer.flush().await;
         for id in [1, 2, 3] {
             assert_eq!(
                 state_of(&store, id).await,
@@ -217,13 +217,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_writer_ends_once_every_ledger_is_gone() {
+    async fn the_writer_ends_once_every_handle_is_gone() {
         let store = Store::open_in_memory().unwrap();
-        let (ledger, writer) = StoreLedger::spawn(store);
-        drop(ledger);
+        let (inbox_writer, writer) = InboxWriter::spawn(store);
+        drop(inbox_writer);
         tokio::time::timeout(Duration::from_secs(5), writer)
             .await
-            .expect("the writer outlived its ledgers")
+            .expect("the writer outlived its handles")
             .unwrap();
     }
 
@@ -238,11 +238,11 @@ mod tests {
     #[tokio::test]
     async fn a_journaled_wakeup_is_kept_and_read_back_as_the_same_event() {
         let store = Store::open_in_memory().unwrap();
-        let (ledger, _writer) = StoreLedger::spawn(store.clone());
+        let (inbox_writer, _writer) = InboxWriter::spawn(store.clone());
         let mut event = MessageEvent::internal(source(7), "the build finished");
         event = event.with_session_override(SessionId::new("s-1"));
-        let first = ledger.journal(&event).await.expect("journaled");
-        let second = ledger.journal(&event).await.expect("journaled");
+        let first = inbox_writer.journal(&event).await.expect("journaled");
+        let second = inbox_writer.journal(&event).await.expect("journaled");
         assert_ne!(first, second);
         let entry = store.inbox_entry(first).await.unwrap().expect("kept");
         assert_eq!(entry.state, InboxState::Received);
