@@ -24,6 +24,8 @@
 //!
 //! Everything is re-exported here for the binary, the tests and the benches.
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod access;
 pub mod adapter;
 pub mod agent;

@@ -56,9 +56,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::reply::{Outbound, Outgoing, Reply, ReplyKind};
-use crate::vocab::{
-    is_control_command, KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource,
-};
+use crate::vocab::{KeyPolicy, MessageEvent, MessageKind, SessionKey, SessionSource};
 
 /// What an ordinary message does to a busy slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
@@ -312,9 +310,7 @@ impl Adapter {
         }
 
         let queue_depth = state.pending_len(&key);
-        let command = event
-            .command()
-            .map(|c| (is_control_command(c.name), c.is("new") || c.is("reset")));
+        let command = event.command().map(|c| (c.is_control(), c.rotates()));
         if let Some((true, rotates)) = command {
             let (guard, lease) = SessionGuard::command();
             let previous = state.active_sessions.insert(key.clone(), guard.clone());

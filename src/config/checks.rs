@@ -11,16 +11,16 @@ use std::path::Path;
 
 use crate::config::Config;
 use crate::secrets::Secret;
-pub use crate::vocab::check_http_url;
+pub(super) use crate::vocab::check_http_url;
 
 /// The longest any duration setting may be: 7 days. Longer values are
 /// certainly mistakes, and unbounded ones overflow `Instant` arithmetic
 /// (a panic) or wait forever.
-pub const MAX_DURATION_SECS: u64 = 7 * 24 * 60 * 60;
+pub(super) const MAX_DURATION_SECS: u64 = 7 * 24 * 60 * 60;
 
 /// A bot token looks like `123456:ABC-def_…`: a numeric bot id, a colon,
 /// and a key of letters, digits, `_` and `-`.
-pub fn check_token(key: &str, token: &Secret) -> Result<(), String> {
+pub(super) fn check_token(key: &str, token: &Secret) -> Result<(), String> {
     let value = token.expose();
     if value.trim().is_empty() {
         return Err(format!(
@@ -46,7 +46,7 @@ pub fn check_token(key: &str, token: &Secret) -> Result<(), String> {
 
 /// Telegram accepts 1 to 256 characters of `A-Z a-z 0-9 _ -` as a webhook
 /// secret. An empty one would turn authentication off.
-pub fn check_webhook_secret(key: &str, secret: &Secret) -> Result<(), String> {
+pub(super) fn check_webhook_secret(key: &str, secret: &Secret) -> Result<(), String> {
     let value = secret.expose();
     let allowed = value
         .bytes()
@@ -167,7 +167,7 @@ enum Unit {
 }
 
 /// No duration key may exceed [`MAX_DURATION_SECS`].
-pub fn check_durations(config: &Config) -> Result<(), String> {
+pub(super) fn check_durations(config: &Config) -> Result<(), String> {
     for (key, value, unit) in durations(config) {
         let max = match unit {
             Unit::Secs => MAX_DURATION_SECS,
@@ -184,7 +184,11 @@ pub fn check_durations(config: &Config) -> Result<(), String> {
 
 /// `pass_env` names must be variable names, and never a secret telegate
 /// keeps from its children.
-pub fn check_pass_env(key: &str, names: &[String], secrets: &[String]) -> Result<(), String> {
+pub(super) fn check_pass_env(
+    key: &str,
+    names: &[String],
+    secrets: &[String],
+) -> Result<(), String> {
     for name in names {
         let valid = !name.is_empty()
             && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
@@ -206,7 +210,7 @@ pub fn check_pass_env(key: &str, names: &[String], secrets: &[String]) -> Result
 /// `data_dir` must be a directory, or a path where one can be created: an
 /// existing file (`/dev/null`, say) is refused, and so is a path below
 /// one. Nothing is created here.
-pub fn check_data_dir(key: &str, dir: &Path) -> Result<(), String> {
+pub(super) fn check_data_dir(key: &str, dir: &Path) -> Result<(), String> {
     if dir.as_os_str().is_empty() {
         return Err(format!(
             "{key} is empty: name the directory for telegate's data"

@@ -69,8 +69,7 @@ pub fn merge(album: &mut MessageEvent, part: MessageEvent) {
     album.media.refs.extend(part.media.refs);
     album.media.merged.extend(part.message_id);
     album.media.merged.extend(part.media.merged);
-    album.resumed |= part.resumed;
-    album.replayed |= part.replayed;
+    album.origin = album.origin.merged(part.origin);
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 
 use super::album::{merge, same_album};
 use super::order::{ReleaseOrder, Ticket};
-use crate::vocab::{is_control_command, KnownCommand, MessageEvent, SessionKey};
+use crate::vocab::{KnownCommand, MessageEvent, SessionKey};
 
 /// How an event goes through the stage (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,14 +72,14 @@ pub fn lane_of(
         return Lane::Ordered;
     }
     match event.command() {
-        Some(command) if is_control_command(command.name) => Lane::Control {
-            rotates: command.is("new") || command.is("reset"),
+        Some(command) if command.is_control() => Lane::Control {
+            rotates: command.rotates(),
         },
         // They act on the conversation's last exchange: the messages sent
         // before them must be in it first.
         Some(command)
             if matches!(
-                KnownCommand::parse(command.name),
+                command.known,
                 Some(KnownCommand::Retry | KnownCommand::Undo)
             ) =>
         {

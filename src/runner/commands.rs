@@ -22,7 +22,7 @@ pub fn help_text() -> String {
 }
 
 /// The /start text.
-pub fn start_text(backend: &str) -> String {
+pub(super) fn start_text(backend: &str) -> String {
     format!(
         "Hi! Messages you send here go to the agent ({backend}).\n\
          Send /stop to stop a running task, /new to start a fresh conversation, /help for more."
@@ -30,7 +30,7 @@ pub fn start_text(backend: &str) -> String {
 }
 
 /// The reply to an unknown command.
-pub fn unknown_command_text(name: &str) -> String {
+pub(super) fn unknown_command_text(name: &str) -> String {
     format!("Unknown command /{name}. Send /help to see what I understand.")
 }
 
@@ -111,7 +111,7 @@ pub fn status_text(view: &StatusView) -> String {
 }
 
 /// The agent's usage for /status: this session's and the total.
-pub fn usage_text(session: Option<&AgentUsage>, total: &AgentUsage) -> String {
+pub(super) fn usage_text(session: Option<&AgentUsage>, total: &AgentUsage) -> String {
     fn one(u: &AgentUsage) -> String {
         let turns = if u.turns == 1 { "turn" } else { "turns" };
         let mut text = format!(
@@ -171,11 +171,11 @@ pub fn ps_text(lines: &[String]) -> String {
 }
 
 /// Said when a tool command is used but the terminal tool is off.
-pub const NO_TOOLS_TEXT: &str =
+pub(super) const NO_TOOLS_TEXT: &str =
     "This bot does not run commands, so there are no processes or approvals.";
 
 /// "4s", "2m 05s", "1h 02m".
-pub fn human_duration(d: Duration) -> String {
+pub(super) fn human_duration(d: Duration) -> String {
     let secs = d.as_secs();
     if secs < 60 {
         format!("{secs}s")
@@ -188,7 +188,7 @@ pub fn human_duration(d: Duration) -> String {
 
 /// The reply to `/approve` or `/deny` of request `ticket`: what was
 /// chosen (the two-option case keeps its plain "running" / "not running").
-pub fn decided_text(ticket: &str, decided: &Result<Decided, NotDecided>) -> String {
+pub(super) fn decided_text(ticket: &str, decided: &Result<Decided, NotDecided>) -> String {
     let decided = match decided {
         Ok(decided) => decided,
         Err(NotDecided::NotWaiting) => {
@@ -215,14 +215,14 @@ pub fn decided_text(ticket: &str, decided: &Result<Decided, NotDecided>) -> Stri
 
 /// /stop's reply while a finished turn's answer is still going out: what
 /// had not gone out yet is not sent (a line saying what follows).
-pub const STOPPED_SENDING_TEXT: &str = "⏹ Stopped sending the answer.";
+pub(super) const STOPPED_SENDING_TEXT: &str = "⏹ Stopped sending the answer.";
 
 /// Said when /retry or /undo come while a task runs.
-pub const BUSY_HISTORY_TEXT: &str =
+pub(super) const BUSY_HISTORY_TEXT: &str =
     "A task is running. Wait for it to finish (or /stop it), then send this again.";
 
 /// The /undo reply.
-pub fn undone_text(user_text: &str, entries: usize) -> String {
+pub(super) fn undone_text(user_text: &str, entries: usize) -> String {
     const SHOWN_CHARS: usize = 80;
     let one_line = user_text.split_whitespace().collect::<Vec<_>>().join(" ");
     let shown = if one_line.chars().count() > SHOWN_CHARS {
@@ -239,7 +239,7 @@ pub fn undone_text(user_text: &str, entries: usize) -> String {
 }
 
 /// The /model reply listing the choices.
-pub fn models_text(current: &str, models: &[String]) -> String {
+pub(super) fn models_text(current: &str, models: &[String]) -> String {
     if models.is_empty() {
         return format!(
             "Model: {current}\nThis bot offers no other model to switch to (its owner can add some)."

@@ -24,7 +24,7 @@ use crate::schedule::{parse_job, Action, Change, Form, Jobs};
 use crate::vocab::SessionSource;
 
 /// Said when a job command is used where nothing schedules.
-pub const NO_JOBS_TEXT: &str =
+pub(super) const NO_JOBS_TEXT: &str =
     "Scheduling is not available here ([schedule] enabled = false, or this transport runs no scheduler).";
 
 impl Runner {

@@ -469,14 +469,12 @@ impl Runner {
         {
             return self.scheduled_run(event, ctx, job).await;
         }
-        let retry = event
-            .command()
-            .is_some_and(|c| KnownCommand::parse(c.name) == Some(KnownCommand::Retry));
+        let retry = event.command().is_some_and(|c| c.is(KnownCommand::Retry));
         if retry {
             return self.retry(event, ctx).await;
         }
         if let Some(command) = event.command() {
-            let reply = match KnownCommand::parse(command.name) {
+            let reply = match command.known {
                 // Answers need to know who sends them (see `authority`).
                 Some(known @ (KnownCommand::Approve | KnownCommand::Deny)) => self.answer_approval(
                     &ctx.key,

@@ -84,7 +84,7 @@ impl Runner {
                 return Some(refusal.in_reply_to(event.message_id).into());
             }
         };
-        let history = if event.resumed {
+        let history = if event.origin.was_running() {
             let mut history = self.load_history(&session_id).await;
             // A message replayed after a crash may already be the
             // transcript's last entry: keep it once, and not also in the
@@ -124,7 +124,7 @@ impl Runner {
                 to: &event.source,
                 answering: event.message_id,
                 generation: generation.0,
-                replayed: event.replayed,
+                replayed: event.origin.is_recovered(),
             },
             progress.watch(),
         );

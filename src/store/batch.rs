@@ -36,7 +36,7 @@ use super::StoreError;
 
 /// At most this many calls share one transaction (bounds how long a batch
 /// holds the write lock and how late its first caller hears back).
-pub const MAX_BATCH: usize = 256;
+pub(super) const MAX_BATCH: usize = 256;
 
 /// A call slower than this is logged at warn level: something is wrong with
 /// the disk or a query.

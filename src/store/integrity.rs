@@ -42,7 +42,7 @@ fn file_len(path: &Path) -> Option<u64> {
 /// Before opening `db`: refuse a missing or empty file that the marker says
 /// held a database. (An empty main file next to a non-empty write-ahead log
 /// is left to SQLite, which recovers from the log.)
-pub fn check_before_open(db: &Path) -> Result<(), StoreError> {
+pub(super) fn check_before_open(db: &Path) -> Result<(), StoreError> {
     let marker = marker_path(db);
     if !marker.exists() {
         return Ok(());
@@ -61,7 +61,7 @@ pub fn check_before_open(db: &Path) -> Result<(), StoreError> {
 }
 
 /// After opening: `PRAGMA quick_check`. Any answer but "ok" refuses the file.
-pub fn quick_check(conn: &Connection, db: &Path) -> Result<(), StoreError> {
+pub(super) fn quick_check(conn: &Connection, db: &Path) -> Result<(), StoreError> {
     let problems: Vec<String> = {
         let mut statement = conn
             .prepare("PRAGMA quick_check(5)")
@@ -82,7 +82,7 @@ pub fn quick_check(conn: &Connection, db: &Path) -> Result<(), StoreError> {
 }
 
 /// Record that `db` holds a database from now on (idempotent).
-pub fn write_marker(db: &Path) -> Result<(), StoreError> {
+pub(super) fn write_marker(db: &Path) -> Result<(), StoreError> {
     use std::io::Write as _;
     let marker = marker_path(db);
     if marker.exists() {
@@ -108,7 +108,7 @@ pub fn write_marker(db: &Path) -> Result<(), StoreError> {
 
 /// SQLite's "this is not a database / it is damaged" errors become
 /// [`StoreError::Corrupt`] naming the file; others pass through.
-pub fn as_corrupt(error: rusqlite::Error, db: &Path) -> StoreError {
+pub(super) fn as_corrupt(error: rusqlite::Error, db: &Path) -> StoreError {
     match error.sqlite_error_code() {
         Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreError::Corrupt {
             path: db.to_path_buf(),

@@ -5,10 +5,14 @@
 //! adapter's command path, the preparation stage's lanes, the runner's
 //! dispatch, the command menu). Pure: no I/O, no state.
 
-/// A parsed command: its name as typed (compare with [`Command::is`]) and the
-/// raw argument text.
+/// A parsed command: which of telegate's commands it is (if any), its name
+/// as typed and the raw argument text. Parsed once; the adapter, the
+/// preparation stage and the runner all decide on [`Command::known`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Command<'a> {
+    /// The command telegate knows by this name, or `None` (answered as
+    /// unknown by the runner).
+    pub known: Option<KnownCommand>,
     /// The name without the slash or `@botname`, as typed.
     pub name: &'a str,
     /// Everything after the name, trimmed.
@@ -16,9 +20,20 @@ pub struct Command<'a> {
 }
 
 impl Command<'_> {
-    /// The name compared case-insensitively with `other`.
-    pub fn is(&self, other: &str) -> bool {
-        self.name.eq_ignore_ascii_case(other)
+    /// This is the known command `command`.
+    pub fn is(&self, command: KnownCommand) -> bool {
+        self.known == Some(command)
+    }
+
+    /// It takes the adapter's command path while a turn runs (see
+    /// [`KnownCommand::is_control`]).
+    pub fn is_control(&self) -> bool {
+        self.known.is_some_and(KnownCommand::is_control)
+    }
+
+    /// It gives the slot a new session (see [`KnownCommand::rotates`]).
+    pub fn rotates(&self) -> bool {
+        self.known.is_some_and(KnownCommand::rotates)
     }
 }
 
@@ -50,15 +65,11 @@ pub fn parse_command<'a>(text: &'a str, bot_username: Option<&str>) -> Option<Co
             return None;
         }
     }
-    Some(Command { name, args })
-}
-
-/// The commands that take the adapter's command path while a turn runs:
-/// they must reach the runner even though the slot is busy.
-pub fn is_control_command(name: &str) -> bool {
-    ["stop", "new", "reset"]
-        .iter()
-        .any(|c| c.eq_ignore_ascii_case(name))
+    Some(Command {
+        known: KnownCommand::parse(name),
+        name,
+        args,
+    })
 }
 
 /// The commands telegate knows, with a one-line description (also used for
@@ -232,6 +243,21 @@ impl KnownCommand {
             .map(|(_, c)| *c)
     }
 
+    /// The commands that take the adapter's command path while a turn
+    /// runs: they must reach the runner even though the slot is busy.
+    pub fn is_control(self) -> bool {
+        matches!(
+            self,
+            KnownCommand::Stop | KnownCommand::New | KnownCommand::Reset
+        )
+    }
+
+    /// The commands that give the slot a new session (and so discard what
+    /// is queued for the old one).
+    pub fn rotates(self) -> bool {
+        matches!(self, KnownCommand::New | KnownCommand::Reset)
+    }
+
     /// The scheduling commands (answered with the sender known, mid-turn
     /// too: they never touch the running turn).
     pub fn is_job_command(self) -> bool {
@@ -264,7 +290,13 @@ mod tests {
     #[test]
     fn commands_parse_case_insensitively_with_bot_suffix_and_mention() {
         let c = parse_command("/STOP", None).unwrap();
-        assert!(c.is("stop"));
+        assert!(c.is(KnownCommand::Stop));
+        assert!(c.is_control() && !c.rotates());
+        let c = parse_command("/Reset", None).unwrap();
+        assert!(c.is_control() && c.rotates());
+        let c = parse_command("/frobnicate now", None).unwrap();
+        assert_eq!((c.known, c.name, c.args), (None, "frobnicate", "now"));
+        assert!(!c.is_control());
         let c = parse_command("/model@MyBot gpt-4 --fast", Some("mybot")).unwrap();
         assert_eq!((c.name, c.args), ("model", "gpt-4 --fast"));
         assert!(parse_command("/stop@otherbot", Some("mybot")).is_none());

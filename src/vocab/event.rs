@@ -26,6 +26,49 @@ pub enum MessageKind {
     Internal,
 }
 
+/// Whether a message was received by this process or handed on by restart
+/// recovery: what the runner and the outbox must assume about work a
+/// previous process may already have done for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Origin {
+    /// Received (or generated) by this process: nothing of its answer
+    /// exists yet.
+    #[default]
+    Live,
+    /// Handed on by restart recovery, whatever its inbox state was: the
+    /// previous process may have recorded part of its answer in the
+    /// outbox, so the outbox must be read, not assumed empty.
+    Recovered {
+        /// Its first attempt had started running, so the message (and part
+        /// of an answer) may already be in the transcript.
+        was_running: bool,
+    },
+}
+
+impl Origin {
+    /// Handed on by restart recovery.
+    pub fn is_recovered(self) -> bool {
+        matches!(self, Origin::Recovered { .. })
+    }
+
+    /// Recovered after its first attempt had started running.
+    pub fn was_running(self) -> bool {
+        matches!(self, Origin::Recovered { was_running: true })
+    }
+
+    /// The origin of messages merged into one (an album): recovered if any
+    /// part was, running if any part had started.
+    pub fn merged(self, other: Origin) -> Origin {
+        if self.is_recovered() || other.is_recovered() {
+            Origin::Recovered {
+                was_running: self.was_running() || other.was_running(),
+            }
+        } else {
+            Origin::Live
+        }
+    }
+}
+
 /// One inbound message, already stripped of platform detail.
 #[derive(Clone, Debug)]
 pub struct MessageEvent {
@@ -46,14 +89,8 @@ pub struct MessageEvent {
     /// process, even after /new). Honoured by the runner for internal
     /// events only: a user's message always goes to the current session.
     pub session_override: Option<SessionId>,
-    /// Replayed after a restart: its first attempt may already be in the
-    /// transcript.
-    pub resumed: bool,
-    /// Handed on by restart recovery (whatever its inbox state was): the
-    /// previous process may have recorded part of its answer in the
-    /// outbox, so the outbox must be read, not assumed empty. False for an
-    /// update this process recorded itself.
-    pub replayed: bool,
+    /// Received by this process, or handed on by restart recovery.
+    pub origin: Origin,
     /// Photos, voice, documents: still to prepare, or prepared
     /// (see [`crate::media`]).
     pub media: Box<EventMedia>,
@@ -76,8 +113,7 @@ impl MessageEvent {
             internal: false,
             bot_username: None,
             session_override: None,
-            resumed: false,
-            replayed: false,
+            origin: Origin::Live,
             media: Default::default(),
         }
     }
@@ -92,8 +128,7 @@ impl MessageEvent {
             internal: true,
             bot_username: None,
             session_override: None,
-            resumed: false,
-            replayed: false,
+            origin: Origin::Live,
             media: Default::default(),
         }
     }

@@ -28,8 +28,8 @@ mod url;
 
 pub use button::{button_id, callback_data, new_button_id, Button, ButtonAction, JobButton};
 pub use child_env::{ALWAYS_STRIPPED_ENV, CHAT_ID_ENV, SESSION_ID_ENV};
-pub use command::{is_control_command, parse_command, Command, KnownCommand, COMMANDS};
-pub use event::{MessageEvent, MessageKind};
+pub use command::{parse_command, Command, KnownCommand, COMMANDS};
+pub use event::{MessageEvent, MessageKind, Origin};
 pub use identity::{
     bind_turn_identity, current_identity, current_session_id, SessionId, TurnGeneration,
     TurnIdentity,

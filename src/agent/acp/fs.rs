@@ -24,11 +24,11 @@ use rustix::io::Errno;
 use crate::media::handle::{beneath, open_file_beneath, open_root, OpenError, PathProblem};
 
 /// The most a read returns, before `line` / `limit`.
-pub const MAX_READ_BYTES: u64 = 8 * 1024 * 1024;
+pub(super) const MAX_READ_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Why a file operation was refused (the text goes back to the agent).
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum FsRefusal {
+pub(super) enum FsRefusal {
     /// Outside the workdir, through `..`, or naming nothing.
     #[error("{0} is outside the session's working directory")]
     Outside(String),
@@ -85,7 +85,7 @@ fn check_plain(fd: BorrowedFd<'_>, shown: &str) -> Result<u64, FsRefusal> {
 
 /// The text of `path` (absolute, below `root`, or relative to it), from
 /// 1-based `line` on, at most `limit` lines.
-pub fn read_text(
+pub(super) fn read_text(
     root: &Path,
     path: &Path,
     line: Option<u32>,
@@ -125,7 +125,7 @@ fn select_lines(text: &str, line: Option<u32>, limit: Option<u32>) -> String {
 
 /// Write `content` to `path` (below `root`), creating it or replacing
 /// what it held, and the directories on its way.
-pub fn write_text(root: &Path, path: &Path, content: &str) -> Result<(), FsRefusal> {
+pub(super) fn write_text(root: &Path, path: &Path, content: &str) -> Result<(), FsRefusal> {
     let shown = path.display().to_string();
     let rel = relative(root, path)?;
     let parts: Vec<&std::ffi::OsStr> = rel

@@ -26,11 +26,11 @@ use crate::tools::approval_prompt::options_request_text;
 
 /// The input shown is cut after this many characters (a request's input
 /// is the agent's and could be megabytes; the prompt says when it is cut).
-pub const MAX_SHOWN_INPUT_CHARS: usize = 60_000;
+pub(super) const MAX_SHOWN_INPUT_CHARS: usize = 60_000;
 
 /// The gate's request for `request`, from the agent called `asker`, with
 /// its prompt once the ticket is known. `None` when it offers no option.
-pub fn approval_request(
+pub(super) fn approval_request(
     request: &RequestPermissionRequest,
     asker: &str,
     timeout: Duration,
@@ -119,7 +119,7 @@ fn shown_input(request: &RequestPermissionRequest) -> String {
 }
 
 /// The agent's answer for the gate's `decision` on `request`.
-pub fn outcome(
+pub(super) fn outcome(
     request: &RequestPermissionRequest,
     decision: &Decision,
 ) -> RequestPermissionOutcome {

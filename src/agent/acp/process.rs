@@ -60,14 +60,14 @@ use crate::tools::procgroup::{spawn_leader, ProcessGroup};
 use crate::vocab::{Progress, SessionKey, SessionSource};
 
 /// The longest line (one JSON-RPC message) accepted from an agent.
-pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+pub(super) const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// How much of the agent's stderr is kept for messages.
 const STDERR_TAIL_BYTES: usize = 4096;
 /// A stderr line longer than this is skipped.
 const STDERR_LINE_BYTES: usize = 8192;
 
 /// Where one running turn's updates and permission requests go.
-pub struct Route {
+pub(super) struct Route {
     /// What the turn shows and answers.
     pub view: Mutex<TurnView>,
     /// The turn's progress (preview, watchdog).
@@ -83,14 +83,14 @@ pub struct Route {
 
 impl Route {
     /// The view, locked.
-    pub fn view(&self) -> MutexGuard<'_, TurnView> {
+    pub(super) fn view(&self) -> MutexGuard<'_, TurnView> {
         self.view.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 /// The routes of one process, by ACP session id.
 #[derive(Clone, Default)]
-pub struct Routes(Arc<Mutex<HashMap<String, Arc<Route>>>>);
+pub(super) struct Routes(Arc<Mutex<HashMap<String, Arc<Route>>>>);
 
 impl Routes {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Route>>> {
@@ -98,12 +98,12 @@ impl Routes {
     }
 
     /// Send `session`'s updates to `route` from now on.
-    pub fn insert(&self, session: &str, route: Arc<Route>) {
+    pub(super) fn insert(&self, session: &str, route: Arc<Route>) {
         self.lock().insert(session.to_string(), route);
     }
 
     /// Stop routing `session` (only if it still goes to `route`).
-    pub fn remove(&self, session: &str, route: &Arc<Route>) {
+    pub(super) fn remove(&self, session: &str, route: &Arc<Route>) {
         let mut routes = self.lock();
         if routes.get(session).is_some_and(|r| Arc::ptr_eq(r, route)) {
             routes.remove(session);
@@ -126,7 +126,7 @@ struct Handlers {
 }
 
 /// A running agent process and its connection.
-pub struct AgentProcess {
+pub(super) struct AgentProcess {
     /// The connection.
     pub cx: ConnectionTo<AcpPeer>,
     /// What the agent said it can do.
@@ -165,18 +165,18 @@ impl Drop for AgentProcess {
 
 impl AgentProcess {
     /// Fires once the process is gone (or its connection is).
-    pub fn ended(&self) -> CancellationToken {
+    pub(super) fn ended(&self) -> CancellationToken {
         self.ended.clone()
     }
 
     /// True once the process is gone.
-    pub fn is_ended(&self) -> bool {
+    pub(super) fn is_ended(&self) -> bool {
         self.ended.is_cancelled()
     }
 
     /// True while it can take a turn: not ending, not told to end, its
     /// leader not gone.
-    pub fn is_usable(&self) -> bool {
+    pub(super) fn is_usable(&self) -> bool {
         !(self.ended.is_cancelled()
             || self.stop.is_cancelled()
             || self.kill.is_cancelled()
@@ -185,22 +185,22 @@ impl AgentProcess {
 
     /// If it is going (its connection failed), wait a little for it to be
     /// gone, so what is said about it knows how it ended.
-    pub async fn settle(&self) {
+    pub(super) async fn settle(&self) {
         let _ = tokio::time::timeout(Duration::from_secs(2), self.ended.cancelled()).await;
     }
 
     /// End it: SIGTERM to its group, SIGKILL after the kill grace.
-    pub fn stop(&self) {
+    pub(super) fn stop(&self) {
         self.stop.cancel();
     }
 
     /// End it now: SIGKILL to its group.
-    pub fn kill(&self) {
+    pub(super) fn kill(&self) {
         self.kill.cancel();
     }
 
     /// How it ended, for messages ("exit status 3", "killed by SIGKILL").
-    pub fn exit_text(&self) -> Option<String> {
+    pub(super) fn exit_text(&self) -> Option<String> {
         self.exit
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -208,7 +208,7 @@ impl AgentProcess {
     }
 
     /// The end of what it wrote on stderr.
-    pub fn stderr_tail(&self) -> String {
+    pub(super) fn stderr_tail(&self) -> String {
         self.stderr
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -216,7 +216,7 @@ impl AgentProcess {
     }
 
     /// The ACP session of telegate session `session` here, if any.
-    pub fn session_of(&self, session: &str) -> Option<String> {
+    pub(super) fn session_of(&self, session: &str) -> Option<String> {
         self.sessions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -225,7 +225,7 @@ impl AgentProcess {
     }
 
     /// Telegate session `session` is ACP session `id` here.
-    pub fn set_session(&self, session: &str, id: &str) {
+    pub(super) fn set_session(&self, session: &str, id: &str) {
         self.sessions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -233,7 +233,7 @@ impl AgentProcess {
     }
 
     /// ACP session `id` was created in this process: its cost counts from 0.
-    pub fn fresh_session(&self, id: &str) {
+    pub(super) fn fresh_session(&self, id: &str) {
         self.costs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -242,19 +242,19 @@ impl AgentProcess {
 
     /// What a turn of `session` cost, from the session's cumulative cost
     /// `total` now (0 the first time a continued session reports one).
-    pub fn cost_delta(&self, session: &str, total: f64) -> f64 {
+    pub(super) fn cost_delta(&self, session: &str, total: f64) -> f64 {
         let mut costs = self.costs.lock().unwrap_or_else(PoisonError::into_inner);
         let before = costs.insert(session.to_string(), total);
         before.map_or(0.0, |before| (total - before).max(0.0))
     }
 
     /// A turn starts using it.
-    pub fn enter(&self) {
+    pub(super) fn enter(&self) {
         self.users.fetch_add(1, Ordering::SeqCst);
     }
 
     /// A turn stopped using it.
-    pub fn leave(&self) {
+    pub(super) fn leave(&self) {
         *self
             .last_used
             .lock()
@@ -263,7 +263,7 @@ impl AgentProcess {
     }
 
     /// End it once it was not used for `idle` (checked until it ends).
-    pub fn exit_when_idle(self: &Arc<Self>, idle: Duration) {
+    pub(super) fn exit_when_idle(self: &Arc<Self>, idle: Duration) {
         let process = Arc::downgrade(self);
         let ended = self.ended.clone();
         tokio::spawn(async move {
@@ -293,7 +293,7 @@ impl AgentProcess {
 }
 
 /// How to start one agent.
-pub struct Launch<'a> {
+pub(super) struct Launch<'a> {
     /// The settings.
     pub config: &'a AcpConfig,
     /// The working directory, created (absolute).
@@ -345,7 +345,7 @@ impl Launch<'_> {
 
     /// Start the agent and initialize the connection (within the start
     /// timeout; on failure the process is gone).
-    pub async fn start(self) -> Result<Arc<AgentProcess>, AgentError> {
+    pub(super) async fn start(self) -> Result<Arc<AgentProcess>, AgentError> {
         let program = self.config.program().to_string();
         let mut child = spawn_leader(self.command()).map_err(|e| start_error(&program, &e))?;
         let Some(group) = child.id().and_then(ProcessGroup::of_leader) else {
@@ -479,7 +479,7 @@ impl Launch<'_> {
 /// Await an answer of the agent within `limit` (else the process is
 /// killed), failing if the process ends first: what went wrong is told in
 /// the user's words.
-pub async fn within<T>(
+pub(super) async fn within<T>(
     process: &AgentProcess,
     limit: Duration,
     what: &str,
@@ -505,7 +505,7 @@ pub async fn within<T>(
 }
 
 /// The agent ended while telegate waited for `what`.
-pub fn ended_error(process: &AgentProcess, what: &str, program: &str) -> AgentError {
+pub(super) fn ended_error(process: &AgentProcess, what: &str, program: &str) -> AgentError {
     let how = process
         .exit_text()
         .unwrap_or_else(|| "its connection closed".to_string());
@@ -528,7 +528,7 @@ pub fn ended_error(process: &AgentProcess, what: &str, program: &str) -> AgentEr
 }
 
 /// A program as the chat is told about it: its file name.
-pub fn short_name(program: &str) -> &str {
+pub(super) fn short_name(program: &str) -> &str {
     std::path::Path::new(program)
         .file_name()
         .and_then(|n| n.to_str())
@@ -536,7 +536,7 @@ pub fn short_name(program: &str) -> &str {
 }
 
 /// The agent answered `what` with an error.
-pub fn protocol_error(
+pub(super) fn protocol_error(
     process: &AgentProcess,
     what: &str,
     program: &str,

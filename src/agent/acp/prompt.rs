@@ -18,11 +18,11 @@ use base64::Engine as _;
 use crate::vocab::Attachment;
 
 /// Images larger than this go as a link, not inline.
-pub const MAX_IMAGE_BYTES: u64 = 10 * 1024 * 1024;
+pub(super) const MAX_IMAGE_BYTES: u64 = 10 * 1024 * 1024;
 
 /// The blocks of a turn with `text` and `attachments`, for an agent that
 /// can take what `caps` says.
-pub async fn blocks(
+pub(super) async fn blocks(
     text: &str,
     attachments: &[Attachment],
     caps: &PromptCapabilities,

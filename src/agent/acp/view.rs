@@ -50,7 +50,7 @@ impl ToolLine {
 
 /// The state of one turn, fed with every update of its session.
 #[derive(Debug)]
-pub struct TurnView {
+pub(super) struct TurnView {
     answer: String,
     cap: usize,
     truncated: bool,
@@ -67,7 +67,7 @@ pub struct TurnView {
 
 impl TurnView {
     /// A view keeping at most `cap` bytes of answer.
-    pub fn new(cap: usize) -> TurnView {
+    pub(super) fn new(cap: usize) -> TurnView {
         TurnView {
             answer: String::new(),
             cap,
@@ -82,7 +82,7 @@ impl TurnView {
     }
 
     /// Fold one update in. True when what the preview shows changed.
-    pub fn apply(&mut self, update: &SessionUpdate) -> bool {
+    pub(super) fn apply(&mut self, update: &SessionUpdate) -> bool {
         match update {
             SessionUpdate::AgentMessageChunk(chunk) => match &chunk.content {
                 ContentBlock::Text(text) => {
@@ -174,23 +174,23 @@ impl TurnView {
     }
 
     /// Show `notice` above the preview from now on.
-    pub fn set_notice(&mut self, notice: &str) {
+    pub(super) fn set_notice(&mut self, notice: &str) {
         self.notice = Some(notice.to_string());
     }
 
     /// The answer so far.
-    pub fn answer(&self) -> &str {
+    pub(super) fn answer(&self) -> &str {
         &self.answer
     }
 
     /// True when the answer reached its cap.
-    pub fn truncated(&self) -> bool {
+    pub(super) fn truncated(&self) -> bool {
         self.truncated
     }
 
     /// The preview: the plan line, the newest tool lines, then the tail of
     /// the text.
-    pub fn render(&self) -> String {
+    pub(super) fn render(&self) -> String {
         let mut parts: Vec<String> = Vec::new();
         if let Some(notice) = &self.notice {
             parts.push(notice.clone());

@@ -32,12 +32,12 @@ struct StdinDocument<'a> {
 }
 
 /// `{"message": …, "history": […]}`.
-pub fn stdin_json(message: &str, history: &[ChatMessage]) -> String {
+pub(super) fn stdin_json(message: &str, history: &[ChatMessage]) -> String {
     serde_json::to_string(&StdinDocument { message, history }).unwrap_or_else(|_| "{}".to_string())
 }
 
 /// The directory of the history files under `data_dir`.
-pub fn history_dir(data_dir: &Path) -> PathBuf {
+pub(super) fn history_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("command-history")
 }
 
@@ -49,7 +49,7 @@ fn is_history_file(name: &str) -> bool {
 /// Create `dir` (0700) and remove the history files left in it (by a
 /// process that was killed mid-turn). Call it at start, before any turn.
 /// Returns how many were removed.
-pub fn clear_leftovers(dir: &Path) -> std::io::Result<usize> {
+pub(super) fn clear_leftovers(dir: &Path) -> std::io::Result<usize> {
     crate::private_fs::private_dir(dir)?;
     let mut removed = 0;
     for entry in std::fs::read_dir(dir)?.flatten() {
@@ -64,13 +64,13 @@ pub fn clear_leftovers(dir: &Path) -> std::io::Result<usize> {
 
 /// A history file that is removed when dropped.
 #[derive(Debug)]
-pub struct HistoryFile {
+pub(super) struct HistoryFile {
     path: PathBuf,
 }
 
 impl HistoryFile {
     /// Write `history` to a new private file in `dir`.
-    pub fn write(dir: &Path, history: &[ChatMessage]) -> std::io::Result<HistoryFile> {
+    pub(super) fn write(dir: &Path, history: &[ChatMessage]) -> std::io::Result<HistoryFile> {
         let json = serde_json::to_vec(history).map_err(std::io::Error::other)?;
         let mut attempt = 0u32;
         loop {
@@ -100,7 +100,7 @@ impl HistoryFile {
     }
 
     /// Where it is.
-    pub fn path(&self) -> &Path {
+    pub(super) fn path(&self) -> &Path {
         &self.path
     }
 }

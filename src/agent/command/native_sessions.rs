@@ -13,19 +13,19 @@ use crate::store::{AgentUsage, Store};
 
 /// Resume ids and usage, by telegate session id.
 #[derive(Debug, Default)]
-pub struct AgentSessions {
+pub(crate) struct AgentSessions {
     store: OnceLock<Store>,
     memory: Mutex<HashMap<String, String>>,
 }
 
 impl AgentSessions {
     /// Keep everything in `store` from now on (the first store wins).
-    pub fn attach(&self, store: &Store) {
+    pub(crate) fn attach(&self, store: &Store) {
         let _ = self.store.set(store.clone());
     }
 
     /// The agent session `session` resumes, if any.
-    pub async fn resume_id(&self, session: &str) -> Option<String> {
+    pub(crate) async fn resume_id(&self, session: &str) -> Option<String> {
         if let Some(id) = self.memory().get(session) {
             return Some(id.clone());
         }
@@ -41,7 +41,7 @@ impl AgentSessions {
 
     /// `session`'s agent session is `id` (from now on, also after a restart).
     /// Callable from synchronous code: the store write runs on its own.
-    pub fn remember(&self, session: &str, backend: &'static str, id: &str) {
+    pub(crate) fn remember(&self, session: &str, backend: &'static str, id: &str) {
         self.memory().insert(session.to_string(), id.to_string());
         if let (Some(store), Ok(runtime)) = (
             self.store.get().cloned(),
@@ -57,7 +57,7 @@ impl AgentSessions {
     }
 
     /// `session` starts its agent afresh next time.
-    pub async fn forget(&self, session: &str, backend: &'static str) {
+    pub(crate) async fn forget(&self, session: &str, backend: &'static str) {
         self.memory().remove(session);
         if let Some(store) = self.store.get() {
             if let Err(error) = store.set_agent_resume_id(session, backend, None).await {
@@ -67,7 +67,12 @@ impl AgentSessions {
     }
 
     /// Add one turn's usage (also to the turn's meter: budgets, /usage).
-    pub async fn record_usage(&self, session: &str, backend: &'static str, usage: AgentUsage) {
+    pub(crate) async fn record_usage(
+        &self,
+        session: &str,
+        backend: &'static str,
+        usage: AgentUsage,
+    ) {
         crate::limits::meter::record(&usage);
         if let Some(store) = self.store.get() {
             if let Err(error) = store.add_agent_usage(session, backend, usage).await {
@@ -79,7 +84,7 @@ impl AgentSessions {
     /// Add one turn's usage when the agent reported its thread's running
     /// total (Codex after a resume): the difference to the thread's last
     /// report is the turn's.
-    pub async fn record_thread_usage(
+    pub(crate) async fn record_thread_usage(
         &self,
         session: &str,
         backend: &'static str,

@@ -124,7 +124,7 @@ impl Preset {
 /// more)? Claude Code: `No conversation found with session ID: …`; Codex:
 /// `ERROR: No saved session found with ID …` or `no rollout found for
 /// thread id …`.
-pub fn says_session_is_unknown(text: &str) -> bool {
+pub(super) fn says_session_is_unknown(text: &str) -> bool {
     let text = text.to_lowercase();
     [
         "no conversation found",

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 const FIELDS: [&str; 2] = ["{chat_id}", "{session_key}"];
 
 /// Does `dir` contain a placeholder?
-pub fn is_template(dir: &Path) -> bool {
+pub(crate) fn is_template(dir: &Path) -> bool {
     let text = dir.to_string_lossy();
     FIELDS.iter().any(|f| text.contains(f))
 }
@@ -17,7 +17,7 @@ pub fn is_template(dir: &Path) -> bool {
 /// Only `{chat_id}` and `{session_key}` are known, and a template has no
 /// `..` component: `/w/{chat_id}/..` would be every chat's shared parent,
 /// not a directory of its own.
-pub fn check_template(dir: &Path) -> Result<(), String> {
+pub(crate) fn check_template(dir: &Path) -> Result<(), String> {
     let text = dir.to_string_lossy();
     if is_template(dir)
         && dir
@@ -67,7 +67,7 @@ fn component(value: &str) -> String {
 }
 
 /// The directory for this chat, created (0700) if it is a template.
-pub fn resolve(dir: &Path, chat_id: i64, session_key: &str) -> std::io::Result<PathBuf> {
+pub(crate) fn resolve(dir: &Path, chat_id: i64, session_key: &str) -> std::io::Result<PathBuf> {
     if !is_template(dir) {
         return Ok(dir.to_path_buf());
     }

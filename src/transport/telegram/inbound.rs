@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use teloxide::types::{MediaKind, Message, MessageEntityKind, MessageKind as TgKind};
 
-use crate::vocab::{parse_command, ChatType, MessageEvent, MessageKind, Platform, SessionSource};
+use crate::vocab::{
+    parse_command, ChatType, KnownCommand, MessageEvent, MessageKind, Platform, SessionSource,
+};
 
 /// Who may talk to the bot and when it answers in groups.
 #[derive(Clone, Debug)]
@@ -85,7 +87,8 @@ fn is_allowed(policy: &InboundPolicy, chat_id: i64, user_id: Option<u64>) -> boo
 fn code_in(text: &str, username: &str) -> Option<String> {
     let command = parse_command(text, Some(username))?;
     let code = command.args.trim();
-    ((command.is("pair") || command.is("start")) && !code.is_empty()).then(|| code.to_string())
+    ((command.is(KnownCommand::Pair) || command.is(KnownCommand::Start)) && !code.is_empty())
+        .then(|| code.to_string())
 }
 
 /// The text or caption, and whether the message carries media we do not
@@ -413,7 +416,7 @@ mod tests {
             &group("/stop@telegate_test_bot", json!({})),
             &policy(),
         ));
-        assert!(stop.command().is_some_and(|c| c.is("stop")));
+        assert!(stop.command().is_some_and(|c| c.is(KnownCommand::Stop)));
         assert!(matches!(
             classify(&group("/stop@other_bot", json!({})), &policy()),
             Inbound::Ignore(_)

@@ -41,7 +41,7 @@ use crate::media::stage::{PreparationStage, Wake};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{NewUpdate, Store, StoreError};
-use crate::vocab::{InboxState, MessageEvent, SessionSource};
+use crate::vocab::{InboxState, MessageEvent, Origin, SessionSource};
 
 /// What the sender of a message is told when the answer's send was cut
 /// off by a restart (it may or may not have arrived; it is not sent again).
@@ -626,8 +626,9 @@ impl Intake {
                     }
                 }
                 wakeup.message_id = Some(message_id);
-                wakeup.resumed = entry.state == InboxState::Running;
-                wakeup.replayed = true;
+                wakeup.origin = Origin::Recovered {
+                    was_running: entry.state == InboxState::Running,
+                };
                 tracing::info!(
                     update_id = entry.update_id,
                     "delivering a wakeup recorded before the restart"
@@ -696,8 +697,9 @@ impl Intake {
                 "resuming a message after a restart"
             );
             resumed += 1;
-            event.resumed = entry.state == InboxState::Running;
-            event.replayed = true;
+            event.origin = Origin::Recovered {
+                was_running: entry.state == InboxState::Running,
+            };
             if self.media.is_some() && (has_media(&event) || via_worker.contains(&entry.chat_id)) {
                 via_worker.insert(entry.chat_id);
                 self.hand_on(event);

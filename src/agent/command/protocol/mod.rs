@@ -290,7 +290,7 @@ pub(in crate::agent::command) enum OutputCollector {
 
 impl OutputCollector {
     /// Bytes from stdout.
-    pub fn push(&mut self, bytes: &[u8]) {
+    pub(super) fn push(&mut self, bytes: &[u8]) {
         match self {
             OutputCollector::Text(c) => c.push(bytes),
             OutputCollector::Jsonl(c) => c.push(bytes),
@@ -298,7 +298,7 @@ impl OutputCollector {
     }
 
     /// End of stdout.
-    pub fn finish(&mut self) {
+    pub(super) fn finish(&mut self) {
         match self {
             OutputCollector::Text(c) => c.finish(),
             OutputCollector::Jsonl(c) => c.finish(),
