@@ -9,9 +9,8 @@
 
 use std::path::Path;
 
-use crate::config::Config;
+use crate::config::{AgentBackend, Config};
 use crate::secrets::Secret;
-pub(super) use crate::vocab::check_http_url;
 
 /// The longest any duration setting may be: 7 days. Longer values are
 /// certainly mistakes, and unbounded ones overflow `Instant` arithmetic
@@ -107,7 +106,14 @@ fn durations(config: &Config) -> Vec<(&'static str, u64, Unit)> {
         ),
         (
             "agent.echo.delay_ms",
-            config.agent.echo.delay_ms,
+            config
+                .agent
+                .tables()
+                .find_map(|table| match table {
+                    AgentBackend::Echo(echo) => Some(echo.delay_ms),
+                    _ => None,
+                })
+                .unwrap_or(0),
             Unit::Millis,
         ),
         ("tools.terminal.timeout_secs", t.timeout_secs, Unit::Secs),
@@ -117,7 +123,10 @@ fn durations(config: &Config) -> Vec<(&'static str, u64, Unit)> {
             Unit::Secs,
         ),
     ];
-    if let Some(command) = &config.agent.command {
+    for command in config.agent.tables().filter_map(|table| match table {
+        AgentBackend::Command(command) => Some(command),
+        _ => None,
+    }) {
         all.push((
             "agent.command.timeout_secs",
             command.timeout_secs,
@@ -129,7 +138,10 @@ fn durations(config: &Config) -> Vec<(&'static str, u64, Unit)> {
             Unit::Millis,
         ));
     }
-    if let Some(acp) = &config.agent.acp {
+    for acp in config.agent.tables().filter_map(|table| match table {
+        AgentBackend::Acp(acp) => Some(acp),
+        _ => None,
+    }) {
         all.extend([
             ("agent.acp.idle_secs", acp.idle_secs, Unit::Secs),
             (
@@ -150,7 +162,10 @@ fn durations(config: &Config) -> Vec<(&'static str, u64, Unit)> {
             ("agent.acp.kill_grace_ms", acp.kill_grace_ms, Unit::Millis),
         ]);
     }
-    if let Some(openai) = &config.agent.openai {
+    for openai in config.agent.tables().filter_map(|table| match table {
+        AgentBackend::Openai(openai) => Some(openai),
+        _ => None,
+    }) {
         all.push((
             "agent.openai.request_timeout_secs",
             openai.request_timeout_secs,
@@ -250,6 +265,7 @@ pub(super) fn check_data_dir(key: &str, dir: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vocab::check_http_url;
 
     #[test]
     fn tokens_must_look_like_tokens() {

@@ -27,8 +27,9 @@ pub mod zero_config;
 use crate::config::sections::MAX_ANSWER_PARTS;
 use crate::config::sections::MAX_INBOX_RETENTION_DAYS;
 pub use sections::{
-    AgentConfig, Backend, ConsoleConfig, DeliverySettings, EchoConfig, LogConfig, LogFormat,
-    SessionsConfig, StoreSettings, TelegramConfig, ToolsConfig, UpdateMode, WebhookConfig,
+    AgentBackend, AgentConfig, Backend, ConsoleConfig, DeliverySettings, EchoConfig, LogConfig,
+    LogFormat, SessionsConfig, StoreSettings, TelegramConfig, ToolsConfig, UpdateMode, Updates,
+    Webhook, WebhookConfig,
 };
 
 /// Environment variable read for the bot token when the file has none.
@@ -185,21 +186,22 @@ impl Config {
             .resolve_secrets(&env)
             .map_err(|message| located(message, &[]))?;
         config.source = crate::config::zero_config::ConfigSource::File(path.to_path_buf());
-        config
-            .validate(path, purpose)
-            .map_err(|error| match error {
-                ConfigError::Invalid { message, .. } => located(message, &config.secret_values()),
-                other => other,
-            })?;
+        let checked = config.validate(path, purpose);
+        checked.map_err(|error| match error {
+            ConfigError::Invalid { message, .. } => located(message, &config.secret_values()),
+            other => other,
+        })?;
         Ok(config)
     }
 
     /// Validate a configuration built without a file (zero-config).
-    pub(crate) fn validate_as(&self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
+    pub(crate) fn validate_as(&mut self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
         self.validate(path, purpose)
     }
 
-    fn validate(&self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
+    /// Check every value and build what is derived from several
+    /// (`telegram.updates`): after this nothing re-checks the config.
+    fn validate(&mut self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
         let invalid = |message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
             message,
@@ -213,7 +215,10 @@ impl Config {
             &secret_names,
         )
         .map_err(invalid)?;
-        if let Some(command) = &self.agent.command {
+        for command in self.agent.tables().filter_map(|table| match table {
+            AgentBackend::Command(command) => Some(command),
+            _ => None,
+        }) {
             crate::config::checks::check_pass_env(
                 "agent.command.pass_env",
                 &command.pass_env,
@@ -221,7 +226,10 @@ impl Config {
             )
             .map_err(invalid)?;
         }
-        if let Some(acp) = &self.agent.acp {
+        for acp in self.agent.tables().filter_map(|table| match table {
+            AgentBackend::Acp(acp) => Some(acp),
+            _ => None,
+        }) {
             crate::config::checks::check_pass_env(
                 "agent.acp.pass_env",
                 &acp.pass_env,
@@ -240,33 +248,11 @@ impl Config {
                 "sessions.max_pending must be at least 1".to_string(),
             ));
         }
-        match self.agent.backend {
-            Backend::Echo => {}
-            Backend::Command => match &self.agent.command {
-                None => {
-                    return Err(invalid(
-                        "agent.backend = \"command\" needs an [agent.command] table with argv"
-                            .to_string(),
-                    ))
-                }
-                Some(command) => command.validate().map_err(invalid)?,
-            },
-            Backend::Openai => match &self.agent.openai {
-                None => return Err(invalid(
-                    "agent.backend = \"openai\" needs an [agent.openai] table with at least model"
-                        .to_string(),
-                )),
-                Some(openai) => openai.validate().map_err(invalid)?,
-            },
-            Backend::Acp => {
-                match &self.agent.acp {
-                    None => return Err(invalid(
-                        "agent.backend = \"acp\" needs an [agent.acp] table with preset or program"
-                            .to_string(),
-                    )),
-                    Some(acp) => acp.validate().map_err(invalid)?,
-                }
-            }
+        match &self.agent.backend {
+            AgentBackend::Echo(_) => {}
+            AgentBackend::Command(command) => command.validate().map_err(invalid)?,
+            AgentBackend::Openai(openai) => openai.validate().map_err(invalid)?,
+            AgentBackend::Acp(acp) => acp.validate().map_err(invalid)?,
         }
         self.metrics.validate().map_err(invalid)?;
         if !(1..=MAX_INBOX_RETENTION_DAYS).contains(&self.store.inbox_retention_days) {
@@ -284,21 +270,21 @@ impl Config {
             .map_err(invalid)?;
 
         self.schedule.validate().map_err(invalid)?;
-        if self.tools.terminal.enabled && self.agent.backend != Backend::Openai {
+        if self.tools.terminal.enabled && self.agent.kind() != Backend::Openai {
             return Err(invalid(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
-                self.agent.backend.as_str()
+                self.agent.kind().as_str()
             )));
         }
         // Checked even while disabled, so turning it on never reveals an
         // old typo.
         self.tools.terminal.validate().map_err(invalid)?;
         crate::tools::mcp::config::validate_all(&self.tools.mcp).map_err(invalid)?;
-        if !self.tools.mcp.is_empty() && self.agent.backend != Backend::Openai {
+        if !self.tools.mcp.is_empty() && self.agent.kind() != Backend::Openai {
             return Err(invalid(format!(
                 "[[tools.mcp]] needs agent.backend = \"openai\" (the {} backend calls no tools; \
                  Claude Code and Codex take MCP servers in their own configuration)",
-                self.agent.backend.as_str()
+                self.agent.kind().as_str()
             )));
         }
         for (index, server) in self.tools.mcp.iter().enumerate() {
@@ -315,6 +301,7 @@ impl Config {
                 self.log.level
             )));
         }
+        let mut updates = Updates::Polling;
         if purpose == Purpose::Telegram {
             let telegram = &self.telegram;
             if telegram.token.is_none() {
@@ -322,26 +309,12 @@ impl Config {
                     "telegram.token is missing: set it in the file or in the {TOKEN_ENV} environment variable"
                 )));
             }
-            crate::config::checks::check_http_url("telegram.api_url", &telegram.api_url)
-                .map_err(invalid)?;
             if telegram.mode == UpdateMode::Webhook {
                 let Some(webhook) = &telegram.webhook else {
                     return Err(invalid(
                         "telegram.mode = \"webhook\" needs a [telegram.webhook] table with listen and public_url".to_string(),
                     ));
                 };
-                if webhook.listen.parse::<std::net::SocketAddr>().is_err() {
-                    return Err(invalid(format!(
-                        "telegram.webhook.listen {:?} is not an address like 0.0.0.0:8443",
-                        webhook.listen
-                    )));
-                }
-                if url::Url::parse(&webhook.public_url).is_err() {
-                    return Err(invalid(format!(
-                        "telegram.webhook.public_url {:?} is not a URL",
-                        webhook.public_url
-                    )));
-                }
                 if !(1..=100).contains(&webhook.max_connections) {
                     return Err(invalid(format!(
                         "telegram.webhook.max_connections {} is out of range: use 1 to 100",
@@ -359,11 +332,22 @@ impl Config {
                         webhook.connection_limit, webhook.max_connections
                     )));
                 }
-                if webhook.secret_token.is_none() {
+                let Some(secret) = webhook.secret_token.clone() else {
                     return Err(invalid(format!(
                         "telegram.webhook.secret_token is missing: set it in the file or in {WEBHOOK_SECRET_ENV}"
                     )));
-                }
+                };
+                updates = Updates::Webhook(Box::new(Webhook {
+                    listen: webhook.listen,
+                    path: match webhook.public_url.path() {
+                        "" => "/".to_string(),
+                        path => path.to_string(),
+                    },
+                    public_url: webhook.public_url.clone(),
+                    secret,
+                    max_connections: webhook.max_connections,
+                    limits: webhook.limits(),
+                }));
             }
             if telegram.allowed_chats.is_empty() && !telegram.allow_all_users {
                 if let Some(stranger) = telegram
@@ -378,6 +362,7 @@ impl Config {
                 }
             }
         }
+        self.telegram.updates = updates;
         Ok(())
     }
 
@@ -400,7 +385,7 @@ impl Config {
     pub fn file_access(&self) -> crate::media::FileAccess {
         use crate::media::FileAccess;
         let terminal = &self.tools.terminal;
-        match self.agent.backend {
+        match self.agent.kind() {
             Backend::Command => FileAccess::Paths { workdir: None },
             Backend::Openai if terminal.enabled && terminal.run_as.is_none() => FileAccess::Paths {
                 workdir: terminal.workdir.clone(),
@@ -418,17 +403,10 @@ impl Config {
             approvers: self.telegram.approvers.clone(),
             files: None,
             jobs: None,
-            default_model: self
-                .agent
-                .openai
-                .as_ref()
-                .filter(|_| self.agent.backend == Backend::Openai)
-                .map(|o| o.model.clone()),
+            default_model: self.agent.openai().map(|o| o.model.clone()),
             models: self
                 .agent
-                .openai
-                .as_ref()
-                .filter(|_| self.agent.backend == Backend::Openai)
+                .openai()
                 .map(|o| o.models.clone())
                 .unwrap_or_default(),
             access: None,
@@ -490,7 +468,7 @@ impl Config {
             self.sessions.busy_mode,
             self.sessions.max_pending,
             self.sessions.stall_timeout_secs,
-            self.agent.backend.as_str(),
+            self.agent.kind().as_str(),
             self.tools_summary(),
             if self.store.in_memory {
                 "in memory (nothing kept across restarts)".to_string()
@@ -588,7 +566,7 @@ impl Config {
             }
             .resolve(env)?;
         }
-        if let Some(openai) = self.agent.openai.as_mut() {
+        if let Some(openai) = self.agent.openai_mut() {
             let key = SecretSources {
                 key: "agent.openai.api_key_env",
                 inline: None,
@@ -651,8 +629,7 @@ impl Config {
             self.telegram.token.as_ref(),
             webhook.and_then(|w| w.secret_token.as_ref()),
             self.agent
-                .openai
-                .as_ref()
+                .openai()
                 .and_then(|o| o.resolved_api_key.as_ref()),
             self.media
                 .transcription
@@ -684,9 +661,7 @@ impl Config {
             .chain(crate::vocab::ALWAYS_STRIPPED_ENV)
             .map(|name| name.to_string())
             .collect();
-        if let Some(openai) = &self.agent.openai {
-            names.push(openai.api_key_env.clone());
-        }
+        names.extend(self.agent.secret_env_names().map(str::to_string));
         if let Some(name) = self
             .media
             .transcription

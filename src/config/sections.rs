@@ -161,9 +161,11 @@ pub(super) fn default_max_answer_parts() -> usize {
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// Address the webhook server listens on, e.g. `0.0.0.0:8443`.
-    pub listen: String,
+    #[serde(deserialize_with = "listen_address")]
+    pub listen: std::net::SocketAddr,
     /// The public HTTPS URL Telegram posts to (ends with the path).
-    pub public_url: String,
+    #[serde(deserialize_with = "public_url")]
+    pub public_url: url::Url,
     /// The secret Telegram sends in `X-Telegram-Bot-Api-Secret-Token`.
     /// Required (or `secret_token_file`, the systemd credential
     /// `telegram_webhook_secret`, or `TELEGRAM_WEBHOOK_SECRET`).
@@ -234,9 +236,9 @@ pub struct TelegramConfig {
     /// A file holding the bot token (instead of `token`).
     #[serde(default)]
     pub token_file: Option<PathBuf>,
-    /// The Bot API root URL.
-    #[serde(default = "default_api_url")]
-    pub api_url: String,
+    /// The Bot API root URL (http or https, checked when the file is read).
+    #[serde(default = "default_api_url", deserialize_with = "api_url")]
+    pub api_url: url::Url,
     /// The Bot API server at `api_url` runs on this machine with
     /// `--local`: files it names by an absolute path are read from disk.
     /// Off, such a path is refused.
@@ -260,9 +262,70 @@ pub struct TelegramConfig {
     pub require_mention: bool,
     /// `polling` or `webhook`.
     #[serde(default)]
-    pub mode: UpdateMode,
+    pub(crate) mode: UpdateMode,
     /// `[telegram.webhook]`, for `mode = "webhook"`.
-    pub webhook: Option<WebhookConfig>,
+    pub(crate) webhook: Option<WebhookConfig>,
+    /// How updates arrive, built from `mode` and `[telegram.webhook]` once
+    /// secrets are resolved and checked (what everything after loading
+    /// reads: never `mode` and `webhook` themselves).
+    #[serde(skip)]
+    pub updates: Updates,
+}
+
+/// How updates arrive from Telegram, as loaded: polling, or a webhook with
+/// everything it needs already parsed.
+#[derive(Clone, Debug, Default)]
+pub enum Updates {
+    /// Long polling (`getUpdates`).
+    #[default]
+    Polling,
+    /// Telegram posts updates to our listener.
+    Webhook(Box<Webhook>),
+}
+
+/// A webhook as loaded: address, public URL, path and secret parsed and
+/// present, limits checked.
+#[derive(Clone, Debug)]
+pub struct Webhook {
+    /// Where the listener binds.
+    pub listen: std::net::SocketAddr,
+    /// The public URL Telegram posts to.
+    pub public_url: url::Url,
+    /// The path of `public_url` (`/` when it has none): the only one served.
+    pub path: String,
+    /// The secret Telegram sends with every post.
+    pub secret: Secret,
+    /// Simultaneous connections Telegram may open (1-100).
+    pub max_connections: u8,
+    /// The listener's connection cap and read deadlines.
+    pub limits: crate::listener::ListenerLimits,
+}
+
+/// `telegram.api_url`: an http(s) URL with a host.
+fn api_url<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<url::Url, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    crate::vocab::check_http_url("telegram.api_url", &text).map_err(serde::de::Error::custom)?;
+    url::Url::parse(&text).map_err(serde::de::Error::custom)
+}
+
+/// `telegram.webhook.listen`: an address to bind.
+fn listen_address<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<std::net::SocketAddr, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    text.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "telegram.webhook.listen {text:?} is not an address like 0.0.0.0:8443"
+        ))
+    })
+}
+
+/// `telegram.webhook.public_url`: a URL.
+fn public_url<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<url::Url, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    url::Url::parse(&text).map_err(|_| {
+        serde::de::Error::custom(format!("telegram.webhook.public_url {text:?} is not a URL"))
+    })
 }
 
 impl Default for TelegramConfig {
@@ -279,6 +342,7 @@ impl Default for TelegramConfig {
             require_mention: true,
             mode: UpdateMode::Polling,
             webhook: None,
+            updates: Updates::Polling,
         }
     }
 }
@@ -370,22 +434,168 @@ impl Backend {
     }
 }
 
-/// `[agent]`.
+/// `[agent]` as loaded: the backend together with its own table, so a
+/// backend without its settings cannot be represented (checked once, when
+/// the file is read, with the file's line and column).
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "AgentTable")]
 pub struct AgentConfig {
-    /// The backend.
+    /// The backend and its settings.
+    pub backend: AgentBackend,
+    /// The tables of the backends not chosen: never used, but checked like
+    /// the chosen one (so switching backends never reveals an old typo),
+    /// and an API key variable they name stays a secret no child inherits.
+    pub(crate) inactive: Vec<AgentBackend>,
+}
+
+/// Which agent backend answers, with its settings.
+#[derive(Clone, Debug)]
+pub enum AgentBackend {
+    /// Echoes messages back (`[agent.echo]`).
+    Echo(EchoConfig),
+    /// A command-line program per turn (`[agent.command]`).
+    Command(crate::agent::CommandConfig),
+    /// An OpenAI-compatible server (`[agent.openai]`).
+    Openai(crate::agent::OpenAiConfig),
+    /// An Agent Client Protocol agent (`[agent.acp]`).
+    Acp(crate::agent::AcpConfig),
+}
+
+impl Default for AgentBackend {
+    fn default() -> Self {
+        AgentBackend::Echo(EchoConfig::default())
+    }
+}
+
+impl AgentBackend {
+    /// Which backend this is.
+    pub fn kind(&self) -> Backend {
+        match self {
+            AgentBackend::Echo(_) => Backend::Echo,
+            AgentBackend::Command(_) => Backend::Command,
+            AgentBackend::Openai(_) => Backend::Openai,
+            AgentBackend::Acp(_) => Backend::Acp,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Which backend this is.
+    pub fn kind(&self) -> Backend {
+        self.backend.kind()
+    }
+
+    /// The chosen backend's table, then the others the file has (for the
+    /// checks that hold for every table written).
+    pub(crate) fn tables(&self) -> impl Iterator<Item = &AgentBackend> {
+        std::iter::once(&self.backend).chain(&self.inactive)
+    }
+
+    /// The environment variables that hold the agent's secrets (the API
+    /// key an `[agent.openai]` table names, chosen or not), which no child
+    /// may inherit.
+    pub fn secret_env_names(&self) -> impl Iterator<Item = &str> {
+        self.tables().filter_map(|table| match table {
+            AgentBackend::Openai(openai) => Some(openai.api_key_env.as_str()),
+            _ => None,
+        })
+    }
+
+    /// `[agent.command]`, when that is the backend.
+    pub fn command(&self) -> Option<&crate::agent::CommandConfig> {
+        match &self.backend {
+            AgentBackend::Command(command) => Some(command),
+            _ => None,
+        }
+    }
+
+    /// `[agent.openai]`, when that is the backend.
+    pub fn openai(&self) -> Option<&crate::agent::OpenAiConfig> {
+        match &self.backend {
+            AgentBackend::Openai(openai) => Some(openai),
+            _ => None,
+        }
+    }
+
+    /// `[agent.openai]` to change, when that is the backend.
+    pub fn openai_mut(&mut self) -> Option<&mut crate::agent::OpenAiConfig> {
+        match &mut self.backend {
+            AgentBackend::Openai(openai) => Some(openai),
+            _ => None,
+        }
+    }
+
+    /// `[agent.acp]`, when that is the backend.
+    pub fn acp(&self) -> Option<&crate::agent::AcpConfig> {
+        match &self.backend {
+            AgentBackend::Acp(acp) => Some(acp),
+            _ => None,
+        }
+    }
+
+    /// `[agent.acp]` to change, when that is the backend.
+    pub fn acp_mut(&mut self) -> Option<&mut crate::agent::AcpConfig> {
+        match &mut self.backend {
+            AgentBackend::Acp(acp) => Some(acp),
+            _ => None,
+        }
+    }
+}
+
+/// `[agent]` as written: the backend's name and any of the tables.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentTable {
     #[serde(default)]
-    pub backend: Backend,
-    /// `[agent.echo]`.
+    backend: Backend,
     #[serde(default)]
-    pub echo: EchoConfig,
-    /// `[agent.command]`, for `backend = "command"`.
-    pub command: Option<crate::agent::CommandConfig>,
-    /// `[agent.openai]`, for `backend = "openai"`.
-    pub openai: Option<crate::agent::OpenAiConfig>,
-    /// `[agent.acp]`, for `backend = "acp"`.
-    pub acp: Option<crate::agent::AcpConfig>,
+    echo: EchoConfig,
+    command: Option<crate::agent::CommandConfig>,
+    openai: Option<crate::agent::OpenAiConfig>,
+    acp: Option<crate::agent::AcpConfig>,
+}
+
+impl TryFrom<AgentTable> for AgentConfig {
+    type Error = String;
+
+    fn try_from(table: AgentTable) -> Result<AgentConfig, String> {
+        let AgentTable {
+            backend,
+            echo,
+            command,
+            openai,
+            acp,
+        } = table;
+        let mut tables: Vec<AgentBackend> = [
+            Some(AgentBackend::Echo(echo)),
+            command.map(AgentBackend::Command),
+            openai.map(AgentBackend::Openai),
+            acp.map(AgentBackend::Acp),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let chosen = tables
+            .iter()
+            .position(|table| table.kind() == backend)
+            .ok_or(match backend {
+                Backend::Echo => "agent.backend = \"echo\" needs no table",
+                Backend::Command => {
+                    "agent.backend = \"command\" needs an [agent.command] table with argv"
+                }
+                Backend::Openai => {
+                    "agent.backend = \"openai\" needs an [agent.openai] table with at least model"
+                }
+                Backend::Acp => {
+                    "agent.backend = \"acp\" needs an [agent.acp] table with preset or program"
+                }
+            })?;
+        let backend = tables.remove(chosen);
+        Ok(AgentConfig {
+            backend,
+            inactive: tables,
+        })
+    }
 }
 
 /// `[agent.echo]`.
@@ -449,8 +659,8 @@ impl Default for LogConfig {
 pub(super) fn yes() -> bool {
     true
 }
-pub(super) fn default_api_url() -> String {
-    "https://api.telegram.org".to_string()
+pub(super) fn default_api_url() -> url::Url {
+    url::Url::parse("https://api.telegram.org").expect("a constant URL")
 }
 pub(super) fn default_max_pending() -> usize {
     20

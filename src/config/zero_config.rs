@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::agent::OpenAiConfig;
-use crate::config::{Backend, Config, ConfigError, Purpose, TOKEN_ENV};
+use crate::config::{AgentBackend, Config, ConfigError, Purpose, TOKEN_ENV};
 use crate::secrets::Secret;
 
 /// The commented example configuration, as `telegate init` writes it.
@@ -85,7 +85,7 @@ impl ConfigSource {
             ConfigSource::Environment => format!(
                 "no config file: using built-in defaults and the environment \
                  ({TOKEN_ENV}, {ALLOWED_USERS_ENV}, OPENAI_*…); backend {}, {} allowed user(s), data in {}",
-                config.agent.backend.as_str(),
+                config.agent.kind().as_str(),
                 config.telegram.allowed_users.len(),
                 config.store.data_dir.display()
             ),
@@ -126,7 +126,9 @@ pub fn from_environment(
         None => credential_token(get(CREDENTIALS_DIRECTORY_ENV)).map_err(env_error)?,
     };
     if let Some(url) = get(API_URL_ENV) {
-        config.telegram.api_url = url;
+        crate::vocab::check_http_url(API_URL_ENV, &url).map_err(env_error)?;
+        config.telegram.api_url =
+            url::Url::parse(&url).map_err(|e| env_error(format!("{API_URL_ENV}: {e}")))?;
     }
     if let Some(list) = get(ALLOWED_USERS_ENV) {
         config.telegram.allowed_users = parse_user_list(&list)?;
@@ -150,8 +152,7 @@ pub fn from_environment(
             openai.base_url = base_url;
         }
         openai.api_key_env = OPENAI_API_KEY_ENV.to_string();
-        config.agent.backend = Backend::Openai;
-        config.agent.openai = Some(openai);
+        config.agent.backend = AgentBackend::Openai(openai);
     }
     config.validate_as(Path::new("(environment)"), purpose)?;
     Ok(config)
@@ -249,6 +250,7 @@ pub fn init(path: &Path) -> Result<(), InitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Backend;
     use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -262,7 +264,7 @@ mod tests {
     #[test]
     fn a_token_alone_starts_an_echo_bot_locked_to_nobody() {
         let config = from_environment(Purpose::Telegram, env_of(&[(TOKEN_ENV, "1:abc")])).unwrap();
-        assert_eq!(config.agent.backend, Backend::Echo);
+        assert_eq!(config.agent.kind(), Backend::Echo);
         assert!(config.telegram.allowed_users.is_empty());
         assert!(!config.telegram.allow_all_users);
         assert_eq!(config.source, ConfigSource::Environment);
@@ -282,8 +284,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.telegram.allowed_users, vec![12, 34]);
-        assert_eq!(config.agent.backend, Backend::Openai);
-        let openai = config.agent.openai.unwrap();
+        assert_eq!(config.agent.kind(), Backend::Openai);
+        let openai = config.agent.openai().unwrap();
         assert_eq!(openai.base_url, "http://127.0.0.1:11434/v1");
         assert_eq!(openai.model, "llama3");
         assert_eq!(config.store.data_dir, PathBuf::from("/var/lib/telegate"));

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::agent::{AcpAgent, Agent, CommandAgent, EchoAgent, OpenAiAgent};
-use crate::config::{AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV};
+use crate::config::{
+    AgentBackend, AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV,
+};
 use crate::engine::{AgentSetup, ApprovalsSetup, Engine, TerminalSetup};
 use crate::media::handle::Reader;
 use crate::media::outbox::Workspace;
@@ -65,9 +67,7 @@ pub async fn open_store(settings: &StoreSettings) -> Result<Store, StoreError> {
 /// Environment variables holding secrets that no child process may inherit.
 fn secret_env_names(config: &AgentConfig) -> Vec<String> {
     let mut secrets = vec![TOKEN_ENV.to_string(), WEBHOOK_SECRET_ENV.to_string()];
-    if let Some(openai) = &config.openai {
-        secrets.push(openai.api_key_env.clone());
-    }
+    secrets.extend(config.secret_env_names().map(str::to_string));
     secrets
 }
 
@@ -79,12 +79,12 @@ fn secret_env_names(config: &AgentConfig) -> Vec<String> {
 /// approval card. Fails only for a configuration that [`Config`]
 /// validation would have refused.
 pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
-    if config.agent.backend == Backend::Acp {
-        return build_acp_setup(&config.agent);
+    if let AgentBackend::Acp(acp) = &config.agent.backend {
+        return Ok(build_acp_setup(acp, &config.agent));
     }
     let terminal = &config.tools.terminal;
     let data_dir = (!config.store.in_memory).then_some(config.store.data_dir.as_path());
-    let scheduling = config.schedule.enabled && config.agent.backend == Backend::Openai;
+    let scheduling = config.schedule.enabled && config.agent.kind() == Backend::Openai;
     if !terminal.enabled && config.tools.mcp.is_empty() && !scheduling {
         if let Some(setup) = claude_with_permission_prompts(config, data_dir)? {
             return Ok(setup);
@@ -94,8 +94,8 @@ pub fn build_agent_setup(config: &Config) -> Result<AgentSetup, String> {
             data_dir,
         )?));
     }
-    let openai = match (&config.agent.backend, &config.agent.openai) {
-        (Backend::Openai, Some(openai)) => openai.clone(),
+    let openai = match &config.agent.backend {
+        AgentBackend::Openai(openai) => openai.clone(),
         _ => return Err(
             "tools.terminal.enabled = true and [[tools.mcp]] need agent.backend = \"openai\" with [agent.openai]"
                 .to_string(),
@@ -180,19 +180,16 @@ fn with_send_file(
 
 /// The ACP backend with the approval gate its permission requests wait in
 /// (answered in the chat like the terminal tool's).
-fn build_acp_setup(config: &AgentConfig) -> Result<AgentSetup, String> {
-    let acp = config
-        .acp
-        .clone()
-        .ok_or("agent.backend = \"acp\" needs [agent.acp]")?;
+fn build_acp_setup(acp: &crate::agent::AcpConfig, config: &AgentConfig) -> AgentSetup {
+    let acp = acp.clone();
     let (sender, events) = tool_events();
     let gate = ApprovalGate::new(Duration::from_secs(acp.permission_timeout_secs), sender);
     let agent = AcpAgent::new(acp, gate.clone(), secret_env_names(config));
-    Ok(AgentSetup {
+    AgentSetup {
         agent: Arc::new(agent),
         terminal: None,
         approvals: Some(ApprovalsSetup { gate, events }),
-    })
+    }
 }
 
 /// The claude preset with `permission_prompt = true`: the command backend
@@ -203,12 +200,7 @@ fn claude_with_permission_prompts(
     config: &Config,
     data_dir: Option<&std::path::Path>,
 ) -> Result<Option<AgentSetup>, String> {
-    let Some(command) = config
-        .agent
-        .command
-        .as_ref()
-        .filter(|c| config.agent.backend == Backend::Command && c.permission_prompt)
-    else {
+    let Some(command) = config.agent.command().filter(|c| c.permission_prompt) else {
         return Ok(None);
     };
     let program = match &command.permission_helper {
@@ -255,31 +247,24 @@ pub fn build_agent_in(
     data_dir: Option<&std::path::Path>,
 ) -> Result<Arc<dyn Agent>, String> {
     let secrets = secret_env_names(config);
-    Ok(match config.backend {
-        Backend::Echo => Arc::new(EchoAgent {
-            delay: Duration::from_millis(config.echo.delay_ms),
+    Ok(match &config.backend {
+        AgentBackend::Echo(echo) => Arc::new(EchoAgent {
+            delay: Duration::from_millis(echo.delay_ms),
         }),
-        Backend::Command => {
-            let command = config
-                .command
-                .clone()
-                .ok_or("agent.backend = \"command\" needs [agent.command]")?;
-            let agent = CommandAgent::new(command, secrets);
+        AgentBackend::Command(command) => {
+            let agent = CommandAgent::new(command.clone(), secrets);
             Arc::new(match data_dir {
                 Some(dir) => agent.with_history_dir(dir),
                 None => agent,
             })
         }
-        Backend::Openai => {
-            let openai = config
-                .openai
-                .clone()
-                .ok_or("agent.backend = \"openai\" needs [agent.openai]")?;
+        AgentBackend::Openai(openai) => {
+            let openai = openai.clone();
             let key = openai.api_key();
             Arc::new(OpenAiAgent::new(openai, key, Arc::new(NoTools))?)
         }
         // Its permission requests need the chat: only with its gate.
-        Backend::Acp => return Err(
+        AgentBackend::Acp(_) => return Err(
             "agent.backend = \"acp\" asks permissions in the chat: build it with build_agent_setup"
                 .to_string(),
         ),

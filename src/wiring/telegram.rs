@@ -2,7 +2,6 @@
 //! open the store, build the engine, the media step and the listeners,
 //! recover, then take updates) and `telegate run` with its signals.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapter::AdapterConfig;
 use crate::agent::Agent;
-use crate::config::{Config, UpdateMode};
+use crate::config::{AgentBackend, Config, Updates};
 use crate::delivery::{Delivery, TelegramOutbound};
 use crate::engine::{report_lost_processes, AgentSetup, Engine};
 use crate::media::album::AlbumAliases;
@@ -60,19 +59,18 @@ impl TelegramBot {
             .token
             .as_ref()
             .ok_or_else(|| StartError::Config("telegram.token is missing".into()))?;
-        let api_url = url::Url::parse(&telegram.api_url)
-            .map_err(|e| StartError::Config(format!("telegram.api_url: {e}")))?;
+        let api_url = telegram.api_url.clone();
         let bot = Bot::new(token.expose()).set_api_url(api_url.clone());
         // Start-up does three independent things before it can take updates:
         // ask Telegram who we are, open the store, and (polling) remove a
         // webhook left behind, which would make getUpdates fail with 409.
         // They overlap; the first error in that order is the one reported.
         let leftover_webhook = async {
-            match telegram.mode {
-                UpdateMode::Polling => registration::remove_leftover_webhook(&bot)
+            match telegram.updates {
+                Updates::Polling => registration::remove_leftover_webhook(&bot)
                     .await
                     .map(|_| ()),
-                UpdateMode::Webhook => Ok(()),
+                Updates::Webhook(_) => Ok(()),
             }
         };
         let (me, store, leftover_webhook) = tokio::join!(
@@ -231,8 +229,8 @@ impl TelegramBot {
         // One list for both ways of receiving updates (and for "the
         // webhook is already registered").
         let allowed_updates = registration::handled_updates(config.delivery.streaming);
-        let (intake_task, webhook_addr) = match telegram.mode {
-            UpdateMode::Polling => {
+        let (intake_task, webhook_addr) = match &telegram.updates {
+            Updates::Polling => {
                 // A leftover webhook was removed above, keeping its pending
                 // updates.
                 let task = tokio::spawn(polling::poll(
@@ -245,36 +243,19 @@ impl TelegramBot {
                 ));
                 (task, None)
             }
-            UpdateMode::Webhook => {
-                let webhook = telegram.webhook.as_ref().ok_or_else(|| {
-                    StartError::Config(
-                        "telegram.mode = \"webhook\" needs [telegram.webhook]".into(),
-                    )
-                })?;
-                let listen: SocketAddr = webhook
-                    .listen
-                    .parse()
-                    .map_err(|e| StartError::Config(format!("telegram.webhook.listen: {e}")))?;
-                let url = url::Url::parse(&webhook.public_url)
-                    .map_err(|e| StartError::Config(format!("telegram.webhook.public_url: {e}")))?;
-                let secret = webhook.secret_token.clone().ok_or_else(|| {
-                    StartError::Config("telegram.webhook.secret_token is required".into())
-                })?;
-                let path = match url.path() {
-                    "" => "/".to_string(),
-                    path => path.to_string(),
-                };
+            Updates::Webhook(webhook) => {
                 let at = webhook::WebhookListen {
-                    listen,
-                    path: &path,
-                    limits: webhook.limits(),
+                    listen: webhook.listen,
+                    path: &webhook.path,
+                    limits: webhook.limits,
                 };
-                let (bound, task) = webhook::serve(at, secret.clone(), intake, stop_intake.clone())
-                    .await
-                    .map_err(|e| StartError::Webhook(e.to_string()))?;
+                let (bound, task) =
+                    webhook::serve(at, webhook.secret.clone(), intake, stop_intake.clone())
+                        .await
+                        .map_err(|e| StartError::Webhook(e.to_string()))?;
                 let wanted = registration::WantedWebhook {
-                    url: &url,
-                    secret: &secret,
+                    url: &webhook.public_url,
+                    secret: &webhook.secret,
                     max_connections: webhook.max_connections,
                     allowed_updates: &allowed_updates,
                     state_dir: (!config.store.in_memory).then_some(config.store.data_dir.as_path()),
@@ -380,13 +361,10 @@ pub fn build_media(
     ),
     String,
 > {
-    use crate::config::Backend;
     use crate::media::prepare::ImageMode;
-    let images = match config.agent.backend {
-        Backend::Openai if config.agent.openai.as_ref().is_some_and(|o| o.vision) => {
-            ImageMode::Vision
-        }
-        Backend::Openai => ImageMode::Refuse,
+    let images = match &config.agent.backend {
+        AgentBackend::Openai(openai) if openai.vision => ImageMode::Vision,
+        AgentBackend::Openai(_) => ImageMode::Refuse,
         _ => ImageMode::Path,
     };
     let scratch = if config.store.in_memory {

@@ -674,7 +674,7 @@ async fn an_agent_that_does_not_start_is_stopped_and_reported() {
     bot.shutdown().await;
 
     let mut config = config(&fake, agent_dir.path(), data.path(), "", "");
-    if let Some(acp) = config.agent.acp.as_mut() {
+    if let Some(acp) = config.agent.acp_mut() {
         acp.program = Some(format!("{}/no-such-agent", agent_dir.path().display()));
     }
     let bot = TelegramBot::start(&config).await.unwrap();
