@@ -112,7 +112,7 @@ for row in "${rows[@]}"; do
         failed=1
     fi
     notes=$(grep -o -e "after the restart: [A-Za-z ()]*" -e "stop: told after [0-9a-z ,;()]*kept" \
-        -e "permission: [a-z ,]*" "$log" | paste -sd ";" - | sed 's/;/; /g')
+        -e "permission: [a-z ,]*" "$log" | paste -sd ";" - | sed 's/; */; /g')
     results+=("$outcome|$(( $(date +%s) - start )) s|$agent|$what|$notes|$log")
 done
 
