@@ -1,7 +1,9 @@
-//! Fakes of the APIs the real coding CLIs talk to, on 127.0.0.1, for
-//! `scripts/real-mcp.sh` (the `real_clients` tests): the Anthropic
-//! Messages API Claude Code uses (`ANTHROPIC_BASE_URL`) and the OpenAI
-//! Responses API Codex uses (a `model_providers` entry).
+//! Fakes of the APIs the real coding agents talk to, on 127.0.0.1, for
+//! `scripts/real-agents.sh` (the `real_clients` and `real_agents` tests):
+//! the Anthropic Messages API Claude Code uses (`ANTHROPIC_BASE_URL`), the
+//! OpenAI Responses API Codex uses (a `model_providers` entry), the OpenAI
+//! chat completions API OpenCode uses (a provider with a `baseURL`) and
+//! the Gemini API Gemini CLI uses (`GOOGLE_GEMINI_BASE_URL`).
 //!
 //! * `POST /v1/messages`: a user message containing `REAL-PERMISSION
 //!   <command>` (with a `Bash` tool offered) is answered with a `tool_use`
@@ -10,9 +12,23 @@
 //!   requests) with "ok". Streamed (SSE) when asked, else one JSON body.
 //! * `POST /v1/responses`: a streamed answer "Codex answer N" whose
 //!   `usage` is this request's own: [`PER_RESPONSE_INPUT`] input tokens.
+//! * `POST /v1/chat/completions`: "OpenCode answer N" (N counts the
+//!   requests whose last message is the user's), streamed as
+//!   `chat.completion.chunk`s with the usage chunk asked by
+//!   `stream_options.include_usage`, then `[DONE]`; with a `bash` tool
+//!   offered, `REAL-PERMISSION <command>` is answered with a `bash` tool
+//!   call, and a conversation ending in its `tool` result with "OpenCode
+//!   finished.".
+//! * `POST /v1beta/models/M:generateContent` and `:streamGenerateContent`
+//!   (`?alt=sse`): "Gemini answer N" as a candidate; a request asking for
+//!   JSON (`responseMimeType` / `responseJsonSchema`: Gemini CLI's model
+//!   router and next-speaker checks) gets a JSON object with the fields
+//!   those read; `REAL-PERMISSION <command>` with `run_shell_command`
+//!   offered becomes its `functionCall`, a conversation ending in its
+//!   `functionResponse` "Gemini finished.". `:countTokens` counts 10.
 //! * Anything else: 404.
 //! * A request whose last item is a user message containing `REAL-SLOW`
-//!   (either API) is answered only after a minute: a turn to /stop.
+//!   (any API) is answered only after a minute: a turn to /stop.
 //!
 //! Every request is recorded (path, authorization, body).
 
@@ -115,6 +131,13 @@ async fn handle(
     }
     if path.ends_with("/v1/messages") {
         messages(&body)
+    } else if path.ends_with("/chat/completions") {
+        chat_completions(&body, served_where(&shared, &path, last_is_user))
+    } else if path.contains(":generateContent") || path.contains(":streamGenerateContent") {
+        let n = served_where(&shared, "Content", |b| last_is_user(b) && !wants_json(b));
+        gemini(&body, path.contains(":stream"), n)
+    } else if path.contains(":countTokens") {
+        json_response(json!({"totalTokens": 10}))
     } else if path.ends_with("/v1/messages/count_tokens") {
         json_response(json!({"input_tokens": 10}))
     } else if path.ends_with("/responses") {
@@ -130,17 +153,73 @@ async fn handle(
     }
 }
 
-/// The last item of the conversation (`messages` of the Messages API,
-/// `input` of the Responses API) is the user's and its text has `needle`.
-fn last_user_says(body: &Value, needle: &str) -> bool {
-    let last = body["messages"]
+/// The last item of the conversation (`messages` of the Messages and
+/// chat completions APIs, `input` of the Responses API, `contents` of
+/// the Gemini API).
+fn last_item(body: &Value) -> Option<&Value> {
+    body["messages"]
         .as_array()
         .or_else(|| body["input"].as_array())
-        .and_then(|items| items.last());
-    let Some(last) = last else {
+        .or_else(|| body["contents"].as_array())
+        .and_then(|items| items.last())
+}
+
+/// The last item is the user's and the last text in it has `needle`
+/// (the last one: Claude Code folds the user messages after an
+/// interrupted turn into one, the stopped message first).
+fn last_user_says(body: &Value, needle: &str) -> bool {
+    let Some(last) = last_item(body).filter(|last| last["role"] == "user") else {
         return false;
     };
-    last["role"] == "user" && last["content"].to_string().contains(needle)
+    let content = if last["parts"].is_null() {
+        &last["content"]
+    } else {
+        &last["parts"]
+    };
+    let text = match content {
+        Value::Array(blocks) => blocks
+            .iter()
+            .rev()
+            .find_map(|b| b["text"].as_str())
+            .unwrap_or_default()
+            .to_string(),
+        other => other.to_string(),
+    };
+    text.contains(needle)
+}
+
+/// The last item is a user message with text (not a tool result).
+fn last_is_user(body: &Value) -> bool {
+    last_item(body).is_some_and(|last| {
+        last["role"] == "user"
+            && !last.to_string().contains("\"functionResponse\"")
+            && !last.to_string().contains("\"tool_result\"")
+    })
+}
+
+/// How many recorded requests to a path containing `path` (this one
+/// included) `which` picks.
+fn served_where(shared: &Shared, path: &str, which: impl Fn(&Value) -> bool) -> usize {
+    let requests = shared.requests.lock().unwrap();
+    requests
+        .iter()
+        .filter(|r| r.path.contains(path) && which(&r.body))
+        .count()
+        .max(1)
+}
+
+/// `command` of the first user text `REAL-PERMISSION <command>`.
+fn permission_command(texts: &[String]) -> Option<String> {
+    texts.iter().find_map(|t| {
+        t.find("REAL-PERMISSION ").map(|i| {
+            t[i + "REAL-PERMISSION ".len()..]
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+    })
 }
 
 fn json_response(value: Value) -> Response {
@@ -198,16 +277,7 @@ fn offers_bash(body: &Value) -> bool {
 }
 
 fn messages(body: &Value) -> Response {
-    let command = user_texts(body).iter().find_map(|t| {
-        t.find("REAL-PERMISSION ").map(|i| {
-            t[i + "REAL-PERMISSION ".len()..]
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .to_string()
-        })
-    });
+    let command = permission_command(&user_texts(body));
     let block = match command {
         Some(_) if ends_in_tool_result(body) => json!({"type": "text", "text": "Claude finished."}),
         Some(command) if offers_bash(body) => json!({
@@ -300,4 +370,127 @@ fn responses(n: usize) -> Response {
                       "total_tokens": PER_RESPONSE_INPUT + 10}}}),
         ),
     ])
+}
+
+/// An OpenAI chat completions answer (OpenCode's provider API).
+fn chat_completions(body: &Value, n: usize) -> Response {
+    let model = body["model"].as_str().unwrap_or("fake-model").to_string();
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let texts: Vec<String> = messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| match &m["content"] {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        })
+        .collect();
+    let offers_tool = |name: &str| {
+        body["tools"]
+            .as_array()
+            .is_some_and(|tools| tools.iter().any(|t| t["function"]["name"] == name))
+    };
+    let after_tool = messages.last().is_some_and(|m| m["role"] == "tool");
+    let delta = match permission_command(&texts) {
+        Some(_) if after_tool => json!({"role": "assistant", "content": "OpenCode finished."}),
+        Some(command) if offers_tool("bash") => json!({"role": "assistant", "tool_calls": [{
+            "index": 0, "id": "call_real_1", "type": "function",
+            "function": {"name": "bash", "arguments": json!({
+                "command": command, "description": "Run the requested command"}).to_string()}
+        }]}),
+        _ => json!({"role": "assistant", "content": format!("OpenCode answer {n}")}),
+    };
+    let finish = if delta["tool_calls"].is_null() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    let usage = json!({"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105});
+    let chunk = |choices: Value, usage: Value| {
+        json!({"id": format!("chatcmpl-{n}"), "object": "chat.completion.chunk", "created": 1,
+               "model": model, "choices": choices, "usage": usage})
+    };
+    if body["stream"] != true {
+        let mut message = delta.clone();
+        if message["content"].is_null() {
+            message["content"] = Value::Null;
+        }
+        return json_response(
+            json!({"id": format!("chatcmpl-{n}"), "object": "chat.completion",
+            "created": 1, "model": model, "usage": usage,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}),
+        );
+    }
+    let mut text = String::new();
+    for data in [
+        chunk(
+            json!([{"index": 0, "delta": delta, "finish_reason": null}]),
+            Value::Null,
+        ),
+        chunk(
+            json!([{"index": 0, "delta": {}, "finish_reason": finish}]),
+            Value::Null,
+        ),
+        chunk(json!([]), usage),
+    ] {
+        text.push_str(&format!("data: {data}\n\n"));
+    }
+    text.push_str("data: [DONE]\n\n");
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .body(Body::from(text))
+        .unwrap()
+}
+
+/// The request asks for a JSON answer (Gemini CLI's side requests).
+fn wants_json(body: &Value) -> bool {
+    let config = &body["generationConfig"];
+    config["responseMimeType"] == "application/json"
+        || !config["responseJsonSchema"].is_null()
+        || !config["responseSchema"].is_null()
+}
+
+/// A Gemini API answer (`generateContent`, or one SSE event of
+/// `streamGenerateContent`).
+fn gemini(body: &Value, stream: bool, n: usize) -> Response {
+    let contents = body["contents"].as_array().cloned().unwrap_or_default();
+    let texts: Vec<String> = contents
+        .iter()
+        .filter(|c| c["role"] == "user")
+        .flat_map(|c| c["parts"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["text"].as_str().map(str::to_string))
+        .collect();
+    let offers_shell = body["tools"].as_array().is_some_and(|tools| {
+        tools.iter().any(|t| {
+            t["functionDeclarations"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f["name"] == "run_shell_command"))
+        })
+    });
+    let after_tool = contents
+        .last()
+        .is_some_and(|c| c.to_string().contains("\"functionResponse\""));
+    let part = if wants_json(body) {
+        json!({"text": json!({"complexity_reasoning": "A simple request.", "complexity_score": 10,
+            "reasoning": "The model answered.", "next_speaker": "user"}).to_string()})
+    } else {
+        match permission_command(&texts) {
+            Some(_) if after_tool => json!({"text": "Gemini finished."}),
+            Some(command) if offers_shell => json!({"functionCall": {"name": "run_shell_command",
+                "args": {"command": command, "description": "Run the requested command"}}}),
+            _ => json!({"text": format!("Gemini answer {n}")}),
+        }
+    };
+    let answer = json!({
+        "candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 5, "totalTokenCount": 105},
+        "modelVersion": body["model"].as_str().unwrap_or("gemini-fake"),
+        "responseId": format!("gemini-{n}")
+    });
+    if !stream {
+        return json_response(answer);
+    }
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .body(Body::from(format!("data: {answer}\r\n\r\n")))
+        .unwrap()
 }
