@@ -65,7 +65,7 @@ files_of() {
         split) echo src/delivery/split.rs ;;
         entity) echo src/delivery/entity.rs ;;
         adapter) echo "src/adapter/mod.rs src/adapter/state.rs src/adapter/owner.rs src/adapter/handler.rs src/adapter/outcome.rs" ;;
-        runner) echo "src/runner/mod.rs src/runner/turn.rs src/runner/controls.rs src/runner/commands.rs src/runner/session_table.rs src/runner/watchdog.rs" ;;
+        runner) echo "src/runner/mod.rs src/runner/turn.rs src/runner/outcome.rs src/runner/controls.rs src/runner/commands.rs src/runner/session_table.rs src/runner/watchdog.rs" ;;
         ledger) echo src/store/inbox.rs ;;
         intake) echo "src/transport/telegram/intake.rs src/transport/telegram/inbox_writer.rs" ;;
         delivery) echo "src/delivery/telegram.rs src/delivery/lanes.rs" ;;

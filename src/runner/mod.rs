@@ -42,6 +42,7 @@ mod conversations;
 pub mod generations;
 
 mod jobs;
+mod outcome;
 mod session_table;
 mod slots;
 mod team;

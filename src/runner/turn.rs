@@ -7,18 +7,16 @@
 //! that is still unwinding never writes into a newer one.
 
 use crate::adapter::DispatchContext;
-use crate::agent::AgentError;
 use crate::agent::TurnRequest;
 use crate::reply::Outgoing;
 use crate::reply::Reply;
 use crate::reply::TurnStart;
 use crate::runner::commands;
-use crate::runner::panic_message;
+use crate::runner::outcome::{turn_outcome, TurnOutcome};
 use crate::runner::watch_for_stall;
 use crate::runner::AgentHandle;
 use crate::runner::Runner;
 use crate::runner::RunningAgent;
-use crate::runner::Watched;
 use crate::runner::STORE_DOWN_TEXT;
 use crate::store::Store;
 use crate::store::TranscriptEntry;
@@ -189,36 +187,32 @@ impl Runner {
         // Only a turn that is still current may release the slot and answer.
         slot.armed = false;
         let current = self.state().slots.release(&key, Some(generation));
-        let finished_cleanly =
-            matches!(&watched, Watched::Finished(Ok(Ok(_)))) && !cancel.is_cancelled();
+        let outcome = turn_outcome(current, cancel.is_cancelled(), watched);
         metrics.turn_duration.observe(started.elapsed());
         // Counted before the transcript write below: a stopped turn still
         // unwinding when the command's bounded wait ends is aborted at that
         // await, and must have been counted by then.
-        let cancelled = !current
-            || (matches!(&watched, Watched::Finished(_)) && cancel.is_cancelled())
-            || matches!(&watched, Watched::Finished(Ok(Err(AgentError::Cancelled))));
-        if cancelled {
+        if outcome.counts_as_cancelled() {
             metrics.turns_cancelled.inc();
-            if !current {
+            if matches!(outcome, TurnOutcome::Stale) {
                 metrics.generation_discards.inc();
             }
         }
-        if !current || !finished_cleanly {
+        if outcome.keeps_partial() {
             // Stopped, interrupted, stalled, failed or stale: the transcript
             // keeps what the user saw so far, marked as interrupted.
             let partial = progress.snapshot();
-            if !partial.is_empty() || !current {
+            if !partial.is_empty() || matches!(outcome, TurnOutcome::Stale) {
                 self.record(&session_id, vec![interrupted_entry(partial)])
                     .await;
             }
         }
-        if !current {
-            tracing::debug!(session_key = %key, %generation, "stale turn result discarded");
-            return None;
-        }
-        let reply = match watched {
-            Watched::Stalled => {
+        let reply = match outcome {
+            TurnOutcome::Stale => {
+                tracing::debug!(session_key = %key, %generation, "stale turn result discarded");
+                return None;
+            }
+            TurnOutcome::Stalled => {
                 tracing::warn!(session_key = %key, "turn stalled; cancelled by the watchdog");
                 metrics.watchdog_cancels.inc();
                 metrics.turns_cancelled.inc();
@@ -227,12 +221,10 @@ impl Runner {
                     commands::human_duration(self.inner.config.stall_timeout)
                 ))
             }
-            Watched::Finished(_) if cancel.is_cancelled() => {
-                // Interrupted (a newer message) or stopped: never answered
-                // (counted above).
-                return None;
-            }
-            Watched::Finished(Ok(Ok(answer))) => {
+            // Interrupted (a newer message) or stopped: never answered
+            // (counted above).
+            TurnOutcome::Stopped => return None,
+            TurnOutcome::Answered(answer) => {
                 metrics.turns_finished.inc();
                 {
                     let mut state = self.state();
@@ -270,18 +262,17 @@ impl Runner {
                 );
                 Reply::answer(answer.text)
             }
-            Watched::Finished(Ok(Err(AgentError::Cancelled))) => return None,
-            Watched::Finished(Ok(Err(AgentError::Backend {
+            TurnOutcome::Failed {
                 user_message,
                 detail,
-            }))) => {
+            } => {
                 metrics.turns_failed.inc();
                 tracing::warn!(session_key = %key, %detail, "turn failed");
                 Reply::error(format!("⚠️ {user_message}\n{RESET_HINT}"))
             }
-            Watched::Finished(Err(panic)) => {
+            TurnOutcome::Panicked(panic) => {
                 metrics.turns_failed.inc();
-                tracing::error!(session_key = %key, panic = %panic_message(&panic), "agent panicked");
+                tracing::error!(session_key = %key, %panic, "agent panicked");
                 Reply::error(format!(
                     "⚠️ Something went wrong inside the agent.\n{RESET_HINT}"
                 ))
