@@ -12,8 +12,11 @@
 //! decisions (that is the adapter's job) or await an agent turn.
 
 pub mod callback;
+mod chat_stages;
+pub mod dispatch;
 pub mod health;
 pub mod inbound;
+pub mod inbox_listener;
 pub mod inbox_writer;
 pub mod intake;
 pub mod media;
@@ -21,6 +24,7 @@ mod parse;
 pub mod polling;
 pub mod raw;
 pub mod registration;
+mod strangers;
 pub mod webhook;
 
 use std::net::SocketAddr;
@@ -31,8 +35,8 @@ use teloxide::types::BotCommand;
 use teloxide::Bot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
+use self::dispatch::Dispatching;
 use self::inbox_writer::InboxWriter;
 use crate::delivery::Delivery;
 use crate::engine::Engine;
@@ -77,7 +81,7 @@ pub struct TelegramBot {
     pub(crate) inbox_writer: InboxWriter,
     pub(crate) stop_intake: CancellationToken,
     pub(crate) intake_task: JoinHandle<()>,
-    pub(crate) chat_workers: TaskTracker,
+    pub(crate) dispatching: Option<Dispatching>,
     pub(crate) shutdown_grace: Duration,
     /// Cancelled when Telegram keeps refusing the token (polling): the bot
     /// cannot work and `run` exits with an error.
@@ -112,16 +116,12 @@ impl TelegramBot {
     pub async fn shutdown(self) {
         self.stop_intake.cancel();
         let _ = self.intake_task.await;
-        // Chat workers and their preparations finish the step they are in
-        // (a download is cut short by the token; a refusal closes its inbox
-        // row) before the engine and the store go away. Messages they did
-        // not get to stay in the inbox for the next start.
-        self.chat_workers.close();
-        if tokio::time::timeout(self.shutdown_grace, self.chat_workers.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("chat workers still busy after the shutdown grace");
+        // The dispatcher's handlers and the chats' preparations finish the
+        // step they are in (a download is cut short by the token; a refusal
+        // closes its inbox row) before the engine and the store go away.
+        // Messages they did not get to stay in the inbox for the next start.
+        if let Some(dispatching) = self.dispatching {
+            dispatching.shutdown(self.shutdown_grace).await;
         }
         let cancelled = self.engine.adapter.shutdown(self.shutdown_grace).await;
         if cancelled > 0 {
