@@ -72,6 +72,9 @@ impl Progress {
     async fn reached(&self, count: u64, stop: &CancellationToken) {
         loop {
             let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the check: a finish in between still wakes it.
+            changed.as_mut().enable();
             if self.done.load(Ordering::Acquire) >= count {
                 return;
             }
@@ -219,5 +222,93 @@ impl UpdateListener for InboxListener {
 
     fn stop_token(&mut self) -> StopToken {
         self.token.0.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use teloxide::types::{Update, UpdateId};
+    use teloxide::update_listeners::{AsUpdateStream, UpdateListener};
+    use tokio_util::sync::CancellationToken;
+
+    use super::Feed;
+    use crate::transport::telegram::inbound::Inbound;
+
+    fn update(id: u32) -> Update {
+        let raw = serde_json::json!({"update_id": id, "message": {
+            "message_id": id, "date": 1, "text": "hi",
+            "chat": {"id": 1, "type": "private", "first_name": "A"},
+        }});
+        serde_json::from_value(raw).expect("an update")
+    }
+
+    #[tokio::test]
+    async fn the_listener_yields_what_was_fed_in_order_and_ends_on_stop() {
+        let stop = CancellationToken::new();
+        let (feed, mut listener) = Feed::new(stop.clone());
+        feed.send(update(1), None);
+        feed.send(update(2), Some(Inbound::Ignore("test")));
+        let mut stream = listener.as_stream();
+        let ids: Vec<u32> = [stream.next().await, stream.next().await]
+            .into_iter()
+            .map(|u| u.expect("fed").expect("no error").id.0)
+            .collect();
+        assert_eq!(ids, [1, 2]);
+        feed.send(update(3), None);
+        stop.cancel();
+        assert!(
+            stream.next().await.is_none(),
+            "a stopped listener yields nothing more"
+        );
+        drop(stream);
+        let verdicts = feed.verdicts();
+        assert!(matches!(
+            verdicts.take(UpdateId(2)),
+            Some(Inbound::Ignore("test"))
+        ));
+        assert!(
+            verdicts.take(UpdateId(2)).is_none(),
+            "a verdict is taken once"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_dispatchers_stop_token_ends_the_stream_and_a_new_listener_goes_on() {
+        let (feed, mut listener) = Feed::new(CancellationToken::new());
+        feed.send(update(1), None);
+        feed.send(update(2), None);
+        let mut again = listener.again();
+        {
+            let token = listener.stop_token();
+            let mut stream = listener.as_stream();
+            assert_eq!(stream.next().await.unwrap().unwrap().id.0, 1);
+            token.stop();
+            assert!(stream.next().await.is_none());
+        }
+        // A second start of the dispatcher loses nothing.
+        let mut stream = again.as_stream();
+        assert_eq!(stream.next().await.unwrap().unwrap().id.0, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settled_waits_for_every_update_fed_before() {
+        let (feed, _listener) = Feed::new(CancellationToken::new());
+        feed.send(update(1), None);
+        feed.send(update(2), None);
+        let progress = feed.progress();
+        progress.finished_one();
+        let early = tokio::time::timeout(Duration::from_secs(1), feed.settled()).await;
+        assert!(early.is_err(), "settled with one of two updates finished");
+        let finisher = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            progress.finished_one();
+        });
+        tokio::time::timeout(Duration::from_secs(1), feed.settled())
+            .await
+            .expect("settled once both finished");
+        finisher.await.unwrap();
     }
 }

@@ -1,15 +1,30 @@
-//! The Telegram transport: teloxide's dispatcher (long polling or webhook)
-//! feeding the adapter, and the delivery engine for replies.
+//! The Telegram transport: updates in (long polling or webhook, inbox
+//! first), teloxide's dispatcher feeding the adapter, button presses, and
+//! the bot's start-up pieces and shutdown.
 //!
-//! The handler classifies each message ([`inbound::classify`]), hands the
-//! event to the adapter and returns: the adapter spawns the turn, so a slow
-//! turn never blocks the chat's update stream and `/stop` reaches the
-//! adapter while the turn it stops is still running. (teloxide runs one
-//! chat's updates one at a time; a handler that awaited the turn would make
-//! `/stop` wait behind it.)
+//! The way in, step by step:
 //!
-//! This module owns talking to teloxide. It must never make session
-//! decisions (that is the adapter's job) or await an agent turn.
+//! * [`polling`] (raw `getUpdates`) or [`webhook`] hands each raw update to
+//!   the [`intake`], which classifies it ([`inbound::classify`]), records it
+//!   in the inbox and, only if its row is new, feeds it to the
+//!   [`inbox_listener`]; the offset moves (or the webhook answers 200) only
+//!   after that. Restart recovery feeds the unfinished rows first.
+//! * teloxide's `Dispatcher` takes the recorded updates from that listener
+//!   (telegate's own `UpdateListener`) and runs the [`dispatch`] handler
+//!   tree: one chat's messages in order, chats concurrently, button presses
+//!   at once ([`callback`]). An accepted message goes to the chat's
+//!   preparation stage (`chat_stages`, media prepared in tasks of their
+//!   own) or straight to the adapter.
+//! * Each handler returns once the adapter routed the event: the adapter
+//!   spawns the turn, so a slow turn never blocks the chat's update stream
+//!   and `/stop` reaches the adapter while the turn it stops is still
+//!   running. (teloxide runs one chat's handlers one at a time; a handler
+//!   that awaited the turn would make `/stop` wait behind it.)
+//! * Telegram's draft stop, which teloxide cannot carry, is recorded and
+//!   carried out by the intake itself.
+//!
+//! This module owns talking to Telegram for updates. It must never make
+//! session decisions (that is the adapter's job) or await an agent turn.
 
 pub mod callback;
 mod chat_stages;
@@ -87,7 +102,7 @@ pub struct TelegramBot {
     /// cannot work and `run` exits with an error.
     pub token_rejected: CancellationToken,
     /// The media directory of an in-memory store, removed with the bot
-    /// (dropped last in `shutdown`, after the workers that write to it).
+    /// (dropped last in `shutdown`, after the preparations that write to it).
     pub(crate) _scratch_media: Option<media::ScratchMediaDir>,
 }
 
@@ -110,8 +125,10 @@ pub(crate) async fn sync_commands(bot: &Bot) {
 }
 
 impl TelegramBot {
-    /// Stop taking updates, let running turns finish (up to the configured
-    /// grace), cancel the rest (their messages are resumed on the next
+    /// Stop taking updates (the polling loop or webhook, then the
+    /// dispatcher through its `ShutdownToken`, its handlers and the chats'
+    /// preparations waited for up to the grace), let running turns finish
+    /// (up to the configured grace), cancel the rest (their messages are resumed on the next
     /// start), write every record, close the store.
     pub async fn shutdown(self) {
         self.stop_intake.cancel();
