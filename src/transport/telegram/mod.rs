@@ -27,7 +27,7 @@
 //! session decisions (that is the adapter's job) or await an agent turn.
 
 pub mod callback;
-mod chat_stages;
+pub mod chat_stages;
 pub mod dispatch;
 pub mod health;
 pub mod inbound;
@@ -39,7 +39,7 @@ mod parse;
 pub mod polling;
 pub mod raw;
 pub mod registration;
-mod strangers;
+pub mod strangers;
 pub mod webhook;
 
 use std::net::SocketAddr;
