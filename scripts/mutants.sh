@@ -67,7 +67,7 @@ files_of() {
         adapter) echo "src/adapter/mod.rs src/adapter/state.rs src/adapter/owner.rs src/adapter/handler.rs src/adapter/outcome.rs" ;;
         runner) echo "src/runner/mod.rs src/runner/turn.rs src/runner/outcome.rs src/runner/controls.rs src/runner/commands.rs src/runner/session_table.rs src/runner/watchdog.rs" ;;
         ledger) echo src/store/inbox.rs ;;
-        intake) echo "src/transport/telegram/intake.rs src/transport/telegram/inbox_writer.rs" ;;
+        intake) echo "src/transport/telegram/intake.rs src/transport/telegram/inbox_writer.rs src/transport/telegram/inbox_listener.rs src/transport/telegram/dispatch.rs src/transport/telegram/chat_stages.rs" ;;
         delivery) echo "src/delivery/telegram.rs src/delivery/lanes.rs" ;;
         *) echo "unknown group: $1" >&2; exit 2 ;;
     esac
@@ -80,7 +80,7 @@ tests_of() {
         split | entity) echo "telegram_e2e" ;;
         adapter | runner) echo "${engine_tests[*]} instant_control xsession_wakeup telegram_e2e terminal_e2e approval_authority_e2e terminal_approval_e2e controls_e2e cli_agents_e2e media_e2e" ;;
         ledger) echo "crash_recovery telegram_e2e outbox_once" ;;
-        intake) echo "crash_recovery telegram_e2e outbox_once media_e2e store_integrity instance_lock controls_e2e inbound_fuzz" ;;
+        intake) echo "crash_recovery telegram_e2e outbox_once media_e2e media_queue_e2e webhook_lifecycle store_integrity instance_lock controls_e2e inbound_fuzz" ;;
         delivery) echo "telegram_e2e outbox_once chaos delivery_retries" ;;
     esac
 }

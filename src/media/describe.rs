@@ -1,7 +1,7 @@
 //! What media a Telegram message carries, read from the update alone.
 //!
 //! Pure (no I/O): the intake's classification calls it, and the result
-//! travels on the event until the per-chat worker prepares it. It must
+//! travels on the event until the chat's preparation stage prepares it. It must
 //! never choose anything that depends on configuration (which photo size
 //! fits the limit is decided when preparing).
 

@@ -1,8 +1,9 @@
 //! The preparation stage: one chat's recorded events, in arrival order, on
 //! their way to the session, with media prepared off the chat's queue.
 //!
-//! Whatever hands it one chat's events in order (today the intake's chat
-//! worker) calls [`PreparationStage::take`] for each, and
+//! Whatever hands it one chat's events in order (today the Telegram
+//! dispatcher's handler, with a pump for the wakes: `transport::telegram`'s
+//! `chat_stages`) calls [`PreparationStage::take`] for each, and
 //! [`PreparationStage::wait`] / [`PreparationStage::wake`] while it is not
 //! idle. Each event goes one of the ways [`lane_of`] names:
 //!

@@ -167,6 +167,7 @@ impl TelegramBot {
             config.sessions.resume_interrupted,
             metrics.clone(),
         )
+        .with_stop(stop_intake.clone())
         .with_media(intake_media)
         .with_callbacks(Arc::new(callback::CallbackHandler::new(
             engine.clone(),
@@ -174,7 +175,7 @@ impl TelegramBot {
             store.clone(),
             telegram.approvers.clone(),
         )));
-        let chat_workers = intake.worker_tasks();
+        let dispatching = intake.dispatching().await;
         let resumed = intake.recover().await?;
         let outbound = TelegramOutbound::new(delivery.clone(), None);
         let lost = report_lost_processes(&store, &outbound).await;
@@ -278,7 +279,7 @@ impl TelegramBot {
             inbox_writer,
             stop_intake,
             intake_task,
-            chat_workers,
+            dispatching,
             shutdown_grace: Duration::from_secs(config.sessions.shutdown_grace_secs),
             token_rejected,
             _scratch_media: scratch_media,

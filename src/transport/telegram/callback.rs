@@ -1,6 +1,6 @@
 //! Button presses (`callback_query` updates): recorded in the inbox like
-//! messages, then carried out and always answered with
-//! `answerCallbackQuery`.
+//! messages, then carried out (by the dispatcher's handler, never behind
+//! the chat's messages) and always answered with `answerCallbackQuery`.
 //!
 //! A press is checked against the button as stored (never against what
 //! the update says): unknown, expired and used buttons do nothing; only the
@@ -76,40 +76,17 @@ impl CallbackHandler {
     }
 
     /// Record the press of update `update_id` (before it is confirmed to
-    /// Telegram), then carry it out in the background. `false`: it was
-    /// recorded before (a redelivery) and is ignored.
-    pub async fn take(
-        self: &Arc<Self>,
+    /// Telegram); the dispatcher carries it out ([`CallbackHandler::handle`]).
+    /// `false`: it was recorded before (a redelivery) and is ignored.
+    pub async fn record(
+        &self,
         update_id: i64,
         chat_id: i64,
         raw: Value,
-        query: CallbackQuery,
     ) -> Result<bool, StoreError> {
-        let new = self
-            .store
+        self.store
             .record_update(update_id, chat_id, None, raw, InboxState::Received, None)
-            .await?;
-        if new {
-            let handler = self.clone();
-            tokio::spawn(async move { handler.handle(update_id, query).await });
-        }
-        Ok(new)
-    }
-
-    /// After a restart: carry out a press recorded but not finished.
-    pub async fn resume(&self, update_id: i64, payload: &Value) -> bool {
-        let Some(query) = payload
-            .get("callback_query")
-            .and_then(super::parse::parse_guarded::<CallbackQuery>)
-        else {
-            return false;
-        };
-        tracing::info!(
-            update_id,
-            "carrying out a button press recorded before the restart"
-        );
-        self.handle(update_id, query).await;
-        true
+            .await
     }
 
     /// Carry out one press and record how it ended.

@@ -32,7 +32,7 @@ pub struct InboundPolicy {
 }
 
 /// What to do with one inbound message.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Inbound {
     /// Hand this event to the adapter.
     Accept(MessageEvent),

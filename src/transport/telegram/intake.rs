@@ -1,47 +1,56 @@
-//! Intake: every update is written to the inbox, then handed on.
+//! Intake: every update is written to the inbox, then fed to the
+//! dispatcher.
 //!
 //! The one rule that makes restarts safe: an update is recorded in the store
 //! *before* it is confirmed to Telegram (the next `getUpdates` offset, or the
 //! webhook's 200). A crash after that point loses nothing: the restart finds
-//! the row and resumes it. A redelivered update finds its row and is ignored,
-//! so it can never start a second turn.
+//! the row and resumes it. A redelivered update finds its row and is ignored
+//! here, so it never reaches the dispatcher and can never start a second
+//! turn.
 //!
-//! Recorded messages are handed to the adapter by one small worker per chat:
-//! in arrival order within a chat, concurrently across chats. The adapter
-//! may have to deliver something before it returns (a "Queued" notice, a
-//! command's reply, which can wait out a `retry_after`); one chat's wait
-//! must never hold up the updates of every other chat. With media, the
-//! worker feeds the chat's preparation stage ([`crate::media::stage`]):
-//! downloads and transcriptions run in tasks of their own, so the chat's
-//! commands and button presses never wait behind them, and a message
-//! waits only for the preparations before it in its slot.
+//! The polling loop ([`super::polling`]) and the webhook ([`super::webhook`])
+//! hand each raw update to [`Intake::take_batch`] / [`Intake::take`]: it is
+//! read and classified ([`super::inbound::classify`]), recorded (a polled
+//! batch's messages in one store call), and only a new row is fed to the
+//! inbox listener ([`super::inbox_listener`]) that teloxide's dispatcher
+//! takes its updates from ([`super::dispatch`]: one chat's updates in
+//! order, chats concurrently, presses at once). Button presses are
+//! recorded by the callback handler and fed the same way. Telegram's draft
+//! stop, which teloxide cannot carry, is recorded and carried out here,
+//! off every chat's queue.
+//!
+//! After a restart, [`Intake::recover`] goes through the unfinished rows
+//! in order before the first live update: what needs no turn is finished
+//! here (an answer already sent, an ambiguous send, a message the restart
+//! interrupted), the rest is fed to the same listener, first in line.
 //!
 //! This module owns recording, classification and recovery. It must never
 //! confirm an update it could not record, and never await a turn.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use serde_json::Value;
-use teloxide::types::{CallbackQuery, Update, UpdateKind};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
+use teloxide::types::{CallbackQuery, Update, UpdateId, UpdateKind};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::callback::{CallbackHandler, DraftStop};
+use super::chat_stages::ChatStages;
+use super::dispatch::{self, Dispatching, Routes};
 use super::inbound::{classify, Inbound, InboundPolicy};
+use super::inbox_listener::Feed;
 use super::inbox_writer::wakeup_from_payload;
-use super::media::{has_media, ChatStage, IntakeMedia};
+use super::media::IntakeMedia;
 use super::parse::{parse_guarded, parse_update};
+use super::strangers::Strangers;
 use crate::delivery::answer::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
-use crate::media::stage::{PreparationStage, Wake};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{NewUpdate, Store, StoreError};
-use crate::vocab::{InboxState, MessageEvent, Origin, SessionSource};
+use crate::vocab::{InboxState, Origin, SessionSource};
 
 /// What the sender of a message is told when the answer's send was cut
 /// off by a restart (it may or may not have arrived; it is not sent again).
@@ -49,115 +58,13 @@ pub const AMBIGUOUS_SEND_NOTICE: &str =
     "⚠️ telegate restarted while sending the answer to this message, \
      so it may not have arrived. If you don't see it, please send your message again.";
 
-/// Hand one chat's messages to the adapter, in order; leave when none is
-/// waiting. With media, they go through the chat's preparation stage
-/// ([`crate::media::stage`]): media is prepared off this queue, so the
-/// chat's commands never wait for a download.
-async fn chat_worker(
-    engine: Engine,
-    workers: ChatWorkers,
-    chat_id: i64,
-    mut queue: mpsc::UnboundedReceiver<MessageEvent>,
-    media: Option<Arc<IntakeMedia>>,
-    tasks: TaskTracker,
-) {
-    let Some(media) = media else {
-        while let Some(event) = next_or_leave(&workers, chat_id, &mut queue) {
-            engine.adapter.handle_message(event).await;
-        }
-        return;
-    };
-    let stop = media.stop.clone();
-    let mut stage = PreparationStage::new(Arc::new(ChatStage::new(engine, media)), tasks);
-    let mut open = true;
-    loop {
-        // A stopping intake hands nothing more on: what is left stays
-        // unfinished in the inbox for the next start.
-        if stop.is_cancelled() {
-            return;
-        }
-        if stage.is_idle() {
-            match next_or_leave(&workers, chat_id, &mut queue) {
-                Some(event) => stage.take(event).await,
-                None => return,
-            }
-            continue;
-        }
-        let next = tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            event = queue.recv(), if open => Next::Event(event),
-            wake = stage.wait() => Next::Wake(wake),
-        };
-        match next {
-            Next::Event(Some(event)) => stage.take(event).await,
-            Next::Event(None) => open = false,
-            Next::Wake(wake) => stage.wake(wake).await,
-        }
-    }
-}
-
-/// What a chat worker with preparations under way saw first.
-enum Next {
-    Event(Option<MessageEvent>),
-    Wake(Wake),
-}
-
-/// The queue's next event; without one the worker leaves the map, under
-/// its lock (a send that succeeded there is always handled).
-fn next_or_leave(
-    workers: &ChatWorkers,
-    chat_id: i64,
-    queue: &mut mpsc::UnboundedReceiver<MessageEvent>,
-) -> Option<MessageEvent> {
-    let mut workers = workers.lock().unwrap_or_else(PoisonError::into_inner);
-    let next = queue.try_recv().ok();
-    if next.is_none() {
-        workers.remove(&chat_id);
-    }
-    next
-}
-
-/// Answers strangers (once per user per interval) with their user id.
-struct StrangerReplies {
-    last: Mutex<HashMap<u64, Instant>>,
-    interval: Duration,
-}
-
-/// Past this many strangers remembered, those whose interval has passed
-/// are forgotten: a flood of strangers cannot grow the map without bound.
-const STRANGERS_KEPT: usize = 10_000;
-
-impl StrangerReplies {
-    fn new(interval: Duration) -> Self {
-        StrangerReplies {
-            last: Mutex::new(HashMap::new()),
-            interval,
-        }
-    }
-
-    /// Whether `user`, a stranger, is to be told their id now (and if so,
-    /// not again within the interval).
-    fn due(&self, user: u64) -> bool {
-        let now = Instant::now();
-        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.len() > STRANGERS_KEPT {
-            last.retain(|_, t| now.duration_since(*t) < self.interval);
-        }
-        match last.get(&user) {
-            Some(t) if now.duration_since(*t) < self.interval => false,
-            _ => {
-                last.insert(user, now);
-                true
-            }
-        }
-    }
-}
+/// How often one stranger is told their id at most.
+const STRANGER_INTERVAL: Duration = Duration::from_secs(600);
 
 /// What happened to one update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Intook {
-    /// Recorded and handed to the adapter.
+    /// Recorded and handed on (to the dispatcher).
     Accepted,
     /// Recorded as not for us (ignored, stranger, malformed).
     Ignored,
@@ -170,7 +77,7 @@ enum Sorted {
     /// No integer `update_id`: ignored (nothing to record it under).
     Unkeyed,
     /// A button press or a draft stop (its update id): the callback handler
-    /// records and carries it out.
+    /// records it.
     Control(i64),
     /// Anything else: one inbox row, then the verdict is acted on.
     Plain(Box<PlainUpdate>),
@@ -180,29 +87,32 @@ enum Sorted {
 /// with it once recorded.
 struct PlainUpdate {
     row: NewUpdate,
+    /// The update as teloxide reads it (none: malformed).
+    update: Option<Update>,
     verdict: Inbound,
 }
 
-/// The per-chat workers handing recorded messages to the adapter.
-type ChatWorkers = Arc<Mutex<HashMap<i64, mpsc::UnboundedSender<MessageEvent>>>>;
+/// The dispatcher of an intake, started on first use.
+struct Started {
+    feed: Feed,
+    dispatching: Mutex<Option<Dispatching>>,
+}
 
-/// Records updates and hands them to the engine.
+/// Records updates and feeds them to its dispatcher.
 #[derive(Clone)]
 pub struct Intake {
     engine: Engine,
     delivery: Delivery,
     store: Store,
     policy: Arc<InboundPolicy>,
-    strangers: Arc<StrangerReplies>,
+    strangers: Arc<Strangers>,
     resume_interrupted: bool,
     metrics: Metrics,
-    workers: ChatWorkers,
-    /// Every chat worker ever started, and every preparation they started,
-    /// so a shutdown can wait for them to finish what they began (a
-    /// refusal's inbox row, a stopped message's report).
-    worker_tasks: TaskTracker,
     media: Option<Arc<IntakeMedia>>,
     callbacks: Option<Arc<CallbackHandler>>,
+    stop: CancellationToken,
+    /// Shared by the clones of one intake: one dispatcher for all of them.
+    started: Arc<OnceLock<Started>>,
 }
 
 impl Intake {
@@ -217,16 +127,16 @@ impl Intake {
     ) -> Self {
         Intake {
             engine,
+            strangers: Arc::new(Strangers::new(delivery.clone(), STRANGER_INTERVAL)),
             delivery,
             store,
             policy: Arc::new(policy),
-            strangers: Arc::new(StrangerReplies::new(Duration::from_secs(600))),
             resume_interrupted,
             metrics,
-            workers: Arc::default(),
-            worker_tasks: TaskTracker::new(),
             media: None,
             callbacks: None,
+            stop: CancellationToken::new(),
+            started: Arc::default(),
         }
     }
 
@@ -235,16 +145,12 @@ impl Intake {
         &self.metrics
     }
 
-    /// The chat workers' tracker: a shutdown closes it and waits (bounded)
-    /// so no worker writes into a closed store or hands a message to a
-    /// stopped engine.
-    pub fn worker_tasks(&self) -> TaskTracker {
-        self.worker_tasks.clone()
-    }
-
     /// Prepare photos, voice and documents before they reach the adapter.
+    /// (Like the other settings: before the intake takes its first update,
+    /// which starts its dispatcher.)
     pub fn with_media(mut self, media: IntakeMedia) -> Self {
         self.media = Some(Arc::new(media));
+        self.started = Arc::default();
         self
     }
 
@@ -252,7 +158,67 @@ impl Intake {
     /// recorded as not handled).
     pub fn with_callbacks(mut self, handler: Arc<CallbackHandler>) -> Self {
         self.callbacks = Some(handler);
+        self.started = Arc::default();
         self
+    }
+
+    /// Stop handing anything on once `stop` fires (the bot's shutdown):
+    /// what is left stays unfinished in the inbox for the next start.
+    pub fn with_stop(mut self, stop: CancellationToken) -> Self {
+        self.stop = stop;
+        self.started = Arc::default();
+        self
+    }
+
+    /// Start this intake's dispatcher (if taking an update has not
+    /// already) and, once it listens, hand over what shuts it down; `None`
+    /// once handed over.
+    pub async fn dispatching(&self) -> Option<Dispatching> {
+        let started = self.started();
+        started.feed.listening().await;
+        started
+            .dispatching
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    fn started(&self) -> &Started {
+        self.started.get_or_init(|| self.start())
+    }
+
+    /// The feed, its listener and teloxide's dispatcher over it.
+    fn start(&self) -> Started {
+        let (feed, listener) = Feed::new(self.stop.clone());
+        let tasks = TaskTracker::new();
+        let stages = self.media.as_ref().map(|media| {
+            Arc::new(ChatStages::new(
+                self.engine.clone(),
+                media.clone(),
+                tasks.clone(),
+                self.stop.clone(),
+            ))
+        });
+        let routes = Routes {
+            engine: self.engine.clone(),
+            policy: self.policy.clone(),
+            strangers: self.strangers.clone(),
+            callbacks: self.callbacks.clone(),
+            stages,
+            verdicts: feed.verdicts(),
+            progress: feed.progress(),
+            stop: self.stop.clone(),
+        };
+        let bot = self.delivery.bot().clone();
+        let dispatching = dispatch::spawn(bot, Arc::new(routes), listener, tasks);
+        Started {
+            feed,
+            dispatching: Mutex::new(Some(dispatching)),
+        }
+    }
+
+    fn feed(&self) -> &Feed {
+        &self.started().feed
     }
 
     /// Record one raw update and hand it on. An error means the update was
@@ -335,12 +301,14 @@ impl Intake {
                 state,
                 reason: reason.map(str::to_string),
             },
+            update,
             verdict,
         }))
     }
 
-    /// A button press or a draft stop: recorded and carried out by the
-    /// callback handler.
+    /// A button press or a draft stop: recorded by the callback handler;
+    /// a press is then fed to the dispatcher, a draft stop carried out
+    /// here (teloxide cannot carry it).
     async fn take_control(&self, update_id: i64, raw: Value) -> Result<Intook, StoreError> {
         let Some(handler) = &self.callbacks else {
             return Ok(Intook::Ignored);
@@ -350,14 +318,21 @@ impl Intake {
         let new = if let Some(stop) = DraftStop::parse(&raw) {
             handler.take_draft_stop(update_id, raw, stop).await?
         } else {
-            // teloxide's `Update` cannot parse callback queries: read it directly.
-            match raw
+            // Read on its own (as recovery reads it from the row), then
+            // the update made around it for the dispatcher.
+            let press = raw
                 .get("callback_query")
                 .and_then(parse_guarded::<CallbackQuery>)
-            {
-                Some(query) => {
+                .and_then(|query| Some((as_update_id(update_id)?, query)));
+            match press {
+                Some((id, query)) => {
                     let chat_id = query.message.as_ref().map_or(0, |m| m.chat().id.0);
-                    handler.take(update_id, chat_id, raw, query).await?
+                    let new = handler.record(update_id, chat_id, raw).await?;
+                    if new {
+                        let kind = UpdateKind::CallbackQuery(query);
+                        self.feed().send(Update { id, kind }, None);
+                    }
+                    new
                 }
                 // Not a button press teloxide can read: recorded as one.
                 None => {
@@ -370,7 +345,11 @@ impl Intake {
                         reason: Some("malformed or unknown update".to_string()),
                     };
                     let verdict = Inbound::Ignore("malformed or unknown update");
-                    let plain = PlainUpdate { row, verdict };
+                    let plain = PlainUpdate {
+                        row,
+                        update: None,
+                        verdict,
+                    };
                     return Ok(self
                         .record_plain(vec![plain])
                         .await?
@@ -387,18 +366,27 @@ impl Intake {
         Ok(Intook::Accepted)
     }
 
-    /// Record `updates` in one store call, then act on each new one in
+    /// Record `updates` in one store call, then feed each new one on, in
     /// order.
     async fn record_plain(&self, updates: Vec<PlainUpdate>) -> Result<Vec<Intook>, StoreError> {
         if updates.is_empty() {
             return Ok(Vec::new());
         }
-        let (rows, verdicts): (Vec<NewUpdate>, Vec<Inbound>) =
-            updates.into_iter().map(|u| (u.row, u.verdict)).unzip();
+        let mut rows = Vec::with_capacity(updates.len());
+        let mut rest = Vec::with_capacity(updates.len());
+        for PlainUpdate {
+            row,
+            update,
+            verdict,
+        } in updates
+        {
+            rows.push(row);
+            rest.push((update, verdict));
+        }
         let ids: Vec<i64> = rows.iter().map(|row| row.update_id).collect();
         let fresh = self.store.record_updates(rows).await?;
-        let mut taken = Vec::with_capacity(verdicts.len());
-        for ((verdict, new), update_id) in verdicts.into_iter().zip(fresh).zip(ids) {
+        let mut taken = Vec::with_capacity(rest.len());
+        for (((update, verdict), new), update_id) in rest.into_iter().zip(fresh).zip(ids) {
             if !new {
                 tracing::info!(
                     update_id,
@@ -409,180 +397,32 @@ impl Intake {
                 continue;
             }
             self.metrics.updates_received.inc();
-            taken.push(self.act(verdict).await);
+            taken.push(self.hand_on(update, verdict));
         }
         Ok(taken)
     }
 
-    async fn act(&self, verdict: Inbound) -> Intook {
-        match verdict {
-            Inbound::Accept(event) => {
-                self.hand_on(event);
-                Intook::Accepted
-            }
-            Inbound::Stranger { chat_id, user_id } => {
-                tracing::info!(
-                    user_id,
-                    "message from a user who is not allowed (invite them with /invite, \
-                     or add the id to telegram.allowed_users)"
-                );
-                if self.strangers.due(user_id) {
-                    // The setting is the owner's business: the log names it.
-                    let reply = Reply::notice(format!(
-                        "Sorry, this bot is private. Your user id is {user_id}; \
-                         send it to the bot's owner if you should have access, \
-                         or send /start CODE with an invite code."
-                    ));
-                    self.tell_stranger(chat_id, reply);
-                }
-                Intook::Ignored
-            }
-            Inbound::Redeem {
-                chat_id,
-                user_id,
-                name,
-                code,
-            } => {
-                if let Some(access) = self.policy.access.clone() {
-                    // One store call, in update order (a code and what the
-                    // same user sends next are seen in the order sent); the
-                    // answer is sent on its own.
-                    self.redeem(&access, chat_id, user_id, name, &code).await;
-                }
-                Intook::Ignored
-            }
+    /// Feed a new message's update on with its verdict (an ignored one
+    /// has nothing left to do).
+    fn hand_on(&self, update: Option<Update>, verdict: Inbound) -> Intook {
+        let intook = match &verdict {
+            Inbound::Accept(_) => Intook::Accepted,
             Inbound::Ignore(reason) => {
                 tracing::debug!(reason, "update ignored");
-                Intook::Ignored
+                return Intook::Ignored;
             }
+            Inbound::Stranger { .. } | Inbound::Redeem { .. } => Intook::Ignored,
+        };
+        // Accepted, stranger or code: always a message teloxide read.
+        if let Some(update) = update {
+            self.feed().send(update, Some(verdict));
         }
-    }
-
-    /// Send `reply` to a stranger's private chat: best effort, and never
-    /// in the way of the next update.
-    fn tell_stranger(&self, chat_id: i64, reply: Reply) {
-        let target = ChatTarget {
-            chat_id,
-            thread_id: None,
-            is_group: false,
-        };
-        let delivery = self.delivery.clone();
-        tokio::spawn(async move {
-            if let Err(error) = delivery.deliver_reply(target, &reply, None).await {
-                tracing::debug!(%error, "could not answer a stranger");
-            }
-        });
-    }
-
-    /// A stranger sent a code (see [`crate::access`]): redeem it and
-    /// answer (nothing once they used up their wrong tries).
-    async fn redeem(
-        &self,
-        access: &crate::access::Access,
-        chat_id: i64,
-        user_id: u64,
-        name: String,
-        code: &str,
-    ) {
-        use crate::store::Redeemed;
-        let name = Some(name).filter(|n| !n.trim().is_empty());
-        let redeemed = match access.redeem(user_id, name, code).await {
-            Ok(redeemed) => redeemed,
-            Err(error) => {
-                tracing::error!(user_id, %error, "could not check an access code");
-                self.tell_stranger(
-                    chat_id,
-                    Reply::notice(
-                        "⚠️ I could not check that code right now; please try again later.",
-                    ),
-                );
-                return;
-            }
-        };
-        let text = match redeemed {
-            Redeemed::Joined(role, crate::store::CodeKind::Pairing) => {
-                tracing::info!(
-                    user_id,
-                    role = role.as_str(),
-                    "paired: the bot has its owner"
-                );
-                "✅ You are the owner of this bot now. Send me a message to start; \
-                 /invite adds people, /help lists the commands."
-                    .to_string()
-            }
-            Redeemed::Joined(role, _) => {
-                tracing::info!(user_id, role = role.as_str(), "joined by invite");
-                format!(
-                    "✅ Welcome! You have access to this bot now (as {}). Send me a message \
-                     to start; /help lists the commands.",
-                    role.as_str()
-                )
-            }
-            Redeemed::AlreadyMember(role) => {
-                format!(
-                    "You already have access to this bot (as {}).",
-                    role.as_str()
-                )
-            }
-            Redeemed::Wrong { tries_left } => {
-                tracing::info!(user_id, tries_left, "a wrong access code was sent");
-                match tries_left {
-                    0 => "That code is not valid. You cannot try another one this hour.".to_string(),
-                    1 => "That code is not valid (it may have expired or been used). You can try once more this hour.".to_string(),
-                    n => format!("That code is not valid (it may have expired or been used). You can try {n} more times this hour."),
-                }
-            }
-            Redeemed::Silenced => {
-                tracing::info!(
-                    user_id,
-                    "an access code from a user out of tries was ignored"
-                );
-                return;
-            }
-            Redeemed::Busy => {
-                tracing::warn!(
-                    user_id,
-                    "access code not checked: too many wrong codes were sent in the last hour"
-                );
-                if !self.strangers.due(user_id) {
-                    return;
-                }
-                "Too many wrong codes were sent to this bot recently; please try again in an hour."
-                    .to_string()
-            }
-        };
-        self.tell_stranger(chat_id, Reply::notice(text));
-    }
-
-    /// Queue `event` on its chat's worker, starting one if the chat has none.
-    fn hand_on(&self, event: MessageEvent) {
-        let chat_id = event.source.chat_id;
-        let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
-        // A worker in the map takes its queue under this lock before it
-        // leaves, so a send that succeeds here is always handled.
-        let event = match workers.get(&chat_id) {
-            Some(worker) => match worker.send(event) {
-                Ok(()) => return,
-                // The worker died (a panic); a new one takes over.
-                Err(mpsc::error::SendError(event)) => event,
-            },
-            None => event,
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        let _ = tx.send(event);
-        workers.insert(chat_id, tx);
-        self.worker_tasks.spawn(chat_worker(
-            self.engine.clone(),
-            self.workers.clone(),
-            chat_id,
-            rx,
-            self.media.clone(),
-            self.worker_tasks.clone(),
-        ));
+        intook
     }
 
     /// After a restart: resume every recorded message that was not finished,
-    /// in its original order. A message whose turn was running when the
+    /// in its original order (fed to the dispatcher before any live
+    /// update; wakeups handed on after what was fed before them). A message whose turn was running when the
     /// process died is run again (`resume_interrupted`) or its sender is
     /// told to resend it; one whose answer already went out is only marked,
     /// and one whose answer was being sent when the process died (an
@@ -590,10 +430,6 @@ impl Intake {
     pub async fn recover(&self) -> Result<usize, StoreError> {
         let open = self.store.open_inbox().await?;
         let mut resumed = 0;
-        // Chats whose resumed messages go through their chat worker (media
-        // is prepared there): their later messages follow the same way, so
-        // a chat's order is kept.
-        let mut via_worker = std::collections::HashSet::new();
         for entry in open {
             if let Some(handler) = &self.callbacks {
                 if let Some(stop) = DraftStop::parse(&entry.payload) {
@@ -601,8 +437,22 @@ impl Intake {
                     continue;
                 }
                 if entry.payload.get("callback_query").is_some() {
-                    if !handler.resume(entry.update_id, &entry.payload).await {
-                        self.mark_update(entry.update_id, "not resumable").await;
+                    // Carried out by the dispatcher, like a live press.
+                    let press = entry
+                        .payload
+                        .get("callback_query")
+                        .and_then(parse_guarded::<CallbackQuery>)
+                        .zip(as_update_id(entry.update_id));
+                    match press {
+                        Some((query, id)) => {
+                            tracing::info!(
+                                update_id = entry.update_id,
+                                "carrying out a button press recorded before the restart"
+                            );
+                            let kind = UpdateKind::CallbackQuery(query);
+                            self.feed().send(Update { id, kind }, None);
+                        }
+                        None => self.mark_update(entry.update_id, "not resumable").await,
                     }
                     continue;
                 }
@@ -634,15 +484,18 @@ impl Intake {
                     "delivering a wakeup recorded before the restart"
                 );
                 resumed += 1;
+                // After what was fed before it (a wakeup has no update to
+                // feed): a chat's events reach the adapter in their order.
+                self.feed().settled().await;
                 self.engine.adapter.handle_message(wakeup).await;
                 continue;
             }
-            let message = parse_update(&entry.payload).and_then(|u| match u.kind {
-                UpdateKind::Message(message) => Some(message),
+            let update = parse_update(&entry.payload);
+            let verdict = update.as_ref().and_then(|u| match &u.kind {
+                UpdateKind::Message(message) => Some(classify(message, &self.policy)),
                 _ => None,
             });
-            let verdict = message.as_ref().map(|m| classify(m, &self.policy));
-            let Some(Inbound::Accept(mut event)) = verdict else {
+            let (Some(update), Some(Inbound::Accept(mut event))) = (update, verdict) else {
                 if let Some(id) = entry.message_id {
                     self.mark(entry.chat_id, id, InboxState::Dropped, "not resumable")
                         .await;
@@ -700,12 +553,9 @@ impl Intake {
             event.origin = Origin::Recovered {
                 was_running: entry.state == InboxState::Running,
             };
-            if self.media.is_some() && (has_media(&event) || via_worker.contains(&entry.chat_id)) {
-                via_worker.insert(entry.chat_id);
-                self.hand_on(event);
-                continue;
-            }
-            self.engine.adapter.handle_message(event).await;
+            // Through the dispatcher like a live message, ahead of every
+            // live one.
+            self.feed().send(update, Some(Inbound::Accept(event)));
         }
         Ok(resumed)
     }
@@ -758,41 +608,8 @@ impl Intake {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_stranger_is_told_once_per_interval() {
-        let replies = StrangerReplies::new(Duration::from_secs(60));
-        assert!(replies.due(1));
-        assert!(!replies.due(1), "told twice within the interval");
-        assert!(replies.due(2), "one stranger silenced another");
-        tokio::time::advance(Duration::from_secs(59)).await;
-        assert!(!replies.due(1), "told again within the interval");
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(replies.due(1), "not told again once the interval passed");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_flood_of_strangers_is_forgotten_once_their_interval_passed() {
-        let replies = StrangerReplies::new(Duration::from_secs(60));
-        let kept = || replies.last.lock().unwrap().len();
-        let limit = STRANGERS_KEPT as u64;
-        for user in 0..limit {
-            assert!(replies.due(user));
-        }
-        tokio::time::advance(Duration::from_secs(60)).await;
-        // Up to the limit, nobody is forgotten (no pruning on every call).
-        assert!(replies.due(limit));
-        assert_eq!(kept(), STRANGERS_KEPT + 1);
-        // Past it, the expired are forgotten, and only they: the stranger
-        // just told is still within their interval.
-        assert!(replies.due(limit + 1));
-        assert_eq!(kept(), 2, "expired strangers were kept");
-        assert!(
-            !replies.due(limit),
-            "a stranger within their interval was forgotten"
-        );
-    }
+/// A recorded update id as teloxide's (Telegram's are below 2^31; others
+/// cannot be a teloxide `Update`).
+fn as_update_id(update_id: i64) -> Option<UpdateId> {
+    u32::try_from(update_id).ok().map(UpdateId)
 }

@@ -41,7 +41,7 @@ pub const STOPPED_TEXT: &str =
 pub const PREPARATION_FAILED_TEXT: &str =
     "⚠️ Something went wrong while I was reading this, so it was not passed on. Please send it again.";
 
-/// What the chat workers need for media.
+/// What the chats' preparation stages need for media.
 pub struct IntakeMedia {
     /// Prepares files.
     pub stage: MediaStage,

@@ -1,19 +1,37 @@
-//! The Telegram transport: teloxide's dispatcher (long polling or webhook)
-//! feeding the adapter, and the delivery engine for replies.
+//! The Telegram transport: updates in (long polling or webhook, inbox
+//! first), teloxide's dispatcher feeding the adapter, button presses, and
+//! the bot's start-up pieces and shutdown.
 //!
-//! The handler classifies each message ([`inbound::classify`]), hands the
-//! event to the adapter and returns: the adapter spawns the turn, so a slow
-//! turn never blocks the chat's update stream and `/stop` reaches the
-//! adapter while the turn it stops is still running. (teloxide runs one
-//! chat's updates one at a time; a handler that awaited the turn would make
-//! `/stop` wait behind it.)
+//! The way in, step by step:
 //!
-//! This module owns talking to teloxide. It must never make session
-//! decisions (that is the adapter's job) or await an agent turn.
+//! * [`polling`] (raw `getUpdates`) or [`webhook`] hands each raw update to
+//!   the [`intake`], which classifies it ([`inbound::classify`]), records it
+//!   in the inbox and, only if its row is new, feeds it to the
+//!   [`inbox_listener`]; the offset moves (or the webhook answers 200) only
+//!   after that. Restart recovery feeds the unfinished rows first.
+//! * teloxide's `Dispatcher` takes the recorded updates from that listener
+//!   (telegate's own `UpdateListener`) and runs the [`dispatch`] handler
+//!   tree: one chat's messages in order, chats concurrently, button presses
+//!   at once ([`callback`]). An accepted message goes to the chat's
+//!   preparation stage (`chat_stages`, media prepared in tasks of their
+//!   own) or straight to the adapter.
+//! * Each handler returns once the adapter routed the event: the adapter
+//!   spawns the turn, so a slow turn never blocks the chat's update stream
+//!   and `/stop` reaches the adapter while the turn it stops is still
+//!   running. (teloxide runs one chat's handlers one at a time; a handler
+//!   that awaited the turn would make `/stop` wait behind it.)
+//! * Telegram's draft stop, which teloxide cannot carry, is recorded and
+//!   carried out by the intake itself.
+//!
+//! This module owns talking to Telegram for updates. It must never make
+//! session decisions (that is the adapter's job) or await an agent turn.
 
 pub mod callback;
+pub mod chat_stages;
+pub mod dispatch;
 pub mod health;
 pub mod inbound;
+pub mod inbox_listener;
 pub mod inbox_writer;
 pub mod intake;
 pub mod media;
@@ -21,6 +39,7 @@ mod parse;
 pub mod polling;
 pub mod raw;
 pub mod registration;
+pub mod strangers;
 pub mod webhook;
 
 use std::net::SocketAddr;
@@ -31,8 +50,8 @@ use teloxide::types::BotCommand;
 use teloxide::Bot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
+use self::dispatch::Dispatching;
 use self::inbox_writer::InboxWriter;
 use crate::delivery::Delivery;
 use crate::engine::Engine;
@@ -77,13 +96,13 @@ pub struct TelegramBot {
     pub(crate) inbox_writer: InboxWriter,
     pub(crate) stop_intake: CancellationToken,
     pub(crate) intake_task: JoinHandle<()>,
-    pub(crate) chat_workers: TaskTracker,
+    pub(crate) dispatching: Option<Dispatching>,
     pub(crate) shutdown_grace: Duration,
     /// Cancelled when Telegram keeps refusing the token (polling): the bot
     /// cannot work and `run` exits with an error.
     pub token_rejected: CancellationToken,
     /// The media directory of an in-memory store, removed with the bot
-    /// (dropped last in `shutdown`, after the workers that write to it).
+    /// (dropped last in `shutdown`, after the preparations that write to it).
     pub(crate) _scratch_media: Option<media::ScratchMediaDir>,
 }
 
@@ -106,22 +125,20 @@ pub(crate) async fn sync_commands(bot: &Bot) {
 }
 
 impl TelegramBot {
-    /// Stop taking updates, let running turns finish (up to the configured
-    /// grace), cancel the rest (their messages are resumed on the next
+    /// Stop taking updates (the polling loop or webhook, then the
+    /// dispatcher through its `ShutdownToken`, its handlers and the chats'
+    /// preparations waited for up to the grace), let running turns finish
+    /// (up to the configured grace), cancel the rest (their messages are resumed on the next
     /// start), write every record, close the store.
     pub async fn shutdown(self) {
         self.stop_intake.cancel();
         let _ = self.intake_task.await;
-        // Chat workers and their preparations finish the step they are in
-        // (a download is cut short by the token; a refusal closes its inbox
-        // row) before the engine and the store go away. Messages they did
-        // not get to stay in the inbox for the next start.
-        self.chat_workers.close();
-        if tokio::time::timeout(self.shutdown_grace, self.chat_workers.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("chat workers still busy after the shutdown grace");
+        // The dispatcher's handlers and the chats' preparations finish the
+        // step they are in (a download is cut short by the token; a refusal
+        // closes its inbox row) before the engine and the store go away.
+        // Messages they did not get to stay in the inbox for the next start.
+        if let Some(dispatching) = self.dispatching {
+            dispatching.shutdown(self.shutdown_grace).await;
         }
         let cancelled = self.engine.adapter.shutdown(self.shutdown_grace).await;
         if cancelled > 0 {

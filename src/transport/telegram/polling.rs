@@ -1,11 +1,13 @@
 //! Long polling, with the offset moved only past recorded updates.
 //!
-//! teloxide's dispatcher confirms a batch as soon as it has read it; a crash
-//! between that and our handler would lose the batch. This loop asks for
-//! updates with a raw `getUpdates` request (see [`super::raw`]), records
-//! the whole batch (its messages in one store call: one commit for up to a
-//! hundred updates instead of one each) and hands each update on in order,
-//! and only then asks for the next batch with an offset past it. Updates
+//! teloxide's own polling listener confirms a batch as soon as it has read
+//! it; a crash between that and the handlers would lose the batch. This
+//! loop asks for updates with a raw `getUpdates` request (see
+//! [`super::raw`]), records the whole batch through the intake (its
+//! messages in one store call: one commit for up to a hundred updates
+//! instead of one each), which feeds each new update in order to the
+//! inbox listener the dispatcher reads, and only then asks for the next
+//! batch with an offset past it. Updates
 //! that were pending while the bot was down are fetched normally: nothing
 //! is dropped at start.
 //!

@@ -1,5 +1,6 @@
 //! The webhook listener: Telegram POSTs updates; each is checked against the
-//! secret token, recorded, handed on, and only then answered with 200.
+//! secret token, recorded, fed to the dispatcher's inbox listener (only if
+//! new), and only then answered with 200.
 //!
 //! Answering 200 tells Telegram the update is ours. So the answer waits for
 //! the inbox write: a crash before it makes Telegram deliver the update
