@@ -4,7 +4,7 @@
 //! The layers, top to bottom (see `ARCHITECTURE.md` for the map):
 //!
 //! * [`transport`]: Telegram (polling, webhook) and the console turn their
-//!   input into [`event::MessageEvent`]s and hand them to the adapter;
+//!   input into [`vocab::MessageEvent`]s and hand them to the adapter;
 //! * [`adapter`]: per-slot guards, owner tasks, queues, stale-lock healing,
 //!   the command path;
 //! * [`runner`]: turns, generations, slash commands, the stall watchdog;

@@ -12,9 +12,23 @@
 //! * **Scheduled jobs** ([`jobs`]): jobs, the journal of their runs (one
 //!   transaction moves a job on and writes its runs' inbox rows) and the
 //!   chats' time zones.
-//! * **The schema** ([`schema`]): versioned, forward-only migrations; later
-//!   tables (an inbox/outbox ledger for crash recovery) arrive as new
-//!   migrations.
+//! * **Inbox and outbox** ([`inbox`]): every accepted update before it is
+//!   confirmed to Telegram, its state as the message is handled, and every
+//!   final reply's send intent and outcome, so a restart resumes what was
+//!   unfinished and never sends an answer twice.
+//! * **Buttons** ([`buttons`]): inline buttons kept server-side, claimed
+//!   once per row, and pending approvals ([`approvals`]) with who decided.
+//! * **Agents' own sessions** ([`agent_sessions`]): a CLI or ACP agent's
+//!   session id per telegate session and its usage; generations reserved
+//!   in blocks ([`generations`]) so ids stay unique across restarts.
+//! * **Child process groups** ([`child_groups`]): every group telegate
+//!   started, so the next start kills what a crash left running.
+//! * **Team and budgets** ([`users`], [`usage`]): pairing, invites, roles,
+//!   per-user usage.
+//! * **Health and upkeep** (`write_health`, `integrity`,
+//!   `retention`): write failures per kind, the start-up integrity check,
+//!   pruning of old inbox rows.
+//! * **The schema** ([`schema`]): versioned, forward-only migrations.
 //!
 //! # How it runs, and why
 //!
