@@ -263,6 +263,10 @@ pub struct TelegramConfig {
     pub mode: UpdateMode,
     /// `[telegram.webhook]`, for `mode = "webhook"`.
     pub webhook: Option<WebhookConfig>,
+    /// What forum topics are: `off`, `per-topic` (each its own session,
+    /// the default) or `auto` (also /new and the General topic create one).
+    #[serde(default)]
+    pub topics: crate::vocab::TopicsMode,
 }
 
 impl Default for TelegramConfig {
@@ -279,6 +283,7 @@ impl Default for TelegramConfig {
             require_mention: true,
             mode: UpdateMode::Polling,
             webhook: None,
+            topics: crate::vocab::TopicsMode::default(),
         }
     }
 }

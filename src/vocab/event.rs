@@ -57,6 +57,9 @@ pub struct MessageEvent {
     /// Photos, voice, documents: still to prepare, or prepared
     /// (see [`crate::media`]).
     pub media: Box<EventMedia>,
+    /// Written in a forum supergroup (topics on): with no topic, the
+    /// message is in the General topic (see `super::route`).
+    pub in_forum: bool,
 }
 
 impl MessageEvent {
@@ -79,6 +82,7 @@ impl MessageEvent {
             resumed: false,
             replayed: false,
             media: Default::default(),
+            in_forum: false,
         }
     }
 
@@ -95,6 +99,7 @@ impl MessageEvent {
             resumed: false,
             replayed: false,
             media: Default::default(),
+            in_forum: false,
         }
     }
 

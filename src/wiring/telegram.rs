@@ -26,6 +26,7 @@ use crate::transport::telegram::inbound::InboundPolicy;
 use crate::transport::telegram::inbox_writer::InboxWriter;
 use crate::transport::telegram::intake::Intake;
 use crate::transport::telegram::media::{IntakeMedia, ScratchMediaDir};
+use crate::transport::telegram::topics::{end_gone_topics, TopicOutcomes, Topics};
 use crate::transport::telegram::{
     callback, collect_gauges, polling, prune_inbox_regularly, refresh_inbox_gauges, registration,
     sync_commands, webhook, StartError, TelegramBot,
@@ -127,6 +128,11 @@ impl TelegramBot {
         )
         .map_err(StartError::Config)?;
         let jobs = build_jobs(config, &store, &metrics, Arc::new(access.clone()))?;
+        let topics = Topics::new(config.adapter_config().key_policy, delivery.clone());
+        let outcomes = TopicOutcomes {
+            inner: Arc::new(inbox_writer.clone()),
+            topics: topics.clone(),
+        };
         let engine = Engine::assemble(
             setup,
             Arc::new(
@@ -135,7 +141,7 @@ impl TelegramBot {
                     .with_streaming(config.delivery.streaming),
             ),
             store.clone(),
-            Some(Arc::new(inbox_writer.clone())),
+            Some(Arc::new(outcomes)),
             AdapterConfig {
                 metrics: metrics.clone(),
                 ..config.adapter_config()
@@ -169,6 +175,7 @@ impl TelegramBot {
             config.sessions.resume_interrupted,
             metrics.clone(),
         )
+        .with_topics(topics.clone())
         .with_media(intake_media)
         .with_callbacks(Arc::new(callback::CallbackHandler::new(
             engine.clone(),
@@ -176,6 +183,7 @@ impl TelegramBot {
             store.clone(),
             telegram.approvers.clone(),
         )));
+        end_gone_topics(topics, engine.clone(), &delivery, stop_intake.clone());
         let chat_workers = intake.worker_tasks();
         let resumed = intake.recover().await?;
         let outbound = TelegramOutbound::new(delivery.clone(), None);

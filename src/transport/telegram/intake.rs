@@ -34,6 +34,7 @@ use super::inbound::{classify, Inbound, InboundPolicy};
 use super::inbox_writer::wakeup_from_payload;
 use super::media::{has_media, ChatStage, IntakeMedia};
 use super::parse::{parse_guarded, parse_update};
+use super::topics::Topics;
 use crate::delivery::answer::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
@@ -60,10 +61,22 @@ async fn chat_worker(
     mut queue: mpsc::UnboundedReceiver<MessageEvent>,
     media: Option<Arc<IntakeMedia>>,
     tasks: TaskTracker,
+    topics: Option<Arc<Topics>>,
 ) {
+    // Placed in its topic first (topics `auto` may create one), in the
+    // chat's order.
+    let place = |event: MessageEvent| {
+        let topics = topics.clone();
+        async move {
+            match topics {
+                Some(topics) => topics.place(event).await,
+                None => event,
+            }
+        }
+    };
     let Some(media) = media else {
         while let Some(event) = next_or_leave(&workers, chat_id, &mut queue) {
-            engine.adapter.handle_message(event).await;
+            engine.adapter.handle_message(place(event).await).await;
         }
         return;
     };
@@ -78,7 +91,7 @@ async fn chat_worker(
         }
         if stage.is_idle() {
             match next_or_leave(&workers, chat_id, &mut queue) {
-                Some(event) => stage.take(event).await,
+                Some(event) => stage.take(place(event).await).await,
                 None => return,
             }
             continue;
@@ -90,7 +103,7 @@ async fn chat_worker(
             wake = stage.wait() => Next::Wake(wake),
         };
         match next {
-            Next::Event(Some(event)) => stage.take(event).await,
+            Next::Event(Some(event)) => stage.take(place(event).await).await,
             Next::Event(None) => open = false,
             Next::Wake(wake) => stage.wake(wake).await,
         }
@@ -203,6 +216,7 @@ pub struct Intake {
     worker_tasks: TaskTracker,
     media: Option<Arc<IntakeMedia>>,
     callbacks: Option<Arc<CallbackHandler>>,
+    topics: Option<Arc<Topics>>,
 }
 
 impl Intake {
@@ -227,7 +241,15 @@ impl Intake {
             worker_tasks: TaskTracker::new(),
             media: None,
             callbacks: None,
+            topics: None,
         }
+    }
+
+    /// Place messages in forum topics (`[telegram] topics`: `auto` creates
+    /// them; a closed topic ends its sessions).
+    pub fn with_topics(mut self, topics: Arc<Topics>) -> Self {
+        self.topics = Some(topics);
+        self
     }
 
     /// The counters this intake records into.
@@ -324,6 +346,7 @@ impl Intake {
             Inbound::Accept(_) => (InboxState::Received, None),
             Inbound::Stranger { .. } => (InboxState::Dropped, Some("sender not allowed")),
             Inbound::Redeem { .. } => (InboxState::Dropped, Some("access code")),
+            Inbound::TopicClosed { .. } => (InboxState::Dropped, Some("forum topic closed")),
             Inbound::Ignore(reason) => (InboxState::Dropped, Some(*reason)),
         };
         Sorted::Plain(Box::new(PlainUpdate {
@@ -448,6 +471,15 @@ impl Intake {
                     // same user sends next are seen in the order sent); the
                     // answer is sent on its own.
                     self.redeem(&access, chat_id, user_id, name, &code).await;
+                }
+                Intook::Ignored
+            }
+            Inbound::TopicClosed { chat_id, thread_id } => {
+                if let Some(topics) = self.topics.clone() {
+                    let engine = self.engine.clone();
+                    self.worker_tasks.spawn(async move {
+                        topics.end(&engine, chat_id, thread_id).await;
+                    });
                 }
                 Intook::Ignored
             }
@@ -578,6 +610,7 @@ impl Intake {
             rx,
             self.media.clone(),
             self.worker_tasks.clone(),
+            self.topics.clone(),
         ));
     }
 

@@ -21,6 +21,7 @@ mod parse;
 pub mod polling;
 pub mod raw;
 pub mod registration;
+pub mod topics;
 pub mod webhook;
 
 use std::net::SocketAddr;
