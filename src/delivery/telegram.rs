@@ -644,6 +644,7 @@ impl Delivery {
                     });
                 }
                 tracing::debug!(chat_id = target.chat_id, %error, "typing indicator failed");
+                self.note_refusal(target, &error.to_string());
                 false
             }
             Err(_) => false,
