@@ -50,3 +50,4 @@ pub mod tools;
 pub mod transport;
 pub mod vocab;
 pub mod wiring;
+pub mod worktree;

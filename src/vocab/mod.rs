@@ -27,7 +27,9 @@ mod session;
 mod texts;
 mod url;
 
-pub use button::{button_id, callback_data, new_button_id, Button, ButtonAction, JobButton};
+pub use button::{
+    button_id, callback_data, new_button_id, Button, ButtonAction, JobButton, WorktreeButton,
+};
 pub use child_env::{ALWAYS_STRIPPED_ENV, CHAT_ID_ENV, SESSION_ID_ENV};
 pub use command::{is_control_command, parse_command, Command, KnownCommand, COMMANDS};
 pub use event::{MessageEvent, MessageKind};

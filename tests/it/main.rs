@@ -64,5 +64,6 @@ mod terminal_isolation_e2e;
 mod tidy;
 mod topics_e2e;
 mod webhook_lifecycle;
+mod worktrees;
 mod xsession_wakeup;
 mod zero_config;
