@@ -45,7 +45,8 @@ fn failure(error: &WorktreeError) -> Reply {
 }
 
 impl Runner {
-    fn worktrees(&self) -> Option<Arc<Worktrees>> {
+    /// The backend's worktrees (`worktree = {…}`), if it has them.
+    pub fn worktrees(&self) -> Option<Arc<Worktrees>> {
         self.inner.agent.worktrees()
     }
 

@@ -98,6 +98,7 @@ impl TelegramBot {
             Some(store.clone()),
         );
         access.load().await?;
+        let owner = access.owner();
         if let Err(error) = crate::access::pairing::announce_at_start(&access).await {
             tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
         }
@@ -231,6 +232,15 @@ impl TelegramBot {
             None => None,
         };
         refresh_inbox_gauges(metrics.clone(), store.clone(), stop_intake.clone());
+        if let Some(worktrees) = engine.runner.worktrees() {
+            crate::transport::telegram::sweep_worktrees_regularly(
+                worktrees,
+                store.clone(),
+                delivery.clone(),
+                owner.and_then(|o| i64::try_from(o).ok()),
+                stop_intake.clone(),
+            );
+        }
         prune_inbox_regularly(
             store.clone(),
             config.store.inbox_retention_days,

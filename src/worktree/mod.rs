@@ -320,7 +320,10 @@ impl Worktrees {
     /// to a current session; the others go after `keep_days` unless they
     /// hold unmerged work (reported in [`Sweep::tell`] once: a marker in
     /// `root/.told` remembers it).
-    pub async fn sweep(&self, live: &dyn Fn(&str) -> bool) -> Result<Sweep, WorktreeError> {
+    pub async fn sweep(
+        &self,
+        live: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Result<Sweep, WorktreeError> {
         let mut sweep = Sweep::default();
         let Ok(entries) = std::fs::read_dir(&self.config.root) else {
             return Ok(sweep);
