@@ -52,3 +52,4 @@ pub mod tools;
 pub mod transport;
 pub mod vocab;
 pub mod wiring;
+pub mod worktree;

@@ -669,6 +669,12 @@ impl Adapter {
             && state.pending.is_empty()
     }
 
+    /// The slots that are busy now (a guard installed), for a transport
+    /// ending every session of a place (a closed forum topic).
+    pub fn busy_keys(&self) -> Vec<SessionKey> {
+        self.state().active_sessions.keys().cloned().collect()
+    }
+
     /// How many slots each of the adapter's maps holds (all zero once every
     /// slot is idle and its notices are out: anything else is a leak).
     pub fn map_sizes(&self) -> MapSizes {

@@ -140,10 +140,34 @@ pub trait Agent: Send + Sync + 'static {
         false
     }
 
+    /// The git worktrees of its conversations (`worktree = {…}`), for
+    /// `/diff`, `/merge` and `/discard`. Default: none.
+    fn worktrees(&self) -> Option<std::sync::Arc<crate::worktree::Worktrees>> {
+        None
+    }
+
     /// telegate is shutting down: end whatever the backend keeps running
     /// between turns (an ACP agent's processes), within a bounded time.
     /// Default: nothing to end.
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+}
+
+/// The session's worktree (made on first use) as a turn's working
+/// directory; a failure as a message naming the settings table `at`.
+pub async fn worktree_for(
+    worktrees: &crate::worktree::Worktrees,
+    turn: &TurnRequest,
+    at: &str,
+) -> Result<std::path::PathBuf, AgentError> {
+    worktrees
+        .ensure(&turn.session_key, &turn.session_id)
+        .await
+        .map_err(|error| AgentError::Backend {
+            user_message: format!(
+                "Could not make this conversation's git worktree. Check {at}.worktree (repo, base, root)."
+            ),
+            detail: format!("worktree: {error}"),
+        })
 }

@@ -375,6 +375,7 @@ impl Config {
             cancel_wait: Duration::from_millis(self.sessions.cancel_wait_ms),
             key_policy: KeyPolicy {
                 group_sessions_per_user: self.sessions.group_sessions_per_user,
+                topics: self.telegram.topics,
             },
             metrics: crate::metrics::Metrics::default(),
         }

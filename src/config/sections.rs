@@ -265,6 +265,10 @@ pub struct TelegramConfig {
     pub(crate) mode: UpdateMode,
     /// `[telegram.webhook]`, for `mode = "webhook"`.
     pub(crate) webhook: Option<WebhookConfig>,
+    /// What forum topics are: `off`, `per-topic` (each its own session,
+    /// the default) or `auto` (also /new and the General topic create one).
+    #[serde(default)]
+    pub topics: crate::vocab::TopicsMode,
     /// How updates arrive, built from `mode` and `[telegram.webhook]` once
     /// secrets are resolved and checked (what everything after loading
     /// reads: never `mode` and `webhook` themselves).
@@ -343,6 +347,7 @@ impl Default for TelegramConfig {
             mode: UpdateMode::Polling,
             webhook: None,
             updates: Updates::Polling,
+            topics: crate::vocab::TopicsMode::default(),
         }
     }
 }

@@ -138,6 +138,9 @@ struct DeliveryInner {
     config: DeliveryConfig,
     /// Whose turn it is to send to each chat (see the module docs).
     chat_lanes: Arc<ChatLanes>,
+    /// Told of every forum topic a request found closed or deleted
+    /// ([`Delivery::watch_gone_topics`]).
+    gone_topics: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(i64, i32)>>>,
 }
 
 /// The delivery engine (cheap to clone).
@@ -166,6 +169,14 @@ impl ChatTarget {
             is_group: source.chat_type.is_group(),
         }
     }
+}
+
+/// Telegram's refusal of a request into a forum topic that is closed or
+/// deleted (pure).
+pub fn is_gone_topic(why: &str) -> bool {
+    why.contains("TOPIC_CLOSED")
+        || why.contains("TOPIC_DELETED")
+        || why.contains("message thread not found")
 }
 
 /// The outcome of one failed attempt, classified.
@@ -216,7 +227,35 @@ impl Delivery {
                 stats: Mutex::new(DeliveryStats::default()),
                 config,
                 chat_lanes: Arc::default(),
+                gone_topics: Mutex::new(None),
             }),
+        }
+    }
+
+    /// From now on, every request refused because its forum topic is
+    /// closed or deleted (`TOPIC_CLOSED`, "message thread not found")
+    /// sends its `(chat, topic)` here (the last watcher set wins).
+    pub fn watch_gone_topics(&self) -> tokio::sync::mpsc::UnboundedReceiver<(i64, i32)> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        *self
+            .inner
+            .gone_topics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tx);
+        rx
+    }
+
+    fn note_refusal(&self, target: ChatTarget, why: &str) {
+        let Some(thread) = target.thread_id.filter(|_| is_gone_topic(why)) else {
+            return;
+        };
+        let watcher = self
+            .inner
+            .gone_topics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tx) = watcher.as_ref() {
+            let _ = tx.send((target.chat_id, thread));
         }
     }
 
@@ -421,6 +460,7 @@ impl Delivery {
                 }
                 Failure::Entities(why) | Failure::Permanent(why) => {
                     self.note(|s| s.failures += 1);
+                    self.note_refusal(target, &why);
                     return Err(DeliveryError::Rejected(why));
                 }
                 Failure::Transient(why) => {
@@ -604,6 +644,7 @@ impl Delivery {
                     });
                 }
                 tracing::debug!(chat_id = target.chat_id, %error, "typing indicator failed");
+                self.note_refusal(target, &error.to_string());
                 false
             }
             Err(_) => false,

@@ -90,6 +90,15 @@ impl Runner {
                 Reply::command(status_text(&view))
             }
             KnownCommand::Ps => Reply::command(self.ps(key)),
+            KnownCommand::Diff => self.worktree_command(None, args, key, source).await,
+            KnownCommand::Merge => {
+                let change = Some(crate::vocab::WorktreeButton::Merge);
+                self.worktree_command(change, args, key, source).await
+            }
+            KnownCommand::Discard => {
+                let change = Some(crate::vocab::WorktreeButton::Discard);
+                self.worktree_command(change, args, key, source).await
+            }
             KnownCommand::Kill => Reply::command(self.kill(key, args).await),
             // Answered in `dispatch`, which knows the sender; never here.
             KnownCommand::Approve | KnownCommand::Deny => {

@@ -49,6 +49,7 @@ mod team;
 mod turn;
 mod voice;
 mod watchdog;
+mod worktrees;
 
 pub use commands::{help_text, process_line, ps_text, status_text, StatusView};
 pub use session_table::SessionTable;

@@ -75,6 +75,34 @@ pub enum ButtonAction {
         /// The session id.
         session: String,
     },
+    /// `/merge` or `/discard` of one conversation's git worktree,
+    /// confirmed (only while that conversation is still the slot's).
+    Worktree {
+        /// Merge into the base, or throw away.
+        change: WorktreeButton,
+        /// The session whose worktree it is.
+        session: String,
+    },
+}
+
+/// What a worktree's confirmation button does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorktreeButton {
+    /// `/merge`: the session's branch into the base.
+    Merge,
+    /// `/discard`: the worktree and its branch removed.
+    Discard,
+}
+
+impl WorktreeButton {
+    /// The command it confirms.
+    pub fn command(self) -> &'static str {
+        match self {
+            WorktreeButton::Merge => "merge",
+            WorktreeButton::Discard => "discard",
+        }
+    }
 }
 
 /// What a job's button does.
@@ -119,7 +147,9 @@ impl ButtonAction {
             ButtonAction::Approve { .. }
             | ButtonAction::Deny { .. }
             | ButtonAction::Choose { .. } => Duration::from_secs(3600),
-            ButtonAction::Model { .. } | ButtonAction::Resume { .. } => Duration::from_secs(600),
+            ButtonAction::Model { .. }
+            | ButtonAction::Resume { .. }
+            | ButtonAction::Worktree { .. } => Duration::from_secs(600),
             ButtonAction::Job { .. } => Duration::from_secs(7 * 24 * 3600),
         }
     }

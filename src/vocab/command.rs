@@ -126,6 +126,12 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("usage", "Show your usage today and this month"),
     ("voice", "Answer with voice notes: /voice on, off or auto"),
     (
+        "diff",
+        "Send this conversation's changes (its git worktree)",
+    ),
+    ("merge", "Merge this conversation's worktree into its base"),
+    ("discard", "Throw this conversation's worktree away"),
+    (
         "invite",
         "Invite someone (owner, admins): /invite [admin|user]",
     ),
@@ -199,6 +205,12 @@ pub enum KnownCommand {
     Title,
     /// /voice on|off|auto
     Voice,
+    /// /diff: the conversation's worktree changes
+    Diff,
+    /// /merge: the conversation's worktree into its base
+    Merge,
+    /// /discard: the conversation's worktree thrown away
+    Discard,
 }
 
 impl KnownCommand {
@@ -236,6 +248,9 @@ impl KnownCommand {
             ("sessions", KnownCommand::Sessions),
             ("title", KnownCommand::Title),
             ("voice", KnownCommand::Voice),
+            ("diff", KnownCommand::Diff),
+            ("merge", KnownCommand::Merge),
+            ("discard", KnownCommand::Discard),
         ];
         known
             .iter()

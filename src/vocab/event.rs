@@ -94,6 +94,9 @@ pub struct MessageEvent {
     /// Photos, voice, documents: still to prepare, or prepared
     /// (see [`crate::media`]).
     pub media: Box<EventMedia>,
+    /// Written in a forum supergroup (topics on): with no topic, the
+    /// message is in the General topic (see `super::route`).
+    pub in_forum: bool,
 }
 
 impl MessageEvent {
@@ -115,6 +118,7 @@ impl MessageEvent {
             session_override: None,
             origin: Origin::Live,
             media: Default::default(),
+            in_forum: false,
         }
     }
 
@@ -130,6 +134,7 @@ impl MessageEvent {
             session_override: None,
             origin: Origin::Live,
             media: Default::default(),
+            in_forum: false,
         }
     }
 

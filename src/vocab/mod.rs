@@ -22,11 +22,14 @@ mod inbox;
 mod media;
 mod message;
 mod progress;
+mod route;
 mod session;
 mod texts;
 mod url;
 
-pub use button::{button_id, callback_data, new_button_id, Button, ButtonAction, JobButton};
+pub use button::{
+    button_id, callback_data, new_button_id, Button, ButtonAction, JobButton, WorktreeButton,
+};
 pub use child_env::{ALWAYS_STRIPPED_ENV, CHAT_ID_ENV, SESSION_ID_ENV};
 pub use command::{parse_command, Command, KnownCommand, COMMANDS};
 pub use event::{MessageEvent, MessageKind, Origin};
@@ -38,6 +41,7 @@ pub use inbox::InboxState;
 pub use media::{Attachment, EventMedia, FileCandidate, MediaKind, MediaRef};
 pub use message::{ChatMessage, Role};
 pub use progress::{Progress, ProgressWatch, TurnEnd};
-pub use session::{ChatType, KeyPolicy, Platform, SessionKey, SessionSource};
+pub use route::{route, slot_in_topic, KeyPolicy, Route, RouteInput, TopicsMode};
+pub use session::{ChatType, Platform, SessionKey, SessionSource};
 pub use texts::RESET_HINT;
 pub use url::check_http_url;

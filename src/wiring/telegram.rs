@@ -25,6 +25,7 @@ use crate::transport::telegram::inbound::InboundPolicy;
 use crate::transport::telegram::inbox_writer::InboxWriter;
 use crate::transport::telegram::intake::Intake;
 use crate::transport::telegram::media::{IntakeMedia, ScratchMediaDir};
+use crate::transport::telegram::topics::{end_gone_topics, TopicOutcomes, Topics};
 use crate::transport::telegram::{
     callback, collect_gauges, polling, prune_inbox_regularly, refresh_inbox_gauges, registration,
     sync_commands, webhook, StartError, TelegramBot,
@@ -95,6 +96,7 @@ impl TelegramBot {
             Some(store.clone()),
         );
         access.load().await?;
+        let owner = access.owner();
         if let Err(error) = crate::access::pairing::announce_at_start(&access).await {
             tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
         }
@@ -125,6 +127,11 @@ impl TelegramBot {
         )
         .map_err(StartError::Config)?;
         let jobs = build_jobs(config, &store, &metrics, Arc::new(access.clone()))?;
+        let topics = Topics::new(config.adapter_config().key_policy, delivery.clone());
+        let outcomes = TopicOutcomes {
+            inner: Arc::new(inbox_writer.clone()),
+            topics: topics.clone(),
+        };
         let engine = Engine::assemble(
             setup,
             Arc::new(
@@ -133,7 +140,7 @@ impl TelegramBot {
                     .with_streaming(config.delivery.streaming),
             ),
             store.clone(),
-            Some(Arc::new(inbox_writer.clone())),
+            Some(Arc::new(outcomes)),
             AdapterConfig {
                 metrics: metrics.clone(),
                 ..config.adapter_config()
@@ -168,6 +175,7 @@ impl TelegramBot {
             metrics.clone(),
         )
         .with_stop(stop_intake.clone())
+        .with_topics(topics.clone())
         .with_media(intake_media)
         .with_callbacks(Arc::new(callback::CallbackHandler::new(
             engine.clone(),
@@ -176,6 +184,7 @@ impl TelegramBot {
             telegram.approvers.clone(),
         )));
         let dispatching = intake.dispatching().await;
+        end_gone_topics(topics, engine.clone(), &delivery, stop_intake.clone());
         let resumed = intake.recover().await?;
         let outbound = TelegramOutbound::new(delivery.clone(), None);
         let lost = report_lost_processes(&store, &outbound).await;
@@ -222,6 +231,15 @@ impl TelegramBot {
             None => None,
         };
         refresh_inbox_gauges(metrics.clone(), store.clone(), stop_intake.clone());
+        if let Some(worktrees) = engine.runner.worktrees() {
+            crate::transport::telegram::sweep_worktrees_regularly(
+                worktrees,
+                store.clone(),
+                delivery.clone(),
+                owner.and_then(|o| i64::try_from(o).ok()),
+                stop_intake.clone(),
+            );
+        }
         prune_inbox_regularly(
             store.clone(),
             config.store.inbox_retention_days,

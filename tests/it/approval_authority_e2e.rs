@@ -32,6 +32,7 @@ fn group_key() -> SessionKey {
         },
         KeyPolicy {
             group_sessions_per_user: false,
+            ..KeyPolicy::default()
         },
     )
 }

@@ -62,6 +62,8 @@ mod terminal_approval_e2e;
 mod terminal_e2e;
 mod terminal_isolation_e2e;
 mod tidy;
+mod topics_e2e;
 mod webhook_lifecycle;
+mod worktrees;
 mod xsession_wakeup;
 mod zero_config;

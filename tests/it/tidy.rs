@@ -33,6 +33,7 @@ const LAYERS: &[&str] = &[
     "runner",
     "access",
     "agent",
+    "worktree",
     "schedule",
     "tools",
     "delivery",

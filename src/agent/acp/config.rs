@@ -91,6 +91,11 @@ pub struct AcpConfig {
     /// agent's file reads and writes through telegate stay inside it.
     #[serde(default)]
     pub workdir: Option<PathBuf>,
+    /// A git worktree per conversation (`{ repo, base, root, keep_days }`),
+    /// the agent's working directory (and file-access root) instead of
+    /// `workdir`.
+    #[serde(default)]
+    pub worktree: Option<crate::worktree::WorktreeConfig>,
     /// Variables set for the agent.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -158,6 +163,7 @@ impl Default for AcpConfig {
             program: None,
             args: None,
             workdir: None,
+            worktree: None,
             env: BTreeMap::new(),
             pass_env: Vec::new(),
             file_access: true,
@@ -199,6 +205,9 @@ impl AcpConfig {
     /// (`agent.acp.…`) and what is wrong.
     pub fn validate(&self) -> Result<(), String> {
         self.check_values()?;
+        if let Some(worktree) = &self.worktree {
+            worktree.validate("agent.acp")?;
+        }
         if let Some(dir) = self.workdir.as_ref().filter(|d| !workdir::is_template(d)) {
             if !dir.is_dir() {
                 return Err(format!(

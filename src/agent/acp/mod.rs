@@ -85,6 +85,8 @@ pub struct AcpAgent {
     slots: Mutex<HashMap<SessionKey, Arc<Slot>>>,
     /// Every process started (pruned as they end), for shutdown.
     live: Mutex<Vec<Weak<AgentProcess>>>,
+    /// A git worktree per conversation (`worktree`), the agent's workdir.
+    worktrees: Option<Arc<crate::worktree::Worktrees>>,
 }
 
 /// One chat slot's agent: turns take it one at a time.
@@ -113,6 +115,7 @@ impl AcpAgent {
             .filter(|name| !name.is_empty())
             .collect();
         AcpAgent {
+            worktrees: config.worktree.clone().map(crate::worktree::Worktrees::new),
             config,
             gate,
             blocked_env,
@@ -300,7 +303,13 @@ impl AcpAgent {
         self.config.check_values().map_err(|problem| {
             AgentError::backend(format!("The acp backend is misconfigured: {problem}"))
         })?;
-        let (cwd, workdir) = self.workdir_for(&turn)?;
+        let (cwd, workdir) = match &self.worktrees {
+            Some(worktrees) => {
+                let dir = crate::agent::worktree_for(worktrees, &turn, "agent.acp").await?;
+                (dir.clone(), Some(dir))
+            }
+            None => self.workdir_for(&turn)?,
+        };
         let slot = self.slot(&turn.session_key);
         let cancel = turn.cancel.clone();
         tokio::select! {
@@ -550,6 +559,10 @@ impl Agent for AcpAgent {
 
     fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>> {
         Box::pin(self.run_turn(turn))
+    }
+
+    fn worktrees(&self) -> Option<Arc<crate::worktree::Worktrees>> {
+        self.worktrees.clone()
     }
 
     fn attach_store(&self, store: &Store) {

@@ -135,6 +135,10 @@ pub struct CommandConfig {
     /// first use with mode 0700.
     #[serde(default)]
     pub workdir: Option<PathBuf>,
+    /// A git worktree per conversation (`{ repo, base, root, keep_days }`),
+    /// the program's working directory instead of `workdir`.
+    #[serde(default)]
+    pub worktree: Option<crate::worktree::WorktreeConfig>,
     /// Extra environment variables for the program (these win over
     /// inherited ones, and over `remove_env`).
     #[serde(default)]
@@ -214,6 +218,7 @@ impl CommandConfig {
             history: HistoryMode::None,
             stdin: false,
             workdir: None,
+            worktree: None,
             env: BTreeMap::new(),
             remove_env: Vec::new(),
             pass_env: Vec::new(),
@@ -242,6 +247,9 @@ impl CommandConfig {
     pub(super) fn check_values(&self) -> Result<(), String> {
         if let Some(dir) = &self.workdir {
             workdir::check_template(dir)?;
+        }
+        if let Some(worktree) = &self.worktree {
+            worktree.validate("agent.command")?;
         }
         if self.history != HistoryMode::None && self.protocol() != Protocol::Text {
             return Err(

@@ -107,6 +107,8 @@ pub struct CommandAgent {
     /// Claude Code's permission prompts on the approval card
     /// (`permission_prompt = true`).
     permissions: Option<PermissionPrompts>,
+    /// A git worktree per conversation (`worktree`), the program's workdir.
+    worktrees: Option<Arc<crate::worktree::Worktrees>>,
 }
 
 /// Why one run of the program gave no answer.
@@ -152,7 +154,9 @@ impl CommandAgent {
             .filter(|name| !name.is_empty())
             .collect();
         let name = config.preset.map_or("command", Preset::as_str);
+        let worktrees = config.worktree.clone().map(crate::worktree::Worktrees::new);
         CommandAgent {
+            worktrees,
             config,
             stripped_env,
             sessions: Arc::new(AgentSessions::default()),
@@ -305,8 +309,14 @@ impl CommandAgent {
         command
     }
 
-    /// The working directory for this turn (a per-chat one is created).
-    fn workdir_for(&self, turn: &TurnRequest) -> Result<Option<PathBuf>, AgentError> {
+    /// The working directory for this turn (a per-chat one is created;
+    /// with `worktree`, the session's worktree).
+    async fn workdir_for(&self, turn: &TurnRequest) -> Result<Option<PathBuf>, AgentError> {
+        if let Some(worktrees) = &self.worktrees {
+            return crate::agent::worktree_for(worktrees, turn, "agent.command")
+                .await
+                .map(Some);
+        }
         let Some(dir) = &self.config.workdir else {
             return Ok(None);
         };
@@ -366,7 +376,7 @@ impl CommandAgent {
         self.config.check_values().map_err(|problem| {
             AgentError::backend(format!("The command backend is misconfigured: {problem}"))
         })?;
-        let workdir = self.workdir_for(&turn)?;
+        let workdir = self.workdir_for(&turn).await?;
         let Some(backend) = self.resume_backend() else {
             return self
                 .run_once(&turn, None, workdir)
@@ -623,6 +633,10 @@ impl Agent for CommandAgent {
 
     fn leaves_files(&self) -> bool {
         true
+    }
+
+    fn worktrees(&self) -> Option<Arc<crate::worktree::Worktrees>> {
+        self.worktrees.clone()
     }
 
     fn attach_store(&self, store: &Store) {

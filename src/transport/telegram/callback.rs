@@ -268,6 +268,20 @@ impl CallbackHandler {
                     .await;
                 (InboxState::Answered, None)
             }
+            ButtonAction::Worktree { change, session } => {
+                if !self.claim(id, update_id).await {
+                    self.toast(query, "Already done.").await;
+                    return (InboxState::Dropped, Some("already used"));
+                }
+                self.toast(query, "On it…").await;
+                // The same path as a typed `/merge confirm ID`.
+                let text = format!("/{} confirm {session}", change.command());
+                self.engine
+                    .adapter
+                    .handle_message(MessageEvent::text(owner, text))
+                    .await;
+                (InboxState::Answered, None)
+            }
         }
     }
 
@@ -443,6 +457,7 @@ fn used_text(action: &ButtonAction) -> &'static str {
         ButtonAction::Model { .. } => "Already chosen.",
         ButtonAction::Job { .. } => "Already done.",
         ButtonAction::Resume { .. } => "Already chosen.",
+        ButtonAction::Worktree { .. } => "Already done.",
     }
 }
 

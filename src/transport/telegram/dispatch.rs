@@ -50,6 +50,7 @@ use tokio_util::task::TaskTracker;
 
 use super::callback::CallbackHandler;
 use super::chat_stages::ChatStages;
+use super::topics::Topics;
 use super::inbound::{Inbound, InboundPolicy};
 use super::inbox_listener::{InboxListener, Progress, Verdicts};
 use super::strangers::Strangers;
@@ -73,6 +74,12 @@ pub struct Routes {
     /// Carries out button presses (none: presses are recorded as not
     /// handled and never fed).
     pub callbacks: Option<Arc<CallbackHandler>>,
+    /// Forum topics as conversations (`[telegram] topics`): messages are
+    /// placed in their topic first, closed topics end their sessions.
+    pub topics: Option<Arc<Topics>>,
+    /// Work a handler starts but must not wait for (a closed topic's
+    /// sessions ending), awaited at shutdown with the stages'.
+    pub tasks: TaskTracker,
     /// The chats' preparation stages, with media on.
     pub stages: Option<Arc<ChatStages>>,
     /// The verdicts recorded with the messages.
@@ -114,7 +121,8 @@ pub fn tree() -> UpdateHandler<Infallible> {
                     code
                 }]
                 .endpoint(redeem),
-            ),
+            )
+            .branch(dptree::case![Inbound::TopicClosed { chat_id, thread_id }].endpoint(topic_closed)),
         )
 }
 
@@ -142,9 +150,32 @@ async fn press(
 
 async fn accept(event: MessageEvent, routes: Arc<Routes>) -> Result<(), Infallible> {
     let work = async {
+        // Placed in its topic first (topics `auto` may create one), in the
+        // chat's order.
+        let event = match &routes.topics {
+            Some(topics) => topics.place(event).await,
+            None => event,
+        };
         match &routes.stages {
             Some(stages) => stages.take(event).await,
             None => routes.engine.adapter.handle_message(event).await,
+        }
+    };
+    routes.settle(work).await
+}
+
+/// A closed topic ends its sessions, off the chat's queue (a /stop per busy
+/// slot may wait for its reply).
+async fn topic_closed(
+    (chat_id, thread_id): (i64, i32),
+    routes: Arc<Routes>,
+) -> Result<(), Infallible> {
+    let work = async {
+        if let Some(topics) = routes.topics.clone() {
+            let engine = routes.engine.clone();
+            routes.tasks.spawn(async move {
+                topics.end(&engine, chat_id, thread_id).await;
+            });
         }
     };
     routes.settle(work).await

@@ -56,6 +56,14 @@ pub enum Inbound {
         /// What they sent as the code (a secret: never logged).
         code: String,
     },
+    /// A forum topic was closed (the service message `forum_topic_closed`):
+    /// its sessions end.
+    TopicClosed {
+        /// The forum.
+        chat_id: i64,
+        /// The topic.
+        thread_id: i32,
+    },
     /// Not for us (service message, group chatter, another bot's command,
     /// a stranger in a group). Ignored without error.
     Ignore(&'static str),
@@ -178,8 +186,29 @@ fn strip_leading_mention<'a>(text: &'a str, username: &str) -> &'a str {
     text
 }
 
+/// True if the chat is a forum supergroup (topics on).
+fn is_forum(chat: &teloxide::types::Chat) -> bool {
+    use teloxide::types::{ChatKind, PublicChatKind};
+    match &chat.kind {
+        ChatKind::Public(public) => match &public.kind {
+            PublicChatKind::Supergroup(supergroup) => supergroup.is_forum,
+            _ => false,
+        },
+        ChatKind::Private(_) => false,
+    }
+}
+
 /// Decide what one message becomes.
 pub fn classify(message: &Message, policy: &InboundPolicy) -> Inbound {
+    if let TgKind::ForumTopicClosed(_) = &message.kind {
+        return match message.thread_id {
+            Some(thread) => Inbound::TopicClosed {
+                chat_id: message.chat.id.0,
+                thread_id: thread.0 .0,
+            },
+            None => Inbound::Ignore("service message"),
+        };
+    }
     let Some((text, unsupported)) = content(message) else {
         return Inbound::Ignore("service message");
     };
@@ -241,6 +270,7 @@ pub fn classify(message: &Message, policy: &InboundPolicy) -> Inbound {
     let mut event = MessageEvent::text(source, text);
     event.message_id = Some(i64::from(message.id.0));
     event.bot_username = Some(policy.bot_username.clone());
+    event.in_forum = is_forum(&message.chat);
     if event.kind != MessageKind::Command {
         let (refs, group) = crate::media::describe::describe(message);
         event.media.refs = refs;
@@ -322,6 +352,29 @@ mod tests {
             Inbound::Accept(event) => event,
             other => panic!("expected Accept, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_closed_topic_and_a_message_in_a_forum_are_told_apart() {
+        let forum = json!({"id": -1001, "type": "supergroup", "title": "F", "is_forum": true});
+        let closed = serde_json::from_value::<Message>(json!({
+            "message_id": 9, "date": 1_700_000_000, "chat": forum.clone(),
+            "from": {"id": 42, "is_bot": false, "first_name": "Ann"},
+            "message_thread_id": 5, "is_topic_message": true, "forum_topic_closed": {},
+        }))
+        .expect("a service message");
+        assert!(matches!(
+            classify(&closed, &policy()),
+            Inbound::TopicClosed {
+                chat_id: -1001,
+                thread_id: 5
+            }
+        ));
+        let general = message(forum, 42, "/status", json!({}));
+        let event = accepted(classify(&general, &policy()));
+        assert!(event.in_forum);
+        assert_eq!(event.source.thread_id, None);
+        assert!(!accepted(classify(&dm(42, "hi"), &policy())).in_forum);
     }
 
     #[test]

@@ -44,6 +44,7 @@ use super::inbox_writer::wakeup_from_payload;
 use super::media::IntakeMedia;
 use super::parse::{parse_guarded, parse_update};
 use super::strangers::Strangers;
+use super::topics::Topics;
 use crate::delivery::answer::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
@@ -110,6 +111,7 @@ pub struct Intake {
     metrics: Metrics,
     media: Option<Arc<IntakeMedia>>,
     callbacks: Option<Arc<CallbackHandler>>,
+    topics: Option<Arc<Topics>>,
     stop: CancellationToken,
     /// Shared by the clones of one intake: one dispatcher for all of them.
     started: Arc<OnceLock<Started>>,
@@ -135,9 +137,17 @@ impl Intake {
             metrics,
             media: None,
             callbacks: None,
+            topics: None,
             stop: CancellationToken::new(),
             started: Arc::default(),
         }
+    }
+
+    /// Place messages in forum topics (`[telegram] topics`: `auto` creates
+    /// them; a closed topic ends its sessions).
+    pub fn with_topics(mut self, topics: Arc<Topics>) -> Self {
+        self.topics = Some(topics);
+        self
     }
 
     /// The counters this intake records into.
@@ -204,6 +214,8 @@ impl Intake {
             policy: self.policy.clone(),
             strangers: self.strangers.clone(),
             callbacks: self.callbacks.clone(),
+            topics: self.topics.clone(),
+            tasks: tasks.clone(),
             stages,
             verdicts: feed.verdicts(),
             progress: feed.progress(),
@@ -290,6 +302,7 @@ impl Intake {
             Inbound::Accept(_) => (InboxState::Received, None),
             Inbound::Stranger { .. } => (InboxState::Dropped, Some("sender not allowed")),
             Inbound::Redeem { .. } => (InboxState::Dropped, Some("access code")),
+            Inbound::TopicClosed { .. } => (InboxState::Dropped, Some("forum topic closed")),
             Inbound::Ignore(reason) => (InboxState::Dropped, Some(*reason)),
         };
         Sorted::Plain(Box::new(PlainUpdate {
@@ -411,9 +424,12 @@ impl Intake {
                 tracing::debug!(reason, "update ignored");
                 return Intook::Ignored;
             }
-            Inbound::Stranger { .. } | Inbound::Redeem { .. } => Intook::Ignored,
+            Inbound::Stranger { .. } | Inbound::Redeem { .. } | Inbound::TopicClosed { .. } => {
+                Intook::Ignored
+            }
         };
-        // Accepted, stranger or code: always a message teloxide read.
+        // Accepted, stranger, code or a closed topic: always a message
+        // teloxide read.
         if let Some(update) = update {
             self.feed().send(update, Some(verdict));
         }

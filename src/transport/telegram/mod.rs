@@ -40,6 +40,7 @@ pub mod polling;
 pub mod raw;
 pub mod registration;
 pub mod strangers;
+pub mod topics;
 pub mod webhook;
 
 use std::net::SocketAddr;
@@ -209,4 +210,85 @@ pub(crate) fn prune_inbox_regularly(store: Store, days: u64, stop: CancellationT
             }
         }
     });
+}
+
+/// Sweep the conversations' worktrees at start, then hourly: those of
+/// ended sessions go after `keep_days`; one kept for its unmerged work is
+/// told to the bot's owner (`tell`), once.
+pub(crate) fn sweep_worktrees_regularly(
+    worktrees: std::sync::Arc<crate::worktree::Worktrees>,
+    store: Store,
+    delivery: Delivery,
+    tell: Option<i64>,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        loop {
+            sweep_worktrees(&worktrees, &store, &delivery, tell).await;
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+            }
+        }
+    });
+}
+
+async fn sweep_worktrees(
+    worktrees: &crate::worktree::Worktrees,
+    store: &Store,
+    delivery: &Delivery,
+    tell: Option<i64>,
+) {
+    use crate::vocab::{SessionId, SessionKey};
+    use crate::worktree::plan::worktree_name;
+    let sessions = match store.list_sessions().await {
+        Ok(sessions) => sessions,
+        Err(error) => {
+            tracing::warn!(%error, "worktree cleanup skipped: the sessions could not be read");
+            return;
+        }
+    };
+    let live: std::collections::HashSet<String> = sessions
+        .iter()
+        .map(|s| {
+            let key = SessionKey::from_raw(&s.session_key);
+            worktree_name(&key, &SessionId::new(&s.session_id))
+        })
+        .collect();
+    let sweep = match worktrees.sweep(&|name| live.contains(name)).await {
+        Ok(sweep) => sweep,
+        Err(error) => {
+            tracing::warn!(%error, "the worktree cleanup failed");
+            return;
+        }
+    };
+    if !sweep.removed.is_empty() {
+        tracing::info!(
+            removed = sweep.removed.len(),
+            "removed the worktrees of ended conversations"
+        );
+    }
+    for kept in sweep.tell {
+        tracing::warn!(worktree = %kept.name, unmerged = kept.unmerged_commits, "kept a worktree with unmerged work");
+        let Some(chat_id) = tell else {
+            continue;
+        };
+        let text = format!(
+            "🌳 The worktree {} of an ended conversation has {} commit(s) not merged into {}; \
+             it is kept. Merge or remove it in {}.",
+            kept.name,
+            kept.unmerged_commits,
+            worktrees.config().base,
+            worktrees.config().root.display()
+        );
+        let target = crate::delivery::ChatTarget {
+            chat_id,
+            thread_id: None,
+            is_group: false,
+        };
+        let notice = crate::reply::Reply::notice(text);
+        if let Err(error) = delivery.deliver_reply(target, &notice, None).await {
+            tracing::warn!(%error, "could not tell the owner about a kept worktree");
+        }
+    }
 }

@@ -71,6 +71,9 @@ impl Inner {
         } else {
             chat["title"] = json!(format!("Chat {chat_id}"));
         }
+        if self.forums.contains_key(&chat_id) {
+            chat["is_forum"] = json!(true);
+        }
         chat
     }
 

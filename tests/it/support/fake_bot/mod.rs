@@ -48,6 +48,7 @@ mod methods;
 mod params;
 mod state;
 mod telegram;
+mod topics;
 mod types;
 mod updates;
 
@@ -69,6 +70,8 @@ pub use flood::{FloodLimits, RetryAfterViolation, RetryScope};
 use http::handle;
 use params::{commands_key, is_allowed};
 use state::{bump, RateRule, Shared};
+#[allow(unused_imports)]
+pub use topics::Topic;
 #[allow(unused_imports)]
 pub use types::{
     ChatType, Failure, FakeConfig, Outcome, RecordedCall, SentMessage, WebhookSettings,

@@ -72,6 +72,8 @@ pub(super) struct Inner {
     pub(super) drafts: Vec<(i64, i64, String, bool)>,
     /// Answer `sendMessageDraft` like a Bot API server that predates it.
     pub(super) refuse_drafts: bool,
+    /// Forum supergroups and their topics.
+    pub(super) forums: super::topics::Forums,
 }
 
 #[derive(Default)]
@@ -335,9 +337,16 @@ impl Shared {
             "getWebhookInfo" => Ok(self.lock().webhook_info()),
             "setWebhook" => self.lock().set_webhook(body),
             "deleteWebhook" => self.lock().delete_webhook(body),
-            "sendMessage" => self.lock().send_message(self, body),
+            "sendMessage" => {
+                let mut inner = self.lock();
+                inner.check_thread(body)?;
+                inner.send_message(self, body)
+            }
             "editMessageText" => self.lock().edit_message_text(self, body),
-            "sendChatAction" => send_chat_action(body),
+            "sendChatAction" => {
+                self.lock().check_thread(body)?;
+                send_chat_action(body)
+            }
             "setMyCommands" => self.lock().set_my_commands(body),
             "getMyCommands" => Ok(self.lock().get_my_commands(body)),
             "deleteMyCommands" => Ok(self.lock().delete_my_commands(body)),
@@ -350,10 +359,15 @@ impl Shared {
             "sendPhoto" | "sendDocument" | "sendVoice" => {
                 let base = {
                     let mut inner = self.lock();
+                    inner.check_thread(body)?;
                     let chat_id = chat_id_param(body)?;
                     let message_id = inner.allocate_message_id(chat_id);
-                    json!({"message_id": message_id, "from": self.bot_user(),
-                        "chat": inner.chat_json(chat_id), "date": unix_now()})
+                    let mut base = json!({"message_id": message_id, "from": self.bot_user(),
+                        "chat": inner.chat_json(chat_id), "date": unix_now()});
+                    if let Some(thread) = body.get("message_thread_id") {
+                        base["message_thread_id"] = thread.clone();
+                    }
+                    base
                 };
                 self.files
                     .upload(method, body, base)
@@ -362,6 +376,18 @@ impl Shared {
             "editMessageReplyMarkup" => self.lock().edit_message_reply_markup(self, body),
             "setMessageReaction" => self.lock().set_message_reaction(body),
             "sendMessageDraft" => self.lock().send_message_draft(body),
+            "createForumTopic" => {
+                let created = self.lock().create_forum_topic(self.bot_user(), body);
+                self.updates_tx.send_modify(bump);
+                created
+            }
+            "editForumTopic" => self.lock().edit_forum_topic(body),
+            "closeForumTopic" => {
+                let closed = self.lock().close_forum_topic(self.bot_user(), body);
+                self.updates_tx.send_modify(bump);
+                closed
+            }
+            "deleteForumTopic" => self.lock().delete_forum_topic(body),
             _ => Err(ApiFailure::new(404, "Not Found: method not found")),
         }
     }

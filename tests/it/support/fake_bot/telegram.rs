@@ -32,7 +32,26 @@ pub(super) const KNOWN_METHODS: &[&str] = &[
     "editMessageReplyMarkup",
     "setMessageReaction",
     "sendMessageDraft",
+    "createForumTopic",
+    "editForumTopic",
+    "closeForumTopic",
+    "deleteForumTopic",
 ];
+
+/// Telegram's limit on a topic's name, in characters.
+pub(super) const TOPIC_NAME_MAX: usize = 128;
+/// A topic method in a chat that is no forum.
+pub(super) const NOT_A_FORUM: &str = "Bad Request: the chat is not a forum";
+/// A topic method without the `can_manage_topics` right.
+pub(super) const NO_TOPIC_RIGHTS: &str = "Bad Request: not enough rights to create a topic";
+/// A topic's name left empty.
+pub(super) const TOPIC_TITLE_EMPTY: &str = "Bad Request: TOPIC_TITLE_EMPTY";
+/// An edit or close that changes nothing.
+pub(super) const TOPIC_NOT_MODIFIED: &str = "Bad Request: TOPIC_NOT_MODIFIED";
+/// A message into a deleted (or never made) topic.
+pub(super) const THREAD_NOT_FOUND: &str = "Bad Request: message thread not found";
+/// A message into a closed topic.
+pub(super) const TOPIC_CLOSED: &str = "Bad Request: TOPIC_CLOSED";
 
 /// The emoji Telegram accepts as reactions (`ReactionTypeEmoji`); anything
 /// else is refused with `REACTION_INVALID`.

@@ -1,0 +1,269 @@
+//! Forum topics as conversations, end to end against the fake Bot API
+//! (`[telegram] topics`): `auto` creates a topic for /new and for a
+//! message in the General topic, titled from the message and renamed to
+//! the task's first line after the first answer; replies carry the topic's
+//! `message_thread_id`; /stop in one topic leaves another's turn running;
+//! a topic closed (service message) or deleted (a send refused) ends its
+//! session; without the right to manage topics the message runs where it
+//! was written, and the user is told why.
+
+use crate::support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::agents::ScriptedAgent;
+use support::fake_bot::{FakeBotApi, RecordedCall};
+use telegate::config::{Config, Purpose};
+use telegate::transport::telegram::TelegramBot;
+
+const WAIT: Duration = Duration::from_secs(10);
+const USER: i64 = 42;
+const FORUM: i64 = -1_001_000_000_777;
+
+async fn start(fake: &FakeBotApi, topics: &str) -> (TelegramBot, Arc<ScriptedAgent>) {
+    let text = format!(
+        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\
+         require_mention = false\ntopics = \"{topics}\"\n\n\
+         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
+         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
+         typing_delay_ms = 0\nstreaming = \"edit\"\n\n[store]\nin_memory = true\n",
+        fake.token(),
+        fake.url()
+    );
+    let config = Config::parse(Path::new("topics.toml"), &text, Purpose::Telegram, |_| None)
+        .expect("test config is valid");
+    let agent = ScriptedAgent::new();
+    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+        .await
+        .expect("bot starts against the fake");
+    (bot, agent)
+}
+
+fn thread_of(call: &RecordedCall) -> Option<i64> {
+    call.body.get("message_thread_id").and_then(Value::as_i64)
+}
+
+/// The successful sends into `FORUM` whose text holds `needle`.
+fn sends_with(fake: &FakeBotApi, needle: &str) -> Vec<RecordedCall> {
+    fake.calls_to("sendMessage")
+        .into_iter()
+        .filter(|c| c.chat_id() == Some(FORUM) && c.outcome.is_ok())
+        .filter(|c| c.text().is_some_and(|t| t.contains(needle)))
+        .collect()
+}
+
+async fn wait_send(fake: &FakeBotApi, needle: &str) -> RecordedCall {
+    let found = fake
+        .wait_for(|_| !sends_with(fake, needle).is_empty(), WAIT)
+        .await;
+    assert!(
+        found,
+        "no send with {needle:?}: {:?}",
+        fake.calls_to("sendMessage")
+    );
+    sends_with(fake, needle).remove(0)
+}
+
+async fn wait_cancelled(agent: &ScriptedAgent, n: usize) -> bool {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tokio::time::Instant::now() < deadline {
+        if agent.cancelled() >= n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+async fn wait_started(agent: &ScriptedAgent, n: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while agent.started() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} turns never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_creates_a_topic_on_new_named_from_the_task_and_answers_in_it() {
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let (bot, agent) = start(&fake, "auto").await;
+    let task = "Fix the login bug in auth.rs where users get logged out after five minutes";
+    fake.push_topic_text(FORUM, USER, None, &format!("/new {task}\nmore detail"));
+
+    let answer = wait_send(&fake, "answer:Fix the login bug").await;
+    let created = fake.calls_to("createForumTopic");
+    assert_eq!(created.len(), 1, "one topic for one /new");
+    let name = created[0].body["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(name, "Fix the login bug in auth.rs where…");
+    let thread = thread_of(&answer).expect("the answer carries the topic's thread");
+    assert_eq!(fake.topics(FORUM)[&thread].name, name);
+    assert_eq!(agent.turn_texts(), vec![format!("{task}\nmore detail")]);
+
+    // After the first answer the topic is renamed to the task's first line.
+    assert!(
+        fake.wait_for(|_| fake.topics(FORUM)[&thread].name == task, WAIT)
+            .await,
+        "renamed: {:?}",
+        fake.topics(FORUM)
+    );
+
+    // A message in that topic stays there (no new topic) and is answered there.
+    fake.push_topic_text(FORUM, USER, Some(thread), "second");
+    let second = wait_send(&fake, "answer:second").await;
+    assert_eq!(thread_of(&second), Some(thread));
+
+    // A message in the General topic gets a topic of its own.
+    fake.push_topic_text(FORUM, USER, None, "hello from general");
+    let general = wait_send(&fake, "answer:hello from general").await;
+    let other = thread_of(&general).expect("answered in a new topic");
+    assert_ne!(other, thread);
+    assert_eq!(fake.topics(FORUM)[&other].name, "hello from general");
+    assert_eq!(fake.calls_to("createForumTopic").len(), 2);
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_new_opens_a_topic_renamed_after_its_first_answer() {
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let (bot, _agent) = start(&fake, "auto").await;
+    fake.push_topic_text(FORUM, USER, None, "/new");
+    assert!(
+        fake.wait_for(|_| fake.topics(FORUM).len() == 1, WAIT).await,
+        "a topic was created"
+    );
+    let (thread, topic) = fake.topics(FORUM).into_iter().next().expect("one topic");
+    assert_eq!(topic.name, "New conversation");
+    // The /new is answered in the new topic.
+    assert!(
+        fake.wait_for(
+            |calls| calls.iter().any(|c| c.method == "sendMessage"
+                && c.outcome.is_ok()
+                && thread_of(c) == Some(thread)),
+            WAIT
+        )
+        .await
+    );
+    fake.push_topic_text(FORUM, USER, Some(thread), "Refactor the parser\nplease");
+    wait_send(&fake, "answer:Refactor the parser").await;
+    assert!(
+        fake.wait_for(
+            |_| fake.topics(FORUM)[&thread].name == "Refactor the parser",
+            WAIT
+        )
+        .await
+    );
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_in_one_topic_leaves_the_turn_of_another_running() {
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let a = fake.add_topic(FORUM, "A");
+    let b = fake.add_topic(FORUM, "B");
+    let (bot, agent) = start(&fake, "per-topic").await;
+    fake.push_topic_text(FORUM, USER, Some(a), "block a");
+    fake.push_topic_text(FORUM, USER, Some(b), "block b");
+    wait_started(&agent, 2).await;
+    assert_eq!(
+        bot.engine.adapter.busy_keys().len(),
+        2,
+        "one slot per topic"
+    );
+
+    fake.push_topic_text(FORUM, USER, Some(a), "/stop");
+    assert!(wait_cancelled(&agent, 1).await, "topic A's turn stopped");
+    let stopped = wait_send(&fake, "top").await;
+    assert_eq!(thread_of(&stopped), Some(a), "the reply is in topic A");
+    // Topic B's turn still runs.
+    let busy = bot.engine.adapter.busy_keys();
+    assert_eq!(busy.len(), 1, "{busy:?}");
+    assert!(busy[0].as_str().contains(&format!(":{b}:")), "{busy:?}");
+    assert!(bot.engine.runner.running_agent(&busy[0]).is_some());
+    assert_eq!(agent.cancelled(), 1);
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_topic_ends_its_session_and_leaves_the_others() {
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let a = fake.add_topic(FORUM, "A");
+    let b = fake.add_topic(FORUM, "B");
+    let (bot, agent) = start(&fake, "auto").await;
+    fake.push_topic_text(FORUM, USER, Some(a), "block a");
+    fake.push_topic_text(FORUM, USER, Some(b), "block b");
+    wait_started(&agent, 2).await;
+
+    fake.close_topic_as_user(FORUM, USER, a);
+    assert!(
+        wait_cancelled(&agent, 1).await,
+        "the closed topic's turn ended"
+    );
+    let busy = bot.engine.adapter.busy_keys();
+    assert_eq!(busy.len(), 1, "{busy:?}");
+    assert!(busy[0].as_str().contains(&format!(":{b}:")), "{busy:?}");
+
+    // A deleted topic sends no update: the next request into it is refused
+    // ("message thread not found", here the turn's typing), which ends it.
+    fake.delete_topic_as_user(FORUM, b);
+    assert!(
+        wait_cancelled(&agent, 2).await,
+        "the deleted topic's turn ended"
+    );
+    assert!(
+        fake.wait_for(|_| bot.engine.adapter.busy_keys().is_empty(), WAIT)
+            .await
+    );
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_right_to_manage_topics_the_message_runs_where_it_was_written() {
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, false);
+    let (bot, _agent) = start(&fake, "auto").await;
+    fake.push_topic_text(FORUM, USER, None, "hello");
+    let answer = wait_send(&fake, "answer:hello").await;
+    assert_eq!(thread_of(&answer), None, "answered in the General topic");
+    let refused = fake.calls_to("createForumTopic");
+    assert_eq!(refused.len(), 1);
+    assert!(!refused[0].outcome.is_ok());
+    let told = wait_send(&fake, "could not create a topic").await;
+    assert!(
+        told.text()
+            .is_some_and(|t| t.contains("not enough rights to create a topic")),
+        "{told:?}"
+    );
+    assert!(fake.topics(FORUM).is_empty());
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_off_shares_one_slot_across_topics_and_answers_in_each_topic() {
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let a = fake.add_topic(FORUM, "A");
+    let b = fake.add_topic(FORUM, "B");
+    let (bot, agent) = start(&fake, "off").await;
+    fake.push_topic_text(FORUM, USER, Some(a), "block a");
+    wait_started(&agent, 1).await;
+    // The same slot: /stop in B stops A's turn.
+    fake.push_topic_text(FORUM, USER, Some(b), "/stop");
+    assert!(wait_cancelled(&agent, 1).await);
+    let stopped = wait_send(&fake, "top").await;
+    assert_eq!(thread_of(&stopped), Some(b));
+    assert!(fake.calls_to("createForumTopic").is_empty());
+    bot.shutdown().await;
+}

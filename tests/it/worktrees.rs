@@ -1,0 +1,273 @@
+//! A git worktree per conversation, against a real git repository made by
+//! each test in a temporary directory: two sessions edit the same file in
+//! their own worktrees without conflict; `/diff` returns exactly the
+//! session's change (as a file through the fake Bot API, with a stat in the
+//! chat); a concurrent first use makes one worktree; the cleanup removes
+//! an ended session's merged worktree and keeps (and tells once about) one
+//! with unmerged commits; `/merge` with its confirmation button.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::fake_bot::FakeBotApi;
+use telegate::config::{Config, Purpose};
+use telegate::transport::telegram::TelegramBot;
+use telegate::vocab::{SessionId, SessionKey};
+use telegate::worktree::{WorktreeConfig, Worktrees};
+
+const WAIT: Duration = Duration::from_secs(20);
+const USER: i64 = 42;
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t")
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A repository with one commit on `main`: `notes.txt` holding one line.
+fn repo(dir: &Path) -> PathBuf {
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("notes.txt"), "first line\n").unwrap();
+    git(&repo, &["add", "notes.txt"]);
+    git(&repo, &["commit", "-q", "-m", "start"]);
+    repo
+}
+
+fn worktrees(dir: &Path, keep_days: u64) -> Arc<Worktrees> {
+    Worktrees::new(WorktreeConfig {
+        repo: repo(dir),
+        base: "main".into(),
+        root: dir.join("worktrees"),
+        keep_days,
+    })
+}
+
+fn key(n: u32) -> SessionKey {
+    SessionKey::from_raw(format!("agent:main:telegram:dm:{n}"))
+}
+
+fn session(n: u32) -> SessionId {
+    SessionId::new(format!("{n:08x}-0000-4000-8000-000000000000"))
+}
+
+#[tokio::test]
+async fn two_sessions_edit_the_same_file_apart_and_each_diff_is_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let trees = worktrees(dir.path(), 7);
+    let a = trees.ensure(&key(1), &session(1)).await.unwrap();
+    let b = trees.ensure(&key(2), &session(2)).await.unwrap();
+    assert_ne!(a, b);
+    std::fs::write(a.join("notes.txt"), "first line\nfrom A\n").unwrap();
+    std::fs::write(b.join("notes.txt"), "changed by B\n").unwrap();
+    std::fs::write(b.join("new.txt"), "a new file\n").unwrap();
+
+    let diff_a = trees.diff(&key(1), &session(1)).await.unwrap();
+    assert!(diff_a.patch.contains("+from A"), "{}", diff_a.patch);
+    assert!(
+        !diff_a.patch.contains("B"),
+        "A's diff holds only A's change: {}",
+        diff_a.patch
+    );
+    assert!(diff_a.stat.contains("notes.txt"), "{}", diff_a.stat);
+    let diff_b = trees.diff(&key(2), &session(2)).await.unwrap();
+    assert!(diff_b.patch.contains("+changed by B") && diff_b.patch.contains("-first line"));
+    assert!(
+        diff_b.patch.contains("+a new file"),
+        "new files count: {}",
+        diff_b.patch
+    );
+    assert!(!diff_b.patch.contains("from A"));
+
+    // Each on its own branch; the repository's checkout is untouched.
+    let branches = git(&trees.config().repo, &["branch", "--list", "telegate/*"]);
+    assert_eq!(branches.lines().count(), 2, "{branches}");
+    let main = std::fs::read_to_string(trees.config().repo.join("notes.txt")).unwrap();
+    assert_eq!(main, "first line\n");
+    // The same session finds its worktree again; a new session gets a new one.
+    assert_eq!(trees.ensure(&key(1), &session(1)).await.unwrap(), a);
+    assert_ne!(trees.ensure(&key(1), &session(3)).await.unwrap(), a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_first_use_makes_one_worktree() {
+    let dir = tempfile::tempdir().unwrap();
+    let trees = worktrees(dir.path(), 7);
+    let uses: Vec<_> = (0..8)
+        .map(|_| {
+            let trees = trees.clone();
+            tokio::spawn(async move { trees.ensure(&key(1), &session(1)).await })
+        })
+        .collect();
+    let mut paths = Vec::new();
+    for joined in uses {
+        paths.push(joined.await.unwrap().expect("every first use succeeds"));
+    }
+    paths.dedup();
+    assert_eq!(paths.len(), 1);
+    let list = git(&trees.config().repo, &["worktree", "list", "--porcelain"]);
+    let count = list.lines().filter(|l| l.starts_with("worktree ")).count();
+    assert_eq!(count, 2, "the repository and one worktree: {list}");
+}
+
+#[tokio::test]
+async fn the_cleanup_keeps_unmerged_work_and_tells_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let trees = worktrees(dir.path(), 0);
+    let kept = trees.ensure(&key(1), &session(1)).await.unwrap();
+    let merged = trees.ensure(&key(2), &session(2)).await.unwrap();
+    let live = trees.ensure(&key(3), &session(3)).await.unwrap();
+    std::fs::write(kept.join("notes.txt"), "work\n").unwrap();
+    git(&kept, &["commit", "-q", "-am", "unmerged work"]);
+    let live_name = live.file_name().unwrap().to_string_lossy().to_string();
+
+    let sweep = trees.sweep(&|name| name == live_name).await.unwrap();
+    let merged_name = merged.file_name().unwrap().to_string_lossy().to_string();
+    assert_eq!(sweep.removed, vec![merged_name]);
+    assert_eq!(sweep.tell.len(), 1);
+    assert_eq!(sweep.tell[0].unmerged_commits, 1);
+    assert!(kept.exists() && live.exists() && !merged.exists());
+    // Its owner is told once.
+    let again = trees.sweep(&|name| name == live_name).await.unwrap();
+    assert!(
+        again.removed.is_empty() && again.tell.is_empty(),
+        "{again:?}"
+    );
+    assert!(kept.exists());
+    let branches = git(&trees.config().repo, &["branch", "--list", "telegate/*"]);
+    assert_eq!(
+        branches.lines().count(),
+        2,
+        "the removed one's branch is gone: {branches}"
+    );
+}
+
+fn bot_config(fake: &FakeBotApi, dir: &Path, repo: &Path) -> Config {
+    let text = format!(
+        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
+         [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
+         global_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
+         [store]\ndata_dir = \"{}\"\n\n[agent]\nbackend = \"command\"\n\n\
+         [agent.command]\nargv = [\"sh\", \"-c\", \"printf '%s\\\\n' \\\"$1\\\" >> notes.txt; echo edited\", \"sh\", \"{{message}}\"]\n\
+         worktree = {{ repo = \"{}\", base = \"main\", root = \"{}\", keep_days = 7 }}\n",
+        fake.token(),
+        fake.url(),
+        dir.join("data").display(),
+        repo.display(),
+        dir.join("worktrees").display(),
+    );
+    Config::parse(
+        Path::new("worktrees.toml"),
+        &text,
+        Purpose::Telegram,
+        |_| None,
+    )
+    .expect("valid test config")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_sends_the_conversations_change_and_merge_asks_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repo(dir.path());
+    let fake = FakeBotApi::start().await;
+    let bot = TelegramBot::start(&bot_config(&fake, dir.path(), &repo))
+        .await
+        .expect("bot starts");
+    fake.push_text(USER, USER, "a line from the chat");
+    assert!(
+        fake.wait_for(
+            |_| fake.sent_texts(USER).iter().any(|t| t.contains("edited")),
+            WAIT
+        )
+        .await
+    );
+    // The program ran in the conversation's worktree, not in the repository.
+    assert_eq!(
+        std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
+        "first line\n"
+    );
+
+    fake.push_text(USER, USER, "/diff");
+    assert!(
+        fake.wait_for(|_| !fake.files().uploads().is_empty(), WAIT)
+            .await,
+        "the diff is sent as a file"
+    );
+    let upload = fake.files().uploads().remove(0);
+    assert_eq!(upload.method, "sendDocument");
+    assert!(upload.file_name.ends_with(".diff"), "{}", upload.file_name);
+    let patch = String::from_utf8_lossy(&upload.bytes).to_string();
+    assert!(patch.contains("+a line from the chat"), "{patch}");
+    assert_eq!(
+        patch
+            .lines()
+            .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
+            .count(),
+        1,
+        "exactly the session's change: {patch}"
+    );
+    assert!(
+        fake.wait_for(
+            |_| fake
+                .sent_texts(USER)
+                .iter()
+                .any(|t| t.contains("1 file changed")),
+            WAIT
+        )
+        .await
+    );
+
+    // /merge asks with a button; nothing is merged before the press.
+    fake.push_text(USER, USER, "/merge");
+    assert!(
+        fake.wait_for(
+            |_| fake
+                .sent_texts(USER)
+                .iter()
+                .any(|t| t.contains("Merge this conversation")),
+            WAIT
+        )
+        .await
+    );
+    assert_eq!(
+        std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
+        "first line\n"
+    );
+    let (message, _, data) = support::buttons::wait_button(&fake, USER, "Merge into main").await;
+    fake.push_callback_query(USER, USER, message, &data);
+    assert!(
+        fake.wait_for(
+            |_| fake
+                .sent_texts(USER)
+                .iter()
+                .any(|t| t.contains("Merged into main")),
+            WAIT
+        )
+        .await,
+        "{:?}",
+        fake.sent_texts(USER)
+    );
+    assert_eq!(
+        std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
+        "first line\na line from the chat\n"
+    );
+    bot.shutdown().await;
+}
