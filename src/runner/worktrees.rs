@@ -15,7 +15,7 @@ use crate::vocab::{Button, ButtonAction, SessionId, SessionKey, SessionSource, W
 use crate::worktree::{WorktreeError, Worktrees};
 
 /// The answer when the backend has no `worktree` setting.
-pub const NO_WORKTREES_TEXT: &str =
+pub(super) const NO_WORKTREES_TEXT: &str =
     "This bot gives conversations no git worktree (set worktree = { repo, base, root } under [agent.command] or [agent.acp]).";
 /// The stat shown in the chat is cut here.
 const STAT_LINES: usize = 15;

@@ -14,6 +14,7 @@
 
 use serde::Deserialize;
 
+use super::command::KnownCommand;
 use super::event::MessageEvent;
 use super::session::{ChatType, Platform, SessionKey, SessionSource};
 
@@ -115,7 +116,7 @@ impl RouteInput {
     pub fn arrived(event: &MessageEvent) -> RouteInput {
         RouteInput {
             in_general_topic: event.in_forum && event.source.thread_id.is_none(),
-            starts_conversation: event.command().is_some_and(|c| c.is("new")),
+            starts_conversation: event.command().is_some_and(|c| c.is(KnownCommand::New)),
             ..RouteInput::placed(&event.source)
         }
     }

@@ -50,10 +50,10 @@ use tokio_util::task::TaskTracker;
 
 use super::callback::CallbackHandler;
 use super::chat_stages::ChatStages;
-use super::topics::Topics;
 use super::inbound::{Inbound, InboundPolicy};
 use super::inbox_listener::{InboxListener, Progress, Verdicts};
 use super::strangers::Strangers;
+use super::topics::Topics;
 use crate::engine::Engine;
 use crate::vocab::MessageEvent;
 
@@ -122,7 +122,9 @@ pub fn tree() -> UpdateHandler<Infallible> {
                 }]
                 .endpoint(redeem),
             )
-            .branch(dptree::case![Inbound::TopicClosed { chat_id, thread_id }].endpoint(topic_closed)),
+            .branch(
+                dptree::case![Inbound::TopicClosed { chat_id, thread_id }].endpoint(topic_closed),
+            ),
         )
 }
 

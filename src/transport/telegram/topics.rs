@@ -36,8 +36,8 @@ use crate::engine::Engine;
 use crate::reply::DeliveryError;
 use crate::reply::Reply;
 use crate::vocab::{
-    route, slot_in_topic, ChatType, KeyPolicy, MessageEvent, MessageKind, Platform, Route,
-    RouteInput, SessionSource, TopicsMode,
+    route, slot_in_topic, ChatType, KeyPolicy, KnownCommand, MessageEvent, MessageKind, Platform,
+    Route, RouteInput, SessionSource, TopicsMode,
 };
 
 /// Telegram's limit on a topic's name (1-128 characters).
@@ -129,7 +129,7 @@ impl Topics {
         }
         let args = event
             .command()
-            .filter(|c| c.is("new"))
+            .filter(|c| c.is(KnownCommand::New))
             .map(|c| c.args.trim().to_string());
         let task = args.clone().unwrap_or_else(|| event.text.clone());
         let name = provisional_title(&task);
