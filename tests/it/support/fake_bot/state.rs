@@ -72,6 +72,8 @@ pub(super) struct Inner {
     pub(super) drafts: Vec<(i64, i64, String, bool)>,
     /// Answer `sendMessageDraft` like a Bot API server that predates it.
     pub(super) refuse_drafts: bool,
+    /// When each update was first handed out by a `getUpdates` answer.
+    pub(super) handed_out: HashMap<i64, Instant>,
 }
 
 #[derive(Default)]
@@ -227,6 +229,7 @@ impl Shared {
                 method: method.to_owned(),
                 body,
                 at,
+                done: None,
                 outcome: Outcome::Pending,
             };
             inner.calls.push(call);
@@ -246,6 +249,7 @@ impl Shared {
             // Searching from the end: the call is almost always recent.
             if let Some(call) = inner.calls.iter_mut().rev().find(|c| c.seq == seq) {
                 call.outcome = outcome;
+                call.done = Some(Instant::now());
             }
         }
         self.calls_tx.send_modify(bump);
