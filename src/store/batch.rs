@@ -212,13 +212,10 @@ impl StoreStats {
 /// The store thread's loop: run batches of jobs in order until shut down
 /// or until every [`super::Store`] handle is gone. Returns the shutdown
 /// request's reply channel, if one came.
-/// `committed` hears how many transactions each batch committed (the
-/// checkpointer's nudge).
 pub(super) fn serve(
     conn: &mut Connection,
     mut rx: mpsc::Receiver<Msg>,
     counters: &Arc<Counters>,
-    committed: &mut dyn FnMut(u64),
 ) -> Option<oneshot::Sender<Result<(), StoreError>>> {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     loop {
@@ -243,11 +240,9 @@ pub(super) fn serve(
         counters
             .calls
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let commits_before = counters.commits.load(Ordering::Relaxed);
         run_batch(conn, batch.drain(..), counters);
         let busy = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         counters.busy_ns.fetch_add(busy, Ordering::Relaxed);
-        committed(counters.commits.load(Ordering::Relaxed) - commits_before);
         if shutdown.is_some() {
             // Jobs still queued were sent after the shutdown; dropping them
             // drops their reply channels, which their callers see as

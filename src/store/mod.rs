@@ -96,7 +96,6 @@ pub mod agent_sessions;
 pub mod approvals;
 mod batch;
 pub mod buttons;
-mod checkpoint;
 pub mod child_groups;
 mod files;
 pub mod generations;
@@ -221,7 +220,6 @@ pub enum StoreError {
 }
 
 use batch::{Call, Counters, Msg};
-use checkpoint::Checkpointer;
 
 /// Which database to open.
 #[derive(Debug, Clone)]
@@ -328,9 +326,8 @@ impl Store {
             .name("telegate-store".into())
             .spawn(move || match open_connection(&target) {
                 Ok(conn) => {
-                    let checkpointer = start_checkpointer(&conn, &target);
                     ready(Ok(()));
-                    serve(conn, rx, &thread_counters, checkpointer);
+                    serve(conn, rx, &thread_counters);
                 }
                 Err(e) => ready(Err(e)),
             })?;
@@ -502,39 +499,10 @@ fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// A file database's checkpoints move to a thread of their own (see
-/// [`checkpoint`]); the store's connection then checkpoints no more.
-fn start_checkpointer(conn: &Connection, target: &Target) -> Option<Checkpointer> {
-    let Target::File(path, _) = target else {
-        return None;
-    };
-    let checkpointer = Checkpointer::start(path)?;
-    match conn.pragma_update(None, "wal_autocheckpoint", 0) {
-        Ok(()) => Some(checkpointer),
-        Err(error) => {
-            tracing::warn!(%error, "store: automatic checkpoints stay on the store thread");
-            checkpointer.stop();
-            None
-        }
-    }
-}
-
 /// The store thread: serve batches (see [`batch`]) until shut down or
 /// until every [`Store`] handle is gone, then close.
-fn serve(
-    mut conn: Connection,
-    rx: mpsc::Receiver<Msg>,
-    counters: &Arc<Counters>,
-    mut checkpointer: Option<Checkpointer>,
-) {
-    let shutdown_reply = batch::serve(&mut conn, rx, counters, &mut |commits| {
-        if let Some(checkpointer) = &mut checkpointer {
-            checkpointer.committed(commits);
-        }
-    });
-    if let Some(checkpointer) = checkpointer {
-        checkpointer.stop();
-    }
+fn serve(mut conn: Connection, rx: mpsc::Receiver<Msg>, counters: &Arc<Counters>) {
+    let shutdown_reply = batch::serve(&mut conn, rx, counters);
     let result = shutdown(conn);
     match shutdown_reply {
         Some(reply) => {
