@@ -19,12 +19,15 @@
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;
+#[path = "support/figures.rs"]
+mod figures;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_bot::FakeBotApi;
+use figures::{figure, Better};
 use futures::future::BoxFuture;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::config::{Config, Purpose};
@@ -177,6 +180,28 @@ async fn measure() {
     println!(
         "  overhead = command - in-process - bare spawn = {overhead:.2} ms (target < {TARGET_MS} ms){}",
         if overhead < TARGET_MS { "" } else { "  [ABOVE TARGET]" }
+    );
+    figure(
+        "command/in_process_first_preview",
+        ms(in_process),
+        "ms",
+        Better::Lower,
+        None,
+    );
+    figure(
+        "command/command_first_preview",
+        ms(command),
+        "ms",
+        Better::Lower,
+        None,
+    );
+    figure("command/bare_spawn", ms(bare), "ms", Better::Lower, None);
+    figure(
+        "command/overhead_per_turn",
+        overhead,
+        "ms",
+        Better::Lower,
+        Some(TARGET_MS),
     );
 }
 

@@ -14,12 +14,15 @@
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;
+#[path = "support/figures.rs"]
+mod figures;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fake_bot::FakeBotApi;
+use figures::{figure, ms, Better};
 use telegate::store::Store;
 
 const SESSIONS: usize = 10_000;
@@ -107,6 +110,13 @@ fn print_size() {
         },
         bin.display()
     );
+    figure(
+        "footprint/binary_size",
+        mb(bytes.len() as u64),
+        "MB",
+        Better::Lower,
+        None,
+    );
     if !has_symbols {
         return;
     }
@@ -121,11 +131,20 @@ fn print_size() {
         .status()
         .is_ok_and(|s| s.success());
     match std::fs::metadata(&copy) {
-        Ok(meta) if stripped => println!(
-            "binary size stripped [profile {}]: {:.1} MB (the dist profile adds whole-program LTO)",
-            profile(),
-            mb(meta.len())
-        ),
+        Ok(meta) if stripped => {
+            println!(
+                "binary size stripped [profile {}]: {:.1} MB (the dist profile adds whole-program LTO)",
+                profile(),
+                mb(meta.len())
+            );
+            figure(
+                "footprint/binary_size_stripped",
+                mb(meta.len()),
+                "MB",
+                Better::Lower,
+                None,
+            );
+        }
         _ => println!("binary size stripped: `strip` not available"),
     }
 }
@@ -167,6 +186,13 @@ async fn start_time() {
         times[0].as_secs_f64() * 1e3,
         START_TARGET.as_millis()
     );
+    figure(
+        "footprint/start_to_first_poll",
+        ms(median),
+        "ms",
+        Better::Lower,
+        Some(ms(START_TARGET)),
+    );
 }
 
 async fn idle_rss() {
@@ -192,11 +218,21 @@ async fn idle_rss() {
     // Idle: a few quiet long polls.
     tokio::time::sleep(Duration::from_secs(2)).await;
     match rss_kb(child.id()) {
-        Some(kb) => println!(
-            "idle RSS with {SESSIONS} known sessions: {:.1} MB (whole process)  target < {} MB",
-            kb as f64 / 1024.0,
-            RSS_TARGET_KB / 1024
-        ),
+        Some(kb) => {
+            println!(
+                "idle RSS with {SESSIONS} known sessions: {:.1} MB (whole process)  target < {} MB",
+                kb as f64 / 1024.0,
+                RSS_TARGET_KB / 1024
+            );
+            let target = Some(RSS_TARGET_KB as f64 / 1024.0);
+            figure(
+                "footprint/idle_rss",
+                kb as f64 / 1024.0,
+                "MB",
+                Better::Lower,
+                target,
+            );
+        }
         None => println!("idle RSS: /proc not readable here"),
     }
     stop(child);

@@ -17,19 +17,25 @@
 //! runs weigh the first-contact work of 500 new sessions less, but each
 //! turn loads a longer history.
 //!
-//! Prints its figures and the target (10,000 updates/s end to end); asserts
-//! nothing about time (these machines are noisy).
+//! Prints its figures and the targets (20,000 updates/s end to end on 2
+//! cores, 60 µs of telegate's CPU per update, 2 store calls per turn, the
+//! store thread under 50% busy at 10,000/s), each also as a `FIGURE` line
+//! (`support/figures.rs`); asserts nothing about time (these machines are
+//! noisy).
 
 #[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]
 mod fake_files;
+#[path = "support/figures.rs"]
+mod figures;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_bot::FakeBotApi;
+use figures::{figure, load_average, process_cpu, us, Better, ThreadCpu};
 use futures::future::BoxFuture;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::config::{Config, Purpose};
@@ -39,7 +45,13 @@ use telegate::transport::telegram::TelegramBot;
 const CHATS: i64 = 500;
 /// Messages per chat unless `PIPELINE_PER_CHAT` says otherwise.
 const PER_CHAT: usize = 4;
-const TARGET_PER_SEC: f64 = 10_000.0;
+const TARGET_PER_SEC: f64 = 20_000.0;
+/// telegate's own CPU per update (runtime + store threads), microseconds.
+const TARGET_CPU_US: f64 = 60.0;
+/// Store calls per plain turn (inbox write and close, transcript, outbox).
+const TARGET_STORE_CALLS: f64 = 2.0;
+/// The store thread's busy share at 10,000 updates/s, percent.
+const TARGET_STORE_BUSY_AT_10K: f64 = 50.0;
 
 struct NoOp;
 
@@ -77,8 +89,8 @@ async fn pipeline(fake: FakeBotApi) {
     let total = CHATS as usize * per_chat;
     let store_before = bot.store.stats();
     let started = Instant::now();
-    let cpu_before = cpu_time();
-    let threads_before = thread_cpu();
+    let cpu_before = process_cpu();
+    let threads_before = ThreadCpu::now();
     // Telegram already holds the backlog: queued in one go, so the figure
     // is not the fake's cost of building 2,000 updates one lock at a time.
     let backlog: Vec<(i64, i64, String)> = (0..per_chat)
@@ -105,8 +117,8 @@ async fn pipeline(fake: FakeBotApi) {
     }
     let done = answered >= total;
     let elapsed = started.elapsed();
-    let cpu = cpu_time().saturating_sub(cpu_before);
-    let threads = thread_cpu().since(&threads_before);
+    let cpu = process_cpu().saturating_sub(cpu_before);
+    let threads = ThreadCpu::now().since(&threads_before);
     let store = bot.store.stats().since(&store_before);
     let got = fake.count_calls(is_answer);
     // target/<profile>/deps/pipeline-…: `release` for `cargo bench`,
@@ -173,74 +185,96 @@ async fn pipeline(fake: FakeBotApi) {
         store.busy.as_secs_f64() * 1e6 / turns,
         store.busy.as_secs_f64() * 100.0 / elapsed.as_secs_f64()
     );
+    let n = total as f64;
+    let per = |d: Duration| us(d) / n;
+    figure(
+        "pipeline/telegate_cpu_per_update",
+        per(threads.telegate()),
+        "us",
+        Better::Lower,
+        Some(TARGET_CPU_US),
+    );
+    figure(
+        "pipeline/runtime_cpu_per_update",
+        per(threads.runtime),
+        "us",
+        Better::Lower,
+        None,
+    );
+    figure(
+        "pipeline/store_cpu_per_update",
+        per(threads.store),
+        "us",
+        Better::Lower,
+        None,
+    );
+    figure(
+        "pipeline/fake_cpu_per_update",
+        per(threads.fake),
+        "us",
+        Better::Lower,
+        None,
+    );
+    figure(
+        "pipeline/process_cpu_per_update",
+        per(cpu),
+        "us",
+        Better::Lower,
+        None,
+    );
+    figure(
+        "pipeline/telegate_alone_updates_per_s",
+        2.0 * n / threads.telegate().as_secs_f64().max(1e-9),
+        "1/s",
+        Better::Higher,
+        Some(TARGET_PER_SEC),
+    );
+    figure(
+        "pipeline/store_calls_per_turn",
+        store.calls as f64 / turns,
+        "calls",
+        Better::Lower,
+        Some(TARGET_STORE_CALLS),
+    );
+    figure(
+        "pipeline/store_commits_per_turn",
+        store.commits as f64 / turns,
+        "commits",
+        Better::Lower,
+        None,
+    );
+    // Busy microseconds per turn at 10,000 turns a second, as a share of
+    // one second: the same number, read as percent.
+    let busy_per_turn = store.busy.as_secs_f64() * 1e6 / turns;
+    figure(
+        "pipeline/store_busy_per_turn",
+        busy_per_turn,
+        "us",
+        Better::Lower,
+        None,
+    );
+    figure(
+        "pipeline/store_busy_at_10k_per_s",
+        busy_per_turn,
+        "%",
+        Better::Lower,
+        Some(TARGET_STORE_BUSY_AT_10K),
+    );
+    figure(
+        "pipeline/updates_per_s_wall",
+        got as f64 / elapsed.as_secs_f64(),
+        "1/s",
+        Better::Higher,
+        Some(TARGET_PER_SEC),
+    );
+    figure(
+        "pipeline/load_average",
+        load_average(),
+        "load",
+        Better::Lower,
+        None,
+    );
     bot.shutdown().await;
-}
-
-/// CPU time per kind of thread, from `/proc/self/task/*/schedstat`
-/// (nanoseconds on the CPU; threads that ended are lost, so the bench's
-/// threads all live through the run).
-#[derive(Default)]
-struct ThreadCpu {
-    runtime: Duration,
-    store: Duration,
-    fake: Duration,
-    waiter: Duration,
-    other: Duration,
-}
-
-impl ThreadCpu {
-    fn telegate(&self) -> Duration {
-        self.runtime + self.store + self.other
-    }
-
-    fn since(&self, before: &ThreadCpu) -> ThreadCpu {
-        ThreadCpu {
-            runtime: self.runtime.saturating_sub(before.runtime),
-            store: self.store.saturating_sub(before.store),
-            fake: self.fake.saturating_sub(before.fake),
-            waiter: self.waiter.saturating_sub(before.waiter),
-            other: self.other.saturating_sub(before.other),
-        }
-    }
-}
-
-fn thread_cpu() -> ThreadCpu {
-    let mut cpu = ThreadCpu::default();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return cpu;
-    };
-    let main_tid = std::process::id().to_string();
-    for task in tasks.flatten() {
-        let path = task.path();
-        let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        let on_cpu = std::fs::read_to_string(path.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .map(Duration::from_nanos)
-            .unwrap_or_default();
-        let slot = match name.trim() {
-            _ if task.file_name().to_string_lossy() == main_tid => &mut cpu.waiter,
-            "fake-bot-api" => &mut cpu.fake,
-            "telegate-store" => &mut cpu.store,
-            "tokio-runtime-w" | "tokio-rt-worker" => &mut cpu.runtime,
-            _ => &mut cpu.other,
-        };
-        *slot += on_cpu;
-    }
-    cpu
-}
-
-/// CPU time (user + system) this process has used so far.
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage fills a struct we own; RUSAGE_SELF is valid.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return Duration::ZERO;
-    }
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 fn rate_limiter_overhead() {
@@ -257,6 +291,13 @@ fn rate_limiter_overhead() {
     let per_call = start.elapsed().as_nanos() as f64 / n as f64;
     println!(
         "rate limiter: {per_call:.0} ns per reservation over {n} reservations across 500 chats"
+    );
+    figure(
+        "pipeline/rate_limiter_per_reservation",
+        per_call,
+        "ns",
+        Better::Lower,
+        None,
     );
 }
 

@@ -20,6 +20,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[path = "support/figures.rs"]
+mod figures;
+
+use figures::{figure, Better};
 use futures::future::BoxFuture;
 use jiff::Timestamp;
 use telegate::adapter::AdapterConfig;
@@ -277,4 +281,39 @@ async fn main() {
         lags.last().copied().unwrap_or(f64::NAN)
     );
     println!("  (figures only; timing is never asserted)");
+    figure(
+        "schedule/idle_cpu_per_minute_few",
+        cpu_few,
+        "s",
+        Better::Lower,
+        None,
+    );
+    figure(
+        "schedule/idle_cpu_per_minute_many",
+        cpu_many,
+        "s",
+        Better::Lower,
+        None,
+    );
+    figure(
+        "schedule/rss_many_jobs",
+        mib(rss_many),
+        "MiB",
+        Better::Lower,
+        None,
+    );
+    figure(
+        "schedule/lag_p50",
+        p50,
+        "ms",
+        Better::Lower,
+        Some(LAG_TARGET_MS),
+    );
+    figure(
+        "schedule/lag_p99",
+        p99,
+        "ms",
+        Better::Lower,
+        Some(LAG_TARGET_MS),
+    );
 }

@@ -9,6 +9,10 @@
 
 use std::time::{Duration, Instant};
 
+#[path = "support/figures.rs"]
+mod figures;
+
+use figures::{figure, Better};
 use telegate::store::{Store, TranscriptEntry};
 
 const SINGLE_APPENDS: usize = 10_000;
@@ -49,6 +53,29 @@ impl Figure {
             rate,
             format!("{}/s", self.unit),
             per_op_us
+        );
+        let slug: String = self
+            .name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let slug = slug
+            .split('_')
+            .filter(|w| !w.is_empty())
+            .collect::<Vec<_>>()
+            .join("_");
+        figure(
+            &format!("store/{slug}"),
+            per_op_us,
+            "us",
+            Better::Lower,
+            None,
         );
     }
 }

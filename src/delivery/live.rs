@@ -4,8 +4,9 @@
 //! One small task per turn refreshes "typing…" every few seconds (first
 //! once the turn has run for `typing_delay`: an instant answer shows none)
 //! and shows the agent's partial output by editing a single preview
-//! message, at most once per `edit_interval`, only when the text changed, always with the
-//! newest text (intermediate states are skipped, not queued). When the turn
+//! message: the first text at once, then at most once per
+//! `edit_interval`, only when the text changed, always with the newest
+//! text (intermediate states are skipped, not queued). When the turn
 //! finishes, the task is stopped *before* the final text is delivered, and
 //! the final text replaces the preview in place: one message, never a
 //! preview followed by a duplicate.
@@ -216,7 +217,9 @@ async fn show_progress(
     let mut drafted = false;
     // A turn that answers at once never shows "typing…".
     let mut next_typing = Instant::now() + delivery.config().typing_delay;
-    let mut next_edit = Instant::now() + edit_every;
+    // The first text shows at once (what a user feels first is how soon
+    // the answer starts moving); `edit_interval` paces the updates after it.
+    let mut next_edit = Instant::now();
     let mut pending_change = false;
     let mut writer_alive = true;
     shown_in_chat
@@ -276,11 +279,6 @@ async fn show_progress(
                     }
                     continue;
                 }
-                if markup.is_none() {
-                    if let Some(button) = &button {
-                        markup = button.markup().await;
-                    }
-                }
                 // An update still waiting for its turn when the turn is
                 // stopped is withdrawn; one already sent runs to its answer,
                 // so a preview that reached the chat is always known (and
@@ -289,10 +287,24 @@ async fn show_progress(
                 // A new preview message is a send like the answer's: its
                 // intent is durable first, so a restart that finds the
                 // intent without an outcome knows the text may be in the
-                // chat and does not send it again (an ambiguous send).
+                // chat and does not send it again (an ambiguous send). The
+                // Stop button is registered meanwhile: both calls wait for
+                // one commit of the store, not one each.
                 let sending_preview = preview.is_none();
-                if let (true, Some(record)) = (sending_preview, &record) {
-                    record.intend(Vec::new()).await;
+                let intend = async {
+                    if let (true, Some(record)) = (sending_preview, &record) {
+                        record.intend(Vec::new()).await;
+                    }
+                };
+                let register = async {
+                    match (&markup, &button) {
+                        (None, Some(button)) => button.markup().await,
+                        _ => None,
+                    }
+                };
+                let ((), registered) = tokio::join!(intend, register);
+                if markup.is_none() {
+                    markup = registered;
                 }
                 let result = match preview {
                     None => delivery

@@ -386,15 +386,26 @@ impl Delivery {
         let mut plain = false;
         let mut attempts = 0u32;
         loop {
+            let waited = Instant::now();
             let turn = tokio::select! {
                 biased;
                 _ = &mut withdrawn => return Err(DeliveryError::Withdrawn),
                 turn = self.inner.chat_lanes.turn(target.chat_id, priority) => turn,
             };
+            let paced = Instant::now();
             tokio::select! {
                 biased;
                 _ = &mut withdrawn => return Err(DeliveryError::Withdrawn),
                 _ = self.pace(target, priority) => {}
+            }
+            if priority == Priority::Control {
+                let sent = Instant::now();
+                let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                self.note(|s| {
+                    s.control_sends += 1;
+                    s.control_turn_wait_us += micros(paced - waited);
+                    s.control_pace_wait_us += micros(sent - paced);
+                });
             }
             let request = op(plain);
             let delivery = self.clone();

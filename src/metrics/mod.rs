@@ -363,6 +363,13 @@ pub struct DeliveryStats {
     pub failures: u64,
     /// Messages resent as plain text after an entity error.
     pub plain_fallbacks: u64,
+    /// Control requests (the replies to /stop, /new…) sent, and what they
+    /// waited for before going out, in microseconds: the chat's turn (a
+    /// request to the chat in flight), then its pacing. Benchmarks read
+    /// these (`benches/stop_latency.rs`); `/metrics` does not show them.
+    pub control_sends: u64,
+    pub control_turn_wait_us: u64,
+    pub control_pace_wait_us: u64,
 }
 
 /// Scheduled runs by outcome, one series per `outcome` (a fixed enum).

@@ -357,6 +357,7 @@ fn delivery_stats_are_mirrored_by_a_collector_and_never_go_back() {
         retry_after_wait_ms: 31_250,
         failures: 1,
         plain_fallbacks: 4,
+        ..DeliveryStats::default()
     }));
     let source = Arc::clone(&stats);
     metrics.add_collector(move |m| {

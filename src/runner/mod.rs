@@ -303,7 +303,7 @@ impl Runner {
     /// a new one (recorded in the store).
     pub async fn resolve_session(&self, key: &SessionKey) -> Result<SessionId, SessionUnavailable> {
         if let Some(id) = self.state().sessions.get(key) {
-            return Ok(id.clone());
+            return Ok(id);
         }
         let Some(store) = &self.inner.store else {
             // No store configured: sessions are memory-only by design.
@@ -333,7 +333,7 @@ impl Runner {
         };
         let mut state = self.state();
         // Whoever filled the table first (a concurrent /new) wins.
-        Ok(state.sessions.get(key).cloned().unwrap_or_else(|| {
+        Ok(state.sessions.get(key).unwrap_or_else(|| {
             state.sessions.set(key, id.clone());
             id
         }))
@@ -417,7 +417,7 @@ impl Runner {
 
     /// The current session id of `key`, if any.
     pub fn current_session(&self, key: &SessionKey) -> Option<SessionId> {
-        self.state().sessions.get(key).cloned()
+        self.state().sessions.get(key)
     }
 
     /// At shutdown, after the turns: let the backend end what it keeps

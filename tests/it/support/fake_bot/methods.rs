@@ -204,11 +204,17 @@ impl Inner {
         let allowed = self.allowed_updates.clone();
         self.updates
             .retain(|u| is_allowed(&u.value, allowed.as_deref()));
-        self.updates
+        let now = Instant::now();
+        let batch: Vec<Value> = self
+            .updates
             .iter()
             .take(limit)
-            .map(|u| u.value.clone())
-            .collect()
+            .map(|u| {
+                self.handed_out.entry(u.id).or_insert(now);
+                u.value.clone()
+            })
+            .collect();
+        batch
     }
 
     // -- webhook -----------------------------------------------------------

@@ -373,6 +373,12 @@ impl FakeBotApi {
         id
     }
 
+    /// When the update `update_id` was first handed out by a `getUpdates`
+    /// answer (the moment telegate could first see it), if it was.
+    pub fn handed_out_at(&self, update_id: i64) -> Option<std::time::Instant> {
+        self.shared.lock().handed_out.get(&update_id).copied()
+    }
+
     /// Queues a text message from `user_id` in `chat_id`.
     pub fn push_text(&self, chat_id: i64, user_id: i64, text: &str) -> i64 {
         let message = self.shared.lock().incoming_message(chat_id, user_id, text);

@@ -74,6 +74,8 @@ pub(super) struct Inner {
     pub(super) refuse_drafts: bool,
     /// Forum supergroups and their topics.
     pub(super) forums: super::topics::Forums,
+    /// When each update was first handed out by a `getUpdates` answer.
+    pub(super) handed_out: HashMap<i64, Instant>,
 }
 
 #[derive(Default)]
@@ -229,6 +231,7 @@ impl Shared {
                 method: method.to_owned(),
                 body,
                 at,
+                done: None,
                 outcome: Outcome::Pending,
             };
             inner.calls.push(call);
@@ -248,6 +251,7 @@ impl Shared {
             // Searching from the end: the call is almost always recent.
             if let Some(call) = inner.calls.iter_mut().rev().find(|c| c.seq == seq) {
                 call.outcome = outcome;
+                call.done = Some(Instant::now());
             }
         }
         self.calls_tx.send_modify(bump);

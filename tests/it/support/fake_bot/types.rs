@@ -139,6 +139,8 @@ pub struct RecordedCall {
     pub body: Value,
     /// When the request arrived (after its body was read).
     pub at: Instant,
+    /// When its answer was ready (`None` while it runs).
+    pub done: Option<Instant>,
     pub outcome: Outcome,
 }
 
