@@ -42,7 +42,8 @@ impl Runner {
         }
     }
 
-    fn jobs(&self) -> Option<&Jobs> {
+    /// The scheduled jobs, if the schedule is on.
+    pub fn jobs(&self) -> Option<&Jobs> {
         self.inner.config.jobs.as_ref()
     }
 

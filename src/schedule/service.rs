@@ -249,6 +249,7 @@ impl Jobs {
                     paused: false,
                     creator: creator_name(owner.user_name.as_deref(), owner.user_id),
                     failures: 0,
+                    thread_id: owner.thread_id,
                 })
             }
             Ok(None) => Err(format!(
@@ -552,6 +553,7 @@ fn view_of(job: &StoredJob) -> Option<JobView> {
         paused: job.state == JobState::Paused,
         creator: creator_name(job.job.creator_name.as_deref(), job.job.creator_id),
         failures: job.failures,
+        thread_id: job.job.thread_id,
     })
 }
 

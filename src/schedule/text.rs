@@ -30,6 +30,8 @@ pub struct JobView {
     pub creator: String,
     /// Runs that failed in a row.
     pub failures: u32,
+    /// The forum topic it runs in, if any.
+    pub thread_id: Option<i32>,
 }
 
 /// An instant in words, relative to `now` in `tz`: `today 18:00`,
@@ -163,6 +165,7 @@ mod tests {
             paused: false,
             creator: "Ann".into(),
             failures: 0,
+            thread_id: None,
         }
     }
 

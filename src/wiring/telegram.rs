@@ -127,7 +127,11 @@ impl TelegramBot {
         )
         .map_err(StartError::Config)?;
         let jobs = build_jobs(config, &store, &metrics, Arc::new(access.clone()))?;
-        let topics = Topics::new(config.adapter_config().key_policy, delivery.clone());
+        let topics = Topics::new(
+            config.adapter_config().key_policy,
+            delivery.clone(),
+            Arc::new(TelegramOutbound::new(delivery.clone(), Some(store.clone()))),
+        );
         let outcomes = TopicOutcomes {
             inner: Arc::new(inbox_writer.clone()),
             topics: topics.clone(),

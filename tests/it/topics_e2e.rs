@@ -202,6 +202,8 @@ async fn closing_a_topic_ends_its_session_and_leaves_the_others() {
     let a = fake.add_topic(FORUM, "A");
     let b = fake.add_topic(FORUM, "B");
     let (bot, agent) = start(&fake, "auto").await;
+    fake.push_topic_text(FORUM, USER, Some(a), "/in 2h remind: check the logs");
+    wait_send(&fake, "check the logs").await;
     fake.push_topic_text(FORUM, USER, Some(a), "block a");
     fake.push_topic_text(FORUM, USER, Some(b), "block b");
     wait_started(&agent, 2).await;
@@ -211,6 +213,20 @@ async fn closing_a_topic_ends_its_session_and_leaves_the_others() {
         wait_cancelled(&agent, 1).await,
         "the closed topic's turn ended"
     );
+    // Its job stays unless the user says so: a Delete button in General.
+    let offer = wait_send(&fake, "scheduled job(s) are kept").await;
+    assert_eq!(thread_of(&offer), None, "offered in the General topic");
+    let (message, _, data) = support::buttons::wait_button(&fake, FORUM, "Also delete job").await;
+    fake.push_callback_query(FORUM, USER, message, &data);
+    let jobs = bot.engine.runner.jobs().expect("the schedule is on");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !jobs.list(FORUM).await.expect("jobs listed").is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job was deleted by its button"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let busy = bot.engine.adapter.busy_keys();
     assert_eq!(busy.len(), 1, "{busy:?}");
     assert!(busy[0].as_str().contains(&format!(":{b}:")), "{busy:?}");

@@ -34,10 +34,10 @@ use crate::delivery::telegram::Idempotence;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::reply::DeliveryError;
-use crate::reply::Reply;
+use crate::reply::{Outbound, Reply};
 use crate::vocab::{
-    route, slot_in_topic, ChatType, KeyPolicy, KnownCommand, MessageEvent, MessageKind, Platform,
-    Route, RouteInput, SessionSource, TopicsMode,
+    route, slot_in_topic, Button, ButtonAction, ChatType, JobButton, KeyPolicy, KnownCommand,
+    MessageEvent, MessageKind, Platform, Route, RouteInput, SessionSource, TopicsMode,
 };
 
 /// Telegram's limit on a topic's name (1-128 characters).
@@ -98,16 +98,19 @@ struct Naming {
 pub struct Topics {
     policy: KeyPolicy,
     delivery: Delivery,
+    /// Replies with buttons (a closed topic's jobs).
+    outbound: Arc<dyn Outbound>,
     naming: Mutex<HashMap<(i64, i32), Naming>>,
     ended: Mutex<HashSet<(i64, i32)>>,
 }
 
 impl Topics {
     /// Topics under `policy` (its `topics` mode), created through `delivery`.
-    pub fn new(policy: KeyPolicy, delivery: Delivery) -> Arc<Topics> {
+    pub fn new(policy: KeyPolicy, delivery: Delivery, outbound: Arc<dyn Outbound>) -> Arc<Topics> {
         Arc::new(Topics {
             policy,
             delivery,
+            outbound,
             naming: Mutex::default(),
             ended: Mutex::default(),
         })
@@ -280,6 +283,48 @@ impl Topics {
             stopped,
             "a forum topic was closed; its sessions ended"
         );
+        self.offer_to_delete_jobs(engine, &forum, thread).await;
+    }
+
+    /// A closed topic's scheduled jobs stay unless the user says so: a
+    /// Delete button each, in the General topic.
+    async fn offer_to_delete_jobs(&self, engine: &Engine, forum: &SessionSource, thread: i32) {
+        let Some(jobs) = engine.runner.jobs() else {
+            return;
+        };
+        let Ok(listed) = jobs.list(forum.chat_id).await else {
+            return;
+        };
+        let ids: Vec<i64> = listed
+            .iter()
+            .filter(|job| job.thread_id == Some(thread))
+            .map(|job| job.id)
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let buttons = ids
+            .iter()
+            .map(|&id| {
+                let action = ButtonAction::Job {
+                    id,
+                    change: JobButton::Delete,
+                };
+                Button::new(format!("🗑 Also delete job {id}"), action)
+            })
+            .collect();
+        let text = format!(
+            "A topic was closed; its {} scheduled job(s) are kept ({}). Delete them?",
+            ids.len(),
+            ids.iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let reply = Reply::notice(text).with_buttons(buttons);
+        if let Err(error) = self.outbound.deliver(forum, reply).await {
+            tracing::info!(%error, "could not offer to delete a closed topic's jobs");
+        }
     }
 
     fn lock_naming(&self) -> std::sync::MutexGuard<'_, HashMap<(i64, i32), Naming>> {
