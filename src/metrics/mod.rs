@@ -368,7 +368,9 @@ pub struct DeliveryStats {
     /// request to the chat in flight), then its pacing. Benchmarks read
     /// these (`benches/stop_latency.rs`); `/metrics` does not show them.
     pub control_sends: u64,
+    /// Microseconds control requests waited for the chat's turn.
     pub control_turn_wait_us: u64,
+    /// Microseconds control requests waited for the chat's pacing.
     pub control_pace_wait_us: u64,
 }
 
