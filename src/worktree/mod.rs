@@ -278,6 +278,12 @@ impl Worktrees {
         git(
             &repo,
             &[
+                // Like the commit above: a machine without a git identity
+                // of its own can still merge.
+                "-c",
+                "user.name=telegate",
+                "-c",
+                "user.email=telegate@localhost",
                 "merge",
                 "--no-ff",
                 "--no-edit",
