@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use super::flood::RetryAfterViolation;
 use super::params::{
-    bool_param, chat_id_param, commands_key, inline_markup, int_param, is_allowed,
-    is_valid_command, language_of, parse_version, retry_scope, scope_of, str_param, PollParams,
-    TooLong,
+    allowed_updates_param, bool_param, chat_id_param, commands_key, inline_markup, int_param,
+    is_allowed, is_valid_command, language_of, parse_version, retry_scope, scope_of, str_param,
+    PollParams, TooLong,
 };
 use super::state::{ApiFailure, Inner, QueuedUpdate, Shared};
 use super::telegram::{CHAT_ACTIONS, MAX_TEXT_UTF16, NOT_MODIFIED, REACTION_EMOJI, WEBHOOK_ACTIVE};
@@ -249,21 +249,7 @@ impl Inner {
                 ));
             }
         }
-        let allowed_updates = match body.get("allowed_updates") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(kinds)) => Some(
-                kinds
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>(),
-            ),
-            Some(_) => {
-                return Err(ApiFailure::bad_request(
-                    "Bad Request: can't parse allowed updates",
-                ))
-            }
-        };
+        let allowed_updates = allowed_updates_param(body)?;
         // Telegram keeps one allowed_updates setting for both ways.
         if allowed_updates.is_some() {
             self.allowed_updates = allowed_updates.clone();

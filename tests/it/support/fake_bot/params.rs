@@ -26,21 +26,7 @@ impl PollParams {
         let timeout = int_param(body, "timeout")?
             .unwrap_or(0)
             .clamp(0, MAX_POLL_SECS as i64);
-        let allowed_updates = match body.get("allowed_updates") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(kinds)) => Some(
-                kinds
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect(),
-            ),
-            Some(_) => {
-                return Err(ApiFailure::bad_request(
-                    "Bad Request: can't parse allowed updates",
-                ))
-            }
-        };
+        let allowed_updates = allowed_updates_param(body)?;
         Ok(Self {
             offset,
             // Both clamped to small positive ranges above, so the casts are lossless.
@@ -238,3 +224,21 @@ pub(super) fn chat_id_param(body: &Value) -> Result<i64, ApiFailure> {
 }
 
 // ---------------------------------------------------------------------------
+
+/// `allowed_updates` (getUpdates and setWebhook read it alike): absent or
+/// null is "unchanged", an array of kinds, anything else refused.
+pub(super) fn allowed_updates_param(body: &Value) -> Result<Option<Vec<String>>, ApiFailure> {
+    match body.get("allowed_updates") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(kinds)) => Ok(Some(
+            kinds
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect(),
+        )),
+        Some(_) => Err(ApiFailure::bad_request(
+            "Bad Request: can't parse allowed updates",
+        )),
+    }
+}
