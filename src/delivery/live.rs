@@ -30,6 +30,7 @@
 //! text, the stop marker, or, for a turn that ended without either, an edit
 //! of the keyboard alone.
 
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
@@ -136,16 +137,17 @@ impl LiveView {
         let shown = Arc::new(Mutex::new(Shown::default()));
         let watch = progress.clone();
         let halt = progress.ending().child_token();
-        let task = tokio::spawn(show_progress(
-            delivery.clone(),
+        let task = tokio::spawn(show_progress(PreviewTask {
+            delivery: delivery.clone(),
             target,
             progress,
-            (stopped, halt.clone()),
-            record.clone(),
-            shown.clone(),
+            stopped,
+            halt: halt.clone(),
+            record: record.clone(),
+            shown_in_chat: shown.clone(),
             button,
             draft,
-        ));
+        }));
         LiveView {
             delivery,
             target,
@@ -190,182 +192,335 @@ fn preview_within(text: &str, limit: usize) -> Option<FormattedText> {
     Some(first)
 }
 
-// One task per turn owns all of these; bundling them would only rename them.
-#[allow(clippy::too_many_arguments)]
-async fn show_progress(
+/// Everything the preview task of one turn owns.
+struct PreviewTask {
     delivery: Delivery,
     target: ChatTarget,
-    mut progress: ProgressWatch,
-    (mut stopped, halt): (oneshot::Receiver<()>, CancellationToken),
+    progress: ProgressWatch,
+    /// Fires when the view stops the task (the answer is about to go out).
+    stopped: oneshot::Receiver<()>,
+    /// Withdraws preview updates not yet sent.
+    halt: CancellationToken,
     record: Option<ReplyRecord>,
     shown_in_chat: Arc<Mutex<Shown>>,
     button: Option<StopButton>,
-    mut draft: Option<DraftStream>,
-) -> Option<i32> {
+    draft: Option<DraftStream>,
+}
+
+/// The preview loop: waits for the turn's events (stopped, ended, typing
+/// due, progress, edit due) and handles each with one method. Returns the
+/// preview's message id, if one was sent.
+async fn show_progress(task: PreviewTask) -> Option<i32> {
+    let PreviewTask {
+        delivery,
+        target,
+        mut progress,
+        mut stopped,
+        halt,
+        record,
+        shown_in_chat,
+        button,
+        draft,
+    } = task;
     let ending = progress.ending();
-    let typing_every = delivery.config().typing_interval;
-    let edit_every = delivery.config().edit_interval;
-    // A turn resumed after a restart continues the preview it had.
-    let mut preview: Option<i32> = match &record {
-        Some(record) => record
-            .recorded()
-            .await
-            .filter(|entry| !entry.delivered)
-            .and_then(|entry| entry.reply_ids.first().copied()),
-        None => None,
-    };
-    let mut shown = String::new();
-    let mut markup: Option<InlineKeyboardMarkup> = None;
-    // A resumed turn whose preview exists keeps editing it.
-    if preview.is_some() {
-        draft = None;
-    }
-    let mut drafted = false;
-    // A turn that answers at once never shows "typing…".
-    let mut next_typing = Instant::now() + delivery.config().typing_delay;
-    // The first text shows almost at once (what a user feels first is how
-    // soon the answer starts moving): after [`FIRST_PREVIEW_DELAY`], so a
-    // turn that ends that soon answers in one message, no preview first;
-    // `edit_interval` paces the updates after it.
-    let mut next_edit = Instant::now() + edit_every.min(FIRST_PREVIEW_DELAY);
-    let mut pending_change = false;
-    let mut writer_alive = true;
-    shown_in_chat
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .preview = preview;
+    let mut view =
+        PreviewLoop::resume(delivery, target, halt, record, shown_in_chat, button, draft).await;
     loop {
-        let wake_edit = pending_change.then_some(next_edit);
         tokio::select! {
             biased;
-            _ = &mut stopped => return preview,
+            _ = &mut stopped => break,
             // Stopped or interrupted: nothing more of this turn is sent
             // (the marker is the view's last word, see `Drop`).
-            _ = ending.cancelled() => return preview,
-            _ = tokio::time::sleep_until(next_typing) => {
-                next_typing = Instant::now() + typing_every;
-                // Telegram hides "typing" once a message is sent; keep it
-                // only until the preview exists.
-                if preview.is_none() && !drafted {
-                    delivery.typing(target).await;
+            _ = ending.cancelled() => break,
+            _ = tokio::time::sleep_until(view.next_typing) => view.typing_due().await,
+            changed = progress.changed(), if view.wants_progress() => view.progressed(changed),
+            _ = sleep_until_opt(view.edit_due_at()) => {
+                if view.edit_due(progress.latest()).await.is_break() {
+                    break;
                 }
-            }
-            changed = progress.changed(), if writer_alive && !pending_change => {
-                writer_alive = changed;
-                pending_change = changed;
-            }
-            _ = sleep_until_opt(wake_edit) => {
-                pending_change = false;
-                next_edit = Instant::now() + edit_every;
-                let latest = progress.latest();
-                if latest == shown {
-                    continue;
-                }
-                let Some(formatted) = preview_of(&latest) else { continue };
-                if let Some(stream) = &draft {
-                    // A draft waiting for its turn when the turn is stopped
-                    // is dropped, like an edit.
-                    let result = tokio::select! {
-                        biased;
-                        _ = halt.cancelled() => return preview,
-                        result = send_draft(&delivery, target, stream.id, &formatted) => result,
-                    };
-                    match result {
-                        Ok(()) => {
-                            drafted = true;
-                            shown = latest;
-                        }
-                        Err(error) if is_refusal(&error) => {
-                            // Refused (old server, not a private chat):
-                            // this turn goes on as an edited preview, now.
-                            stream.drafts.refused(target.chat_id, &error);
-                            draft = None;
-                            pending_change = true;
-                            next_edit = Instant::now();
-                        }
-                        Err(error) => tracing::debug!(chat_id = target.chat_id, %error, "draft update failed"),
-                    }
-                    continue;
-                }
-                // An update still waiting for its turn when the turn is
-                // stopped is withdrawn; one already sent runs to its answer,
-                // so a preview that reached the chat is always known (and
-                // gets its marker).
-                let withdraw = Some(&halt);
-                // A new preview message is a send like the answer's: its
-                // intent is durable first, so a restart that finds the
-                // intent without an outcome knows the text may be in the
-                // chat and does not send it again (an ambiguous send). The
-                // Stop button is registered meanwhile: both calls wait for
-                // one commit of the store, not one each.
-                let sending_preview = preview.is_none();
-                let intend = async {
-                    if let (true, Some(record)) = (sending_preview, &record) {
-                        record.intend(Vec::new()).await;
-                    }
-                };
-                let register = async {
-                    match (&markup, &button) {
-                        (None, Some(button)) => button.markup().await,
-                        _ => None,
-                    }
-                };
-                let ((), registered) = tokio::join!(intend, register);
-                if markup.is_none() {
-                    markup = registered;
-                }
-                let result = match preview {
-                    None => delivery
-                        .send_chunk_unless_withdrawn(
-                            target,
-                            &formatted,
-                            None,
-                            Priority::Normal,
-                            withdraw,
-                            markup.as_ref(),
-                        )
-                        .await
-                        .map(Some),
-                    Some(id) => delivery
-                        .edit_chunk_unless_withdrawn(target, id, &formatted, withdraw, markup.as_ref())
-                        .await
-                        .map(|()| None),
-                };
-                match result {
-                    Ok(Some(id)) => {
-                        preview = Some(id);
-                        {
-                            let mut shown = shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner);
-                            shown.preview = Some(id);
-                            shown.text = latest.clone();
-                            shown.button = markup.is_some();
-                        }
-                        if let Some(record) = &record {
-                            record.save(vec![id], false).await;
-                        }
-                    }
-                    Ok(None) => {
-                        let mut shown = shown_in_chat.lock().unwrap_or_else(PoisonError::into_inner);
-                        shown.text = latest.clone();
-                        shown.button = markup.is_some();
-                    }
-                    Err(error) => {
-                        // The preview did not go out (withdrawn, refused) or
-                        // its outcome is unknown: either way the answer
-                        // still goes out as a new message, so the intent
-                        // is cleared (a partial preview may stay behind).
-                        if let (true, Some(record)) = (sending_preview, &record) {
-                            record.save(Vec::new(), false).await;
-                        }
-                        if matches!(error, DeliveryError::Withdrawn) {
-                            return preview;
-                        }
-                        tracing::debug!(chat_id = target.chat_id, %error, "preview update failed");
-                    }
-                }
-                shown = latest;
             }
         }
+    }
+    view.preview
+}
+
+/// The preview loop's state between events.
+struct PreviewLoop {
+    delivery: Delivery,
+    target: ChatTarget,
+    halt: CancellationToken,
+    record: Option<ReplyRecord>,
+    shown_in_chat: Arc<Mutex<Shown>>,
+    button: Option<StopButton>,
+    /// The draft this turn streams into, while drafts work.
+    draft: Option<DraftStream>,
+    /// The preview message, once sent (or resumed).
+    preview: Option<i32>,
+    /// The text last shown (or attempted).
+    shown: String,
+    /// The Stop button's keyboard, once registered.
+    markup: Option<InlineKeyboardMarkup>,
+    /// A draft has shown text.
+    drafted: bool,
+    typing_every: std::time::Duration,
+    edit_every: std::time::Duration,
+    next_typing: Instant,
+    next_edit: Instant,
+    /// The text changed since it was last shown.
+    pending_change: bool,
+    /// The turn may still report progress.
+    writer_alive: bool,
+}
+
+impl PreviewLoop {
+    /// The loop's first state; a turn resumed after a restart continues
+    /// the preview it had.
+    async fn resume(
+        delivery: Delivery,
+        target: ChatTarget,
+        halt: CancellationToken,
+        record: Option<ReplyRecord>,
+        shown_in_chat: Arc<Mutex<Shown>>,
+        button: Option<StopButton>,
+        mut draft: Option<DraftStream>,
+    ) -> PreviewLoop {
+        let typing_every = delivery.config().typing_interval;
+        let edit_every = delivery.config().edit_interval;
+        let preview: Option<i32> = match &record {
+            Some(record) => record
+                .recorded()
+                .await
+                .filter(|entry| !entry.delivered)
+                .and_then(|entry| entry.reply_ids.first().copied()),
+            None => None,
+        };
+        // A resumed turn whose preview exists keeps editing it.
+        if preview.is_some() {
+            draft = None;
+        }
+        // A turn that answers at once never shows "typing…".
+        let next_typing = Instant::now() + delivery.config().typing_delay;
+        // The first text shows almost at once (what a user feels first is how
+        // soon the answer starts moving): after [`FIRST_PREVIEW_DELAY`], so a
+        // turn that ends that soon answers in one message, no preview first;
+        // `edit_interval` paces the updates after it.
+        let next_edit = Instant::now() + edit_every.min(FIRST_PREVIEW_DELAY);
+        shown_in_chat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .preview = preview;
+        PreviewLoop {
+            delivery,
+            target,
+            halt,
+            record,
+            shown_in_chat,
+            button,
+            draft,
+            preview,
+            shown: String::new(),
+            markup: None,
+            drafted: false,
+            typing_every,
+            edit_every,
+            next_typing,
+            next_edit,
+            pending_change: false,
+            writer_alive: true,
+        }
+    }
+
+    /// Typing is due: shown only until the preview exists (Telegram hides
+    /// "typing" once a message is sent).
+    async fn typing_due(&mut self) {
+        self.next_typing = Instant::now() + self.typing_every;
+        if self.preview.is_none() && !self.drafted {
+            self.delivery.typing(self.target).await;
+        }
+    }
+
+    /// Waits for progress only while the turn may report some and no
+    /// change is waiting to be shown.
+    fn wants_progress(&self) -> bool {
+        self.writer_alive && !self.pending_change
+    }
+
+    /// The turn reported progress (`changed`), or its writer is gone.
+    fn progressed(&mut self, changed: bool) {
+        self.writer_alive = changed;
+        self.pending_change = changed;
+    }
+
+    /// When the next edit is due: only with a change waiting.
+    fn edit_due_at(&self) -> Option<Instant> {
+        self.pending_change.then_some(self.next_edit)
+    }
+
+    /// An edit is due: show `latest` as a draft or in the preview.
+    /// `Break` ends the loop (the turn was stopped meanwhile).
+    async fn edit_due(&mut self, latest: String) -> ControlFlow<()> {
+        self.pending_change = false;
+        self.next_edit = Instant::now() + self.edit_every;
+        if latest == self.shown {
+            return ControlFlow::Continue(());
+        }
+        let Some(formatted) = preview_of(&latest) else {
+            return ControlFlow::Continue(());
+        };
+        if self.draft.is_some() {
+            return self.show_draft(latest, &formatted).await;
+        }
+        self.show_preview(latest, &formatted).await
+    }
+
+    /// Streams `latest` into the draft; a refused draft turns this turn
+    /// into an edited preview, now.
+    async fn show_draft(&mut self, latest: String, formatted: &FormattedText) -> ControlFlow<()> {
+        let Some(stream) = &self.draft else {
+            return ControlFlow::Continue(());
+        };
+        let target = self.target;
+        // A draft waiting for its turn when the turn is stopped
+        // is dropped, like an edit.
+        let result = tokio::select! {
+            biased;
+            _ = self.halt.cancelled() => return ControlFlow::Break(()),
+            result = send_draft(&self.delivery, target, stream.id, formatted) => result,
+        };
+        match result {
+            Ok(()) => {
+                self.drafted = true;
+                self.shown = latest;
+            }
+            Err(error) if is_refusal(&error) => {
+                // Refused (old server, not a private chat):
+                // this turn goes on as an edited preview, now.
+                stream.drafts.refused(target.chat_id, &error);
+                self.draft = None;
+                self.pending_change = true;
+                self.next_edit = Instant::now();
+            }
+            Err(error) => {
+                tracing::debug!(chat_id = target.chat_id, %error, "draft update failed")
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Sends the preview with `latest` (its intent recorded first) or
+    /// edits it.
+    async fn show_preview(&mut self, latest: String, formatted: &FormattedText) -> ControlFlow<()> {
+        let target = self.target;
+        // An update still waiting for its turn when the turn is
+        // stopped is withdrawn; one already sent runs to its answer,
+        // so a preview that reached the chat is always known (and
+        // gets its marker).
+        let sending_preview = self.preview.is_none();
+        self.prepare_send(sending_preview).await;
+        let withdraw = Some(&self.halt);
+        let markup = self.markup.as_ref();
+        let result = match self.preview {
+            None => self
+                .delivery
+                .send_chunk_unless_withdrawn(
+                    target,
+                    formatted,
+                    None,
+                    Priority::Normal,
+                    withdraw,
+                    markup,
+                )
+                .await
+                .map(Some),
+            Some(id) => self
+                .delivery
+                .edit_chunk_unless_withdrawn(target, id, formatted, withdraw, markup)
+                .await
+                .map(|()| None),
+        };
+        let flow = self.preview_sent(result, &latest, sending_preview).await;
+        if flow.is_continue() {
+            self.shown = latest;
+        }
+        flow
+    }
+
+    /// Before a new preview message: its intent is made durable and the
+    /// Stop button registered.
+    ///
+    /// A new preview message is a send like the answer's: its
+    /// intent is durable first, so a restart that finds the
+    /// intent without an outcome knows the text may be in the
+    /// chat and does not send it again (an ambiguous send). The
+    /// Stop button is registered meanwhile: both calls wait for
+    /// one commit of the store, not one each.
+    async fn prepare_send(&mut self, sending_preview: bool) {
+        let record = &self.record;
+        let intend = async {
+            if let (true, Some(record)) = (sending_preview, record) {
+                record.intend(Vec::new()).await;
+            }
+        };
+        let (markup, button) = (&self.markup, &self.button);
+        let register = async {
+            match (markup, button) {
+                (None, Some(button)) => button.markup().await,
+                _ => None,
+            }
+        };
+        let ((), registered) = tokio::join!(intend, register);
+        if self.markup.is_none() {
+            self.markup = registered;
+        }
+    }
+
+    /// The preview's send or edit answered: what the chat shows now is
+    /// recorded. `Break` when it was withdrawn (the turn was stopped).
+    async fn preview_sent(
+        &mut self,
+        result: Result<Option<i32>, DeliveryError>,
+        latest: &str,
+        sending_preview: bool,
+    ) -> ControlFlow<()> {
+        match result {
+            Ok(Some(id)) => {
+                self.preview = Some(id);
+                {
+                    let mut shown = self
+                        .shown_in_chat
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    shown.preview = Some(id);
+                    shown.text = latest.to_string();
+                    shown.button = self.markup.is_some();
+                }
+                if let Some(record) = &self.record {
+                    record.save(vec![id], false).await;
+                }
+            }
+            Ok(None) => {
+                let mut shown = self
+                    .shown_in_chat
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                shown.text = latest.to_string();
+                shown.button = self.markup.is_some();
+            }
+            Err(error) => {
+                // The preview did not go out (withdrawn, refused) or
+                // its outcome is unknown: either way the answer
+                // still goes out as a new message, so the intent
+                // is cleared (a partial preview may stay behind).
+                if let (true, Some(record)) = (sending_preview, &self.record) {
+                    record.save(Vec::new(), false).await;
+                }
+                if matches!(error, DeliveryError::Withdrawn) {
+                    return ControlFlow::Break(());
+                }
+                tracing::debug!(chat_id = self.target.chat_id, %error, "preview update failed");
+            }
+        }
+        ControlFlow::Continue(())
     }
 }
 
