@@ -276,10 +276,7 @@ impl Adapter {
             Route::Bypass(event, ctx) => {
                 let source = event.source.clone();
                 let message_id = event.message_id;
-                let handled = AssertUnwindSafe(self.inner.handler.handle(event, ctx))
-                    .catch_unwind()
-                    .await;
-                let out = match handled {
+                let out = match self.handle_caught(event, ctx).await {
                     Ok(out) => out,
                     Err(_) => Some(internal_error().into()),
                 };
@@ -289,53 +286,29 @@ impl Adapter {
         }
     }
 
+    /// Run the handler on `event`; `Err` when it panicked.
+    async fn handle_caught(
+        &self,
+        event: MessageEvent,
+        ctx: DispatchContext,
+    ) -> std::thread::Result<Option<Outgoing>> {
+        AssertUnwindSafe(self.inner.handler.handle(event, ctx))
+            .catch_unwind()
+            .await
+    }
+
+    /// Where `event` goes: decided under the state lock, acted on after it.
     fn route(&self, state: &mut AdapterState, key: SessionKey, event: MessageEvent) -> Route {
         if state.heal(&key) {
             self.inner.config.metrics.stale_lock_heals.inc();
         }
         if !state.active_sessions.contains_key(&key) {
-            // Idle. Queued follow-ups (kept across a heal) go first.
-            let event = match state.pending.get_mut(&key) {
-                Some(queue) if !queue.is_empty() => {
-                    let _ = queue.push(event, usize::MAX);
-                    match state.pop_pending(&key) {
-                        Some(first) => first,
-                        None => return Route::Done,
-                    }
-                }
-                _ => event,
-            };
-            self.start_owner_task(state, key, event);
-            return Route::Done;
+            return self.route_idle(state, key, event);
         }
-
         let queue_depth = state.pending_len(&key);
         let command = event.command().map(|c| (c.is_control(), c.rotates()));
         if let Some((true, rotates)) = command {
-            let (guard, lease) = SessionGuard::command();
-            let previous = state.active_sessions.insert(key.clone(), guard.clone());
-            let old_owner = state.session_tasks.get(&key).cloned();
-            let discarded = if rotates {
-                let taken = state
-                    .pending
-                    .get_mut(&key)
-                    .map(PendingQueue::take_user_messages)
-                    .unwrap_or_default();
-                state.forget_idle(&key);
-                taken
-            } else {
-                Vec::new()
-            };
-            return Route::Command(CommandPath {
-                key,
-                event,
-                previous,
-                guard,
-                lease,
-                old_owner,
-                discarded,
-                queue_depth,
-            });
+            return route_control(state, key, event, rotates, queue_depth);
         }
         let claimed = command.is_none()
             && !event.internal
@@ -351,8 +324,35 @@ impl Adapter {
             };
             return Route::Bypass(event, ctx);
         }
+        self.route_follow_up(state, key, event)
+    }
 
-        // An ordinary message or an internal event for a busy slot.
+    /// An idle slot: `event` starts its owner task, behind the follow-ups
+    /// already queued (kept across a heal).
+    fn route_idle(&self, state: &mut AdapterState, key: SessionKey, event: MessageEvent) -> Route {
+        let event = match state.pending.get_mut(&key) {
+            Some(queue) if !queue.is_empty() => {
+                let _ = queue.push(event, usize::MAX);
+                match state.pop_pending(&key) {
+                    Some(first) => first,
+                    None => return Route::Done,
+                }
+            }
+            _ => event,
+        };
+        self.start_owner_task(state, key, event);
+        Route::Done
+    }
+
+    /// An ordinary message or an internal event for a busy slot: queued,
+    /// the turn interrupted in `interrupt` mode, acknowledged at most once
+    /// per interval; refused when the queue is full.
+    fn route_follow_up(
+        &self,
+        state: &mut AdapterState,
+        key: SessionKey,
+        event: MessageEvent,
+    ) -> Route {
         let current = state.active_sessions.get(&key).cloned();
         let internal = event.internal;
         let source = event.source.clone();
@@ -367,30 +367,7 @@ impl Adapter {
             Ok(position) => position,
             Err(refused) => {
                 tracing::debug!(session_key = %key, capacity, "queue full; message refused");
-                self.inner.config.metrics.messages_refused.inc();
-                self.inner.note(
-                    &source,
-                    refused.message_id,
-                    EventOutcome::Dropped("queue full"),
-                );
-                // One notice per interval however many are refused: a
-                // burst must not turn into a burst of notices that holds
-                // up the chat (and every command behind it).
-                let refusals = state.refusals.entry(key.clone()).or_insert(Refusals {
-                    count: 0,
-                    first: None,
-                    source,
-                    notifier: false,
-                });
-                refusals.count += 1;
-                if refusals.first.is_none() {
-                    refusals.first = refused.message_id;
-                }
-                if refusals.notifier {
-                    return Route::Done;
-                }
-                refusals.notifier = true;
-                return Route::Refused(key);
+                return self.refuse(state, key, source, refused.message_id);
             }
         };
         if internal {
@@ -407,19 +384,15 @@ impl Adapter {
             }
         }
         let now = Instant::now();
-        let ack_due = state
-            .last_ack
-            .get(&key)
-            .is_none_or(|last| now.duration_since(*last) >= self.inner.config.ack_interval);
-        if !ack_due {
+        if !ack_due(
+            state.last_ack.get(&key).copied(),
+            now,
+            self.inner.config.ack_interval,
+        ) {
             return Route::Done;
         }
         state.last_ack.insert(key.clone(), now);
-        let text = if interrupting {
-            "⚡ Interrupting the current task…".to_string()
-        } else {
-            format!("⏳ Queued (position {position})…")
-        };
+        let text = follow_up_notice(interrupting, position);
         let sent = CancellationToken::new();
         state.last_notice.insert(key.clone(), sent.clone());
         Route::Notice(
@@ -428,6 +401,39 @@ impl Adapter {
             Reply::notice(text).in_reply_to(message_id),
             sent,
         )
+    }
+
+    /// A message the full queue refused: its outcome noted, counted into
+    /// the slot's refusals; the first refusal of an interval starts the
+    /// notifier.
+    fn refuse(
+        &self,
+        state: &mut AdapterState,
+        key: SessionKey,
+        source: SessionSource,
+        refused_id: Option<i64>,
+    ) -> Route {
+        self.inner.config.metrics.messages_refused.inc();
+        self.inner
+            .note(&source, refused_id, EventOutcome::Dropped("queue full"));
+        // One notice per interval however many are refused: a
+        // burst must not turn into a burst of notices that holds
+        // up the chat (and every command behind it).
+        let refusals = state.refusals.entry(key.clone()).or_insert(Refusals {
+            count: 0,
+            first: None,
+            source,
+            notifier: false,
+        });
+        refusals.count += 1;
+        if refusals.first.is_none() {
+            refusals.first = refused_id;
+        }
+        if refusals.notifier {
+            return Route::Done;
+        }
+        refusals.notifier = true;
+        Route::Refused(key)
     }
 
     /// Install a guard and an owner task for `key` and start `event` in it.
@@ -451,6 +457,8 @@ impl Adapter {
             .insert(key, OwnerTask::new(task.abort_handle(), cancel, done));
     }
 
+    /// The command path (invariant 4): the command's reply first, then the
+    /// old task cancelled, then the slot handed on.
     async fn command_path(&self, path: CommandPath) {
         let CommandPath {
             key,
@@ -478,31 +486,11 @@ impl Adapter {
             queue_depth,
             claimed_while_busy: false,
         };
-        let handled = AssertUnwindSafe(self.inner.handler.handle(event, ctx))
-            .catch_unwind()
-            .await;
-        let mut outgoing = match handled {
+        let mut outgoing = match self.handle_caught(event, ctx).await {
             Ok(outgoing) => outgoing,
             Err(_) => {
                 // The command failed: put everything back as it was.
-                {
-                    let mut state = self.state();
-                    if state.owns(&key, &guard) {
-                        match previous {
-                            Some(previous) => {
-                                state.active_sessions.insert(key.clone(), previous);
-                            }
-                            None => {
-                                state.active_sessions.remove(&key);
-                            }
-                        }
-                    }
-                    let queue = state.pending.entry(key.clone()).or_default();
-                    for event in discarded.drain(..).rev() {
-                        queue.push_front(event);
-                    }
-                    state.forget_idle(&key);
-                }
+                self.restore_slot(&key, &guard, previous, &mut discarded);
                 tracing::error!(session_key = %key, "command handler panicked; previous guard restored");
                 self.inner
                     .answer(&source, message_id, Some(internal_error().into()))
@@ -510,30 +498,7 @@ impl Adapter {
                 return;
             }
         };
-
-        for dropped in &discarded {
-            self.inner.note(
-                &dropped.source,
-                dropped.message_id,
-                EventOutcome::Dropped("a new session started"),
-            );
-        }
-        if !discarded.is_empty() {
-            let note = format!(
-                "{} queued message{} from the previous session {} dropped; send {} again if still needed.",
-                discarded.len(),
-                if discarded.len() == 1 { "" } else { "s" },
-                if discarded.len() == 1 { "was" } else { "were" },
-                if discarded.len() == 1 { "it" } else { "them" },
-            );
-            match &mut outgoing {
-                Some(out) => {
-                    out.reply.text.push('\n');
-                    out.reply.text.push_str(&note);
-                }
-                None => outgoing = Some(Reply::notice(note).into()),
-            }
-        }
+        self.report_discarded(&discarded, &mut outgoing);
         // 1. The command's reply goes out first.
         self.inner.answer(&source, message_id, outgoing).await;
         // 2a. A turn delivering its answer sends no more of it (that task
@@ -541,32 +506,96 @@ impl Adapter {
         if let Some(previous) = &previous {
             previous.stop_sending();
         }
-        // 2. Then the old task is cancelled, with a bounded wait. A task
-        //    that is only delivering its finished answer is not aborted:
-        //    cutting a delivery short would leave the answer half sent and
-        //    its message without an outcome. It ends on its own and never
-        //    touches the slot again (its guard is gone).
         if let Some(owner) = &old_owner {
-            owner.request_cancel();
-            if !owner.finished_within(self.inner.config.cancel_wait).await {
-                if previous.as_ref().is_some_and(SessionGuard::is_finishing) {
-                    tracing::debug!(session_key = %key, "old task is delivering its answer; left to finish");
-                } else {
-                    tracing::warn!(session_key = %key, "old task ignored cancellation; aborting it");
-                    owner.abort();
-                    owner.finished_within(Duration::from_millis(100)).await;
+            self.cancel_old_owner(&key, previous.as_ref(), owner).await;
+        }
+        self.hand_on(key, &guard, old_owner.as_ref());
+    }
+
+    /// After a command handler panicked: the slot's previous guard back in
+    /// place (if the command still owns the slot), the discarded follow-ups
+    /// back in the queue.
+    fn restore_slot(
+        &self,
+        key: &SessionKey,
+        guard: &SessionGuard,
+        previous: Option<SessionGuard>,
+        discarded: &mut Vec<MessageEvent>,
+    ) {
+        let mut state = self.state();
+        if state.owns(key, guard) {
+            match previous {
+                Some(previous) => {
+                    state.active_sessions.insert(key.clone(), previous);
+                }
+                None => {
+                    state.active_sessions.remove(key);
                 }
             }
         }
-        // 3. Then the command guard is released and the oldest follow-up
-        //    starts, exactly once.
+        let queue = state.pending.entry(key.clone()).or_default();
+        for event in discarded.drain(..).rev() {
+            queue.push_front(event);
+        }
+        state.forget_idle(key);
+    }
+
+    /// Each follow-up a rotating command dropped gets its outcome, and the
+    /// command's reply a line about them.
+    fn report_discarded(&self, discarded: &[MessageEvent], outgoing: &mut Option<Outgoing>) {
+        for dropped in discarded {
+            self.inner.note(
+                &dropped.source,
+                dropped.message_id,
+                EventOutcome::Dropped("a new session started"),
+            );
+        }
+        let Some(note) = discarded_note(discarded.len()) else {
+            return;
+        };
+        match outgoing {
+            Some(out) => {
+                out.reply.text.push('\n');
+                out.reply.text.push_str(&note);
+            }
+            None => *outgoing = Some(Reply::notice(note).into()),
+        }
+    }
+
+    /// 2. The old task is cancelled, with a bounded wait. A task that is
+    ///    only delivering its finished answer is not aborted: cutting a
+    ///    delivery short would leave the answer half sent and its message
+    ///    without an outcome. It ends on its own and never touches the slot
+    ///    again (its guard is gone).
+    async fn cancel_old_owner(
+        &self,
+        key: &SessionKey,
+        previous: Option<&SessionGuard>,
+        owner: &OwnerTask,
+    ) {
+        owner.request_cancel();
+        if owner.finished_within(self.inner.config.cancel_wait).await {
+            return;
+        }
+        if previous.is_some_and(SessionGuard::is_finishing) {
+            tracing::debug!(session_key = %key, "old task is delivering its answer; left to finish");
+        } else {
+            tracing::warn!(session_key = %key, "old task ignored cancellation; aborting it");
+            owner.abort();
+            owner.finished_within(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// 3. The command guard is released and the oldest follow-up starts,
+    ///    exactly once (unless a newer command took over the slot: it hands
+    ///    the slot on).
+    fn hand_on(&self, key: SessionKey, guard: &SessionGuard, old_owner: Option<&OwnerTask>) {
         let mut state = self.state();
-        if !state.owns(&key, &guard) {
-            // A newer command took over the slot; it hands the slot on.
+        if !state.owns(&key, guard) {
             return;
         }
         state.active_sessions.remove(&key);
-        if let Some(owner) = &old_owner {
+        if let Some(owner) = old_owner {
             if state
                 .session_tasks
                 .get(&key)
@@ -804,5 +833,107 @@ impl AdapterInner {
         }
         state.forget_idle(key);
         None
+    }
+}
+
+/// /stop, /new, /reset for a busy slot: the command guard swaps in (the
+/// turn's guard kept to restore or stop); a rotating command takes the
+/// queued user messages with it.
+fn route_control(
+    state: &mut AdapterState,
+    key: SessionKey,
+    event: MessageEvent,
+    rotates: bool,
+    queue_depth: usize,
+) -> Route {
+    let (guard, lease) = SessionGuard::command();
+    let previous = state.active_sessions.insert(key.clone(), guard.clone());
+    let old_owner = state.session_tasks.get(&key).cloned();
+    let discarded = if rotates {
+        let taken = state
+            .pending
+            .get_mut(&key)
+            .map(PendingQueue::take_user_messages)
+            .unwrap_or_default();
+        state.forget_idle(&key);
+        taken
+    } else {
+        Vec::new()
+    };
+    Route::Command(CommandPath {
+        key,
+        event,
+        previous,
+        guard,
+        lease,
+        old_owner,
+        discarded,
+        queue_depth,
+    })
+}
+
+/// Is an acknowledgement due, the last one sent at `last`?
+fn ack_due(last: Option<Instant>, now: Instant, interval: Duration) -> bool {
+    last.is_none_or(|last| now.duration_since(last) >= interval)
+}
+
+/// The acknowledgement of a queued follow-up.
+fn follow_up_notice(interrupting: bool, position: usize) -> String {
+    if interrupting {
+        "⚡ Interrupting the current task…".to_string()
+    } else {
+        format!("⏳ Queued (position {position})…")
+    }
+}
+
+/// The line a rotating command adds for the `count` queued messages it
+/// dropped; none for none.
+fn discarded_note(count: usize) -> Option<String> {
+    (count > 0).then(|| {
+        let one = count == 1;
+        format!(
+            "{count} queued message{} from the previous session {} dropped; send {} again if still needed.",
+            if one { "" } else { "s" },
+            if one { "was" } else { "were" },
+            if one { "it" } else { "them" },
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ack_due, discarded_note, follow_up_notice};
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    #[test]
+    fn an_acknowledgement_is_due_first_and_then_once_per_interval() {
+        let now = Instant::now();
+        let interval = Duration::from_secs(3);
+        assert!(ack_due(None, now, interval));
+        assert!(!ack_due(Some(now), now + Duration::from_secs(2), interval));
+        assert!(ack_due(Some(now), now + interval, interval));
+    }
+
+    #[test]
+    fn the_follow_up_notice_says_interrupting_or_the_position() {
+        assert_eq!(
+            follow_up_notice(true, 2),
+            "⚡ Interrupting the current task…"
+        );
+        assert_eq!(follow_up_notice(false, 2), "⏳ Queued (position 2)…");
+    }
+
+    #[test]
+    fn the_discarded_note_counts_in_singular_and_plural() {
+        assert_eq!(discarded_note(0), None);
+        assert_eq!(
+            discarded_note(1).as_deref(),
+            Some("1 queued message from the previous session was dropped; send it again if still needed.")
+        );
+        assert_eq!(
+            discarded_note(3).as_deref(),
+            Some("3 queued messages from the previous session were dropped; send them again if still needed.")
+        );
     }
 }
