@@ -180,6 +180,220 @@ fn tidy_checker_sees_a_planted_back_edge_and_circle() {
     );
 }
 
+/// The longest a function in `src/` may be, in lines from `fn` to its
+/// closing brace. A function longer than this does several things: split it
+/// into functions named by what they decide or do.
+const MAX_FN_LINES: usize = 80;
+
+/// Functions that may stay longer than [`MAX_FN_LINES`]: flat tables (a
+/// list of independent checks, a match whose arms are one line each), where
+/// splitting would only scatter the table. (file, function, why).
+const LONG_FN_ALLOWED: &[(&str, &str, &str)] = &[
+    (
+        "src/metrics/mod.rs",
+        "declare",
+        "the metrics table: one (name, help, field) row per metric",
+    ),
+    (
+        "src/config/checks.rs",
+        "durations",
+        "the duration keys: one (key, value, unit) row per setting",
+    ),
+];
+
+/// Functions still longer than [`MAX_FN_LINES`] that are not flat tables:
+/// debt from before the limit (issue 22). This list only shrinks; a function
+/// leaves it when it is split. (file, function).
+const LONG_FN_NOT_YET_SPLIT: &[(&str, &str)] = &[
+    ("src/adapter/owner.rs", "owner_task"),
+    ("src/agent/acp/mod.rs", "turn_in_slot"),
+    ("src/agent/acp/process.rs", "start"),
+    ("src/agent/command/config.rs", "check_values"),
+    ("src/agent/command/mod.rs", "run_once"),
+    ("src/agent/command/presets.rs", "argv"),
+    ("src/config/mod.rs", "validate"),
+    ("src/delivery/telegram.rs", "call_unless_withdrawn"),
+    ("src/delivery/voice.rs", "deliver_voice_answer_once"),
+    ("src/engine.rs", "forward_tool_events"),
+    ("src/main.rs", "main"),
+    ("src/media/prepare.rs", "prepare"),
+    ("src/runner/controls.rs", "command"),
+    ("src/runner/mod.rs", "dispatch"),
+    ("src/runner/turn.rs", "turn"),
+    ("src/tools/mcp/config.rs", "validate"),
+    ("src/tools/process/mod.rs", "spawn"),
+    ("src/transport/telegram/callback.rs", "press"),
+    ("src/transport/telegram/inbound.rs", "classify"),
+    ("src/transport/telegram/intake.rs", "recover"),
+    ("src/transport/telegram/polling.rs", "poll"),
+    ("src/wiring/telegram.rs", "start_with_setup"),
+];
+
+#[test]
+fn tidy_functions_stay_short() {
+    let tree = SourceTree::read(&repo().join("src"));
+    let mut long = Vec::new();
+    for file in &tree.files {
+        if file
+            .path
+            .split('/')
+            .any(|part| part == "tests" || part == "tests.rs")
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(repo().join(&file.path)).expect("source file");
+        for f in long_functions(&tokenize(&text), MAX_FN_LINES) {
+            long.push((file.path.clone(), f));
+        }
+    }
+    let allowed = |path: &str, name: &str| {
+        LONG_FN_ALLOWED
+            .iter()
+            .any(|(p, n, _)| *p == path && *n == name)
+            || LONG_FN_NOT_YET_SPLIT
+                .iter()
+                .any(|(p, n)| *p == path && *n == name)
+    };
+    let report: Vec<String> = long
+        .iter()
+        .filter(|(path, f)| !allowed(path, &f.name))
+        .map(|(path, f)| format!("  {path}:{}: `{}` is {} lines\n", f.line, f.name, f.lines))
+        .collect();
+    assert!(
+        report.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split each into functions named by what they \
+         decide or do; a genuinely flat table goes on LONG_FN_ALLOWED in tests/it/tidy.rs \
+         with its reason):\n{}",
+        report.join("")
+    );
+    let stale: Vec<String> = LONG_FN_ALLOWED
+        .iter()
+        .map(|(p, n, _)| (p, n))
+        .chain(LONG_FN_NOT_YET_SPLIT.iter().map(|(p, n)| (p, n)))
+        .filter(|(p, n)| !long.iter().any(|(path, f)| path == **p && f.name == **n))
+        .map(|(p, n)| format!("  {p}: `{n}`\n"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "allowlisted long functions that are short now (or gone): take them off the list in \
+         tests/it/tidy.rs:\n{}",
+        stale.join("")
+    );
+}
+
+/// The length checker itself: a planted long function is seen, a short
+/// one, a body-less trait method and a `#[cfg(test)]` module are not.
+#[test]
+fn tidy_length_checker_sees_a_planted_long_function() {
+    let body = "    let x = 1;\n".repeat(5);
+    let text = format!(
+        "trait T {{ fn decl(&self); }}\n\
+         fn short() {{\n{body}}}\n\
+         pub(crate) async fn long<F: Fn() -> u8>(f: F) -> Result<(), ()> where F: Send {{\n\
+         {body}    fn inner() {{ let s = \"}}\"; }}\n{body}}}\n\
+         #[cfg(test)]\nmod tests {{\n    fn in_test() {{\n{body}{body}{body}    }}\n}}\n"
+    );
+    let found = long_functions(&tokenize(&text), 8);
+    let seen: Vec<(String, usize)> = found.iter().map(|f| (f.name.clone(), f.lines)).collect();
+    assert_eq!(seen, [("long".to_string(), 13)]);
+}
+
+/// A function longer than the limit.
+#[derive(Debug)]
+struct LongFn {
+    name: String,
+    /// The line of its `fn`.
+    line: usize,
+    /// From its `fn` to its closing brace, both included.
+    lines: usize,
+}
+
+/// Every function with a body longer than `max` lines, nested ones too,
+/// outside `#[cfg(test)]` items.
+fn long_functions(tokens: &[Token], max: usize) -> Vec<LongFn> {
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        if tokens[i].tok == Tok::Punct('#') && is_cfg_test(tokens, i) {
+            i = skip_item(tokens, i);
+            continue;
+        }
+        if let (Tok::Ident(word), Some(Tok::Ident(name))) =
+            (&tokens[i].tok, tokens.get(i + 1).map(|t| &t.tok))
+        {
+            if word == "fn" {
+                if let Some(close) = body_end(tokens, i + 2) {
+                    let lines = tokens[close].line - tokens[i].line + 1;
+                    if lines > max {
+                        found.push(LongFn {
+                            name: name.clone(),
+                            line: tokens[i].line,
+                            lines,
+                        });
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
+    found
+}
+
+/// The index of the `}` closing the body of the function whose signature
+/// continues at `i`; `None` for a declaration without a body.
+fn body_end(tokens: &[Token], mut i: usize) -> Option<usize> {
+    let mut nesting = 0usize;
+    while let Some(token) = tokens.get(i) {
+        match token.tok {
+            Tok::Punct('(' | '[') => nesting += 1,
+            Tok::Punct(')' | ']') => nesting = nesting.saturating_sub(1),
+            Tok::Punct(';') if nesting == 0 => return None,
+            Tok::Punct('{') if nesting == 0 => break,
+            _ => {}
+        }
+        i += 1;
+    }
+    let mut depth = 0usize;
+    while let Some(token) = tokens.get(i) {
+        match token.tok {
+            Tok::Punct('{') => depth += 1,
+            Tok::Punct('}') => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Past the item starting at `i` (its attributes, then up to its `;` or
+/// the end of its block).
+fn skip_item(tokens: &[Token], mut i: usize) -> usize {
+    while tokens.get(i).is_some_and(|t| t.tok == Tok::Punct('#')) {
+        i = skip_attribute(tokens, i);
+    }
+    let mut depth = 0usize;
+    while let Some(token) = tokens.get(i) {
+        i += 1;
+        match token.tok {
+            Tok::Punct(';') if depth == 0 => return i,
+            Tok::Punct('{') => depth += 1,
+            Tok::Punct('}') => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return i;
+                }
+            }
+            _ => {}
+        }
+    }
+    i
+}
+
 // ----- the reader -----
 
 fn repo() -> std::path::PathBuf {
@@ -759,22 +973,7 @@ impl SourceFile {
                 return i + 3;
             }
         }
-        let mut depth = 0usize;
-        while let Some(token) = tokens.get(i) {
-            i += 1;
-            match token.tok {
-                Tok::Punct(';') if depth == 0 => return i,
-                Tok::Punct('{') => depth += 1,
-                Tok::Punct('}') => {
-                    depth = depth.saturating_sub(1);
-                    if depth == 0 {
-                        return i;
-                    }
-                }
-                _ => {}
-            }
-        }
-        i
+        skip_item(tokens, i)
     }
 }
 
