@@ -7,12 +7,14 @@
 //! that is still unwinding never writes into a newer one.
 
 use crate::adapter::DispatchContext;
+use crate::agent::AgentReply;
 use crate::agent::TurnRequest;
+use crate::reply::LiveReply;
 use crate::reply::Outgoing;
 use crate::reply::Reply;
 use crate::reply::TurnStart;
 use crate::runner::commands;
-use crate::runner::outcome::{turn_outcome, TurnOutcome};
+use crate::runner::outcome::{turn_outcome, TurnOutcome, TurnRun};
 use crate::runner::watch_for_stall;
 use crate::runner::AgentHandle;
 use crate::runner::Runner;
@@ -37,16 +39,11 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 impl Runner {
+    /// One turn: admitted (session, budget), the agent run under its
+    /// generation, then counted, recorded and answered by its outcome.
     pub(super) async fn turn(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
         let key = ctx.key.clone();
-        let generation = {
-            let mut state = self.state();
-            let generation = state.slots.begin_generation(&key);
-            state.slots.install_pending(&key, Instant::now());
-            generation
-        };
-        self.keep_generations_reserved();
-        tracing::Span::current().record("generation", tracing::field::display(generation));
+        let generation = self.begin_turn_generation(&key);
         // Set-up may await the store; whatever happens, the pending sentinel
         // must not outlive this future.
         let mut slot = SlotRelease {
@@ -56,95 +53,30 @@ impl Runner {
             armed: true,
             interrupted: None,
         };
-        // A wakeup runs against the session that started its process, even
-        // if the chat has moved on (/new) since; everything else runs
-        // against the slot's current session.
-        let session_id = match event.override_session() {
-            Some(session) => session.clone(),
-            None => match self.resolve_session(&key).await {
-                Ok(id) => id,
-                Err(_) => {
-                    return Some(
-                        Reply::error(STORE_DOWN_TEXT)
-                            .in_reply_to(event.message_id)
-                            .into(),
-                    )
-                }
-            },
+        let (session_id, meter) = match self.admit(&event, &key).await {
+            Ok(admitted) => admitted,
+            Err(refusal) => return Some(refusal),
         };
-        tracing::Span::current().record("session_id", tracing::field::display(&session_id));
-        // A user over budget is refused before anything of the turn is
-        // recorded or charged.
-        let meter = match self.budget_for(&event).await {
-            Ok(meter) => meter,
-            Err(refusal) => {
-                tracing::info!(session_key = %key, user = ?event.source.user_id, "turn refused: over budget");
-                return Some(refusal.in_reply_to(event.message_id).into());
-            }
-        };
-        let history = if event.origin.was_running() {
-            let mut history = self.load_history(&session_id).await;
-            // A message replayed after a crash may already be the
-            // transcript's last entry: keep it once, and not also in the
-            // history.
-            let already_recorded = history
-                .last()
-                .is_some_and(|m| m.role == Role::User && m.content == event.text);
-            if already_recorded {
-                history.pop();
-            } else {
-                self.record(&session_id, vec![user_entry(&event)]).await;
-            }
-            history
-        } else {
-            self.load_history_and_record(&session_id, user_entry(&event))
-                .await
-        };
-
+        let history = self.turn_history(&event, &session_id).await;
         let cancel = ctx.interrupt.child_token();
         let progress = Progress::new();
-        let handle = AgentHandle {
-            generation,
-            cancel: cancel.clone(),
-            progress: progress.clone(),
-        };
-        if !self.state().slots.promote(&key, handle) {
-            tracing::debug!(session_key = %key, %generation, "turn went stale during set-up");
+        if !self.promote(&key, generation, &cancel, &progress) {
             return None;
         }
         slot.interrupted = Some((session_id.clone(), progress.clone()));
-        let metrics = &self.inner.config.metrics;
-        metrics.turns_started.inc();
+        self.inner.config.metrics.turns_started.inc();
         let started = Instant::now();
-
-        let mut live = self.inner.outbound.turn_started_with(
-            &TurnStart {
-                to: &event.source,
-                answering: event.message_id,
-                generation: generation.0,
-                replayed: event.origin.is_recovered(),
-            },
-            progress.watch(),
-        );
+        let live = self.show_turn(&event, generation, &progress);
         let model = self.session_model(&key, &session_id).await;
-        let identity = TurnIdentity {
-            session_key: key.clone(),
-            session_id: session_id.clone(),
-            generation,
-            source: event.source.clone(),
-        };
         let message_id = event.message_id;
         let turn_files = self.turn_files(&event).await;
-        let turn_jobs = crate::schedule::TurnJobs::start(
-            self.inner.config.jobs.as_ref(),
-            event.source.chat_id,
-            event.message_id,
-            self.inner.agent.leaves_files(),
-        )
-        .await;
+        let turn_jobs = self.turn_jobs(&event).await;
         let job_owner = event.source.clone();
-        let speaker = self.speaker_for(&event).await;
-        let reply_source = event.source.clone();
+        let after = AfterAnswer {
+            speaker: self.speaker_for(&event).await,
+            source: event.source.clone(),
+            files: turn_files.clone(),
+        };
         let charge = self.charge_for(&event, &session_id, &meter);
         let request = TurnRequest {
             session_key: key.clone(),
@@ -158,13 +90,180 @@ impl Runner {
             progress: progress.clone(),
             model: model.filter(|m| Some(m) != self.inner.config.default_model.as_ref()),
         };
+        let watched = self
+            .run_agent(request, turn_jobs.clone(), turn_files, meter)
+            .await;
+        // What the turn used is charged however it ended.
+        if let Some(charge) = charge {
+            charge.charge().await;
+        }
+        mark_if_interrupted(&ctx, &progress);
+        // Only a turn that is still current may release the slot and answer.
+        slot.armed = false;
+        let current = self.state().slots.release(&key, Some(generation));
+        let outcome = turn_outcome(current, cancel.is_cancelled(), watched);
+        self.inner
+            .config
+            .metrics
+            .turn_duration
+            .observe(started.elapsed());
+        self.count_cancelled(&outcome);
+        self.record_partial(&outcome, &progress, &session_id).await;
+        let (reply, live) = self
+            .reply_for(outcome, &key, generation, &session_id, after, live)
+            .await?;
+        // Jobs the turn made (the model's tool, a program's requests)
+        // are confirmed under its reply.
+        let reply = with_lines(reply, turn_jobs.finish(&job_owner, &key).await);
+        Some(Outgoing {
+            reply: reply.in_reply_to(message_id),
+            live,
+        })
+    }
+
+    /// The turn's live view in the chat (typing, preview), if the
+    /// outbound shows one.
+    fn show_turn(
+        &self,
+        event: &MessageEvent,
+        generation: TurnGeneration,
+        progress: &Progress,
+    ) -> Option<Box<dyn LiveReply>> {
+        self.inner.outbound.turn_started_with(
+            &TurnStart {
+                to: &event.source,
+                answering: event.message_id,
+                generation: generation.0,
+                replayed: event.origin.is_recovered(),
+            },
+            progress.watch(),
+        )
+    }
+
+    /// A new generation for `key`'s slot, installed as pending.
+    fn begin_turn_generation(&self, key: &SessionKey) -> TurnGeneration {
+        let generation = {
+            let mut state = self.state();
+            let generation = state.slots.begin_generation(key);
+            state.slots.install_pending(key, Instant::now());
+            generation
+        };
+        self.keep_generations_reserved();
+        tracing::Span::current().record("generation", tracing::field::display(generation));
+        generation
+    }
+
+    /// The session `event` runs against and its user's meter; `Err`: the
+    /// reply refusing the turn (the store is down, the user over budget).
+    async fn admit(
+        &self,
+        event: &MessageEvent,
+        key: &SessionKey,
+    ) -> Result<(SessionId, crate::limits::TurnMeter), Outgoing> {
+        // A wakeup runs against the session that started its process, even
+        // if the chat has moved on (/new) since; everything else runs
+        // against the slot's current session.
+        let session_id = match event.override_session() {
+            Some(session) => session.clone(),
+            None => match self.resolve_session(key).await {
+                Ok(id) => id,
+                Err(_) => {
+                    return Err(Reply::error(STORE_DOWN_TEXT)
+                        .in_reply_to(event.message_id)
+                        .into())
+                }
+            },
+        };
+        tracing::Span::current().record("session_id", tracing::field::display(&session_id));
+        // A user over budget is refused before anything of the turn is
+        // recorded or charged.
+        match self.budget_for(event).await {
+            Ok(meter) => Ok((session_id, meter)),
+            Err(refusal) => {
+                tracing::info!(session_key = %key, user = ?event.source.user_id, "turn refused: over budget");
+                Err(refusal.in_reply_to(event.message_id).into())
+            }
+        }
+    }
+
+    /// The history the turn runs with, the user's message recorded after
+    /// it.
+    async fn turn_history(&self, event: &MessageEvent, session_id: &SessionId) -> Vec<ChatMessage> {
+        if !event.origin.was_running() {
+            return self
+                .load_history_and_record(session_id, user_entry(event))
+                .await;
+        }
+        let mut history = self.load_history(session_id).await;
+        // A message replayed after a crash may already be the
+        // transcript's last entry: keep it once, and not also in the
+        // history.
+        let already_recorded = history
+            .last()
+            .is_some_and(|m| m.role == Role::User && m.content == event.text);
+        if already_recorded {
+            history.pop();
+        } else {
+            self.record(session_id, vec![user_entry(event)]).await;
+        }
+        history
+    }
+
+    /// The pending generation becomes the running agent; `false`: the turn
+    /// went stale during set-up.
+    fn promote(
+        &self,
+        key: &SessionKey,
+        generation: TurnGeneration,
+        cancel: &CancellationToken,
+        progress: &Progress,
+    ) -> bool {
+        let handle = AgentHandle {
+            generation,
+            cancel: cancel.clone(),
+            progress: progress.clone(),
+        };
+        if !self.state().slots.promote(key, handle) {
+            tracing::debug!(session_key = %key, %generation, "turn went stale during set-up");
+            return false;
+        }
+        true
+    }
+
+    /// The jobs the turn's agent may ask for, confirmed under its reply.
+    async fn turn_jobs(&self, event: &MessageEvent) -> crate::schedule::TurnJobs {
+        crate::schedule::TurnJobs::start(
+            self.inner.config.jobs.as_ref(),
+            event.source.chat_id,
+            event.message_id,
+            self.inner.agent.leaves_files(),
+        )
+        .await
+    }
+
+    /// The agent's run under the turn's identity, jobs, files and meter,
+    /// watched for stalls.
+    async fn run_agent(
+        &self,
+        request: TurnRequest,
+        turn_jobs: crate::schedule::TurnJobs,
+        turn_files: crate::media::TurnFiles,
+        meter: crate::limits::TurnMeter,
+    ) -> TurnRun<AgentReply> {
+        let identity = TurnIdentity {
+            session_key: request.session_key.clone(),
+            session_id: request.session_id.clone(),
+            generation: request.generation,
+            source: request.source.clone(),
+        };
+        let (progress, cancel) = (request.progress.clone(), request.cancel.clone());
         let run = AssertUnwindSafe(self.inner.agent.run(request)).catch_unwind();
-        let watched = bind_turn_identity(
+        bind_turn_identity(
             identity,
             crate::schedule::with_turn_jobs(
-                turn_jobs.clone(),
+                turn_jobs,
                 crate::media::with_turn_files(
-                    turn_files.clone(),
+                    turn_files,
                     crate::limits::meter::with_meter(
                         meter,
                         watch_for_stall(run, &progress, &cancel, self.inner.config.stall_timeout),
@@ -172,41 +271,51 @@ impl Runner {
                 ),
             ),
         )
-        .await;
-        // What the turn used is charged however it ended.
-        if let Some(charge) = charge {
-            charge.charge().await;
-        }
+        .await
+    }
 
-        if ctx.interrupt.is_cancelled() {
-            // A newer message interrupted it (a /stop before wins).
-            let now = CancellationToken::new();
-            now.cancel();
-            progress.mark_ended(TurnEnd::Interrupted, now);
-        }
-        // Only a turn that is still current may release the slot and answer.
-        slot.armed = false;
-        let current = self.state().slots.release(&key, Some(generation));
-        let outcome = turn_outcome(current, cancel.is_cancelled(), watched);
-        metrics.turn_duration.observe(started.elapsed());
-        // Counted before the transcript write below: a stopped turn still
-        // unwinding when the command's bounded wait ends is aborted at that
-        // await, and must have been counted by then.
+    /// Counted before the transcript write: a stopped turn still
+    /// unwinding when the command's bounded wait ends is aborted at that
+    /// await, and must have been counted by then.
+    fn count_cancelled(&self, outcome: &TurnOutcome<AgentReply>) {
+        let metrics = &self.inner.config.metrics;
         if outcome.counts_as_cancelled() {
             metrics.turns_cancelled.inc();
             if matches!(outcome, TurnOutcome::Stale) {
                 metrics.generation_discards.inc();
             }
         }
+    }
+
+    /// Stopped, interrupted, stalled, failed or stale: the transcript
+    /// keeps what the user saw so far, marked as interrupted.
+    async fn record_partial(
+        &self,
+        outcome: &TurnOutcome<AgentReply>,
+        progress: &Progress,
+        session_id: &SessionId,
+    ) {
         if outcome.keeps_partial() {
-            // Stopped, interrupted, stalled, failed or stale: the transcript
-            // keeps what the user saw so far, marked as interrupted.
             let partial = progress.snapshot();
             if !partial.is_empty() || matches!(outcome, TurnOutcome::Stale) {
-                self.record(&session_id, vec![interrupted_entry(partial)])
+                self.record(session_id, vec![interrupted_entry(partial)])
                     .await;
             }
         }
+    }
+
+    /// The reply by the turn's outcome (and the live view it finishes);
+    /// `None`: nothing is answered (stale, stopped).
+    async fn reply_for(
+        &self,
+        outcome: TurnOutcome<AgentReply>,
+        key: &SessionKey,
+        generation: TurnGeneration,
+        session_id: &SessionId,
+        after: AfterAnswer,
+        live: Option<Box<dyn LiveReply>>,
+    ) -> Option<(Reply, Option<Box<dyn LiveReply>>)> {
+        let metrics = &self.inner.config.metrics;
         let reply = match outcome {
             TurnOutcome::Stale => {
                 tracing::debug!(session_key = %key, %generation, "stale turn result discarded");
@@ -225,42 +334,7 @@ impl Runner {
             // (counted above).
             TurnOutcome::Stopped => return None,
             TurnOutcome::Answered(answer) => {
-                metrics.turns_finished.inc();
-                {
-                    let mut state = self.state();
-                    if answer.history_trimmed > 0 {
-                        state.trimmed.insert(key.clone(), answer.history_trimmed);
-                    } else {
-                        state.trimmed.remove(&key);
-                    }
-                }
-                let entries = if answer.transcript.is_empty() {
-                    vec![TranscriptEntry::assistant(answer.text.clone())]
-                } else {
-                    answer
-                        .transcript
-                        .into_iter()
-                        .map(TranscriptEntry::from_message)
-                        .collect()
-                };
-                self.record(&session_id, entries).await;
-                // Spoken first (the voice note carries the text), as asked.
-                if let Some(speaker) = speaker {
-                    live = super::voice::spoken_answer(
-                        live,
-                        speaker,
-                        self.inner.outbound.clone(),
-                        reply_source.clone(),
-                    );
-                }
-                // Files the program left in its outbox follow the answer.
-                live = crate::media::outbox_dir::files_after_answer(
-                    live,
-                    &turn_files,
-                    self.inner.outbound.clone(),
-                    reply_source,
-                );
-                Reply::answer(answer.text)
+                return Some(self.answered(answer, key, session_id, after, live).await);
             }
             TurnOutcome::Failed {
                 user_message,
@@ -278,13 +352,56 @@ impl Runner {
                 ))
             }
         };
-        // Jobs the turn made (the model's tool, a program's requests)
-        // are confirmed under its reply.
-        let reply = with_lines(reply, turn_jobs.finish(&job_owner, &key).await);
-        Some(Outgoing {
-            reply: reply.in_reply_to(message_id),
+        Some((reply, live))
+    }
+
+    /// The agent answered: counted, its trimming noted for /status, its
+    /// transcript recorded; the answer spoken (if asked) and followed by
+    /// the files the program left.
+    async fn answered(
+        &self,
+        answer: AgentReply,
+        key: &SessionKey,
+        session_id: &SessionId,
+        after: AfterAnswer,
+        mut live: Option<Box<dyn LiveReply>>,
+    ) -> (Reply, Option<Box<dyn LiveReply>>) {
+        self.inner.config.metrics.turns_finished.inc();
+        {
+            let mut state = self.state();
+            if answer.history_trimmed > 0 {
+                state.trimmed.insert(key.clone(), answer.history_trimmed);
+            } else {
+                state.trimmed.remove(key);
+            }
+        }
+        let entries = if answer.transcript.is_empty() {
+            vec![TranscriptEntry::assistant(answer.text.clone())]
+        } else {
+            answer
+                .transcript
+                .into_iter()
+                .map(TranscriptEntry::from_message)
+                .collect()
+        };
+        self.record(session_id, entries).await;
+        // Spoken first (the voice note carries the text), as asked.
+        if let Some(speaker) = after.speaker {
+            live = super::voice::spoken_answer(
+                live,
+                speaker,
+                self.inner.outbound.clone(),
+                after.source.clone(),
+            );
+        }
+        // Files the program left in its outbox follow the answer.
+        live = crate::media::outbox_dir::files_after_answer(
             live,
-        })
+            &after.files,
+            self.inner.outbound.clone(),
+            after.source,
+        );
+        (Reply::answer(answer.text), live)
     }
 
     /// The files bound around a turn: the event's attachments and, with
@@ -352,6 +469,22 @@ impl Runner {
                 tracing::error!(%session_id, %error, "could not record the transcript");
             }
         }
+    }
+}
+
+/// What follows an answer: its voice note, the files the program left.
+struct AfterAnswer {
+    speaker: Option<std::sync::Arc<crate::media::speech::Speaker>>,
+    source: crate::vocab::SessionSource,
+    files: crate::media::TurnFiles,
+}
+
+/// A newer message interrupted the turn (a /stop before wins).
+fn mark_if_interrupted(ctx: &DispatchContext, progress: &Progress) {
+    if ctx.interrupt.is_cancelled() {
+        let now = CancellationToken::new();
+        now.cancel();
+        progress.mark_ended(TurnEnd::Interrupted, now);
     }
 }
 
