@@ -476,53 +476,8 @@ impl Runner {
             return self.retry(event, ctx).await;
         }
         if let Some(command) = event.command() {
-            let reply = match command.known {
-                // Answers need to know who sends them (see `authority`).
-                Some(known @ (KnownCommand::Approve | KnownCommand::Deny)) => self.answer_approval(
-                    &ctx.key,
-                    &event.source,
-                    Some(known == KnownCommand::Approve),
-                    command.args,
-                ),
-                // /resume ID names a job of this chat or, failing that,
-                // a conversation (`resumes_job`).
-                Some(KnownCommand::Resume) if self.resumes_job(command.args, &event).await => {
-                    self.job_command(KnownCommand::Resume, command.args, &event.source, &ctx.key)
-                        .await
-                }
-                Some(known) if known.is_job_command() && known != KnownCommand::Resume => {
-                    self.job_command(known, command.args, &event.source, &ctx.key)
-                        .await
-                }
-                // So do the team commands, /voice and /resume.
-                Some(known) if team::answers(known) => {
-                    self.team_command(known, command.args, &event, &ctx).await
-                }
-                Some(known) => {
-                    // A message still being prepared that this command
-                    // stopped kept the slot busy, as far as its user can tell.
-                    let ctx = DispatchContext {
-                        slot_busy: ctx.slot_busy || event.media.stopped > 0,
-                        ..ctx.clone()
-                    };
-                    self.command(known, command.args, &ctx, &event.source).await
-                }
-                None => Reply::command(commands::unknown_command_text(command.name)),
-            };
-            let reply = reply.in_reply_to(event.message_id);
-            // A turn this command stopped shows its marker after the reply.
-            let gate = self.state().reply_gates.remove(&ctx.key);
-            return Some(match gate {
-                Some(gate) => Outgoing {
-                    reply,
-                    live: Some(Box::new(OpenGateAfterSending {
-                        outbound: self.inner.outbound.clone(),
-                        to: event.source.clone(),
-                        gate,
-                    })),
-                },
-                None => reply.into(),
-            });
+            let reply = self.command_reply(command, &event, &ctx).await;
+            return Some(self.after_reply_gate(reply.in_reply_to(event.message_id), &event, &ctx));
         }
         // One span per turn: every log line of the turn (and of the agent and
         // tools below it) carries the slot, the session and the generation.
@@ -533,6 +488,70 @@ impl Runner {
             generation = tracing::field::Empty,
         );
         self.turn(event, ctx).instrument(span).await
+    }
+
+    /// The answer to a slash command.
+    async fn command_reply(
+        &self,
+        command: crate::vocab::Command<'_>,
+        event: &MessageEvent,
+        ctx: &DispatchContext,
+    ) -> Reply {
+        match command.known {
+            // Answers need to know who sends them (see `authority`).
+            Some(known @ (KnownCommand::Approve | KnownCommand::Deny)) => self.answer_approval(
+                &ctx.key,
+                &event.source,
+                Some(known == KnownCommand::Approve),
+                command.args,
+            ),
+            // /resume ID names a job of this chat or, failing that,
+            // a conversation (`resumes_job`).
+            Some(KnownCommand::Resume) if self.resumes_job(command.args, event).await => {
+                self.job_command(KnownCommand::Resume, command.args, &event.source, &ctx.key)
+                    .await
+            }
+            Some(known) if known.is_job_command() && known != KnownCommand::Resume => {
+                self.job_command(known, command.args, &event.source, &ctx.key)
+                    .await
+            }
+            // So do the team commands, /voice and /resume.
+            Some(known) if team::answers(known) => {
+                self.team_command(known, command.args, event, ctx).await
+            }
+            Some(known) => {
+                // A message still being prepared that this command
+                // stopped kept the slot busy, as far as its user can tell.
+                let ctx = DispatchContext {
+                    slot_busy: ctx.slot_busy || event.media.stopped > 0,
+                    ..ctx.clone()
+                };
+                self.command(known, command.args, &ctx, &event.source).await
+            }
+            None => Reply::command(commands::unknown_command_text(command.name)),
+        }
+    }
+
+    /// A command's reply; a turn this command stopped shows its marker
+    /// after it.
+    fn after_reply_gate(
+        &self,
+        reply: Reply,
+        event: &MessageEvent,
+        ctx: &DispatchContext,
+    ) -> Outgoing {
+        let gate = self.state().reply_gates.remove(&ctx.key);
+        match gate {
+            Some(gate) => Outgoing {
+                reply,
+                live: Some(Box::new(OpenGateAfterSending {
+                    outbound: self.inner.outbound.clone(),
+                    to: event.source.clone(),
+                    gate,
+                })),
+            },
+            None => reply.into(),
+        }
     }
 }
 
