@@ -58,37 +58,7 @@ impl Runner {
         match command {
             KnownCommand::Start => Reply::command(commands::start_text(self.backend_name())),
             KnownCommand::Help => Reply::command(help_text()),
-            KnownCommand::Status => {
-                let session_id = match self.resolve_session(key).await {
-                    Ok(id) => id,
-                    Err(_) => return Reply::error(STORE_DOWN_TEXT),
-                };
-                let history_len = match &self.inner.store {
-                    Some(store) => store.transcript_len(session_id.as_str()).await.ok(),
-                    None => None,
-                };
-                let agent_usage = self.agent_usage_line(&session_id).await;
-                let model = self.session_model(key, &session_id).await;
-                let next_job = match &self.inner.config.jobs {
-                    Some(jobs) => jobs.next_line(source.chat_id).await,
-                    None => None,
-                };
-                let state = self.state();
-                let view = StatusView {
-                    session_id: session_id.to_string(),
-                    history_len,
-                    history_trimmed: state.trimmed.get(key).copied().unwrap_or(0),
-                    running_for: state.slots.running_since(key).map(|t| t.elapsed()),
-                    starting: matches!(state.slots.running_agent(key), Some(RunningAgent::Pending)),
-                    queue_depth: ctx.queue_depth,
-                    backend: self.backend_name().to_string(),
-                    processes: self.running_process_lines(key),
-                    agent_usage,
-                    model,
-                    next_job,
-                };
-                Reply::command(status_text(&view))
-            }
+            KnownCommand::Status => self.status_reply(ctx, source).await,
             KnownCommand::Ps => Reply::command(self.ps(key)),
             KnownCommand::Diff => self.worktree_command(None, args, key, source).await,
             KnownCommand::Merge => {
@@ -130,51 +100,79 @@ impl Runner {
             KnownCommand::Retry => Reply::command(commands::BUSY_HISTORY_TEXT),
             KnownCommand::Stop => {
                 let stopped = self.stop_and_deny(key, InvalidateReason::Stop);
-                match stopped {
-                    StopOutcome::StoppedLive => Reply::command("⏹ Stopped."),
-                    StopOutcome::ForceUnlocked => {
-                        Reply::command("⏹ Stopped (the task was still starting).")
-                    }
-                    StopOutcome::NothingRunning if ctx.slot_busy => Reply::command("⏹ Stopped."),
-                    // The turn is done and only its answer is going out:
-                    // the rest of it (parts, files) is not sent.
-                    StopOutcome::NothingRunning if ctx.slot_sending => {
-                        Reply::command(commands::STOPPED_SENDING_TEXT)
-                    }
-                    StopOutcome::NothingRunning => Reply::command("Nothing to stop."),
-                }
+                Reply::command(stop_text(stopped, ctx.slot_busy, ctx.slot_sending))
             }
-            KnownCommand::New | KnownCommand::Reset => {
-                let reason = if command == KnownCommand::New {
-                    InvalidateReason::New
-                } else {
-                    InvalidateReason::Reset
-                };
-                let stopped = self.stop_and_deny(key, reason);
-                let (old, new) = {
-                    let mut state = self.state();
-                    state.trimmed.remove(key);
-                    state.sessions.rotate(key)
-                };
-                tracing::info!(session_key = %key, old = ?old, new = %new, ?reason, "session rotated");
-                if let Some(store) = &self.inner.store {
-                    if let Err(error) = store.rotate_session(key.as_str(), new.to_string()).await {
-                        tracing::error!(session_key = %key, %error, "could not record the new session");
-                    }
-                }
-                let mut text = if command == KnownCommand::New {
-                    format!("✨ Started a fresh session ({new}).")
-                } else {
-                    format!("♻️ Session reset; a fresh session started ({new}).")
-                };
-                if stopped != StopOutcome::NothingRunning || ctx.slot_busy {
-                    text.push_str(" The running task was stopped.");
-                } else if ctx.slot_sending {
-                    text.push_str(" The rest of the last answer is not sent.");
-                }
-                Reply::command(text)
+            KnownCommand::New | KnownCommand::Reset => self.rotate_reply(command, ctx).await,
+        }
+    }
+
+    /// /status: the slot's session, history, run, queue, processes,
+    /// usage, model and next job.
+    async fn status_reply(
+        &self,
+        ctx: &DispatchContext,
+        source: &crate::vocab::SessionSource,
+    ) -> Reply {
+        let key = &ctx.key;
+        let session_id = match self.resolve_session(key).await {
+            Ok(id) => id,
+            Err(_) => return Reply::error(STORE_DOWN_TEXT),
+        };
+        let history_len = match &self.inner.store {
+            Some(store) => store.transcript_len(session_id.as_str()).await.ok(),
+            None => None,
+        };
+        let agent_usage = self.agent_usage_line(&session_id).await;
+        let model = self.session_model(key, &session_id).await;
+        let next_job = match &self.inner.config.jobs {
+            Some(jobs) => jobs.next_line(source.chat_id).await,
+            None => None,
+        };
+        let state = self.state();
+        let view = StatusView {
+            session_id: session_id.to_string(),
+            history_len,
+            history_trimmed: state.trimmed.get(key).copied().unwrap_or(0),
+            running_for: state.slots.running_since(key).map(|t| t.elapsed()),
+            starting: matches!(state.slots.running_agent(key), Some(RunningAgent::Pending)),
+            queue_depth: ctx.queue_depth,
+            backend: self.backend_name().to_string(),
+            processes: self.running_process_lines(key),
+            agent_usage,
+            model,
+            next_job,
+        };
+        Reply::command(status_text(&view))
+    }
+
+    /// /new or /reset: the turn stopped, a fresh session in place of the
+    /// slot's (recorded in the store).
+    async fn rotate_reply(&self, command: KnownCommand, ctx: &DispatchContext) -> Reply {
+        let key = &ctx.key;
+        let reason = if command == KnownCommand::New {
+            InvalidateReason::New
+        } else {
+            InvalidateReason::Reset
+        };
+        let stopped = self.stop_and_deny(key, reason);
+        let (old, new) = {
+            let mut state = self.state();
+            state.trimmed.remove(key);
+            state.sessions.rotate(key)
+        };
+        tracing::info!(session_key = %key, old = ?old, new = %new, ?reason, "session rotated");
+        if let Some(store) = &self.inner.store {
+            if let Err(error) = store.rotate_session(key.as_str(), new.to_string()).await {
+                tracing::error!(session_key = %key, %error, "could not record the new session");
             }
         }
+        let stopped_task = stopped != StopOutcome::NothingRunning || ctx.slot_busy;
+        Reply::command(rotated_text(
+            command == KnownCommand::New,
+            &new.to_string(),
+            stopped_task,
+            ctx.slot_sending,
+        ))
     }
 
     /// The CLI agent's usage for /status, once any is recorded.
@@ -588,10 +586,72 @@ impl Drop for OpenGateAfterSending {
     }
 }
 
+/// The answer to /stop: what it stopped (`stopped`), given whether the
+/// slot was busy and whether its turn was only sending its answer.
+fn stop_text(stopped: StopOutcome, slot_busy: bool, slot_sending: bool) -> &'static str {
+    match stopped {
+        StopOutcome::StoppedLive => "⏹ Stopped.",
+        StopOutcome::ForceUnlocked => "⏹ Stopped (the task was still starting).",
+        StopOutcome::NothingRunning if slot_busy => "⏹ Stopped.",
+        // The turn is done and only its answer is going out:
+        // the rest of it (parts, files) is not sent.
+        StopOutcome::NothingRunning if slot_sending => commands::STOPPED_SENDING_TEXT,
+        StopOutcome::NothingRunning => "Nothing to stop.",
+    }
+}
+
+/// The answer to /new (`new_session`) or /reset, with the fresh session's
+/// id, and what became of the running task or the answer being sent.
+fn rotated_text(new_session: bool, new: &str, stopped_task: bool, slot_sending: bool) -> String {
+    let mut text = if new_session {
+        format!("✨ Started a fresh session ({new}).")
+    } else {
+        format!("♻️ Session reset; a fresh session started ({new}).")
+    };
+    if stopped_task {
+        text.push_str(" The running task was stopped.");
+    } else if slot_sending {
+        text.push_str(" The rest of the last answer is not sent.");
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::vocab::{Platform, SessionSource};
+
+    #[test]
+    fn stop_says_stopped_for_a_busy_slot_and_stopped_sending_for_an_answer_going_out() {
+        use StopOutcome::{ForceUnlocked, NothingRunning, StoppedLive};
+        assert_eq!(stop_text(StoppedLive, false, false), "⏹ Stopped.");
+        assert_eq!(
+            stop_text(ForceUnlocked, false, false),
+            "⏹ Stopped (the task was still starting)."
+        );
+        assert_eq!(stop_text(NothingRunning, true, true), "⏹ Stopped.");
+        assert_eq!(
+            stop_text(NothingRunning, false, true),
+            commands::STOPPED_SENDING_TEXT
+        );
+        assert_eq!(stop_text(NothingRunning, false, false), "Nothing to stop.");
+    }
+
+    #[test]
+    fn new_and_reset_say_what_became_of_the_task() {
+        assert_eq!(
+            rotated_text(true, "s1", true, true),
+            "✨ Started a fresh session (s1). The running task was stopped."
+        );
+        assert_eq!(
+            rotated_text(false, "s1", false, true),
+            "♻️ Session reset; a fresh session started (s1). The rest of the last answer is not sent."
+        );
+        assert_eq!(
+            rotated_text(true, "s1", false, false),
+            "✨ Started a fresh session (s1)."
+        );
+    }
 
     /// Delivers nothing, successfully.
     struct Nowhere;
