@@ -101,145 +101,33 @@ impl CallbackHandler {
         }
     }
 
+    /// A button press: read, checked, then carried out by its action.
     async fn press(&self, update_id: i64, query: &CallbackQuery) -> Outcome {
         let presser = query.from.id.0;
-        let Some(id) = query.data.as_deref().and_then(button_id) else {
-            self.toast(query, "This button is not mine.").await;
-            return (InboxState::Dropped, Some("foreign button"));
+        let (id, stored, action) = match self.read_button(update_id, query).await {
+            Ok(button) => button,
+            Err(outcome) => return outcome,
         };
-        let stored = match self.store.button(id).await {
-            Ok(Some(stored)) => stored,
-            Ok(None) => {
-                self.toast(query, "This button is no longer valid.").await;
-                return (InboxState::Dropped, Some("unknown button"));
-            }
-            Err(error) => {
-                tracing::error!(update_id, %error, "could not look a button up");
-                self.toast(query, "⚠️ Could not read this button; try again.")
-                    .await;
-                return (InboxState::Failed, Some("store error"));
-            }
-        };
-        let action: ButtonAction = match serde_json::from_value(stored.button.action.clone()) {
-            Ok(action) => action,
-            Err(_) => {
-                self.toast(query, "This button is no longer valid.").await;
-                return (InboxState::Dropped, Some("unknown action"));
-            }
-        };
-        // A job's button is checked against the job's creator instead of
-        // the user the list was shown to (below, by its command's rule).
-        let job_button = matches!(action, ButtonAction::Job { .. });
-        if !job_button && !self.may_press(&stored, presser) {
-            let whose = stored
-                .button
-                .owner_name
-                .clone()
-                .unwrap_or_else(|| "the person whose session it is".to_string());
-            tracing::info!(
-                update_id,
-                presser,
-                "button pressed by someone not allowed to"
-            );
-            self.toast(
-                query,
-                &format!("Only {whose} (or an admin) can use this button."),
-            )
-            .await;
-            return (InboxState::Dropped, Some("not allowed"));
-        }
-        let replay = stored.used_by == Some(update_id);
-        if stored.used_by.is_some() && !replay {
-            self.toast(query, used_text(&action)).await;
-            return (InboxState::Dropped, Some("already used"));
-        }
-        if stored.button.expires_at < now_ms() && !replay {
-            self.toast(query, "This button has expired.").await;
-            return (InboxState::Dropped, Some("expired"));
+        if let Err(outcome) = self
+            .check_press(update_id, query, presser, &stored, &action)
+            .await
+        {
+            return outcome;
         }
         let owner = owner_source(&stored);
         let key = self.engine.adapter.session_key(&owner);
+        let press = (id, update_id);
         match action {
             ButtonAction::Stop { generation } => {
-                let running = self.engine.runner.running_agent(&key).is_some()
-                    && self
-                        .engine
-                        .runner
-                        .is_current(&key, TurnGeneration(generation));
-                if !running {
-                    self.toast(query, "Already finished.").await;
-                    return (InboxState::Dropped, Some("turn already finished"));
-                }
-                if !self.claim(id, update_id).await {
-                    self.toast(query, "Already finished.").await;
-                    return (InboxState::Dropped, Some("already used"));
-                }
-                self.toast(query, "Stopping…").await;
-                // The same path as a typed /stop from the session's user.
-                self.engine
-                    .adapter
-                    .handle_message(MessageEvent::text(owner, "/stop"))
-                    .await;
-                (InboxState::Answered, None)
+                self.press_stop(press, query, owner, &key, generation).await
             }
             ButtonAction::Approve { .. }
             | ButtonAction::Deny { .. }
             | ButtonAction::Choose { .. } => {
-                // A press is `/approve <ticket>` (or `/deny <ticket>`, or
-                // the choice of one option) from the presser: the same
-                // ticket, the same authority rule.
-                let actor = presser_source(&owner, query);
-                let decided = match &action {
-                    ButtonAction::Choose { ticket, option } => {
-                        self.engine.runner.press_option(&actor, ticket, option)
-                    }
-                    ButtonAction::Approve { ticket } => {
-                        self.engine.runner.press_approval(&actor, ticket, true)
-                    }
-                    ButtonAction::Deny { ticket } => {
-                        self.engine.runner.press_approval(&actor, ticket, false)
-                    }
-                    _ => ApprovalPress::NotWaiting,
-                };
-                let decided = match decided {
-                    ApprovalPress::NotAllowed(who_may) => {
-                        self.toast(query, &format!("🔒 {who_may}")).await;
-                        return (InboxState::Dropped, Some("not allowed"));
-                    }
-                    ApprovalPress::NotWaiting => {
-                        self.toast(query, "This request is no longer waiting.")
-                            .await;
-                        self.rewrite_prompt(query, &owner, "(No longer waiting for an answer.)")
-                            .await;
-                        return (InboxState::Dropped, Some("approval no longer pending"));
-                    }
-                    ApprovalPress::Decided(decided) => decided,
-                };
-                let (toast, outcome) = decided_lines(&decided, &query.from.full_name());
-                // Remember the press (a replay after a restart is this one).
-                self.claim(id, update_id).await;
-                self.toast(query, &toast).await;
-                self.rewrite_prompt(query, &owner, &outcome).await;
-                (InboxState::Answered, None)
+                self.press_approval(press, query, &owner, &action).await
             }
             ButtonAction::Job { id: job, change } => {
-                // `/pause ID` (or resume, unschedule) from the presser: the
-                // same command, the same rule (its creator or an approver).
-                let actor = presser_source(&owner, query);
-                if let Err(refusal) = self.engine.runner.may_change_job(&actor, job).await {
-                    self.toast(query, &refusal).await;
-                    return (InboxState::Dropped, Some("not allowed"));
-                }
-                if !self.claim(id, update_id).await {
-                    self.toast(query, "Already done.").await;
-                    return (InboxState::Dropped, Some("already used"));
-                }
-                self.toast(query, "OK").await;
-                self.engine
-                    .adapter
-                    .handle_message(MessageEvent::text(actor, change.command(job)))
-                    .await;
-                (InboxState::Answered, None)
+                self.press_job(press, query, &owner, job, change).await
             }
             ButtonAction::Model { name } => {
                 if !self.claim(id, update_id).await {
@@ -283,6 +171,187 @@ impl CallbackHandler {
                 (InboxState::Answered, None)
             }
         }
+    }
+
+    /// The pressed button's id, its stored row and its action; `Err`: the
+    /// press ends here (not ours, unknown, unreadable).
+    async fn read_button<'q>(
+        &self,
+        update_id: i64,
+        query: &'q CallbackQuery,
+    ) -> Result<(&'q str, StoredButton, ButtonAction), Outcome> {
+        let Some(id) = query.data.as_deref().and_then(button_id) else {
+            self.toast(query, "This button is not mine.").await;
+            return Err((InboxState::Dropped, Some("foreign button")));
+        };
+        let stored = match self.store.button(id).await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => {
+                self.toast(query, "This button is no longer valid.").await;
+                return Err((InboxState::Dropped, Some("unknown button")));
+            }
+            Err(error) => {
+                tracing::error!(update_id, %error, "could not look a button up");
+                self.toast(query, "⚠️ Could not read this button; try again.")
+                    .await;
+                return Err((InboxState::Failed, Some("store error")));
+            }
+        };
+        let action: ButtonAction = match serde_json::from_value(stored.button.action.clone()) {
+            Ok(action) => action,
+            Err(_) => {
+                self.toast(query, "This button is no longer valid.").await;
+                return Err((InboxState::Dropped, Some("unknown action")));
+            }
+        };
+        Ok((id, stored, action))
+    }
+
+    /// May `presser` press this button now (allowed, not used by another
+    /// press, not expired)? `Err`: the press ends here, told why.
+    async fn check_press(
+        &self,
+        update_id: i64,
+        query: &CallbackQuery,
+        presser: u64,
+        stored: &StoredButton,
+        action: &ButtonAction,
+    ) -> Result<(), Outcome> {
+        // A job's button is checked against the job's creator instead of
+        // the user the list was shown to (below, by its command's rule).
+        let job_button = matches!(action, ButtonAction::Job { .. });
+        if !job_button && !self.may_press(stored, presser) {
+            let whose = stored
+                .button
+                .owner_name
+                .clone()
+                .unwrap_or_else(|| "the person whose session it is".to_string());
+            tracing::info!(
+                update_id,
+                presser,
+                "button pressed by someone not allowed to"
+            );
+            self.toast(
+                query,
+                &format!("Only {whose} (or an admin) can use this button."),
+            )
+            .await;
+            return Err((InboxState::Dropped, Some("not allowed")));
+        }
+        let replay = stored.used_by == Some(update_id);
+        if stored.used_by.is_some() && !replay {
+            self.toast(query, used_text(action)).await;
+            return Err((InboxState::Dropped, Some("already used")));
+        }
+        if stored.button.expires_at < now_ms() && !replay {
+            self.toast(query, "This button has expired.").await;
+            return Err((InboxState::Dropped, Some("expired")));
+        }
+        Ok(())
+    }
+
+    /// A Stop button: /stop from the session's user, while its turn runs.
+    async fn press_stop(
+        &self,
+        (id, update_id): (&str, i64),
+        query: &CallbackQuery,
+        owner: SessionSource,
+        key: &crate::vocab::SessionKey,
+        generation: u64,
+    ) -> Outcome {
+        let running = self.engine.runner.running_agent(key).is_some()
+            && self
+                .engine
+                .runner
+                .is_current(key, TurnGeneration(generation));
+        if !running {
+            self.toast(query, "Already finished.").await;
+            return (InboxState::Dropped, Some("turn already finished"));
+        }
+        if !self.claim(id, update_id).await {
+            self.toast(query, "Already finished.").await;
+            return (InboxState::Dropped, Some("already used"));
+        }
+        self.toast(query, "Stopping…").await;
+        // The same path as a typed /stop from the session's user.
+        self.engine
+            .adapter
+            .handle_message(MessageEvent::text(owner, "/stop"))
+            .await;
+        (InboxState::Answered, None)
+    }
+
+    /// An approval's button: `/approve <ticket>` (or `/deny <ticket>`, or
+    /// the choice of one option) from the presser: the same ticket, the
+    /// same authority rule.
+    async fn press_approval(
+        &self,
+        (id, update_id): (&str, i64),
+        query: &CallbackQuery,
+        owner: &SessionSource,
+        action: &ButtonAction,
+    ) -> Outcome {
+        let actor = presser_source(owner, query);
+        let decided = match action {
+            ButtonAction::Choose { ticket, option } => {
+                self.engine.runner.press_option(&actor, ticket, option)
+            }
+            ButtonAction::Approve { ticket } => {
+                self.engine.runner.press_approval(&actor, ticket, true)
+            }
+            ButtonAction::Deny { ticket } => {
+                self.engine.runner.press_approval(&actor, ticket, false)
+            }
+            _ => ApprovalPress::NotWaiting,
+        };
+        let decided = match decided {
+            ApprovalPress::NotAllowed(who_may) => {
+                self.toast(query, &format!("🔒 {who_may}")).await;
+                return (InboxState::Dropped, Some("not allowed"));
+            }
+            ApprovalPress::NotWaiting => {
+                self.toast(query, "This request is no longer waiting.")
+                    .await;
+                self.rewrite_prompt(query, owner, "(No longer waiting for an answer.)")
+                    .await;
+                return (InboxState::Dropped, Some("approval no longer pending"));
+            }
+            ApprovalPress::Decided(decided) => decided,
+        };
+        let (toast, outcome) = decided_lines(&decided, &query.from.full_name());
+        // Remember the press (a replay after a restart is this one).
+        self.claim(id, update_id).await;
+        self.toast(query, &toast).await;
+        self.rewrite_prompt(query, owner, &outcome).await;
+        (InboxState::Answered, None)
+    }
+
+    /// A job's button: `/pause ID` (or resume, unschedule) from the
+    /// presser: the same command, the same rule (its creator or an
+    /// approver).
+    async fn press_job(
+        &self,
+        (id, update_id): (&str, i64),
+        query: &CallbackQuery,
+        owner: &SessionSource,
+        job: i64,
+        change: crate::vocab::JobButton,
+    ) -> Outcome {
+        let actor = presser_source(owner, query);
+        if let Err(refusal) = self.engine.runner.may_change_job(&actor, job).await {
+            self.toast(query, &refusal).await;
+            return (InboxState::Dropped, Some("not allowed"));
+        }
+        if !self.claim(id, update_id).await {
+            self.toast(query, "Already done.").await;
+            return (InboxState::Dropped, Some("already used"));
+        }
+        self.toast(query, "OK").await;
+        self.engine
+            .adapter
+            .handle_message(MessageEvent::text(actor, change.command(job)))
+            .await;
+        (InboxState::Answered, None)
     }
 
     /// The session's own user, or an approver (with teams: the owner and
