@@ -203,6 +203,7 @@ async fn idle_rss() {
     for i in 0..SESSIONS {
         let key = format!("agent:main:telegram:dm:{}", 1_000_000 + i);
         store
+            .sessions()
             .get_or_create_session(&key, format!("s-{i}"))
             .await
             .expect("session");

@@ -114,7 +114,7 @@ async fn fill(store: &Store, from: usize, total: usize) {
         let store = store.clone();
         let new = job(i as i64 + 1, &schedule, &action, next);
         pending.push(tokio::spawn(async move {
-            store.create_job(new, 20).await.unwrap();
+            store.jobs().create_job(new, 20).await.unwrap();
         }));
         if pending.len() == 2_000 {
             for task in pending.drain(..) {
@@ -220,7 +220,7 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_many = rss_kib();
     let cpu_many = idle_cpu_per_minute(idle).await;
-    let count = store.job_count().await.unwrap();
+    let count = store.jobs().job_count().await.unwrap();
 
     // Lag: one-time jobs due a second apart, each in a chat of its own.
     let first_due = (now_ms() / 1000 + 2) * 1000;
@@ -232,6 +232,7 @@ async fn main() {
         let due = first_due + k as i64 * 1000;
         let once = Schedule::Once { at: due / 1000 };
         store
+            .jobs()
             .create_job(job(LAG_CHAT_BASE + k as i64, &once, &prompt, due), 20)
             .await
             .unwrap();

@@ -84,6 +84,7 @@ async fn single_appends(store: &Store) -> Figure {
     let started = Instant::now();
     for i in 0..SINGLE_APPENDS {
         store
+            .transcripts()
             .append("bench-single", TranscriptEntry::user(message(i)))
             .await
             .expect("append");
@@ -106,6 +107,7 @@ async fn concurrent_appends(store: &Store) -> Figure {
                 let session = format!("bench-concurrent-{t}");
                 for i in 0..per_task {
                     store
+                        .transcripts()
                         .append(&session, TranscriptEntry::user(message(i)))
                         .await
                         .expect("append");
@@ -131,6 +133,7 @@ async fn batched_appends(store: &Store) -> Figure {
             .map(|i| TranscriptEntry::user(message(b * BATCH + i)))
             .collect();
         store
+            .transcripts()
             .append_many("bench-batched", batch)
             .await
             .expect("append_many");
@@ -148,12 +151,14 @@ async fn history_loads(store: &Store) -> Figure {
         .map(|i| TranscriptEntry::user(message(i)))
         .collect();
     store
+        .transcripts()
         .append_many("bench-history", batch)
         .await
         .expect("seed history");
     let started = Instant::now();
     for _ in 0..LOADS {
         let h = store
+            .transcripts()
             .load_history("bench-history", Some(HISTORY_WINDOW))
             .await
             .expect("load_history");
@@ -173,22 +178,26 @@ async fn history_loads(store: &Store) -> Figure {
 
 async fn turns(store: &Store) -> Figure {
     let session = store
+        .sessions()
         .get_or_create_session("bench-chat", "bench-turns".into())
         .await
         .expect("session");
     let id = session.session_id;
     let started = Instant::now();
     for i in 0..TURNS {
-        store.touch("bench-chat").await.expect("touch");
+        store.sessions().touch("bench-chat").await.expect("touch");
         store
+            .transcripts()
             .append(&id, TranscriptEntry::user(message(i)))
             .await
             .expect("append user");
         store
+            .transcripts()
             .load_history(&id, Some(HISTORY_WINDOW))
             .await
             .expect("load");
         store
+            .transcripts()
             .append(&id, TranscriptEntry::assistant(message(i)))
             .await
             .expect("append assistant");

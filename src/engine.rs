@@ -242,14 +242,14 @@ async fn forward_tool_events(
                         thread_id: owner.thread_id,
                         command,
                     };
-                    if let Err(error) = store.process_started(process).await {
+                    if let Err(error) = store.processes().process_started(process).await {
                         tracing::warn!(%error, "could not record a background process");
                     }
                 }
             }
             ToolEvent::BackgroundEnded { id } => {
                 if let Some(store) = runner.upgrade().and_then(|r| r.store().cloned()) {
-                    if let Err(error) = store.process_ended(id).await {
+                    if let Err(error) = store.processes().process_ended(id).await {
                         tracing::warn!(%error, "could not record the end of a background process");
                     }
                 }
@@ -301,7 +301,7 @@ async fn owner_history(runner: &Runner, wakeup: &Wakeup, resolved: &SessionId) -
     if spawned == resolved {
         return OwnerHistory::Unchecked;
     }
-    match store.session_owner_key(spawned.as_str()).await {
+    match store.sessions().session_owner_key(spawned.as_str()).await {
         Ok(Some(key)) if key == owner.session_key.as_str() => OwnerHistory::EarlierSessionOfTheChat,
         Ok(Some(key)) => OwnerHistory::OtherChat(key),
         Ok(None) => OwnerHistory::NeverIssued,
@@ -316,7 +316,7 @@ async fn owner_history(runner: &Runner, wakeup: &Wakeup, resolved: &SessionId) -
 /// running when telegate last stopped that those processes are gone (they
 /// do not survive a restart). Returns how many were reported.
 pub async fn report_lost_processes(store: &Store, outbound: &dyn Outbound) -> usize {
-    let lost = match store.take_lost_processes().await {
+    let lost = match store.processes().take_lost_processes().await {
         Ok(lost) => lost,
         Err(error) => {
             tracing::warn!(%error, "could not read the background processes of the last run");

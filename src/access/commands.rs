@@ -123,8 +123,8 @@ pub async fn users(ctx: &TeamContext<'_>) -> String {
     let now = ctx.limits.clock().now();
     let (from, to) = zone::day_range(&tz, now);
     let (today, last) = match (
-        ctx.store.usage_between(None, from, to).await,
-        ctx.store.last_turns().await,
+        ctx.store.usage().usage_between(None, from, to).await,
+        ctx.store.usage().last_turns().await,
     ) {
         (Ok(today), Ok(last)) => (today, last),
         (Err(error), _) | (_, Err(error)) => {
@@ -278,8 +278,14 @@ pub async fn usage(ctx: &TeamContext<'_>, args: &str) -> String {
     let month = zone::month_range(&tz, now);
     let who_filter = (!all).then_some(user);
     let (today, this_month) = match (
-        ctx.store.usage_between(who_filter, day.0, day.1).await,
-        ctx.store.usage_between(who_filter, month.0, month.1).await,
+        ctx.store
+            .usage()
+            .usage_between(who_filter, day.0, day.1)
+            .await,
+        ctx.store
+            .usage()
+            .usage_between(who_filter, month.0, month.1)
+            .await,
     ) {
         (Ok(today), Ok(month)) => (today, month),
         (Err(error), _) | (_, Err(error)) => {

@@ -215,7 +215,7 @@ impl Access {
         let Some(store) = &self.inner.store else {
             return Ok(());
         };
-        let members = store.members().await?;
+        let members = store.users().members().await?;
         let mut cached = self.write();
         cached.clear();
         cached.extend(members.into_iter().map(|m| (m.user_id, m)));
@@ -331,6 +331,7 @@ impl Access {
         let now_ms = self.clock().now_ms();
         let lifetime = i64::try_from(lifetime_ms).unwrap_or(i64::MAX);
         store
+            .users()
             .create_code(NewCode {
                 hash: codes::hash(&code),
                 kind,
@@ -354,6 +355,7 @@ impl Access {
         let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
         let now_ms = self.clock().now_ms();
         let redeemed = store
+            .users()
             .redeem_code(Attempt {
                 user_id: user,
                 name: name.clone(),
@@ -381,7 +383,7 @@ impl Access {
     /// be done: [`roles::may_set_role`]). `false`: not a chat member.
     pub async fn set_role(&self, user: u64, role: Role) -> Result<bool, AccessError> {
         let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
-        let before = store.set_member_role(user, role).await?;
+        let before = store.users().set_member_role(user, role).await?;
         if before.is_some() {
             if let Some(member) = self.write().get_mut(&user) {
                 member.role = role;
@@ -394,7 +396,7 @@ impl Access {
     /// done: [`roles::may_revoke`]). `false`: not a chat member.
     pub async fn revoke(&self, user: u64) -> Result<bool, AccessError> {
         let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
-        let removed = store.remove_member(user).await?;
+        let removed = store.users().remove_member(user).await?;
         self.write().remove(&user);
         Ok(removed.is_some())
     }

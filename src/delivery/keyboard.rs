@@ -17,18 +17,19 @@ use teloxide::types::{ChatId, InlineKeyboardButton, InlineKeyboardMarkup, Messag
 use super::telegram::{render_chunks, ChatTarget, Delivery, Idempotence, Priority};
 use crate::delivery::FormattedText;
 use crate::reply::{DeliveryError, Reply, ReplyKind};
-use crate::store::{now_ms, ApprovalPrompt, NewButton, Store};
+use super::DeliveryTables;
+use crate::store::{now_ms, ApprovalPrompt, Approvals, Buttons, NewButton};
 use crate::vocab::{callback_data, new_button_id, Button, ButtonAction, SessionSource};
 
 /// Store `buttons` as one row bound to the user of `to`, and lay them out
 /// as an inline keyboard. `None` (no keyboard) without a store or when the
 /// store refuses: the reply still goes out.
 pub async fn register(
-    store: Option<&Store>,
+    table: Option<&Buttons>,
     to: &SessionSource,
     buttons: &[Button],
 ) -> Option<InlineKeyboardMarkup> {
-    let store = store?;
+    let table = table?;
     if buttons.is_empty() {
         return None;
     }
@@ -68,7 +69,7 @@ pub async fn register(
             InlineKeyboardButton::callback(button.label.clone(), callback_data(&id)),
         ));
     }
-    if let Err(error) = store.create_buttons(rows).await {
+    if let Err(error) = table.create_buttons(rows).await {
         tracing::warn!(chat_id = to.chat_id, %error, "could not store buttons; sent without them");
         return None;
     }
@@ -98,12 +99,12 @@ pub async fn register(
 /// Deliver a reply whose last message carries its buttons.
 pub async fn deliver_with_buttons(
     delivery: &Delivery,
-    store: Option<&Store>,
+    tables: Option<&DeliveryTables>,
     to: &SessionSource,
     reply: &Reply,
 ) -> Result<(), DeliveryError> {
     let target = ChatTarget::of(to);
-    let Some(markup) = register(store, to, &reply.buttons).await else {
+    let Some(markup) = register(tables.map(|t| &t.buttons), to, &reply.buttons).await else {
         return delivery
             .deliver_reply(target, reply, None)
             .await
@@ -122,7 +123,7 @@ pub async fn deliver_with_buttons(
             let id = delivery
                 .send_chunk_unless_withdrawn(target, chunk, reply_to, priority, None, Some(&markup))
                 .await?;
-            remember_prompt(store, to, reply, id, &chunk.text).await;
+            remember_prompt(tables.map(|t| &t.approvals), to, reply, id, &chunk.text).await;
         } else {
             delivery
                 .send_chunk_with(target, chunk, reply_to, priority)
@@ -136,13 +137,13 @@ pub async fn deliver_with_buttons(
 /// An approval prompt's message is kept by its ticket, so the request's
 /// ending can be shown there whatever ends it (a typed answer, a timeout).
 async fn remember_prompt(
-    store: Option<&Store>,
+    approvals: Option<&Approvals>,
     to: &SessionSource,
     reply: &Reply,
     message_id: i32,
     text: &str,
 ) {
-    let (Some(store), Some(ticket)) = (store, reply.buttons.iter().find_map(|b| b.action.ticket()))
+    let (Some(approvals), Some(ticket)) = (approvals, reply.buttons.iter().find_map(|b| b.action.ticket()))
     else {
         return;
     };
@@ -152,7 +153,10 @@ async fn remember_prompt(
         message_id,
         text: text.to_string(),
     };
-    if let Err(error) = store.record_approval_prompt(ticket, prompt).await {
+    if let Err(error) = approvals
+        .record_approval_prompt(ticket, prompt)
+        .await
+    {
         tracing::warn!(chat_id = to.chat_id, %error, "could not remember an approval prompt");
     }
 }
@@ -162,15 +166,15 @@ async fn remember_prompt(
 /// known (no store, or it was never sent).
 pub async fn settle_prompt(
     delivery: &Delivery,
-    store: Option<&Store>,
+    approvals: Option<&Approvals>,
     to: &SessionSource,
     ticket: &str,
     line: &str,
 ) -> Result<(), DeliveryError> {
-    let Some(store) = store else {
+    let Some(approvals) = approvals else {
         return Ok(());
     };
-    let prompt = match store.take_approval_prompt(ticket).await {
+    let prompt = match approvals.take_approval_prompt(ticket).await {
         Ok(Some(prompt)) => prompt,
         Ok(None) => return Ok(()),
         Err(error) => {

@@ -50,23 +50,23 @@ use super::reply_record::ReplyRecord;
 use super::split::{split, TELEGRAM_LIMIT};
 use super::telegram::{ChatTarget, Delivery, Priority};
 use crate::reply::{DeliveryError, LiveReply, Reply};
-use crate::store::Store;
+use crate::store::Buttons;
 use crate::vocab::{Button, ProgressWatch, SessionSource, TurnEnd};
 
 /// The Stop button a preview offers: /stop for the turn of `generation`,
 /// bound to the user of `to`.
 #[derive(Clone)]
 pub struct StopButton {
-    store: Store,
+    buttons: Buttons,
     to: SessionSource,
     generation: u64,
 }
 
 impl StopButton {
     /// The Stop button of the turn of `generation` in the chat of `to`.
-    pub fn new(store: Store, to: SessionSource, generation: u64) -> Self {
+    pub fn new(buttons: Buttons, to: SessionSource, generation: u64) -> Self {
         StopButton {
-            store,
+            buttons,
             to,
             generation,
         }
@@ -74,7 +74,7 @@ impl StopButton {
 
     async fn markup(&self) -> Option<InlineKeyboardMarkup> {
         register(
-            Some(&self.store),
+            Some(&self.buttons),
             &self.to,
             &[Button::stop(self.generation)],
         )

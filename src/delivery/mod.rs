@@ -47,9 +47,25 @@ pub mod split;
 pub mod telegram;
 pub mod voice;
 
+use crate::store::{Approvals, Buttons, Outbox};
+
 pub use entity::{to_telegram, utf16_len, EntityKind, FormattedText, TextEntity};
 pub use markdown::render;
 pub use outbound::TelegramOutbound;
 pub use ratelimit::{RateLimiter, RateLimits};
 pub use split::{split, TELEGRAM_LIMIT};
 pub use telegram::{ChatTarget, Delivery, DeliveryConfig};
+
+/// The store tables delivery writes: each final answer's send intent and
+/// messages (the outbox), inline buttons, and approval prompts (so a
+/// request's ending shows under its prompt). Without them (no store)
+/// answers go out unrecorded and without buttons.
+#[derive(Clone, Debug)]
+pub struct DeliveryTables {
+    /// Each final answer's send intent and messages.
+    pub outbox: Outbox,
+    /// Inline buttons, kept server-side.
+    pub buttons: Buttons,
+    /// Approval prompts by ticket.
+    pub approvals: Approvals,
+}

@@ -9,7 +9,7 @@ use super::final_answer::deliver_answer_once;
 use super::reply_record::ReplyRecord;
 use super::telegram::{ChatTarget, Delivery};
 use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind};
-use crate::store::Store;
+use super::DeliveryTables;
 use crate::vocab::{ProgressWatch, SessionSource};
 
 /// The [`Outbound`] for Telegram: deliveries go through the engine; turns
@@ -18,17 +18,18 @@ use crate::vocab::{ProgressWatch, SessionSource};
 #[derive(Clone)]
 pub struct TelegramOutbound {
     delivery: Delivery,
-    store: Option<Store>,
+    tables: Option<DeliveryTables>,
     reactions: Option<super::reaction::Reactions>,
     drafts: super::draft::Drafts,
 }
 
 impl TelegramOutbound {
-    /// An outbound on top of `delivery`, recording answers in `store`.
-    pub fn new(delivery: Delivery, store: Option<Store>) -> Self {
+    /// An outbound on top of `delivery`, recording answers and buttons in
+    /// `tables`.
+    pub fn new(delivery: Delivery, tables: Option<DeliveryTables>) -> Self {
         TelegramOutbound {
             delivery,
-            store,
+            tables,
             reactions: None,
             drafts: super::draft::Drafts::new(super::draft::StreamingMode::Edit),
         }
@@ -54,7 +55,7 @@ impl TelegramOutbound {
 
     fn record_for(&self, to: &SessionSource, answering: Option<i64>) -> Option<ReplyRecord> {
         Some(ReplyRecord::new(
-            self.store.clone()?,
+            self.tables.as_ref()?.outbox.clone(),
             to.chat_id,
             answering?,
         ))
@@ -67,7 +68,7 @@ impl TelegramOutbound {
             return self.record_for(turn.to, turn.answering);
         }
         Some(ReplyRecord::fresh(
-            self.store.clone()?,
+            self.tables.as_ref()?.outbox.clone(),
             turn.to.chat_id,
             turn.answering?,
         ))
@@ -83,8 +84,8 @@ impl Outbound for TelegramOutbound {
         Box::pin(async move {
             let target = ChatTarget::of(to);
             if !reply.buttons.is_empty() {
-                let store = self.store.as_ref();
-                return super::keyboard::deliver_with_buttons(&self.delivery, store, to, &reply)
+                let tables = self.tables.as_ref();
+                return super::keyboard::deliver_with_buttons(&self.delivery, tables, to, &reply)
                     .await;
             }
             if reply.kind == ReplyKind::Answer {
@@ -107,7 +108,7 @@ impl Outbound for TelegramOutbound {
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(super::keyboard::settle_prompt(
             &self.delivery,
-            self.store.as_ref(),
+            self.tables.as_ref().map(|t| &t.approvals),
             to,
             ticket,
             line,
@@ -134,9 +135,9 @@ impl Outbound for TelegramOutbound {
         progress: ProgressWatch,
     ) -> Option<Box<dyn LiveReply>> {
         let stop = self
-            .store
-            .clone()
-            .map(|store| super::live::StopButton::new(store, turn.to.clone(), turn.generation));
+            .tables
+            .as_ref()
+            .map(|t| super::live::StopButton::new(t.buttons.clone(), turn.to.clone(), turn.generation));
         // The draft id is the turn's generation (never 0): Telegram's stop
         // control on the draft names it, and only that turn stops.
         let draft = i64::try_from(turn.generation)

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::store::{OutboxEntry, Store};
+use crate::store::{Outbox, OutboxEntry};
 
 /// The outbox record of one reply: which Telegram messages carry the answer
 /// to a user message, so a restart neither sends a delivered answer again
@@ -20,7 +20,7 @@ use crate::store::{OutboxEntry, Store};
 /// which is the safe side (an intent stays an intent).
 #[derive(Clone)]
 pub struct ReplyRecord {
-    store: Store,
+    outbox: Outbox,
     chat_id: i64,
     message_id: i64,
     /// `None` until known; then the row (`None`: no row).
@@ -30,9 +30,9 @@ pub struct ReplyRecord {
 impl ReplyRecord {
     /// The record for the answer to `message_id` in `chat_id`, read from
     /// the store when first needed.
-    pub fn new(store: Store, chat_id: i64, message_id: i64) -> Self {
+    pub fn new(outbox: Outbox, chat_id: i64, message_id: i64) -> Self {
         ReplyRecord {
-            store,
+            outbox,
             chat_id,
             message_id,
             known: Arc::new(Mutex::new(None)),
@@ -42,8 +42,8 @@ impl ReplyRecord {
     /// The record for the answer to a message this process recorded in the
     /// inbox itself (not replayed by recovery): it has no row yet, so the
     /// first read costs no store call.
-    pub fn fresh(store: Store, chat_id: i64, message_id: i64) -> Self {
-        let record = ReplyRecord::new(store, chat_id, message_id);
+    pub fn fresh(outbox: Outbox, chat_id: i64, message_id: i64) -> Self {
+        let record = ReplyRecord::new(outbox, chat_id, message_id);
         *record.lock() = Some(None);
         record
     }
@@ -57,7 +57,11 @@ impl ReplyRecord {
         if let Some(known) = self.lock().clone() {
             return known;
         }
-        match self.store.reply_of(self.chat_id, self.message_id).await {
+        match self
+            .outbox
+            .reply_of(self.chat_id, self.message_id)
+            .await
+        {
             Ok(entry) => {
                 let mut known = self.lock();
                 // A write that landed meanwhile is newer than this read.
@@ -87,7 +91,7 @@ impl ReplyRecord {
             }
         }
         if let Err(error) = self
-            .store
+            .outbox
             .record_send_intent(self.chat_id, self.message_id, ids)
             .await
         {
@@ -103,7 +107,7 @@ impl ReplyRecord {
             sending: false,
         }));
         if let Err(error) = self
-            .store
+            .outbox
             .record_reply(self.chat_id, self.message_id, ids, delivered)
             .await
         {

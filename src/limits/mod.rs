@@ -341,12 +341,13 @@ impl Limits {
             }));
         }
         let used = store
+            .usage()
             .usage_between(Some(user), today.0, today.1)
             .await?
             .remove(&user)
             .unwrap_or_default();
         let hour_ago = now.as_millisecond() - 3_600_000;
-        let last_hour = store.turn_times_since(user, hour_ago).await?;
+        let last_hour = store.usage().turn_times_since(user, hour_ago).await?;
         let spent = Spent {
             tokens_today: tokens_of(&used),
             cost_today: used.cost_usd,

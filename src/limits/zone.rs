@@ -15,7 +15,7 @@ use crate::store::Store;
 /// `default`. A zone that cannot be read (store down, a name this build
 /// does not know) falls back to `default`, logged.
 pub async fn chat_time_zone(store: &Store, chat_id: i64, default: &TimeZone) -> TimeZone {
-    match store.chat_timezone(chat_id).await {
+    match store.jobs().chat_timezone(chat_id).await {
         Ok(Some(name)) => TimeZone::get(&name).unwrap_or_else(|error| {
             tracing::warn!(chat_id, %name, %error, "a chat's time zone is unknown; its budget days use the default");
             default.clone()

@@ -318,7 +318,11 @@ impl OutboxFiles {
             _ => None,
         };
         if let Some((store, answering)) = record {
-            match store.file_send(chat, answering, key.clone()).await {
+            match store
+                .file_sends()
+                .file_send(chat, answering, key.clone())
+                .await
+            {
                 Ok(Some(FileSend::Sent)) => return Ok(SendOutcome::AlreadySent),
                 Ok(Some(FileSend::Withheld)) => return Ok(SendOutcome::Withheld),
                 Ok(Some(FileSend::Ambiguous)) => return Err(FileRefusal::Ambiguous(name)),
@@ -329,6 +333,7 @@ impl OutboxFiles {
             // restart that finds it without an outcome does not send the
             // file again.
             if let Err(error) = store
+                .file_sends()
                 .record_file_sending(chat, answering, key.clone())
                 .await
             {
@@ -359,7 +364,11 @@ impl OutboxFiles {
                 // Not sent for sure: the intent is taken back, so a later
                 // attempt may try again.
                 if let Some((store, answering)) = record {
-                    if let Err(error) = store.forget_file_send(chat, answering, key).await {
+                    if let Err(error) = store
+                        .file_sends()
+                        .forget_file_send(chat, answering, key)
+                        .await
+                    {
                         tracing::warn!(%error, "could not take back the intent to send a file");
                     }
                 }
@@ -368,6 +377,7 @@ impl OutboxFiles {
         };
         if let Some((store, answering)) = record {
             if let Err(error) = store
+                .file_sends()
                 .record_file_sent(chat, answering, key, message_id)
                 .await
             {
@@ -407,7 +417,7 @@ mod tests {
         ) -> BoxFuture<'a, Result<i64, DeliveryError>> {
             Box::pin(async move {
                 let key = format!("outbox:{}", self.root.join(&file.name).display());
-                let recorded = self.store.file_send(5, 9, key).await;
+                let recorded = self.store.file_sends().file_send(5, 9, key).await;
                 if !matches!(recorded, Ok(Some(FileSend::Ambiguous))) {
                     self.intent_missing.store(true, Ordering::SeqCst);
                 }
@@ -462,7 +472,11 @@ mod tests {
         // An earlier process recorded the intent to send b.txt and died
         // before its outcome: b.txt may be in the chat; it is not resent.
         let key = format!("outbox:{}", root.join("b.txt").display());
-        store.record_file_sending(5, 9, key).await.unwrap();
+        store
+            .file_sends()
+            .record_file_sending(5, 9, key)
+            .await
+            .unwrap();
         assert!(matches!(
             send("b.txt").await,
             Err(FileRefusal::Ambiguous(_))
@@ -499,7 +513,11 @@ mod tests {
 
         // A file withheld by /stop is never sent.
         let key = format!("outbox:{}", root.join("a.txt").display());
-        store.record_files_withheld(5, 10, vec![key]).await.unwrap();
+        store
+            .file_sends()
+            .record_files_withheld(5, 10, vec![key])
+            .await
+            .unwrap();
         let again = files
             .send(
                 &to,

@@ -252,7 +252,11 @@ impl OutboxFiles {
         else {
             return;
         };
-        if let Err(error) = store.record_files_withheld(chat, answering, keys).await {
+        if let Err(error) = store
+            .file_sends()
+            .record_files_withheld(chat, answering, keys)
+            .await
+        {
             tracing::error!(%error, "could not record the files a stop left unsent");
         }
     }
@@ -475,7 +479,7 @@ mod tests {
             dir.canonicalize().unwrap().join("f03.txt").display()
         );
         assert_eq!(
-            store.file_send(7, 9, key).await.unwrap(),
+            store.file_sends().file_send(7, 9, key).await.unwrap(),
             Some(FileSend::Withheld)
         );
         // The restart's leftovers: nothing more goes out.

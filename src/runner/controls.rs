@@ -119,7 +119,11 @@ impl Runner {
             Err(_) => return Reply::error(STORE_DOWN_TEXT),
         };
         let history_len = match &self.inner.store {
-            Some(store) => store.transcript_len(session_id.as_str()).await.ok(),
+            Some(store) => store
+                .transcripts()
+                .transcript_len(session_id.as_str())
+                .await
+                .ok(),
             None => None,
         };
         let agent_usage = self.agent_usage_line(&session_id).await;
@@ -162,7 +166,11 @@ impl Runner {
         };
         tracing::info!(session_key = %key, old = ?old, new = %new, ?reason, "session rotated");
         if let Some(store) = &self.inner.store {
-            if let Err(error) = store.rotate_session(key.as_str(), new.to_string()).await {
+            if let Err(error) = store
+                .sessions()
+                .rotate_session(key.as_str(), new.to_string())
+                .await
+            {
                 tracing::error!(session_key = %key, %error, "could not record the new session");
             }
         }
@@ -178,11 +186,16 @@ impl Runner {
     /// The CLI agent's usage for /status, once any is recorded.
     pub(super) async fn agent_usage_line(&self, session_id: &SessionId) -> Option<String> {
         let store = self.inner.store.as_ref()?;
-        let total = store.agent_usage_total().await.ok()?;
+        let total = store.agent_sessions().agent_usage_total().await.ok()?;
         if total.turns == 0 {
             return None;
         }
-        let session = store.agent_usage(session_id.as_str()).await.ok().flatten();
+        let session = store
+            .agent_sessions()
+            .agent_usage(session_id.as_str())
+            .await
+            .ok()
+            .flatten();
         Some(commands::usage_text(session.as_ref(), &total))
     }
 
@@ -306,7 +319,11 @@ impl Runner {
         let Ok(session_id) = self.resolve_session(&ctx.key).await else {
             return Some(Reply::error(STORE_DOWN_TEXT).in_reply_to(message_id).into());
         };
-        let undone = match store.undo_last_exchange(session_id.as_str()).await {
+        let undone = match store
+            .transcripts()
+            .undo_last_exchange(session_id.as_str())
+            .await
+        {
             Ok(Some(undone)) => undone,
             Ok(None) => return refuse("Nothing to retry yet: send a message first."),
             Err(error) => {
@@ -339,7 +356,11 @@ impl Runner {
         let Ok(session_id) = self.resolve_session(&ctx.key).await else {
             return Reply::error(STORE_DOWN_TEXT);
         };
-        match store.undo_last_exchange(session_id.as_str()).await {
+        match store
+            .transcripts()
+            .undo_last_exchange(session_id.as_str())
+            .await
+        {
             Ok(Some(undone)) => {
                 tracing::info!(session_key = %ctx.key, entries = undone.entries, "last exchange undone");
                 Reply::command(commands::undone_text(&undone.user_text, undone.entries))
@@ -371,6 +392,7 @@ impl Runner {
             return Some(default);
         }
         let stored = store
+            .sessions()
             .overrides(key.as_str())
             .await
             .ok()
@@ -430,6 +452,7 @@ impl Runner {
             .insert(session_id.clone(), name.to_string());
         if let Some(store) = &self.inner.store {
             if let Err(error) = store
+                .sessions()
                 .set_override(key.as_str(), "model", serde_json::json!(name))
                 .await
             {

@@ -58,7 +58,11 @@ impl Runner {
         if self.resolve_session(key).await.is_err() {
             return Reply::error(STORE_DOWN_TEXT);
         }
-        let listed = match store.conversations(key.as_str(), LISTED * 3).await {
+        let listed = match store
+            .sessions()
+            .conversations(key.as_str(), LISTED * 3)
+            .await
+        {
             Ok(listed) => listed,
             Err(error) => {
                 tracing::error!(session_key = %key, %error, "could not list the conversations");
@@ -123,7 +127,7 @@ impl Runner {
         let Some(wanted) = args.split_whitespace().next() else {
             return Reply::command("Which one? /sessions lists them; send /resume ID.");
         };
-        let history = match store.session_history(key.as_str()).await {
+        let history = match store.sessions().session_history(key.as_str()).await {
             Ok(history) => history,
             Err(error) => {
                 tracing::error!(session_key = %key, %error, "could not read the session history");
@@ -148,7 +152,11 @@ impl Runner {
                 ))
             }
         };
-        match store.resume_session(key.as_str(), &session_id).await {
+        match store
+            .sessions()
+            .resume_session(key.as_str(), &session_id)
+            .await
+        {
             Ok(crate::store::Resumed::Resumed) => {}
             Ok(crate::store::Resumed::AlreadyCurrent) => {
                 return Reply::command("That is the current conversation already.")
@@ -172,6 +180,7 @@ impl Runner {
         }
         tracing::info!(session_key = %key, session_id, "session resumed");
         let listed = store
+            .sessions()
             .conversations(key.as_str(), usize::MAX)
             .await
             .ok()
@@ -200,6 +209,7 @@ impl Runner {
         let title = one_line(args, TITLE_CHARS);
         if title.is_empty() {
             let current = store
+                .sessions()
                 .overrides(key.as_str())
                 .await
                 .ok()
@@ -210,6 +220,7 @@ impl Runner {
             });
         }
         match store
+            .sessions()
             .set_override(key.as_str(), "title", serde_json::json!(title))
             .await
         {

@@ -51,6 +51,7 @@ impl GenerationLease {
     pub async fn reserve(&self) -> Result<(), StoreError> {
         let block = self
             .store
+            .generations()
             .reserve_generations(TurnGeneration::peek_next(), BLOCK)
             .await?;
         TurnGeneration::advance_to(*block.start());
@@ -131,7 +132,7 @@ mod tests {
         }
         assert!(lease.reserved_upto.load(Ordering::Acquire) >= upto + BLOCK);
         // The store remembers it: the next reservation starts above.
-        let next = store.reserve_generations(1, 1).await.unwrap();
+        let next = store.generations().reserve_generations(1, 1).await.unwrap();
         assert!(*next.start() > lease.reserved_upto.load(Ordering::Acquire));
     }
 }

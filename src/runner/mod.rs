@@ -315,6 +315,7 @@ impl Runner {
         let mut attempt = 0;
         let id = loop {
             match store
+                .sessions()
                 .get_or_create_session(key.as_str(), SessionId::generate().to_string())
                 .await
             {

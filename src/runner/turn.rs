@@ -429,7 +429,11 @@ impl Runner {
             return Vec::new();
         };
         let limit = self.inner.config.history_max_messages;
-        match store.load_history(session_id.as_str(), Some(limit)).await {
+        match store
+            .transcripts()
+            .load_history(session_id.as_str(), Some(limit))
+            .await
+        {
             Ok(entries) => entries.iter().map(TranscriptEntry::to_message).collect(),
             Err(error) => {
                 tracing::error!(%session_id, %error, "could not load the history; the turn runs without it");
@@ -451,6 +455,7 @@ impl Runner {
         };
         let limit = self.inner.config.history_max_messages;
         match store
+            .transcripts()
             .load_history_then_append(session_id.as_str(), Some(limit), vec![user])
             .await
         {
@@ -465,7 +470,11 @@ impl Runner {
     pub(super) async fn record(&self, session_id: &SessionId, entries: Vec<TranscriptEntry>) {
         if let Some(store) = &self.inner.store {
             // A failure shows in /healthz (the store reports it).
-            if let Err(error) = store.append_many(session_id.as_str(), entries).await {
+            if let Err(error) = store
+                .transcripts()
+                .append_many(session_id.as_str(), entries)
+                .await
+            {
                 tracing::error!(%session_id, %error, "could not record the transcript");
             }
         }
@@ -568,7 +577,7 @@ impl Charge {
 
     pub(super) async fn charge(mut self) {
         if let Some(turn) = self.take() {
-            if let Err(error) = self.store.record_turn_usage(turn).await {
+            if let Err(error) = self.store.usage().record_turn_usage(turn).await {
                 tracing::error!(%error, "could not record a turn's usage");
             }
         }
@@ -581,7 +590,7 @@ impl Drop for Charge {
         let store = self.store.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(error) = store.record_turn_usage(turn).await {
+                if let Err(error) = store.usage().record_turn_usage(turn).await {
                     tracing::error!(%error, "could not record a stopped turn's usage");
                 }
             });
@@ -643,7 +652,7 @@ impl Drop for SlotRelease<'_> {
             let entry = interrupted_entry(progress.snapshot());
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    if let Err(error) = store.append(session_id.as_str(), entry).await {
+                    if let Err(error) = store.transcripts().append(session_id.as_str(), entry).await {
                         tracing::error!(%session_id, %error, "could not record an interrupted turn");
                     }
                 });

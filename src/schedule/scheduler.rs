@@ -57,7 +57,7 @@ async fn run(jobs: Jobs, sink: RunSink, stop: CancellationToken) {
         if stop.is_cancelled() {
             return;
         }
-        let next = match inner.store.next_job_due().await {
+        let next = match inner.store.jobs().next_job_due().await {
             Ok(next) => next,
             Err(error) => {
                 tracing::warn!(%error, "the scheduler could not read the next due job; retrying");
@@ -111,6 +111,7 @@ pub(super) async fn fire_due(
     loop {
         let due = inner
             .store
+            .jobs()
             .due_jobs(now.as_millisecond(), FIRE_BATCH)
             .await?;
         let full = due.len() == FIRE_BATCH;
@@ -126,11 +127,11 @@ pub(super) async fn fire_due(
                     // Unreadable (a newer telegate wrote it): paused, so it
                     // is not found due again and again.
                     tracing::error!(job = job.id, "a job cannot be read; it is paused");
-                    inner.store.set_job_active(job.id, None).await?;
+                    inner.store.jobs().set_job_active(job.id, None).await?;
                 }
             }
         }
-        let journaled = inner.store.fire_jobs(firings).await?;
+        let journaled = inner.store.jobs().fire_jobs(firings).await?;
         for (prepared, journaled) in events.into_iter().zip(journaled) {
             for (due, event) in prepared {
                 let Some(id) = event.message_id else { continue };

@@ -11,7 +11,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, AgentSessions, StoreError, WriteKind};
 
 /// Tokens and cost, of one turn or summed.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -47,7 +47,7 @@ fn to_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
-impl Store {
+impl AgentSessions {
     /// The agent session that `session_id`'s next turn resumes, if any.
     pub async fn agent_resume_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
         let session_id = session_id.to_owned();
@@ -257,15 +257,24 @@ fn usage_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AgentUsage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[tokio::test]
     async fn resume_ids_and_usage_per_session() {
         let s = Store::open_in_memory().unwrap();
-        assert_eq!(s.agent_resume_id("a").await.unwrap(), None);
-        s.set_agent_resume_id("a", "claude", Some("c1".into()))
+        assert_eq!(s.agent_sessions().agent_resume_id("a").await.unwrap(), None);
+        s.agent_sessions()
+            .set_agent_resume_id("a", "claude", Some("c1".into()))
             .await
             .unwrap();
-        assert_eq!(s.agent_resume_id("a").await.unwrap().as_deref(), Some("c1"));
+        assert_eq!(
+            s.agent_sessions()
+                .agent_resume_id("a")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("c1")
+        );
         let turn = AgentUsage {
             turns: 1,
             input_tokens: 10,
@@ -273,20 +282,39 @@ mod tests {
             output_tokens: 3,
             cost_usd: 0.25,
         };
-        s.add_agent_usage("a", "claude", turn).await.unwrap();
-        s.add_agent_usage("a", "claude", turn).await.unwrap();
-        s.add_agent_usage("b", "codex", turn).await.unwrap();
+        s.agent_sessions()
+            .add_agent_usage("a", "claude", turn)
+            .await
+            .unwrap();
+        s.agent_sessions()
+            .add_agent_usage("a", "claude", turn)
+            .await
+            .unwrap();
+        s.agent_sessions()
+            .add_agent_usage("b", "codex", turn)
+            .await
+            .unwrap();
         // Usage does not touch the resume id, and forgetting it keeps usage.
-        assert_eq!(s.agent_resume_id("a").await.unwrap().as_deref(), Some("c1"));
-        s.set_agent_resume_id("a", "claude", None).await.unwrap();
-        assert_eq!(s.agent_resume_id("a").await.unwrap(), None);
-        let a = s.agent_usage("a").await.unwrap().unwrap();
+        assert_eq!(
+            s.agent_sessions()
+                .agent_resume_id("a")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("c1")
+        );
+        s.agent_sessions()
+            .set_agent_resume_id("a", "claude", None)
+            .await
+            .unwrap();
+        assert_eq!(s.agent_sessions().agent_resume_id("a").await.unwrap(), None);
+        let a = s.agent_sessions().agent_usage("a").await.unwrap().unwrap();
         assert_eq!((a.turns, a.input_tokens, a.output_tokens), (2, 20, 6));
         assert!((a.cost_usd - 0.5).abs() < 1e-9);
-        let total = s.agent_usage_total().await.unwrap();
+        let total = s.agent_sessions().agent_usage_total().await.unwrap();
         assert_eq!(total.turns, 3);
         assert!((total.cost_usd - 0.75).abs() < 1e-9);
-        assert_eq!(s.agent_usage("none").await.unwrap(), None);
+        assert_eq!(s.agent_sessions().agent_usage("none").await.unwrap(), None);
     }
 
     #[tokio::test]
@@ -301,16 +329,18 @@ mod tests {
         };
         for (reported, added) in [(2000, 2000), (3000, 1000), (4000, 1000)] {
             let turn = s
+                .agent_sessions()
                 .add_agent_thread_usage("a", "codex", "t1", total(reported, reported / 10))
                 .await
                 .unwrap();
             assert_eq!(turn.input_tokens, added);
         }
-        let a = s.agent_usage("a").await.unwrap().unwrap();
+        let a = s.agent_sessions().agent_usage("a").await.unwrap().unwrap();
         assert_eq!((a.turns, a.input_tokens, a.output_tokens), (3, 4000, 400));
         // Another thread starts from nothing; a total that went down is a
         // fresh count.
         let b = s
+            .agent_sessions()
             .add_agent_thread_usage("b", "codex", "t2", total(500, 5))
             .await
             .unwrap();

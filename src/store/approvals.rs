@@ -8,7 +8,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, Approvals, StoreError, WriteKind};
 
 /// Prompts older than this are forgotten (their buttons expired long ago).
 const KEEP_PROMPT_MS: i64 = 24 * 3600 * 1000;
@@ -57,7 +57,7 @@ pub struct ApprovalRecord {
     pub decided_at: i64,
 }
 
-impl Store {
+impl Approvals {
     /// Request `ticket` is shown by `prompt` (and forget prompts long gone).
     pub async fn record_approval_prompt(
         &self,
@@ -182,6 +182,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[tokio::test]
     async fn a_prompt_is_found_once() {
@@ -193,13 +194,17 @@ mod tests {
             text: "⚠️ Permission".into(),
         };
         store
+            .approvals()
             .record_approval_prompt("t1", prompt.clone())
             .await
             .unwrap();
         assert_eq!(
-            store.take_approval_prompt("t1").await.unwrap(),
+            store.approvals().take_approval_prompt("t1").await.unwrap(),
             Some(prompt)
         );
-        assert_eq!(store.take_approval_prompt("t1").await.unwrap(), None);
+        assert_eq!(
+            store.approvals().take_approval_prompt("t1").await.unwrap(),
+            None
+        );
     }
 }

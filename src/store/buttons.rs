@@ -13,7 +13,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, Buttons, Inbox, StoreError, WriteKind};
 use crate::vocab::InboxState;
 
 /// A button to remember.
@@ -51,7 +51,7 @@ pub struct StoredButton {
 /// Buttons expired longer ago than this are deleted.
 const KEEP_EXPIRED_MS: i64 = 24 * 3600 * 1000;
 
-impl Store {
+impl Buttons {
     /// Remember `buttons` (and forget buttons long expired).
     pub async fn create_buttons(&self, buttons: Vec<NewButton>) -> Result<(), StoreError> {
         self.write(WriteKind::Button, move |conn| {
@@ -150,7 +150,11 @@ impl Store {
         })
         .await
     }
+}
 
+/// Button presses are inbox rows without a message: their state is set by
+/// update id, on the transport's handle.
+impl Inbox {
     /// Move the inbox row of update `update_id` to `state` (rows without a
     /// message, such as button presses). Terminal states are final.
     pub async fn set_update_state(
@@ -175,6 +179,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     fn button(id: &str, row: &str) -> NewButton {
         NewButton {
@@ -193,35 +198,39 @@ mod tests {
     #[tokio::test]
     async fn a_row_is_used_once_and_the_same_press_may_replay() {
         let s = Store::open_in_memory().unwrap();
-        s.create_buttons(vec![
-            button("a", "r"),
-            button("b", "r"),
-            button("c", "other"),
-        ])
-        .await
-        .unwrap();
-        let a = s.button("a").await.unwrap().unwrap();
+        s.buttons()
+            .create_buttons(vec![
+                button("a", "r"),
+                button("b", "r"),
+                button("c", "other"),
+            ])
+            .await
+            .unwrap();
+        let a = s.buttons().button("a").await.unwrap().unwrap();
         assert_eq!(
             a.button,
             button("a", "r").clone_with_expiry(a.button.expires_at)
         );
         assert!(a.used_by.is_none());
-        assert!(s.claim_button("a", 10).await.unwrap());
+        assert!(s.buttons().claim_button("a", 10).await.unwrap());
         assert!(
-            s.claim_button("a", 10).await.unwrap(),
+            s.buttons().claim_button("a", 10).await.unwrap(),
             "replay of the same press"
         );
-        assert!(!s.claim_button("a", 11).await.unwrap(), "a second press");
         assert!(
-            !s.claim_button("b", 12).await.unwrap(),
+            !s.buttons().claim_button("a", 11).await.unwrap(),
+            "a second press"
+        );
+        assert!(
+            !s.buttons().claim_button("b", 12).await.unwrap(),
             "its row is used up"
         );
         assert!(
-            s.claim_button("c", 13).await.unwrap(),
+            s.buttons().claim_button("c", 13).await.unwrap(),
             "other rows are untouched"
         );
-        assert!(!s.claim_button("zzz", 14).await.unwrap());
-        assert!(s.button("zzz").await.unwrap().is_none());
+        assert!(!s.buttons().claim_button("zzz", 14).await.unwrap());
+        assert!(s.buttons().button("zzz").await.unwrap().is_none());
     }
 
     impl NewButton {

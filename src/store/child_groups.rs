@@ -10,7 +10,7 @@
 
 use rusqlite::params;
 
-use super::{now_ms, Store, StoreError};
+use super::{now_ms, ChildGroups, StoreError};
 
 /// A recorded process group: its id and what tells its leader from a
 /// process that got the same id later.
@@ -38,7 +38,7 @@ pub enum ChildGroupChange {
     Ended(i32),
 }
 
-impl Store {
+impl ChildGroups {
     /// Apply `changes` in order (one call for a batch of them).
     pub async fn record_child_groups(
         &self,
@@ -103,6 +103,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     fn group(pgid: i32) -> ChildGroup {
         ChildGroup {
@@ -118,6 +119,7 @@ mod tests {
     async fn groups_are_recorded_until_they_end_and_taken_once() {
         let store = Store::open_in_memory().unwrap();
         store
+            .child_groups()
             .record_child_groups(vec![
                 ChildGroupChange::Started(group(10)),
                 ChildGroupChange::Started(group(11)),
@@ -129,10 +131,19 @@ mod tests {
         let mut again = group(11);
         again.leader_start = 99;
         store
+            .child_groups()
             .record_child_groups(vec![ChildGroupChange::Started(again.clone())])
             .await
             .unwrap();
-        assert_eq!(store.take_child_groups().await.unwrap(), vec![again]);
-        assert!(store.take_child_groups().await.unwrap().is_empty());
+        assert_eq!(
+            store.child_groups().take_child_groups().await.unwrap(),
+            vec![again]
+        );
+        assert!(store
+            .child_groups()
+            .take_child_groups()
+            .await
+            .unwrap()
+            .is_empty());
     }
 }

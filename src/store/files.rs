@@ -5,7 +5,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, FileSends, StoreError, WriteKind};
 
 /// What the record says of one file of one answered message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +27,7 @@ const SENDING: i64 = 0;
 /// (message ids are positive).
 const WITHHELD: i64 = -1;
 
-/// How [`Store::write_file_row`] treats a row already there.
+/// How [`FileSends::write_file_row`] treats a row already there.
 #[derive(Clone, Copy)]
 enum WriteRow {
     /// Keep it (an intent never overwrites a recorded send).
@@ -36,9 +36,9 @@ enum WriteRow {
     Always,
 }
 
-impl Store {
+impl FileSends {
     /// Whether the file `key` was already sent answering `message_id` in
-    /// `chat_id` (or its send started: see [`Store::file_send`]).
+    /// `chat_id` (or its send started: see [`FileSends::file_send`]).
     pub async fn file_sent(
         &self,
         chat_id: i64,
@@ -74,7 +74,7 @@ impl Store {
     }
 
     /// Record that the file `key` is about to be sent (before the request):
-    /// until [`Store::record_file_sent`] or [`Store::forget_file_send`], a
+    /// until [`FileSends::record_file_sent`] or [`FileSends::forget_file_send`], a
     /// restart finds the send [`FileSend::Ambiguous`].
     pub async fn record_file_sending(
         &self,
@@ -181,59 +181,117 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[tokio::test]
     async fn sent_files_are_remembered_per_answered_message() {
         let store = Store::open_in_memory().unwrap();
-        assert!(!store.file_sent(1, 10, "a".into()).await.unwrap());
-        store.record_file_sent(1, 10, "a".into(), 99).await.unwrap();
-        assert!(store.file_sent(1, 10, "a".into()).await.unwrap());
-        assert!(!store.file_sent(1, 11, "a".into()).await.unwrap());
-        assert!(!store.file_sent(2, 10, "a".into()).await.unwrap());
+        assert!(!store
+            .file_sends()
+            .file_sent(1, 10, "a".into())
+            .await
+            .unwrap());
+        store
+            .file_sends()
+            .record_file_sent(1, 10, "a".into(), 99)
+            .await
+            .unwrap();
+        assert!(store
+            .file_sends()
+            .file_sent(1, 10, "a".into())
+            .await
+            .unwrap());
+        assert!(!store
+            .file_sends()
+            .file_sent(1, 11, "a".into())
+            .await
+            .unwrap());
+        assert!(!store
+            .file_sends()
+            .file_sent(2, 10, "a".into())
+            .await
+            .unwrap());
     }
 
     #[tokio::test]
     async fn a_send_without_its_outcome_is_ambiguous_until_recorded_or_forgotten() {
         let store = Store::open_in_memory().unwrap();
-        let state = |key: &'static str| store.file_send(1, 10, key.into());
-        store.record_file_sending(1, 10, "a".into()).await.unwrap();
+        let sends = store.file_sends();
+        let state = |key: &'static str| sends.file_send(1, 10, key.into());
+        store
+            .file_sends()
+            .record_file_sending(1, 10, "a".into())
+            .await
+            .unwrap();
         assert_eq!(state("a").await.unwrap(), Some(FileSend::Ambiguous));
-        assert!(store.file_sent(1, 10, "a".into()).await.unwrap());
-        store.record_file_sent(1, 10, "a".into(), 77).await.unwrap();
+        assert!(store
+            .file_sends()
+            .file_sent(1, 10, "a".into())
+            .await
+            .unwrap());
+        store
+            .file_sends()
+            .record_file_sent(1, 10, "a".into(), 77)
+            .await
+            .unwrap();
         assert_eq!(state("a").await.unwrap(), Some(FileSend::Sent));
         // Forgetting takes back only an intent, never a sent file.
-        store.forget_file_send(1, 10, "a".into()).await.unwrap();
+        store
+            .file_sends()
+            .forget_file_send(1, 10, "a".into())
+            .await
+            .unwrap();
         assert_eq!(state("a").await.unwrap(), Some(FileSend::Sent));
-        store.record_file_sending(1, 10, "b".into()).await.unwrap();
-        store.forget_file_send(1, 10, "b".into()).await.unwrap();
+        store
+            .file_sends()
+            .record_file_sending(1, 10, "b".into())
+            .await
+            .unwrap();
+        store
+            .file_sends()
+            .forget_file_send(1, 10, "b".into())
+            .await
+            .unwrap();
         assert_eq!(state("b").await.unwrap(), None);
         // An intent does not overwrite a recorded send.
-        store.record_file_sending(1, 10, "a".into()).await.unwrap();
+        store
+            .file_sends()
+            .record_file_sending(1, 10, "a".into())
+            .await
+            .unwrap();
         assert_eq!(state("a").await.unwrap(), Some(FileSend::Sent));
     }
 
     #[tokio::test]
     async fn withheld_files_stay_withheld_and_never_overwrite_a_send() {
         let store = Store::open_in_memory().unwrap();
-        let state = |key: &'static str| store.file_send(1, 10, key.into());
+        let sends = store.file_sends();
+        let state = |key: &'static str| sends.file_send(1, 10, key.into());
         store
+            .file_sends()
             .record_file_sent(1, 10, "sent".into(), 5)
             .await
             .unwrap();
         store
+            .file_sends()
             .record_file_sending(1, 10, "started".into())
             .await
             .unwrap();
         let keys = ["sent", "started", "left", "out"]
             .map(String::from)
             .to_vec();
-        store.record_files_withheld(1, 10, keys).await.unwrap();
+        store
+            .file_sends()
+            .record_files_withheld(1, 10, keys)
+            .await
+            .unwrap();
         assert_eq!(state("sent").await.unwrap(), Some(FileSend::Sent));
         assert_eq!(state("started").await.unwrap(), Some(FileSend::Ambiguous));
         assert_eq!(state("left").await.unwrap(), Some(FileSend::Withheld));
         assert_eq!(state("out").await.unwrap(), Some(FileSend::Withheld));
         // An intent does not make a withheld file sendable.
         store
+            .file_sends()
             .record_file_sending(1, 10, "left".into())
             .await
             .unwrap();

@@ -19,7 +19,7 @@ use std::ops::RangeInclusive;
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{Store, StoreError};
+use super::{Generations, StoreError};
 
 /// The first generation of a store that has no mark yet: above the
 /// generations of processes that counted from 1 (an older telegate).
@@ -39,7 +39,7 @@ pub fn next_block(mark: Option<u64>, from: u64, len: u64) -> RangeInclusive<u64>
     start..=start.saturating_add(len.max(1) - 1)
 }
 
-impl Store {
+impl Generations {
     /// Reserve `len` generations, none below `from`, above every one
     /// reserved before in this store; returns the block (durable when
     /// this returns).
@@ -70,6 +70,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[test]
     fn blocks_start_above_the_mark_what_was_handed_out_and_the_old_counters() {
@@ -95,14 +96,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("g.db");
         let store = Store::open_async(&path).await.unwrap();
-        let first = store.reserve_generations(1, 100).await.unwrap();
+        let first = store
+            .generations()
+            .reserve_generations(1, 100)
+            .await
+            .unwrap();
         assert_eq!(*first.start(), FIRST_GENERATION);
-        let second = store.reserve_generations(1, 100).await.unwrap();
+        let second = store
+            .generations()
+            .reserve_generations(1, 100)
+            .await
+            .unwrap();
         assert_eq!(*second.start(), first.end() + 1);
         store.close().await.unwrap();
 
         let store = Store::open_async(&path).await.unwrap();
-        let third = store.reserve_generations(1, 100).await.unwrap();
+        let third = store
+            .generations()
+            .reserve_generations(1, 100)
+            .await
+            .unwrap();
         assert_eq!(*third.start(), second.end() + 1);
         store.close().await.unwrap();
     }

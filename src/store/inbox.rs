@@ -17,7 +17,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde_json::Value;
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, Inbox, Outbox, Processes, StoreError, WriteKind};
 use crate::vocab::InboxState;
 
 /// One inbox row.
@@ -50,7 +50,7 @@ pub struct OutboxEntry {
     pub sending: bool,
 }
 
-/// An update to record in the inbox ([`Store::record_updates`]).
+/// An update to record in the inbox ([`Inbox::record_updates`]).
 #[derive(Debug, Clone)]
 pub struct NewUpdate {
     /// Telegram's update id (the inbox's key).
@@ -67,7 +67,7 @@ pub struct NewUpdate {
     pub reason: Option<String>,
 }
 
-impl Store {
+impl Inbox {
     /// Record an update. Returns `false` if it was already recorded (a
     /// redelivery), in which case nothing changes.
     pub async fn record_update(
@@ -150,7 +150,7 @@ impl Store {
         .await
     }
 
-    /// [`Store::set_message_state`] for several messages in one store call,
+    /// [`Inbox::set_message_state`] for several messages in one store call,
     /// applied in order (the ledger's writer hands over everything queued
     /// at once: one call, one share of a group commit, instead of one
     /// commit's wait per outcome).
@@ -261,10 +261,12 @@ impl Store {
         })
         .await
     }
+}
 
+impl Outbox {
     /// Record, durably, that an answer to user message `message_id` in
     /// `chat_id` is about to be sent as new messages (`reply_ids`: those
-    /// that carry it so far, a preview). Until [`Store::record_reply`]
+    /// that carry it so far, a preview). Until [`Outbox::record_reply`]
     /// records its outcome, the row says the send is ambiguous.
     pub async fn record_send_intent(
         &self,
@@ -365,7 +367,7 @@ pub struct RunningProcess {
     pub command: String,
 }
 
-impl Store {
+impl Processes {
     /// Record a background process as running.
     pub async fn process_started(&self, process: RunningProcess) -> Result<(), StoreError> {
         self.write(WriteKind::Process, move |conn| {
@@ -427,6 +429,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
     use serde_json::json;
 
     fn new_update(update_id: i64, message_id: i64) -> NewUpdate {
@@ -445,6 +448,7 @@ mod tests {
         let store = Store::open_in_memory().unwrap();
         assert_eq!(
             store
+                .inbox()
                 .record_updates(vec![new_update(1, 10), new_update(2, 11)])
                 .await
                 .unwrap(),
@@ -453,11 +457,13 @@ mod tests {
         // A redelivered batch overlapping the first: only 3 is new, and the
         // rows recorded before are left as they were.
         store
+            .inbox()
             .set_message_state(5, 10, InboxState::Answered, None)
             .await
             .unwrap();
         assert_eq!(
             store
+                .inbox()
                 .record_updates(vec![
                     new_update(2, 11),
                     new_update(3, 12),
@@ -467,9 +473,19 @@ mod tests {
                 .unwrap(),
             vec![false, true, false]
         );
-        let first = store.inbox_entry(1).await.unwrap().expect("recorded");
+        let first = store
+            .inbox()
+            .inbox_entry(1)
+            .await
+            .unwrap()
+            .expect("recorded");
         assert_eq!(first.state, InboxState::Answered);
-        assert!(store.record_updates(Vec::new()).await.unwrap().is_empty());
+        assert!(store
+            .inbox()
+            .record_updates(Vec::new())
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     #[tokio::test]
@@ -478,14 +494,17 @@ mod tests {
         for (index, state) in InboxState::ALL.into_iter().enumerate() {
             let message_id = 100 + index as i64;
             store
+                .inbox()
                 .record_updates(vec![new_update(message_id, message_id)])
                 .await
                 .unwrap();
             store
+                .inbox()
                 .set_message_state(5, message_id, state, None)
                 .await
                 .unwrap();
             let moved = store
+                .inbox()
                 .set_message_state(5, message_id, InboxState::Running, None)
                 .await
                 .unwrap();
@@ -499,10 +518,12 @@ mod tests {
         let store = Store::open_in_memory().unwrap();
         let payload = json!({"update_id": 7});
         assert!(store
+            .inbox()
             .record_update(7, 1, Some(10), payload.clone(), InboxState::Received, None)
             .await
             .unwrap());
         assert!(!store
+            .inbox()
             .record_update(7, 1, Some(10), payload, InboxState::Received, None)
             .await
             .unwrap());
@@ -512,32 +533,37 @@ mod tests {
     async fn states_move_forward_and_terminal_states_stick() {
         let store = Store::open_in_memory().unwrap();
         store
+            .inbox()
             .record_update(1, 5, Some(100), json!({}), InboxState::Received, None)
             .await
             .unwrap();
         store
+            .inbox()
             .record_update(2, 5, Some(101), json!({}), InboxState::Received, None)
             .await
             .unwrap();
         assert!(store
+            .inbox()
             .set_message_state(5, 100, InboxState::Running, None)
             .await
             .unwrap());
-        let open = store.open_inbox().await.unwrap();
+        let open = store.inbox().open_inbox().await.unwrap();
         assert_eq!(open.len(), 2);
         assert_eq!(open[0].state, InboxState::Running);
         assert!(store
+            .inbox()
             .set_message_state(5, 100, InboxState::Answered, None)
             .await
             .unwrap());
         assert!(!store
+            .inbox()
             .set_message_state(5, 100, InboxState::Running, None)
             .await
             .unwrap());
-        let counts = store.inbox_counts().await.unwrap();
+        let counts = store.inbox().inbox_counts().await.unwrap();
         assert!(counts.contains(&(InboxState::Answered, 1)));
         assert!(counts.contains(&(InboxState::Received, 1)));
-        assert_eq!(store.open_inbox().await.unwrap().len(), 1);
+        assert_eq!(store.inbox().open_inbox().await.unwrap().len(), 1);
     }
 
     #[tokio::test]
@@ -549,27 +575,49 @@ mod tests {
             thread_id: None,
             command: "sleep 100".to_string(),
         };
-        store.process_started(process("p1")).await.unwrap();
-        store.process_started(process("p2")).await.unwrap();
-        store.process_ended("p1".to_string()).await.unwrap();
+        store
+            .processes()
+            .process_started(process("p1"))
+            .await
+            .unwrap();
+        store
+            .processes()
+            .process_started(process("p2"))
+            .await
+            .unwrap();
+        store
+            .processes()
+            .process_ended("p1".to_string())
+            .await
+            .unwrap();
         assert_eq!(
-            store.take_lost_processes().await.unwrap(),
+            store.processes().take_lost_processes().await.unwrap(),
             vec![process("p2")]
         );
-        assert!(store.take_lost_processes().await.unwrap().is_empty());
+        assert!(store
+            .processes()
+            .take_lost_processes()
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     #[tokio::test]
     async fn replies_are_recorded_per_user_message() {
         let store = Store::open_in_memory().unwrap();
-        assert_eq!(store.reply_of(5, 100).await.unwrap(), None);
-        store.record_reply(5, 100, vec![77], false).await.unwrap();
+        assert_eq!(store.outbox().reply_of(5, 100).await.unwrap(), None);
         store
+            .outbox()
+            .record_reply(5, 100, vec![77], false)
+            .await
+            .unwrap();
+        store
+            .outbox()
             .record_reply(5, 100, vec![77, 78], true)
             .await
             .unwrap();
         assert_eq!(
-            store.reply_of(5, 100).await.unwrap(),
+            store.outbox().reply_of(5, 100).await.unwrap(),
             Some(OutboxEntry {
                 reply_ids: vec![77, 78],
                 delivered: true,
@@ -581,27 +629,47 @@ mod tests {
     #[tokio::test]
     async fn a_send_intent_stays_until_its_outcome_is_recorded() {
         let store = Store::open_in_memory().unwrap();
-        store.record_send_intent(5, 100, vec![]).await.unwrap();
+        store
+            .outbox()
+            .record_send_intent(5, 100, vec![])
+            .await
+            .unwrap();
         assert_eq!(
-            store.reply_of(5, 100).await.unwrap(),
+            store.outbox().reply_of(5, 100).await.unwrap(),
             Some(OutboxEntry {
                 reply_ids: vec![],
                 delivered: false,
                 sending: true,
             })
         );
-        store.record_reply(5, 100, vec![77], true).await.unwrap();
-        let entry = store.reply_of(5, 100).await.unwrap().unwrap();
+        store
+            .outbox()
+            .record_reply(5, 100, vec![77], true)
+            .await
+            .unwrap();
+        let entry = store.outbox().reply_of(5, 100).await.unwrap().unwrap();
         assert!(entry.delivered && !entry.sending);
         // A delivered answer is never turned back into an intent.
-        store.record_send_intent(5, 100, vec![77]).await.unwrap();
-        let entry = store.reply_of(5, 100).await.unwrap().unwrap();
+        store
+            .outbox()
+            .record_send_intent(5, 100, vec![77])
+            .await
+            .unwrap();
+        let entry = store.outbox().reply_of(5, 100).await.unwrap().unwrap();
         assert!(entry.delivered && !entry.sending);
         // A preview's row keeps its ids when the rest is about to go out.
-        store.record_reply(5, 101, vec![80], false).await.unwrap();
-        store.record_send_intent(5, 101, vec![80]).await.unwrap();
+        store
+            .outbox()
+            .record_reply(5, 101, vec![80], false)
+            .await
+            .unwrap();
+        store
+            .outbox()
+            .record_send_intent(5, 101, vec![80])
+            .await
+            .unwrap();
         assert_eq!(
-            store.reply_of(5, 101).await.unwrap(),
+            store.outbox().reply_of(5, 101).await.unwrap(),
             Some(OutboxEntry {
                 reply_ids: vec![80],
                 delivered: false,

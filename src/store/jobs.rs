@@ -5,7 +5,7 @@
 //! and action as JSON it interprets, [`crate::schedule`]); what this module
 //! guarantees is the bookkeeping that makes a run happen exactly once:
 //!
-//! * **Firing is one transaction** ([`Store::fire_job`]): the job's
+//! * **Firing is one transaction** ([`Jobs::fire_job`]): the job's
 //!   `next_run` moves on (compare-and-set on the value the scheduler read,
 //!   so a pause, delete or concurrent firing in between wins), `last_fired`
 //!   records the newest instant, and each run's inbox row is written (its
@@ -18,15 +18,15 @@
 //!   already marked rotated: it is issued (so wakeups and lookups resolve
 //!   it to the chat) but never the slot's current session.
 //! * The number of jobs a chat holds is checked in the transaction that
-//!   inserts one ([`Store::create_job`]).
+//!   inserts one ([`Jobs::create_job`]).
 //!
-//! Every write goes through [`Store::write`] ([`WriteKind::Job`]). Job texts
+//! Every write goes through [`Jobs::write`] ([`WriteKind::Job`]). Job texts
 //! are user data: this module logs ids only.
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::Value;
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, Jobs, StoreError, WriteKind};
 
 /// Where a job stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,7 +114,7 @@ pub struct NewRun {
     pub fresh_session: Option<String>,
 }
 
-/// What firing a job writes ([`Store::fire_job`]).
+/// What firing a job writes ([`Jobs::fire_job`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobFiring {
     /// The job.
@@ -129,7 +129,7 @@ pub struct JobFiring {
     pub runs: Vec<NewRun>,
 }
 
-/// After a run's outcome was recorded ([`Store::record_job_outcome`]).
+/// After a run's outcome was recorded ([`Jobs::record_job_outcome`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JobOutcome {
     /// Runs failed in a row now.
@@ -247,7 +247,7 @@ fn fire_one(conn: &Connection, firing: &JobFiring, now: i64) -> Result<Vec<i64>,
     Ok(journaled)
 }
 
-impl Store {
+impl Jobs {
     /// Store `job`, unless its chat already holds `max_per_chat` jobs that
     /// are active or paused: `None` then. Returns the new id.
     pub async fn create_job(
@@ -352,7 +352,7 @@ impl Store {
         Ok(fired.pop().unwrap_or_default())
     }
 
-    /// [`Store::fire_job`] for several jobs in one transaction (all or
+    /// [`Jobs::fire_job`] for several jobs in one transaction (all or
     /// none): the runs journaled for each, in order.
     pub async fn fire_jobs(&self, firings: Vec<JobFiring>) -> Result<Vec<Vec<i64>>, StoreError> {
         self.write(WriteKind::Job, move |conn| {
@@ -501,6 +501,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
     use crate::vocab::InboxState;
 
     fn job(chat_id: i64, next_run: i64) -> NewJob {
@@ -536,28 +537,51 @@ mod tests {
     #[tokio::test]
     async fn ids_are_never_reused_and_the_cap_counts_live_jobs() {
         let s = Store::open_in_memory().unwrap();
-        let a = s.create_job(job(1, 1000), 2).await.unwrap().unwrap();
-        let b = s.create_job(job(1, 2000), 2).await.unwrap().unwrap();
-        assert_eq!(s.create_job(job(1, 3000), 2).await.unwrap(), None);
+        let a = s.jobs().create_job(job(1, 1000), 2).await.unwrap().unwrap();
+        let b = s.jobs().create_job(job(1, 2000), 2).await.unwrap().unwrap();
+        assert_eq!(s.jobs().create_job(job(1, 3000), 2).await.unwrap(), None);
         // Another chat has its own cap.
-        assert!(s.create_job(job(2, 3000), 2).await.unwrap().is_some());
-        assert!(s.delete_job(b).await.unwrap());
-        let c = s.create_job(job(1, 3000), 2).await.unwrap().unwrap();
+        assert!(s
+            .jobs()
+            .create_job(job(2, 3000), 2)
+            .await
+            .unwrap()
+            .is_some());
+        assert!(s.jobs().delete_job(b).await.unwrap());
+        let c = s.jobs().create_job(job(1, 3000), 2).await.unwrap().unwrap();
         assert!(c > b && b > a, "ids {a} {b} {c}");
-        let listed: Vec<i64> = s.chat_jobs(1).await.unwrap().iter().map(|j| j.id).collect();
+        let listed: Vec<i64> = s
+            .jobs()
+            .chat_jobs(1)
+            .await
+            .unwrap()
+            .iter()
+            .map(|j| j.id)
+            .collect();
         assert_eq!(listed, vec![a, c]);
     }
 
     #[tokio::test]
     async fn the_next_due_job_and_the_due_ones_come_from_active_jobs_only() {
         let s = Store::open_in_memory().unwrap();
-        assert_eq!(s.next_job_due().await.unwrap(), None);
-        let late = s.create_job(job(1, 5000), 20).await.unwrap().unwrap();
-        let early = s.create_job(job(1, 1000), 20).await.unwrap().unwrap();
-        assert_eq!(s.next_job_due().await.unwrap(), Some(1000));
-        assert!(s.set_job_active(early, None).await.unwrap());
-        assert_eq!(s.next_job_due().await.unwrap(), Some(5000));
+        assert_eq!(s.jobs().next_job_due().await.unwrap(), None);
+        let late = s
+            .jobs()
+            .create_job(job(1, 5000), 20)
+            .await
+            .unwrap()
+            .unwrap();
+        let early = s
+            .jobs()
+            .create_job(job(1, 1000), 20)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.jobs().next_job_due().await.unwrap(), Some(1000));
+        assert!(s.jobs().set_job_active(early, None).await.unwrap());
+        assert_eq!(s.jobs().next_job_due().await.unwrap(), Some(5000));
         let due: Vec<i64> = s
+            .jobs()
             .due_jobs(6000, 10)
             .await
             .unwrap()
@@ -565,8 +589,8 @@ mod tests {
             .map(|j| j.id)
             .collect();
         assert_eq!(due, vec![late]);
-        assert!(s.due_jobs(4999, 10).await.unwrap().is_empty());
-        let stored = s.job(late).await.unwrap().unwrap();
+        assert!(s.jobs().due_jobs(4999, 10).await.unwrap().is_empty());
+        let stored = s.jobs().job(late).await.unwrap().unwrap();
         assert_eq!(stored.job.action, serde_json::json!({"message": "hi"}));
         assert_eq!(stored.state, JobState::Active);
     }
@@ -574,43 +598,71 @@ mod tests {
     #[tokio::test]
     async fn firing_moves_the_job_and_journals_each_run_once() {
         let s = Store::open_in_memory().unwrap();
-        let id = s.create_job(job(7, 1000), 20).await.unwrap().unwrap();
-        let journaled = s.fire_job(firing(id, 1000, -5)).await.unwrap();
+        let id = s
+            .jobs()
+            .create_job(job(7, 1000), 20)
+            .await
+            .unwrap()
+            .unwrap();
+        let journaled = s.jobs().fire_job(firing(id, 1000, -5)).await.unwrap();
         assert_eq!(journaled, vec![-5]);
-        let entry = s.inbox_entry(-5).await.unwrap().unwrap();
+        let entry = s.inbox().inbox_entry(-5).await.unwrap().unwrap();
         assert_eq!(
             (entry.chat_id, entry.message_id, entry.state),
             (7, Some(-5), InboxState::Received)
         );
-        let moved = s.job(id).await.unwrap().unwrap();
+        let moved = s.jobs().job(id).await.unwrap().unwrap();
         assert_eq!(moved.next_run, Some(61_000));
         assert_eq!(moved.last_fired, Some(1000));
         // The same firing again (a replay with what was read before): the
         // job moved on, so nothing happens.
-        assert!(s.fire_job(firing(id, 1000, -5)).await.unwrap().is_empty());
+        assert!(s
+            .jobs()
+            .fire_job(firing(id, 1000, -5))
+            .await
+            .unwrap()
+            .is_empty());
         // A firing whose run was journaled already (same id) moves the job
         // but starts nothing new.
-        assert!(s.fire_job(firing(id, 61_000, -5)).await.unwrap().is_empty());
-        assert_eq!(s.job(id).await.unwrap().unwrap().next_run, Some(121_000));
+        assert!(s
+            .jobs()
+            .fire_job(firing(id, 61_000, -5))
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            s.jobs().job(id).await.unwrap().unwrap().next_run,
+            Some(121_000)
+        );
     }
 
     #[tokio::test]
     async fn a_one_time_job_is_done_after_firing_and_a_fresh_session_is_issued() {
         let s = Store::open_in_memory().unwrap();
-        let id = s.create_job(job(7, 1000), 20).await.unwrap().unwrap();
+        let id = s
+            .jobs()
+            .create_job(job(7, 1000), 20)
+            .await
+            .unwrap()
+            .unwrap();
         let mut once = firing(id, 1000, -9);
         once.next_run = None;
         once.runs[0].fresh_session = Some("fresh-1".into());
-        assert_eq!(s.fire_job(once).await.unwrap(), vec![-9]);
-        let done = s.job(id).await.unwrap().unwrap();
+        assert_eq!(s.jobs().fire_job(once).await.unwrap(), vec![-9]);
+        let done = s.jobs().job(id).await.unwrap().unwrap();
         assert_eq!((done.state, done.next_run), (JobState::Done, None));
-        assert!(s.chat_jobs(7).await.unwrap().is_empty());
+        assert!(s.jobs().chat_jobs(7).await.unwrap().is_empty());
         assert_eq!(
-            s.session_owner_key("fresh-1").await.unwrap().as_deref(),
+            s.sessions()
+                .session_owner_key("fresh-1")
+                .await
+                .unwrap()
+                .as_deref(),
             Some("agent:main:telegram:dm:7")
         );
         // Issued, never current.
         assert!(s
+            .sessions()
             .current_session("agent:main:telegram:dm:7")
             .await
             .unwrap()
@@ -620,8 +672,18 @@ mod tests {
     #[tokio::test]
     async fn failures_in_a_row_pause_the_job_and_a_success_clears_them() {
         let s = Store::open_in_memory().unwrap();
-        let id = s.create_job(job(1, 1000), 20).await.unwrap().unwrap();
-        let one = s.record_job_outcome(id, true, 3).await.unwrap().unwrap();
+        let id = s
+            .jobs()
+            .create_job(job(1, 1000), 20)
+            .await
+            .unwrap()
+            .unwrap();
+        let one = s
+            .jobs()
+            .record_job_outcome(id, true, 3)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             one,
             JobOutcome {
@@ -629,12 +691,20 @@ mod tests {
                 paused: false
             }
         );
-        s.record_job_outcome(id, false, 3).await.unwrap();
+        s.jobs().record_job_outcome(id, false, 3).await.unwrap();
         for _ in 0..2 {
-            s.record_job_outcome(id, true, 3).await.unwrap();
+            s.jobs().record_job_outcome(id, true, 3).await.unwrap();
         }
-        assert_eq!(s.job(id).await.unwrap().unwrap().state, JobState::Active);
-        let third = s.record_job_outcome(id, true, 3).await.unwrap().unwrap();
+        assert_eq!(
+            s.jobs().job(id).await.unwrap().unwrap().state,
+            JobState::Active
+        );
+        let third = s
+            .jobs()
+            .record_job_outcome(id, true, 3)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             third,
             JobOutcome {
@@ -642,44 +712,66 @@ mod tests {
                 paused: true
             }
         );
-        assert_eq!(s.job(id).await.unwrap().unwrap().state, JobState::Paused);
-        assert!(s.set_job_active(id, Some(9000)).await.unwrap());
-        let resumed = s.job(id).await.unwrap().unwrap();
+        assert_eq!(
+            s.jobs().job(id).await.unwrap().unwrap().state,
+            JobState::Paused
+        );
+        assert!(s.jobs().set_job_active(id, Some(9000)).await.unwrap());
+        let resumed = s.jobs().job(id).await.unwrap().unwrap();
         assert_eq!((resumed.failures, resumed.next_run), (0, Some(9000)));
-        assert_eq!(s.record_job_outcome(999, true, 3).await.unwrap(), None);
+        assert_eq!(
+            s.jobs().record_job_outcome(999, true, 3).await.unwrap(),
+            None
+        );
     }
 
     #[tokio::test]
     async fn a_chats_time_zone_moves_its_jobs() {
         let s = Store::open_in_memory().unwrap();
-        let active = s.create_job(job(1, 1000), 20).await.unwrap().unwrap();
-        let paused = s.create_job(job(1, 2000), 20).await.unwrap().unwrap();
-        let other = s.create_job(job(2, 3000), 20).await.unwrap().unwrap();
-        s.set_job_active(paused, None).await.unwrap();
-        assert_eq!(s.chat_timezone(1).await.unwrap(), None);
-        s.set_chat_timezone(
-            1,
-            "Europe/Berlin".into(),
-            vec![(active, Some(500)), (paused, None), (other, Some(1))],
-        )
-        .await
-        .unwrap();
+        let active = s
+            .jobs()
+            .create_job(job(1, 1000), 20)
+            .await
+            .unwrap()
+            .unwrap();
+        let paused = s
+            .jobs()
+            .create_job(job(1, 2000), 20)
+            .await
+            .unwrap()
+            .unwrap();
+        let other = s
+            .jobs()
+            .create_job(job(2, 3000), 20)
+            .await
+            .unwrap()
+            .unwrap();
+        s.jobs().set_job_active(paused, None).await.unwrap();
+        assert_eq!(s.jobs().chat_timezone(1).await.unwrap(), None);
+        s.jobs()
+            .set_chat_timezone(
+                1,
+                "Europe/Berlin".into(),
+                vec![(active, Some(500)), (paused, None), (other, Some(1))],
+            )
+            .await
+            .unwrap();
         assert_eq!(
-            s.chat_timezone(1).await.unwrap().as_deref(),
+            s.jobs().chat_timezone(1).await.unwrap().as_deref(),
             Some("Europe/Berlin")
         );
-        let a = s.job(active).await.unwrap().unwrap();
+        let a = s.jobs().job(active).await.unwrap().unwrap();
         assert_eq!(
             (a.job.timezone.as_str(), a.next_run),
             ("Europe/Berlin", Some(500))
         );
-        let p = s.job(paused).await.unwrap().unwrap();
+        let p = s.jobs().job(paused).await.unwrap().unwrap();
         assert_eq!(
             (p.job.timezone.as_str(), p.next_run),
             ("Europe/Berlin", None)
         );
         // Another chat's job is not this chat's to move.
-        let o = s.job(other).await.unwrap().unwrap();
+        let o = s.jobs().job(other).await.unwrap().unwrap();
         assert_eq!((o.job.timezone.as_str(), o.next_run), ("UTC", Some(3000)));
     }
 }

@@ -265,19 +265,153 @@ impl Synchronous {
     }
 }
 
-/// Handle to the store. Cheap to clone (a channel sender inside); all clones
-/// talk to the same store thread and connection. `Send + Sync`.
+/// The store's owner: opens the database, runs migrations, reports stats
+/// and write health, closes, and hands out the narrow handles below. Cheap
+/// to clone (a channel sender inside); all clones talk to the same store
+/// thread and connection. `Send + Sync`.
+///
+/// Only the layers that assemble telegate hold a `Store` (`wiring`,
+/// `engine`, the Telegram transport's start): everything else keeps only
+/// the handles of the tables it touches, so its imports say which they
+/// are (`tests/it/tidy.rs` checks who names `Store`).
 #[derive(Clone)]
 pub struct Store {
+    link: Link,
+    counters: Arc<Counters>,
+}
+
+/// The sending side of the store thread's channel and the shared write
+/// health: what every handle is made of.
+#[derive(Clone)]
+struct Link {
     tx: mpsc::Sender<Msg>,
     write_health: WriteHealth,
-    counters: Arc<Counters>,
+}
+
+/// Defines the narrow handles: each a cheap `Clone` newtype around the
+/// store's channel, with its table group's methods in its own file and
+/// the store's call primitives for them (visible inside `store` only).
+macro_rules! handles {
+    ($($(#[$doc:meta])* $name:ident => $getter:ident;)*) => {
+        $(
+            $(#[$doc])*
+            #[derive(Clone)]
+            pub struct $name {
+                link: Link,
+            }
+
+            impl fmt::Debug for $name {
+                fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.debug_struct(stringify!($name))
+                        .field("closed", &self.link.tx.is_closed())
+                        .finish()
+                }
+            }
+
+            #[allow(dead_code)]
+            impl $name {
+                async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+                where
+                    R: Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+                {
+                    self.link.call(f).await
+                }
+
+                async fn call_one_write<R, F>(&self, f: F) -> Result<R, StoreError>
+                where
+                    R: Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+                {
+                    self.link.call_one_write(f).await
+                }
+
+                async fn write<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
+                where
+                    R: Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+                {
+                    self.link.write(kind, f).await
+                }
+
+                async fn write_one<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
+                where
+                    R: Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+                {
+                    self.link.write_one(kind, f).await
+                }
+
+                async fn write_with_writes<R, F>(
+                    &self,
+                    kind: WriteKind,
+                    writes: usize,
+                    f: F,
+                ) -> Result<R, StoreError>
+                where
+                    R: Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+                {
+                    self.link.write_with_writes(kind, writes, f).await
+                }
+            }
+        )*
+
+        impl Store {
+            $(
+                #[doc = concat!("The [`", stringify!($name), "`] handle over this store's thread.")]
+                pub fn $getter(&self) -> $name {
+                    $name {
+                        link: self.link.clone(),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+handles! {
+    /// Sessions ([`sessions`], [`resume`]): the current session per chat
+    /// key, overrides, the history of ids, resuming an earlier one.
+    Sessions => sessions;
+    /// Transcripts ([`transcript`], [`undo`]): every session's messages in
+    /// order, the last exchange undone.
+    Transcripts => transcripts;
+    /// The inbox ([`inbox`]): Telegram's updates by update id and the
+    /// state of each message; held by the Telegram transport only.
+    Inbox => inbox;
+    /// The outbox ([`inbox`]): each final reply's send intent, its
+    /// messages and whether it was delivered.
+    Outbox => outbox;
+    /// The terminal tool's running processes ([`inbox`]), so a restart
+    /// tells whom a lost process belonged to.
+    Processes => processes;
+    /// Inline buttons kept server-side ([`buttons`]), claimed once.
+    Buttons => buttons;
+    /// Pending approvals' prompts and who decided ([`approvals`]).
+    Approvals => approvals;
+    /// Scheduled jobs, their runs and the chats' time zones ([`jobs`]).
+    Jobs => jobs;
+    /// A CLI or ACP agent's own session id and usage per telegate session
+    /// ([`agent_sessions`]).
+    AgentSessions => agent_sessions;
+    /// Turn generations reserved in blocks ([`generations`]).
+    Generations => generations;
+    /// Every child process group telegate started ([`child_groups`]).
+    ChildGroups => child_groups;
+    /// Files sent from a turn's outbox, so a restart sends none twice
+    /// (`files`).
+    FileSends => file_sends;
+    /// The team: members, roles, pairing and invite codes ([`users`]).
+    Users => users;
+    /// Per-user turn usage and settings (voice) ([`usage`]).
+    Usage => usage;
 }
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
-            .field("closed", &self.tx.is_closed())
+            .field("closed", &self.link.tx.is_closed())
             .finish()
     }
 }
@@ -346,8 +480,10 @@ impl Store {
                 Err(e) => ready(Err(e)),
             })?;
         Ok(Store {
-            tx,
-            write_health: WriteHealth::default(),
+            link: Link {
+                tx,
+                write_health: WriteHealth::default(),
+            },
             counters,
         })
     }
@@ -355,7 +491,7 @@ impl Store {
     /// Whether writes work, as reported by the writers (see
     /// [`WriteHealth`]); shared by all clones.
     pub fn write_health(&self) -> &WriteHealth {
-        &self.write_health
+        &self.link.write_health
     }
 
     /// Calls run, transactions committed and time spent by the store
@@ -365,6 +501,44 @@ impl Store {
         self.counters.snapshot()
     }
 
+    /// Runs `f` on the store thread with exclusive use of the connection and
+    /// returns its result: the raw access the handles are built on, for
+    /// the owner's own queries (tests, checks the typed API does not
+    /// cover). See [`Link::call`].
+    pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        self.link.call(f).await
+    }
+
+    /// [`Store::call`] for work that changes the database with at most one
+    /// statement (see [`Link::call_one_write`]).
+    pub async fn call_one_write<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        self.link.call_one_write(f).await
+    }
+
+    /// Shuts the store down and waits until it is closed: jobs queued before
+    /// this call complete, later ones (from other clones) fail with
+    /// [`StoreError::Closed`], the WAL is checkpointed into the main file and
+    /// the connection is closed.
+    pub async fn close(self) -> Result<(), StoreError> {
+        let (done_tx, done_rx) = oneshot::channel();
+        self.link
+            .tx
+            .send(Msg::Shutdown(done_tx))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        done_rx.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+impl Link {
     /// Runs `f` on the store thread with exclusive use of the connection and
     /// returns its result.
     ///
@@ -380,7 +554,7 @@ impl Store {
     ///
     /// Fails with [`StoreError::Closed`] if the store thread is gone, and
     /// with the commit's error if its batch could not be committed.
-    pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
@@ -390,13 +564,13 @@ impl Store {
             .await
     }
 
-    /// [`Store::call`] for work that changes the database with at most one
+    /// [`Link::call`] for work that changes the database with at most one
     /// statement, as its last fallible step (reads before it are fine).
     /// Such a call runs without a savepoint of its own, which is most of a
     /// small call's cost: a failed statement is undone by SQLite itself.
     /// Should the work fail after changing rows anyway, its whole batch is
     /// rolled back and reported as not saved, so no half call is kept.
-    pub async fn call_one_write<R, F>(&self, f: F) -> Result<R, StoreError>
+    async fn call_one_write<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
@@ -406,9 +580,9 @@ impl Store {
             .await
     }
 
-    /// [`Store::call_one_write`] when the work changes the database with at
-    /// most one statement (`writes <= 1`), else [`Store::call`].
-    pub(crate) async fn call_with_writes<R, F>(&self, writes: usize, f: F) -> Result<R, StoreError>
+    /// [`Link::call_one_write`] when the work changes the database with at
+    /// most one statement (`writes <= 1`), else [`Link::call`].
+    async fn call_with_writes<R, F>(&self, writes: usize, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
@@ -434,19 +608,6 @@ impl Store {
             Ok(Err(panic_payload)) => panic::resume_unwind(panic_payload),
             Err(_) => Err(StoreError::Closed),
         }
-    }
-
-    /// Shuts the store down and waits until it is closed: jobs queued before
-    /// this call complete, later ones (from other clones) fail with
-    /// [`StoreError::Closed`], the WAL is checkpointed into the main file and
-    /// the connection is closed.
-    pub async fn close(self) -> Result<(), StoreError> {
-        let (done_tx, done_rx) = oneshot::channel();
-        self.tx
-            .send(Msg::Shutdown(done_tx))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        done_rx.await.map_err(|_| StoreError::Closed)?
     }
 }
 

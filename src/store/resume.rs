@@ -16,7 +16,7 @@ use rusqlite::{params, OptionalExtension};
 use serde_json::Value;
 
 use super::sessions::{archive, select_current, Overrides};
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, Sessions, StoreError, WriteKind};
 
 /// One conversation of a key, as /sessions lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,7 +56,7 @@ fn title_of(overrides: Option<&str>) -> Option<String> {
     }
 }
 
-impl Store {
+impl Sessions {
     /// The key's conversations, newest first, at most `limit`.
     pub async fn conversations(
         &self,
@@ -155,28 +155,44 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
     use crate::store::TranscriptEntry;
     use serde_json::json;
 
     #[tokio::test]
     async fn a_rotated_session_comes_back_with_its_settings() {
         let s = Store::open_in_memory().unwrap();
-        s.get_or_create_session("k", "a".into()).await.unwrap();
-        s.append("a", TranscriptEntry::user("first question"))
+        s.sessions()
+            .get_or_create_session("k", "a".into())
             .await
             .unwrap();
-        s.append("a", TranscriptEntry::assistant("answer"))
+        s.transcripts()
+            .append("a", TranscriptEntry::user("first question"))
             .await
             .unwrap();
-        s.append("a", TranscriptEntry::user("second"))
+        s.transcripts()
+            .append("a", TranscriptEntry::assistant("answer"))
             .await
             .unwrap();
-        s.set_override("k", "title", json!("Taxes")).await.unwrap();
-        s.set_override("k", "model", json!("big")).await.unwrap();
-        s.rotate_session("k", "b".into()).await.unwrap();
-        s.append("b", TranscriptEntry::user("other")).await.unwrap();
+        s.transcripts()
+            .append("a", TranscriptEntry::user("second"))
+            .await
+            .unwrap();
+        s.sessions()
+            .set_override("k", "title", json!("Taxes"))
+            .await
+            .unwrap();
+        s.sessions()
+            .set_override("k", "model", json!("big"))
+            .await
+            .unwrap();
+        s.sessions().rotate_session("k", "b".into()).await.unwrap();
+        s.transcripts()
+            .append("b", TranscriptEntry::user("other"))
+            .await
+            .unwrap();
 
-        let list = s.conversations("k", 10).await.unwrap();
+        let list = s.sessions().conversations("k", 10).await.unwrap();
         let ids: Vec<_> = list.iter().map(|c| c.session_id.as_str()).collect();
         assert_eq!(ids, ["b", "a"]);
         assert!(list[0].current && !list[1].current);
@@ -185,18 +201,24 @@ mod tests {
         assert_eq!(list[1].exchanges, 2);
         assert_eq!(list[0].title, None);
 
-        assert_eq!(s.resume_session("k", "a").await.unwrap(), Resumed::Resumed);
-        let current = s.current_session("k").await.unwrap().unwrap();
+        assert_eq!(
+            s.sessions().resume_session("k", "a").await.unwrap(),
+            Resumed::Resumed
+        );
+        let current = s.sessions().current_session("k").await.unwrap().unwrap();
         assert_eq!(current.session_id, "a");
         assert_eq!(current.overrides.get("model"), Some(&json!("big")));
         assert_eq!(
-            s.resume_session("k", "a").await.unwrap(),
+            s.sessions().resume_session("k", "a").await.unwrap(),
             Resumed::AlreadyCurrent
         );
         // Back and forth: "b" was archived with its state, and returns.
-        assert_eq!(s.resume_session("k", "b").await.unwrap(), Resumed::Resumed);
-        assert!(s.overrides("k").await.unwrap().is_empty());
-        let history = s.session_history("k").await.unwrap();
+        assert_eq!(
+            s.sessions().resume_session("k", "b").await.unwrap(),
+            Resumed::Resumed
+        );
+        assert!(s.sessions().overrides("k").await.unwrap().is_empty());
+        let history = s.sessions().session_history("k").await.unwrap();
         let current_rows: Vec<_> = history
             .iter()
             .filter(|h| h.rotated_at_ms.is_none())
@@ -204,10 +226,16 @@ mod tests {
             .collect();
         assert_eq!(current_rows, ["b"]);
         // A session of another key, or none at all, is not found.
-        s.get_or_create_session("other", "x".into()).await.unwrap();
-        assert_eq!(s.resume_session("k", "x").await.unwrap(), Resumed::NotFound);
+        s.sessions()
+            .get_or_create_session("other", "x".into())
+            .await
+            .unwrap();
         assert_eq!(
-            s.resume_session("k", "never").await.unwrap(),
+            s.sessions().resume_session("k", "x").await.unwrap(),
+            Resumed::NotFound
+        );
+        assert_eq!(
+            s.sessions().resume_session("k", "never").await.unwrap(),
             Resumed::NotFound
         );
     }

@@ -12,11 +12,11 @@
 
 use rusqlite::params;
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, Inbox, StoreError, WriteKind};
 
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 
-impl Store {
+impl Inbox {
     /// Delete finished inbox rows last updated more than `days` days ago.
     /// Returns how many were deleted.
     pub async fn prune_inbox(&self, days: u64) -> Result<usize, StoreError> {
@@ -38,7 +38,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::store::Store;
     use crate::store::TranscriptEntry;
     use crate::vocab::InboxState;
 
@@ -54,11 +54,13 @@ mod tests {
             (6, InboxState::Answered),
         ] {
             store
+                .inbox()
                 .record_update(id, 7, Some(id), serde_json::json!({}), state, None)
                 .await
                 .unwrap();
         }
         store
+            .transcripts()
             .append_many("s", vec![TranscriptEntry::user("hi")])
             .await
             .unwrap();
@@ -72,7 +74,7 @@ mod tests {
             })
             .await
             .unwrap();
-        assert_eq!(store.prune_inbox(7).await.unwrap(), 3);
+        assert_eq!(store.inbox().prune_inbox(7).await.unwrap(), 3);
         let left: Vec<i64> = store
             .call(|c| {
                 let mut s = c.prepare("SELECT update_id FROM inbox ORDER BY update_id")?;
@@ -82,6 +84,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(left, vec![4, 5, 6]);
-        assert_eq!(store.transcript_len("s").await.unwrap(), 1);
+        assert_eq!(store.transcripts().transcript_len("s").await.unwrap(), 1);
     }
 }

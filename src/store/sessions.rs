@@ -21,7 +21,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, Sessions, StoreError, WriteKind};
 
 /// Per-session settings, a JSON object such as `{"model": "gpt-x"}`.
 pub type Overrides = Map<String, Value>;
@@ -35,7 +35,7 @@ pub struct SessionRecord {
     pub session_id: String,
     /// When this session was created (unix ms).
     pub created_at_ms: i64,
-    /// When the session was last used ([`Store::touch`]) (unix ms).
+    /// When the session was last used ([`Sessions::touch`]) (unix ms).
     pub last_active_at_ms: i64,
     /// Per-session settings; empty for a fresh session.
     pub overrides: Overrides,
@@ -56,7 +56,7 @@ pub struct SessionHistoryEntry {
     pub rotated_at_ms: Option<i64>,
 }
 
-impl Store {
+impl Sessions {
     /// The current session of `key`, if it has one.
     pub async fn current_session(&self, key: &str) -> Result<Option<SessionRecord>, StoreError> {
         let key = key.to_owned();
@@ -86,7 +86,7 @@ impl Store {
 
     /// Gives `key` a fresh session `new_id` with no overrides and an empty
     /// transcript. The old session (if any) is archived with its rotation
-    /// time and stays resolvable through [`Store::session_owner_key`]; its
+    /// time and stays resolvable through [`Sessions::session_owner_key`]; its
     /// transcript is untouched.
     ///
     /// Returns the old record as it was, and the new one.
@@ -325,6 +325,7 @@ pub(super) fn archive(conn: &Connection, old: &SessionRecord, now: i64) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
     use serde_json::json;
 
     fn store() -> Store {
@@ -334,40 +335,66 @@ mod tests {
     #[tokio::test]
     async fn get_or_create_creates_once() {
         let s = store();
-        assert_eq!(s.current_session("k").await.unwrap(), None);
-        let a = s.get_or_create_session("k", "id-1".into()).await.unwrap();
+        assert_eq!(s.sessions().current_session("k").await.unwrap(), None);
+        let a = s
+            .sessions()
+            .get_or_create_session("k", "id-1".into())
+            .await
+            .unwrap();
         assert_eq!(a.session_id, "id-1");
         assert_eq!(a.session_key, "k");
         assert!(a.overrides.is_empty());
-        let b = s.get_or_create_session("k", "id-2".into()).await.unwrap();
+        let b = s
+            .sessions()
+            .get_or_create_session("k", "id-2".into())
+            .await
+            .unwrap();
         assert_eq!(b, a, "existing session is kept, new id ignored");
-        assert_eq!(s.current_session("k").await.unwrap(), Some(a));
+        assert_eq!(s.sessions().current_session("k").await.unwrap(), Some(a));
     }
 
     #[tokio::test]
     async fn rotate_archives_old_and_clears_overrides() {
         let s = store();
-        s.get_or_create_session("k", "old".into()).await.unwrap();
-        s.set_override("k", "model", json!("big")).await.unwrap();
-        let (old, new) = s.rotate_session("k", "new".into()).await.unwrap();
+        s.sessions()
+            .get_or_create_session("k", "old".into())
+            .await
+            .unwrap();
+        s.sessions()
+            .set_override("k", "model", json!("big"))
+            .await
+            .unwrap();
+        let (old, new) = s
+            .sessions()
+            .rotate_session("k", "new".into())
+            .await
+            .unwrap();
         let old = old.unwrap();
         assert_eq!(old.session_id, "old");
         assert_eq!(old.overrides.get("model"), Some(&json!("big")));
         assert_eq!(new.session_id, "new");
         assert!(new.overrides.is_empty());
-        assert!(s.overrides("k").await.unwrap().is_empty());
-        assert_eq!(s.current_session("k").await.unwrap(), Some(new));
+        assert!(s.sessions().overrides("k").await.unwrap().is_empty());
+        assert_eq!(s.sessions().current_session("k").await.unwrap(), Some(new));
         assert_eq!(
-            s.session_owner_key("old").await.unwrap().as_deref(),
+            s.sessions()
+                .session_owner_key("old")
+                .await
+                .unwrap()
+                .as_deref(),
             Some("k")
         );
         assert_eq!(
-            s.session_owner_key("new").await.unwrap().as_deref(),
+            s.sessions()
+                .session_owner_key("new")
+                .await
+                .unwrap()
+                .as_deref(),
             Some("k")
         );
-        assert_eq!(s.session_owner_key("never").await.unwrap(), None);
+        assert_eq!(s.sessions().session_owner_key("never").await.unwrap(), None);
 
-        let history = s.session_history("k").await.unwrap();
+        let history = s.sessions().session_history("k").await.unwrap();
         let ids: Vec<_> = history.iter().map(|h| h.session_id.as_str()).collect();
         assert_eq!(ids, ["old", "new"]);
         let rotated_at = history[0].rotated_at_ms.unwrap();
@@ -378,7 +405,11 @@ mod tests {
     #[tokio::test]
     async fn rotate_without_a_session_creates_one() {
         let s = store();
-        let (old, new) = s.rotate_session("k", "first".into()).await.unwrap();
+        let (old, new) = s
+            .sessions()
+            .rotate_session("k", "first".into())
+            .await
+            .unwrap();
         assert_eq!(old, None);
         assert_eq!(new.session_id, "first");
     }
@@ -386,61 +417,90 @@ mod tests {
     #[tokio::test]
     async fn session_ids_are_never_reused() {
         let s = store();
-        s.get_or_create_session("a", "x".into()).await.unwrap();
-        s.rotate_session("a", "y".into()).await.unwrap();
+        s.sessions()
+            .get_or_create_session("a", "x".into())
+            .await
+            .unwrap();
+        s.sessions().rotate_session("a", "y".into()).await.unwrap();
         // Back to an archived id, or taking another key's id: both refused,
         // and the failed call changes nothing.
         assert!(matches!(
-            s.rotate_session("a", "x".into()).await,
+            s.sessions().rotate_session("a", "x".into()).await,
             Err(StoreError::Sqlite(_))
         ));
-        assert!(s.get_or_create_session("b", "y".into()).await.is_err());
+        assert!(s
+            .sessions()
+            .get_or_create_session("b", "y".into())
+            .await
+            .is_err());
         assert_eq!(
-            s.current_session("a").await.unwrap().unwrap().session_id,
+            s.sessions()
+                .current_session("a")
+                .await
+                .unwrap()
+                .unwrap()
+                .session_id,
             "y"
         );
-        assert_eq!(s.current_session("b").await.unwrap(), None);
-        assert_eq!(s.session_history("a").await.unwrap().len(), 2);
+        assert_eq!(s.sessions().current_session("b").await.unwrap(), None);
+        assert_eq!(s.sessions().session_history("a").await.unwrap().len(), 2);
     }
 
     #[tokio::test]
     async fn overrides_set_replace_and_remove() {
         let s = store();
-        let err = s.set_override("k", "model", json!("m")).await.unwrap_err();
+        let err = s
+            .sessions()
+            .set_override("k", "model", json!("m"))
+            .await
+            .unwrap_err();
         assert!(matches!(err, StoreError::NoSuchSession { ref key } if key == "k"));
-        assert!(s.overrides("k").await.unwrap().is_empty());
+        assert!(s.sessions().overrides("k").await.unwrap().is_empty());
 
-        s.get_or_create_session("k", "id".into()).await.unwrap();
-        s.set_override("k", "model", json!("m1")).await.unwrap();
-        s.set_override("k", "temperature", json!(0.5))
+        s.sessions()
+            .get_or_create_session("k", "id".into())
             .await
             .unwrap();
-        s.set_override("k", "model", json!({"name": "m2"}))
+        s.sessions()
+            .set_override("k", "model", json!("m1"))
             .await
             .unwrap();
-        let o = s.overrides("k").await.unwrap();
+        s.sessions()
+            .set_override("k", "temperature", json!(0.5))
+            .await
+            .unwrap();
+        s.sessions()
+            .set_override("k", "model", json!({"name": "m2"}))
+            .await
+            .unwrap();
+        let o = s.sessions().overrides("k").await.unwrap();
         assert_eq!(
             Value::Object(o),
             json!({"model": {"name": "m2"}, "temperature": 0.5})
         );
-        s.set_override("k", "temperature", Value::Null)
+        s.sessions()
+            .set_override("k", "temperature", Value::Null)
             .await
             .unwrap();
-        let o = s.overrides("k").await.unwrap();
+        let o = s.sessions().overrides("k").await.unwrap();
         assert_eq!(Value::Object(o), json!({"model": {"name": "m2"}}));
     }
 
     #[tokio::test]
     async fn touch_moves_last_active_forward() {
         let s = store();
-        assert!(!s.touch("k").await.unwrap());
-        let created = s.get_or_create_session("k", "id".into()).await.unwrap();
+        assert!(!s.sessions().touch("k").await.unwrap());
+        let created = s
+            .sessions()
+            .get_or_create_session("k", "id".into())
+            .await
+            .unwrap();
         // Backdate so the touch is visible regardless of clock resolution.
         s.call(|c| Ok(c.execute("UPDATE sessions SET last_active_at = 5", [])?))
             .await
             .unwrap();
-        assert!(s.touch("k").await.unwrap());
-        let now = s.current_session("k").await.unwrap().unwrap();
+        assert!(s.sessions().touch("k").await.unwrap());
+        let now = s.sessions().current_session("k").await.unwrap().unwrap();
         assert!(now.last_active_at_ms >= created.created_at_ms);
         assert_eq!(now.created_at_ms, created.created_at_ms);
     }
@@ -448,10 +508,16 @@ mod tests {
     #[tokio::test]
     async fn list_sessions_returns_current_ones_by_key() {
         let s = store();
-        s.get_or_create_session("b", "b1".into()).await.unwrap();
-        s.get_or_create_session("a", "a1".into()).await.unwrap();
-        s.rotate_session("b", "b2".into()).await.unwrap();
-        let all = s.list_sessions().await.unwrap();
+        s.sessions()
+            .get_or_create_session("b", "b1".into())
+            .await
+            .unwrap();
+        s.sessions()
+            .get_or_create_session("a", "a1".into())
+            .await
+            .unwrap();
+        s.sessions().rotate_session("b", "b2".into()).await.unwrap();
+        let all = s.sessions().list_sessions().await.unwrap();
         let pairs: Vec<_> = all
             .iter()
             .map(|r| (r.session_key.as_str(), r.session_id.as_str()))

@@ -17,7 +17,7 @@ use rusqlite::{params, Connection, Row, ToSql};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, StoreError, Transcripts, WriteKind};
 
 use crate::vocab::Role;
 
@@ -92,7 +92,7 @@ impl TranscriptEntry {
     }
 }
 
-impl Store {
+impl Transcripts {
     /// Appends one entry to the transcript of `session_id`; returns its row
     /// id (increasing within the database).
     pub async fn append(
@@ -126,7 +126,7 @@ impl Store {
         .await
     }
 
-    /// [`Store::load_history`], then [`Store::append_many`] of `entries`,
+    /// [`Transcripts::load_history`], then [`Transcripts::append_many`] of `entries`,
     /// in one call (all or none): a turn reads its history and records its
     /// user message with one store round trip. The history returned is the
     /// one before `entries`.
@@ -308,6 +308,7 @@ impl TranscriptEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
     use serde_json::json;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -320,25 +321,37 @@ mod tests {
     #[tokio::test]
     async fn append_and_load_in_order() {
         let s = Store::open_in_memory().unwrap();
-        assert!(s.load_history("s", None).await.unwrap().is_empty());
+        assert!(s
+            .transcripts()
+            .load_history("s", None)
+            .await
+            .unwrap()
+            .is_empty());
         let a = s
+            .transcripts()
             .append("s", TranscriptEntry::system("be nice"))
             .await
             .unwrap();
-        let b = s.append("s", TranscriptEntry::user("hi")).await.unwrap();
+        let b = s
+            .transcripts()
+            .append("s", TranscriptEntry::user("hi"))
+            .await
+            .unwrap();
         assert!(b > a);
-        s.append("other", TranscriptEntry::user("elsewhere"))
+        s.transcripts()
+            .append("other", TranscriptEntry::user("elsewhere"))
             .await
             .unwrap();
-        s.append("s", TranscriptEntry::assistant("hello"))
+        s.transcripts()
+            .append("s", TranscriptEntry::assistant("hello"))
             .await
             .unwrap();
-        let h = s.load_history("s", None).await.unwrap();
+        let h = s.transcripts().load_history("s", None).await.unwrap();
         assert_eq!(contents(&h), ["be nice", "hi", "hello"]);
         let roles: Vec<_> = h.iter().map(|e| e.role).collect();
         assert_eq!(roles, [Role::System, Role::User, Role::Assistant]);
-        assert_eq!(s.transcript_len("s").await.unwrap(), 3);
-        assert_eq!(s.transcript_len("nobody").await.unwrap(), 0);
+        assert_eq!(s.transcripts().transcript_len("s").await.unwrap(), 3);
+        assert_eq!(s.transcripts().transcript_len("nobody").await.unwrap(), 0);
     }
 
     #[tokio::test]
@@ -348,7 +361,8 @@ mod tests {
         // (see `configure`), SQLite re-prepared it at every new session id.
         let s = Store::open_in_memory().unwrap();
         for session in ["a", "b", "c"] {
-            s.append(session, TranscriptEntry::user(session))
+            s.transcripts()
+                .append(session, TranscriptEntry::user(session))
                 .await
                 .unwrap();
         }
@@ -372,15 +386,31 @@ mod tests {
         let entries: Vec<_> = (0..10)
             .map(|i| TranscriptEntry::user(format!("m{i}")))
             .collect();
-        let ids = s.append_many("s", entries).await.unwrap();
+        let ids = s.transcripts().append_many("s", entries).await.unwrap();
         assert_eq!(ids.len(), 10);
         assert!(ids.windows(2).all(|w| w[0] < w[1]));
-        let h = s.load_history("s", Some(3)).await.unwrap();
+        let h = s.transcripts().load_history("s", Some(3)).await.unwrap();
         assert_eq!(contents(&h), ["m7", "m8", "m9"]);
-        assert!(s.load_history("s", Some(0)).await.unwrap().is_empty());
-        assert_eq!(s.load_history("s", Some(100)).await.unwrap().len(), 10);
+        assert!(s
+            .transcripts()
+            .load_history("s", Some(0))
+            .await
+            .unwrap()
+            .is_empty());
         assert_eq!(
-            s.load_history("s", Some(usize::MAX)).await.unwrap().len(),
+            s.transcripts()
+                .load_history("s", Some(100))
+                .await
+                .unwrap()
+                .len(),
+            10
+        );
+        assert_eq!(
+            s.transcripts()
+                .load_history("s", Some(usize::MAX))
+                .await
+                .unwrap()
+                .len(),
             10
         );
     }
@@ -402,10 +432,11 @@ mod tests {
         .await
         .unwrap();
         let res = s
+            .transcripts()
             .append_many("s", vec![TranscriptEntry::user("first"), bad])
             .await;
         assert!(matches!(res, Err(StoreError::Sqlite(_))), "{res:?}");
-        assert_eq!(s.transcript_len("s").await.unwrap(), 0);
+        assert_eq!(s.transcripts().transcript_len("s").await.unwrap(), 0);
     }
 
     #[tokio::test]
@@ -424,28 +455,37 @@ mod tests {
         assert!(big.len() >= 1_000_000);
         let large = TranscriptEntry::user(big);
         let sent = vec![call, result, large];
-        s.append_many("s", sent.clone()).await.unwrap();
-        assert_eq!(s.load_history("s", None).await.unwrap(), sent);
+        s.transcripts()
+            .append_many("s", sent.clone())
+            .await
+            .unwrap();
+        assert_eq!(s.transcripts().load_history("s", None).await.unwrap(), sent);
     }
 
     #[tokio::test]
     async fn interrupted_flag_on_append_and_after_the_fact() {
         let s = Store::open_in_memory().unwrap();
-        assert!(!s.mark_last_interrupted("s").await.unwrap());
+        assert!(!s.transcripts().mark_last_interrupted("s").await.unwrap());
         let cut = TranscriptEntry {
             interrupted: true,
             ..TranscriptEntry::assistant("half a rep")
         };
-        s.append("s", cut).await.unwrap();
-        s.append("s", TranscriptEntry::user("again")).await.unwrap();
-        s.append("s", TranscriptEntry::assistant("streaming..."))
+        s.transcripts().append("s", cut).await.unwrap();
+        s.transcripts()
+            .append("s", TranscriptEntry::user("again"))
             .await
             .unwrap();
-        s.append("t", TranscriptEntry::assistant("other session"))
+        s.transcripts()
+            .append("s", TranscriptEntry::assistant("streaming..."))
             .await
             .unwrap();
-        assert!(s.mark_last_interrupted("s").await.unwrap());
+        s.transcripts()
+            .append("t", TranscriptEntry::assistant("other session"))
+            .await
+            .unwrap();
+        assert!(s.transcripts().mark_last_interrupted("s").await.unwrap());
         let flags: Vec<_> = s
+            .transcripts()
             .load_history("s", None)
             .await
             .unwrap()
@@ -453,24 +493,40 @@ mod tests {
             .map(|e| e.interrupted)
             .collect();
         assert_eq!(flags, [true, false, true]);
-        assert!(!s.load_history("t", None).await.unwrap()[0].interrupted);
+        assert!(!s.transcripts().load_history("t", None).await.unwrap()[0].interrupted);
     }
 
     #[tokio::test]
     async fn rotation_keeps_the_old_transcript_and_starts_empty() {
         let s = Store::open_in_memory().unwrap();
-        let first = s.get_or_create_session("chat", "s1".into()).await.unwrap();
-        s.append(&first.session_id, TranscriptEntry::user("before"))
+        let first = s
+            .sessions()
+            .get_or_create_session("chat", "s1".into())
             .await
             .unwrap();
-        let (_, second) = s.rotate_session("chat", "s2".into()).await.unwrap();
+        s.transcripts()
+            .append(&first.session_id, TranscriptEntry::user("before"))
+            .await
+            .unwrap();
+        let (_, second) = s
+            .sessions()
+            .rotate_session("chat", "s2".into())
+            .await
+            .unwrap();
         assert!(s
+            .transcripts()
             .load_history(&second.session_id, None)
             .await
             .unwrap()
             .is_empty());
-        assert_eq!(s.transcript_len(&second.session_id).await.unwrap(), 0);
-        let old = s.load_history("s1", None).await.unwrap();
+        assert_eq!(
+            s.transcripts()
+                .transcript_len(&second.session_id)
+                .await
+                .unwrap(),
+            0
+        );
+        let old = s.transcripts().load_history("s1", None).await.unwrap();
         assert_eq!(contents(&old), ["before"]);
     }
 
@@ -479,33 +535,48 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state/telegate.db");
         let s = Store::open(&path).unwrap();
-        s.get_or_create_session("chat", "s1".into()).await.unwrap();
-        s.set_override("chat", "model", json!("m")).await.unwrap();
-        s.append("s1", TranscriptEntry::user("persist me ✓"))
+        s.sessions()
+            .get_or_create_session("chat", "s1".into())
             .await
             .unwrap();
-        s.rotate_session("chat", "s2".into()).await.unwrap();
-        s.append("s2", TranscriptEntry::user("and me"))
+        s.sessions()
+            .set_override("chat", "model", json!("m"))
+            .await
+            .unwrap();
+        s.transcripts()
+            .append("s1", TranscriptEntry::user("persist me ✓"))
+            .await
+            .unwrap();
+        s.sessions()
+            .rotate_session("chat", "s2".into())
+            .await
+            .unwrap();
+        s.transcripts()
+            .append("s2", TranscriptEntry::user("and me"))
             .await
             .unwrap();
         s.close().await.unwrap();
 
         let s = Store::open_async(&path).await.unwrap();
-        let current = s.current_session("chat").await.unwrap().unwrap();
+        let current = s.sessions().current_session("chat").await.unwrap().unwrap();
         assert_eq!(current.session_id, "s2");
         assert_eq!(
-            s.session_owner_key("s1").await.unwrap().as_deref(),
+            s.sessions()
+                .session_owner_key("s1")
+                .await
+                .unwrap()
+                .as_deref(),
             Some("chat")
         );
         assert_eq!(
-            contents(&s.load_history("s1", None).await.unwrap()),
+            contents(&s.transcripts().load_history("s1", None).await.unwrap()),
             ["persist me ✓"]
         );
         assert_eq!(
-            contents(&s.load_history("s2", None).await.unwrap()),
+            contents(&s.transcripts().load_history("s2", None).await.unwrap()),
             ["and me"]
         );
-        assert_eq!(s.list_sessions().await.unwrap(), vec![current]);
+        assert_eq!(s.sessions().list_sessions().await.unwrap(), vec![current]);
         s.close().await.unwrap();
     }
 
@@ -523,7 +594,7 @@ mod tests {
         })
         .await
         .unwrap();
-        let err = s.load_history("s", None).await.unwrap_err();
+        let err = s.transcripts().load_history("s", None).await.unwrap_err();
         assert!(err.to_string().contains("wizard"), "{err}");
     }
 
@@ -568,6 +639,7 @@ mod tests {
                 let s = store.clone();
                 tokio::spawn(async move {
                     let session = s
+                        .sessions()
                         .get_or_create_session(&format!("chat-{t}"), format!("sess-{t}"))
                         .await
                         .unwrap();
@@ -578,10 +650,11 @@ mod tests {
                         } else {
                             Role::Assistant
                         };
-                        s.append(&id, TranscriptEntry::new(role, format!("{t}:{m}")))
+                        s.transcripts()
+                            .append(&id, TranscriptEntry::new(role, format!("{t}:{m}")))
                             .await
                             .unwrap();
-                        let recent = s.load_history(&id, Some(5)).await.unwrap();
+                        let recent = s.transcripts().load_history(&id, Some(5)).await.unwrap();
                         let expected: Vec<_> = (m.saturating_sub(4)..=m)
                             .map(|i| format!("{t}:{i}"))
                             .collect();
@@ -600,13 +673,14 @@ mod tests {
 
         for t in 0..TASKS {
             let h = store
+                .transcripts()
                 .load_history(&format!("sess-{t}"), None)
                 .await
                 .unwrap();
             let expected: Vec<_> = (0..MESSAGES).map(|i| format!("{t}:{i}")).collect();
             assert_eq!(contents(&h), expected, "session {t}");
         }
-        assert_eq!(store.list_sessions().await.unwrap().len(), TASKS);
+        assert_eq!(store.sessions().list_sessions().await.unwrap().len(), TASKS);
         assert!(ticks_during >= 3, "runtime starved: {ticks_during} ticks");
         store.close().await.unwrap();
     }

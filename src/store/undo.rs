@@ -9,7 +9,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{now_ms, Store, StoreError, WriteKind};
+use super::{now_ms, StoreError, Transcripts, WriteKind};
 
 /// What /undo took out of the history.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,7 +21,7 @@ pub struct UndoneExchange {
     pub entries: usize,
 }
 
-impl Store {
+impl Transcripts {
     /// The last user message still in the history of `session_id`.
     pub async fn last_user_message(&self, session_id: &str) -> Result<Option<String>, StoreError> {
         let session_id = session_id.to_owned();
@@ -94,30 +94,54 @@ mod tests {
     #[tokio::test]
     async fn undo_marks_the_last_exchange_and_keeps_it() {
         let s = Store::open_in_memory().unwrap();
-        s.append_many(
-            "s",
-            vec![
-                TranscriptEntry::user("one"),
-                TranscriptEntry::assistant("1"),
-                TranscriptEntry::user("two"),
-                TranscriptEntry::assistant("2"),
-            ],
-        )
-        .await
-        .unwrap();
-        let undone = s.undo_last_exchange("s").await.unwrap().unwrap();
+        s.transcripts()
+            .append_many(
+                "s",
+                vec![
+                    TranscriptEntry::user("one"),
+                    TranscriptEntry::assistant("1"),
+                    TranscriptEntry::user("two"),
+                    TranscriptEntry::assistant("2"),
+                ],
+            )
+            .await
+            .unwrap();
+        let undone = s
+            .transcripts()
+            .undo_last_exchange("s")
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!((undone.user_text.as_str(), undone.entries), ("two", 2));
-        let history = s.load_history("s", None).await.unwrap();
+        let history = s.transcripts().load_history("s", None).await.unwrap();
         assert_eq!(history.len(), 2);
         assert_eq!(history[1].content, "1");
-        assert_eq!(s.transcript_len("s").await.unwrap(), 2);
-        assert_eq!(s.undone_len("s").await.unwrap(), 2);
+        assert_eq!(s.transcripts().transcript_len("s").await.unwrap(), 2);
+        assert_eq!(s.transcripts().undone_len("s").await.unwrap(), 2);
         assert_eq!(
-            s.last_user_message("s").await.unwrap().as_deref(),
+            s.transcripts()
+                .last_user_message("s")
+                .await
+                .unwrap()
+                .as_deref(),
             Some("one")
         );
-        s.undo_last_exchange("s").await.unwrap().unwrap();
-        assert!(s.undo_last_exchange("s").await.unwrap().is_none());
-        assert!(s.last_user_message("s").await.unwrap().is_none());
+        s.transcripts()
+            .undo_last_exchange("s")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(s
+            .transcripts()
+            .undo_last_exchange("s")
+            .await
+            .unwrap()
+            .is_none());
+        assert!(s
+            .transcripts()
+            .last_user_message("s")
+            .await
+            .unwrap()
+            .is_none());
     }
 }

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{AgentUsage, Store, StoreError, WriteKind};
+use super::{AgentUsage, StoreError, Usage, WriteKind};
 
 /// One turn's usage, to record.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,7 +40,7 @@ fn to_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
-impl Store {
+impl Usage {
     /// Record one turn's usage.
     pub async fn record_turn_usage(&self, turn: TurnUsage) -> Result<(), StoreError> {
         self.write_one(WriteKind::Usage, move |conn| {
@@ -150,6 +150,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     fn turn(user_id: u64, at_ms: i64, tokens: u64, cost: f64) -> TurnUsage {
         TurnUsage {
@@ -170,30 +171,53 @@ mod tests {
     #[tokio::test]
     async fn sums_per_user_in_a_range_and_the_last_turns() {
         let s = Store::open_in_memory().unwrap();
-        s.record_turn_usage(turn(1, 100, 10, 0.5)).await.unwrap();
-        s.record_turn_usage(turn(1, 200, 20, 0.25)).await.unwrap();
-        s.record_turn_usage(turn(2, 150, 7, 0.0)).await.unwrap();
-        s.record_turn_usage(turn(1, 300, 99, 9.0)).await.unwrap();
-        let all = s.usage_between(None, 100, 300).await.unwrap();
+        s.usage()
+            .record_turn_usage(turn(1, 100, 10, 0.5))
+            .await
+            .unwrap();
+        s.usage()
+            .record_turn_usage(turn(1, 200, 20, 0.25))
+            .await
+            .unwrap();
+        s.usage()
+            .record_turn_usage(turn(2, 150, 7, 0.0))
+            .await
+            .unwrap();
+        s.usage()
+            .record_turn_usage(turn(1, 300, 99, 9.0))
+            .await
+            .unwrap();
+        let all = s.usage().usage_between(None, 100, 300).await.unwrap();
         let one = &all[&1];
         assert_eq!((one.turns, one.input_tokens, one.output_tokens), (2, 30, 4));
         assert!((one.cost_usd - 0.75).abs() < 1e-9);
         assert_eq!(all[&2].turns, 1);
-        let mine = s.usage_between(Some(2), 0, 1000).await.unwrap();
+        let mine = s.usage().usage_between(Some(2), 0, 1000).await.unwrap();
         assert_eq!(mine.len(), 1);
-        assert!(s.usage_between(Some(3), 0, 1000).await.unwrap().is_empty());
-        assert_eq!(s.turn_times_since(1, 100).await.unwrap(), [200, 300]);
-        let last = s.last_turns().await.unwrap();
+        assert!(s
+            .usage()
+            .usage_between(Some(3), 0, 1000)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            s.usage().turn_times_since(1, 100).await.unwrap(),
+            [200, 300]
+        );
+        let last = s.usage().last_turns().await.unwrap();
         assert_eq!((last[&1], last[&2]), (300, 150));
     }
 
     #[tokio::test]
     async fn the_voice_setting_is_kept_per_user() {
         let s = Store::open_in_memory().unwrap();
-        assert_eq!(s.voice_setting(1).await.unwrap(), None);
-        s.set_voice_setting(1, "auto").await.unwrap();
-        s.set_voice_setting(1, "on").await.unwrap();
-        assert_eq!(s.voice_setting(1).await.unwrap().as_deref(), Some("on"));
-        assert!(s.set_voice_setting(2, "loud").await.is_err());
+        assert_eq!(s.usage().voice_setting(1).await.unwrap(), None);
+        s.usage().set_voice_setting(1, "auto").await.unwrap();
+        s.usage().set_voice_setting(1, "on").await.unwrap();
+        assert_eq!(
+            s.usage().voice_setting(1).await.unwrap().as_deref(),
+            Some("on")
+        );
+        assert!(s.usage().set_voice_setting(2, "loud").await.is_err());
     }
 }

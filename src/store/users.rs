@@ -16,7 +16,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use subtle::ConstantTimeEq;
 
-use super::{Store, StoreError, WriteKind};
+use super::{StoreError, Users, WriteKind};
 
 /// What a member may do (see [`crate::access::roles`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -303,7 +303,7 @@ fn redeem(conn: &Connection, attempt: &Attempt) -> Result<Redeemed, StoreError> 
     Ok(Redeemed::Joined(role, kind))
 }
 
-impl Store {
+impl Users {
     /// Every member, by user id.
     pub async fn members(&self) -> Result<Vec<Member>, StoreError> {
         self.call(|conn| {
@@ -384,6 +384,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     const LIMITS: GuessLimits = GuessLimits {
         per_user: 3,
@@ -415,27 +416,29 @@ mod tests {
     #[tokio::test]
     async fn a_pairing_code_makes_one_owner_and_then_stops_working() {
         let s = Store::open_in_memory().unwrap();
-        s.create_code(code("p1", CodeKind::Pairing, Role::Owner, 0))
+        s.users()
+            .create_code(code("p1", CodeKind::Pairing, Role::Owner, 0))
             .await
             .unwrap();
-        s.create_code(code("p2", CodeKind::Pairing, Role::Owner, 0))
+        s.users()
+            .create_code(code("p2", CodeKind::Pairing, Role::Owner, 0))
             .await
             .unwrap();
         assert_eq!(
-            s.redeem_code(attempt(10, "p1", 5)).await.unwrap(),
+            s.users().redeem_code(attempt(10, "p1", 5)).await.unwrap(),
             Redeemed::Joined(Role::Owner, CodeKind::Pairing)
         );
-        assert_eq!(s.owner().await.unwrap(), Some(10));
+        assert_eq!(s.users().owner().await.unwrap(), Some(10));
         // The same code again, and the other pairing code: both void.
         assert!(matches!(
-            s.redeem_code(attempt(11, "p1", 6)).await.unwrap(),
+            s.users().redeem_code(attempt(11, "p1", 6)).await.unwrap(),
             Redeemed::Wrong { .. }
         ));
         assert!(matches!(
-            s.redeem_code(attempt(11, "p2", 7)).await.unwrap(),
+            s.users().redeem_code(attempt(11, "p2", 7)).await.unwrap(),
             Redeemed::Wrong { .. }
         ));
-        assert_eq!(s.members().await.unwrap().len(), 1);
+        assert_eq!(s.users().members().await.unwrap().len(), 1);
         // The database itself refuses a second owner.
         let second = s
             .call(|c| {
@@ -451,30 +454,38 @@ mod tests {
     #[tokio::test]
     async fn invites_are_single_use_and_expire() {
         let s = Store::open_in_memory().unwrap();
-        s.create_code(code("i1", CodeKind::Invite, Role::Admin, 0))
+        s.users()
+            .create_code(code("i1", CodeKind::Invite, Role::Admin, 0))
             .await
             .unwrap();
-        s.create_code(code("i2", CodeKind::Invite, Role::User, 0))
+        s.users()
+            .create_code(code("i2", CodeKind::Invite, Role::User, 0))
             .await
             .unwrap();
         assert_eq!(
-            s.redeem_code(attempt(20, "i1", 10)).await.unwrap(),
+            s.users().redeem_code(attempt(20, "i1", 10)).await.unwrap(),
             Redeemed::Joined(Role::Admin, CodeKind::Invite)
         );
         assert!(matches!(
-            s.redeem_code(attempt(21, "i1", 11)).await.unwrap(),
+            s.users().redeem_code(attempt(21, "i1", 11)).await.unwrap(),
             Redeemed::Wrong { .. }
         ));
         // Expired at 1000.
         assert!(matches!(
-            s.redeem_code(attempt(22, "i2", 1000)).await.unwrap(),
+            s.users()
+                .redeem_code(attempt(22, "i2", 1000))
+                .await
+                .unwrap(),
             Redeemed::Wrong { .. }
         ));
-        let members = s.members().await.unwrap();
+        let members = s.users().members().await.unwrap();
         assert_eq!(members.len(), 1);
         assert_eq!(members[0].added_by, Some(1));
         assert_eq!(
-            s.redeem_code(attempt(20, "nothing", 12)).await.unwrap(),
+            s.users()
+                .redeem_code(attempt(20, "nothing", 12))
+                .await
+                .unwrap(),
             Redeemed::AlreadyMember(Role::Admin)
         );
     }
@@ -482,13 +493,14 @@ mod tests {
     #[tokio::test]
     async fn wrong_tries_are_limited_per_user_and_for_everybody() {
         let s = Store::open_in_memory().unwrap();
-        s.create_code(code("good", CodeKind::Invite, Role::User, 0))
+        s.users()
+            .create_code(code("good", CodeKind::Invite, Role::User, 0))
             .await
             .unwrap();
         let tries: Vec<_> = [
-            s.redeem_code(attempt(30, "bad", 1)).await.unwrap(),
-            s.redeem_code(attempt(30, "bad", 2)).await.unwrap(),
-            s.redeem_code(attempt(30, "bad", 3)).await.unwrap(),
+            s.users().redeem_code(attempt(30, "bad", 1)).await.unwrap(),
+            s.users().redeem_code(attempt(30, "bad", 2)).await.unwrap(),
+            s.users().redeem_code(attempt(30, "bad", 3)).await.unwrap(),
         ]
         .into_iter()
         .collect();
@@ -502,20 +514,23 @@ mod tests {
         );
         // Silenced, even with the right code, until the window passes.
         assert_eq!(
-            s.redeem_code(attempt(30, "good", 4)).await.unwrap(),
+            s.users().redeem_code(attempt(30, "good", 4)).await.unwrap(),
             Redeemed::Silenced
         );
         // Two more from others reach the global limit of 5.
-        s.redeem_code(attempt(31, "bad", 5)).await.unwrap();
-        s.redeem_code(attempt(32, "bad", 6)).await.unwrap();
+        s.users().redeem_code(attempt(31, "bad", 5)).await.unwrap();
+        s.users().redeem_code(attempt(32, "bad", 6)).await.unwrap();
         assert_eq!(
-            s.redeem_code(attempt(33, "good", 7)).await.unwrap(),
+            s.users().redeem_code(attempt(33, "good", 7)).await.unwrap(),
             Redeemed::Busy
         );
         // After the window, tries count afresh.
         let later = 7 + LIMITS.window_ms;
         assert_eq!(
-            s.redeem_code(attempt(33, "bad", later)).await.unwrap(),
+            s.users()
+                .redeem_code(attempt(33, "bad", later))
+                .await
+                .unwrap(),
             Redeemed::Wrong { tries_left: 2 }
         );
     }
@@ -523,18 +538,21 @@ mod tests {
     #[tokio::test]
     async fn roles_change_but_never_to_or_from_owner_and_revoking_drops_invites() {
         let s = Store::open_in_memory().unwrap();
-        s.create_code(code("p", CodeKind::Pairing, Role::Owner, 0))
+        s.users()
+            .create_code(code("p", CodeKind::Pairing, Role::Owner, 0))
             .await
             .unwrap();
-        s.redeem_code(attempt(1, "p", 1)).await.unwrap();
-        s.create_code(code("i", CodeKind::Invite, Role::User, 1))
+        s.users().redeem_code(attempt(1, "p", 1)).await.unwrap();
+        s.users()
+            .create_code(code("i", CodeKind::Invite, Role::User, 1))
             .await
             .unwrap();
-        s.redeem_code(attempt(2, "i", 2)).await.unwrap();
-        s.set_member_role(2, Role::Admin).await.unwrap();
-        s.set_member_role(1, Role::User).await.unwrap();
-        s.set_member_role(2, Role::Owner).await.unwrap();
+        s.users().redeem_code(attempt(2, "i", 2)).await.unwrap();
+        s.users().set_member_role(2, Role::Admin).await.unwrap();
+        s.users().set_member_role(1, Role::User).await.unwrap();
+        s.users().set_member_role(2, Role::Owner).await.unwrap();
         let roles: Vec<_> = s
+            .users()
             .members()
             .await
             .unwrap()
@@ -545,11 +563,14 @@ mod tests {
         // An invite made by 2, unused, dies with 2's membership.
         let mut by_two = code("i2", CodeKind::Invite, Role::User, 3);
         by_two.created_by = Some(2);
-        s.create_code(by_two).await.unwrap();
-        assert_eq!(s.remove_member(2).await.unwrap().unwrap().role, Role::Admin);
-        assert_eq!(s.remove_member(2).await.unwrap(), None);
+        s.users().create_code(by_two).await.unwrap();
+        assert_eq!(
+            s.users().remove_member(2).await.unwrap().unwrap().role,
+            Role::Admin
+        );
+        assert_eq!(s.users().remove_member(2).await.unwrap(), None);
         assert!(matches!(
-            s.redeem_code(attempt(3, "i2", 4)).await.unwrap(),
+            s.users().redeem_code(attempt(3, "i2", 4)).await.unwrap(),
             Redeemed::Wrong { .. }
         ));
     }

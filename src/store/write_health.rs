@@ -4,7 +4,7 @@
 //! A read (`SELECT 1`) can succeed while every write fails (disk full, a
 //! read-only file system, a damaged page), so `/healthz` cannot learn about
 //! failing writes by probing. Every writing method of [`super::Store`]
-//! reports its outcome here instead ([`super::Store::write`]): a failure of
+//! reports its outcome here instead ([`super::Link::write`]): a failure of
 //! one kind ([`WriteKind`]) is remembered until a write of the same kind
 //! changes a row again, so a working kind (say, the outbox) never hides a
 //! failing one (say, transcripts).
@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rusqlite::Connection;
 
-use super::{Store, StoreError};
+use super::{Link, StoreError};
 
 /// What a write was writing (named in `/healthz` when it fails).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -117,14 +117,14 @@ impl WriteHealth {
     }
 }
 
-impl Store {
-    /// [`Store::call`] for a method that writes: its outcome is reported
+impl Link {
+    /// [`Link::call`] for a method that writes: its outcome is reported
     /// to [`WriteHealth`] under `kind` (a failure of SQLite or of the disk
     /// marks `kind` failing; a call that changed a row, once committed,
     /// marks it working again). Every writing method goes through this,
     /// so `/healthz` sees every failing write without each caller
     /// remembering to report it.
-    pub(crate) async fn write<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
+    pub(super) async fn write<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
@@ -133,8 +133,8 @@ impl Store {
         self.report(kind, result)
     }
 
-    /// [`Store::call_one_write`], reported like [`Store::write`].
-    pub(crate) async fn write_one<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
+    /// [`Link::call_one_write`], reported like [`Link::write`].
+    pub(super) async fn write_one<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
@@ -143,8 +143,8 @@ impl Store {
         self.report(kind, result)
     }
 
-    /// [`Store::call_with_writes`], reported like [`Store::write`].
-    pub(crate) async fn write_with_writes<R, F>(
+    /// [`Link::call_with_writes`], reported like [`Link::write`].
+    pub(super) async fn write_with_writes<R, F>(
         &self,
         kind: WriteKind,
         writes: usize,
@@ -215,6 +215,7 @@ fn changed_by<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[test]
     fn a_failure_lasts_until_the_next_success_of_its_kind() {
@@ -263,18 +264,23 @@ mod tests {
         let health = store.write_health().clone();
         fail_inserts_into(&store, "transcripts").await;
         let entry = || crate::store::TranscriptEntry::user("hi");
-        assert!(store.append("s", entry()).await.is_err());
+        assert!(store.transcripts().append("s", entry()).await.is_err());
         let failures = health.failures();
         assert_eq!(failures.len(), 1);
         assert_eq!(failures[0].0, WriteKind::Transcript);
         assert!(failures[0].1.contains("disk is full"), "{failures:?}");
 
         // Reads and other kinds of writes working do not hide it.
-        assert_eq!(store.transcript_len("s").await.unwrap(), 0);
-        store.record_reply(1, 2, vec![3], true).await.unwrap();
+        assert_eq!(store.transcripts().transcript_len("s").await.unwrap(), 0);
+        store
+            .outbox()
+            .record_reply(1, 2, vec![3], true)
+            .await
+            .unwrap();
         assert_eq!(health.failures().len(), 1);
         // A caller's mistake is no failing write.
-        let unknown = store.set_override("nobody", "model", serde_json::json!("m"));
+        let sessions = store.sessions();
+        let unknown = sessions.set_override("nobody", "model", serde_json::json!("m"));
         assert!(unknown.await.is_err());
         assert_eq!(health.failures().len(), 1);
 
@@ -282,7 +288,7 @@ mod tests {
             .call(|c| Ok(c.execute_batch("DROP TRIGGER fail_transcripts")?))
             .await
             .unwrap();
-        store.append("s", entry()).await.unwrap();
+        store.transcripts().append("s", entry()).await.unwrap();
         assert_eq!(health.failures(), vec![]);
     }
 }

@@ -337,7 +337,7 @@ impl ApprovalGate {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let store = store.clone();
                 runtime.spawn(async move {
-                    if let Err(error) = store.record_approval(record).await {
+                    if let Err(error) = store.approvals().record_approval(record).await {
                         tracing::error!(%error, "could not record an approval decision");
                     }
                 });
@@ -753,7 +753,11 @@ mod tests {
 
         let mut records = Vec::new();
         for _ in 0..200 {
-            records = store.approval_records(key.as_str()).await.unwrap();
+            records = store
+                .approvals()
+                .approval_records(key.as_str())
+                .await
+                .unwrap();
             if records.len() == 2 {
                 break;
             }

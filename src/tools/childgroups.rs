@@ -130,7 +130,7 @@ async fn write_changes(store: Store, mut rx: mpsc::UnboundedReceiver<ChildGroupC
         while let Ok(next) = rx.try_recv() {
             batch.push(next);
         }
-        if let Err(error) = store.record_child_groups(batch).await {
+        if let Err(error) = store.child_groups().record_child_groups(batch).await {
             tracing::warn!(%error, "could not record started or ended process groups");
         }
     }
@@ -215,7 +215,7 @@ pub fn verdict(recorded: &ChildGroup, boot: Option<&str>, processes: &[ProcStat]
 /// previous run recorded that still runs and is verifiably its own, and
 /// forget them all. Returns how many groups were killed.
 pub async fn kill_previous_run(store: &Store) -> Result<usize, StoreError> {
-    let recorded = store.take_child_groups().await?;
+    let recorded = store.child_groups().take_child_groups().await?;
     if recorded.is_empty() {
         return Ok(0);
     }
@@ -397,6 +397,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let left: Vec<i32> = store
+            .child_groups()
             .take_child_groups()
             .await
             .unwrap()

@@ -12,4 +12,5 @@
 
 pub mod console;
 pub mod engine;
+pub mod tables;
 pub mod telegram;

@@ -31,6 +31,7 @@ use crate::transport::telegram::{
     sync_commands, webhook, StartError, TelegramBot,
 };
 use crate::wiring::engine::{build_agent_setup, open_store};
+use crate::wiring::tables;
 
 /// Starting the bot the configuration describes (the bot itself knows
 /// nothing of the configuration).
@@ -130,7 +131,7 @@ impl TelegramBot {
         let topics = Topics::new(
             config.adapter_config().key_policy,
             delivery.clone(),
-            Arc::new(TelegramOutbound::new(delivery.clone(), Some(store.clone()))),
+            Arc::new(TelegramOutbound::new(delivery.clone(), Some(tables::delivery(&store)))),
         );
         let outcomes = TopicOutcomes {
             inner: Arc::new(inbox_writer.clone()),
@@ -139,7 +140,7 @@ impl TelegramBot {
         let engine = Engine::assemble(
             setup,
             Arc::new(
-                TelegramOutbound::new(delivery.clone(), Some(store.clone()))
+                TelegramOutbound::new(delivery.clone(), Some(tables::delivery(&store)))
                     .with_reactions(config.delivery.reactions)
                     .with_streaming(config.delivery.streaming),
             ),

@@ -331,6 +331,7 @@ async fn a_permission_request_becomes_buttons_only_the_starter_may_press() {
     assert!(edited.current().reply_markup.is_none());
     let records = bot
         .store
+        .approvals()
         .approval_records(&format!("agent:main:telegram:dm:{USER}"))
         .await
         .unwrap();
@@ -410,6 +411,7 @@ async fn an_unanswered_permission_request_is_rejected() {
     );
     let records = bot
         .store
+        .approvals()
         .approval_records(&format!("agent:main:telegram:dm:{USER}"))
         .await
         .unwrap();

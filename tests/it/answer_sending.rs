@@ -224,7 +224,12 @@ async fn stop_ends_an_answer_sent_in_parts_and_the_rest_is_never_sent() {
     let store = Store::open_async(config.store.database_path())
         .await
         .unwrap();
-    let entry = store.reply_of(USER, answered).await.unwrap().unwrap();
+    let entry = store
+        .outbox()
+        .reply_of(USER, answered)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(entry.delivered, "{entry:?}");
     assert_eq!(entry.reply_ids.len(), sent);
 }

@@ -136,7 +136,12 @@ async fn stop_mid_stream_closes_the_llm_connection_and_nothing_more_is_sent() {
         .engine
         .adapter
         .session_key(&make_event("x", USER).source);
-    let session = store.current_session(key.as_str()).await.unwrap().unwrap();
+    let session = store
+        .sessions()
+        .current_session(key.as_str())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
         wait_for_interrupted(&store, &session.session_id).await,
         "interrupted turn recorded"
@@ -146,7 +151,11 @@ async fn stop_mid_stream_closes_the_llm_connection_and_nothing_more_is_sent() {
 
 async fn wait_for_interrupted(store: &Store, session_id: &str) -> bool {
     for _ in 0..200 {
-        let history = store.load_history(session_id, None).await.unwrap();
+        let history = store
+            .transcripts()
+            .load_history(session_id, None)
+            .await
+            .unwrap();
         if history
             .iter()
             .any(|e| e.role == Role::Assistant && e.interrupted)
@@ -215,9 +224,14 @@ async fn a_restart_continues_the_conversation_and_new_starts_empty() {
         .engine
         .adapter
         .session_key(&make_event("x", USER).source);
-    let sessions = store.session_history(key.as_str()).await.unwrap();
+    let sessions = store
+        .sessions()
+        .session_history(key.as_str())
+        .await
+        .unwrap();
     assert_eq!(sessions.len(), 2);
     let old = store
+        .transcripts()
         .load_history(&sessions[0].session_id, None)
         .await
         .unwrap();
@@ -390,8 +404,17 @@ async fn two_hundred_chats_share_one_store_and_every_transcript_is_whole() {
     assert!(ticks.load(std::sync::atomic::Ordering::Relaxed) >= 3);
     for &chat in &chats {
         let key = engine.adapter.session_key(&make_event("x", chat).source);
-        let session = store.current_session(key.as_str()).await.unwrap().unwrap();
-        let history = store.load_history(&session.session_id, None).await.unwrap();
+        let session = store
+            .sessions()
+            .current_session(key.as_str())
+            .await
+            .unwrap()
+            .unwrap();
+        let history = store
+            .transcripts()
+            .load_history(&session.session_id, None)
+            .await
+            .unwrap();
         let contents: Vec<(Role, String)> =
             history.into_iter().map(|e| (e.role, e.content)).collect();
         let expected: Vec<(Role, String)> = (0..5)

@@ -390,7 +390,13 @@ fn push_wave(fake: &FakeBotApi, scenario: &Scenario, wave: usize, rng: &mut Rng)
 async fn quiesce(bot: &TelegramBot, fake: &FakeBotApi, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     loop {
-        let open = bot.store.open_inbox().await.map(|o| o.len()).unwrap_or(1);
+        let open = bot
+            .store
+            .inbox()
+            .open_inbox()
+            .await
+            .map(|o| o.len())
+            .unwrap_or(1);
         let settled = open == 0
             && fake.pending_updates_len() == 0
             && bot.engine.adapter.is_idle()
@@ -414,6 +420,7 @@ async fn chat_story(
     for message in pushed.iter().filter(|p| p.chat_id == chat_id) {
         let entry = bot
             .store
+            .inbox()
             .inbox_entry(message.update_id)
             .await
             .ok()
@@ -558,7 +565,12 @@ async fn run(scenario: Scenario) {
 
     let settled = quiesce(&bot, &fake, QUIESCE).await;
     let run_time = started.elapsed();
-    let open = bot.store.open_inbox().await.expect("the inbox is readable");
+    let open = bot
+        .store
+        .inbox()
+        .open_inbox()
+        .await
+        .expect("the inbox is readable");
     if let Some(stuck) = open.first() {
         println!(
             "{}",
@@ -595,6 +607,7 @@ async fn run(scenario: Scenario) {
     for message in &pushed {
         let entry = bot
             .store
+            .inbox()
             .inbox_entry(message.update_id)
             .await
             .expect("the inbox is readable");
@@ -849,6 +862,7 @@ async fn a_stop_while_an_answer_is_delivered_ends_the_sending_cleanly() {
     );
     let entry = bot
         .store
+        .inbox()
         .inbox_entry(long)
         .await
         .unwrap()

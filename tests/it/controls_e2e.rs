@@ -371,7 +371,14 @@ async fn retry_undo_and_model_change_what_the_llm_receives() {
             "agent:main:telegram:dm:{USER}"
         )))
         .unwrap();
-    assert_eq!(store.undone_len(session.as_str()).await.unwrap(), 4);
+    assert_eq!(
+        store
+            .transcripts()
+            .undone_len(session.as_str())
+            .await
+            .unwrap(),
+        4
+    );
     bot.shutdown().await;
 }
 
@@ -447,6 +454,7 @@ async fn a_press_recorded_before_a_restart_is_carried_out_once() {
     {
         let store = store_in(&fake, dir.path()).await;
         assert!(store
+            .inbox()
             .record_update(update_id, USER, None, payload, InboxState::Received, None)
             .await
             .unwrap());
@@ -466,7 +474,13 @@ async fn a_press_recorded_before_a_restart_is_carried_out_once() {
     assert!(wait_text(&fake, USER, "Model: big").await);
     assert_eq!(count_texts(&fake, USER, "🧠 Model: big"), 1);
     // Its row is closed as carried out, not as "not resumable".
-    let entry = bot.store.inbox_entry(update_id).await.unwrap().unwrap();
+    let entry = bot
+        .store
+        .inbox()
+        .inbox_entry(update_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (entry.state, entry.reason.as_deref()),
         (InboxState::Answered, None)
@@ -485,18 +499,19 @@ async fn an_unreadable_press_recorded_before_a_restart_is_closed_not_kept() {
         let store = store_in(&fake, dir.path()).await;
         let payload = json!({"update_id": 5, "callback_query": {"id": "cbq-odd", "data": "b:1"}});
         assert!(store
+            .inbox()
             .record_update(5, USER, None, payload, InboxState::Received, None)
             .await
             .unwrap());
         store.close().await.unwrap();
     }
     let bot = start_openai(&fake, &llm, dir.path()).await;
-    let entry = bot.store.inbox_entry(5).await.unwrap().unwrap();
+    let entry = bot.store.inbox().inbox_entry(5).await.unwrap().unwrap();
     assert_eq!(
         (entry.state, entry.reason.as_deref()),
         (InboxState::Dropped, Some("not resumable"))
     );
-    assert!(bot.store.open_inbox().await.unwrap().is_empty());
+    assert!(bot.store.inbox().open_inbox().await.unwrap().is_empty());
     bot.shutdown().await;
 }
 

@@ -443,6 +443,7 @@ fn first_shown(calls: &[RecordedCall], chat: i64, text: &str) -> Option<u64> {
 
 async fn inbox_state(store: &Store, update_id: i64) -> (InboxState, Option<String>) {
     let entry = store
+        .inbox()
         .inbox_entry(update_id)
         .await
         .expect("the store is readable")
@@ -589,10 +590,14 @@ async fn crash_mid_turn_with_queued_follow_ups(resume: bool) {
     for update in [u2, u3] {
         assert_eq!(inbox_state(&store, update).await.0, InboxState::Answered);
     }
-    assert!(store.open_inbox().await.unwrap().is_empty());
+    assert!(store.inbox().open_inbox().await.unwrap().is_empty());
     // The resumed message is in the transcript once, not once per attempt.
-    for session in store.list_sessions().await.unwrap() {
-        let history = store.load_history(&session.session_id, None).await.unwrap();
+    for session in store.sessions().list_sessions().await.unwrap() {
+        let history = store
+            .transcripts()
+            .load_history(&session.session_id, None)
+            .await
+            .unwrap();
         for pair in history.windows(2) {
             assert!(
                 !(pair[0].role == telegate::vocab::Role::User
@@ -906,7 +911,7 @@ async fn kill_9_mid_draft_resumes_the_turn_and_sends_the_final_answer_once() {
     assert_eq!(echo_texts(&fake, USER), [echo(text)]);
     let store = deployment.open_store().await;
     assert_eq!(inbox_state(&store, u1).await.0, InboxState::Answered);
-    assert!(store.open_inbox().await.unwrap().is_empty());
+    assert!(store.inbox().open_inbox().await.unwrap().is_empty());
 
     // A kill just after the final sendMessage, before the inbox row was
     // closed, leaves it running while the outbox records the answer as
@@ -1022,6 +1027,7 @@ async fn kill_9_while_batches_commit_loses_no_confirmed_update() {
         for (id, _, _) in pushed.iter().filter(|(id, _, _)| *id < offset) {
             confirmed += 1;
             if store
+                .inbox()
                 .inbox_entry(*id)
                 .await
                 .expect("the store is readable")
@@ -1082,6 +1088,7 @@ async fn kill_9_while_batches_commit_loses_no_confirmed_update() {
             twice.push((text.clone(), count));
         }
         let entry = store
+            .inbox()
             .inbox_entry(*id)
             .await
             .expect("the store is readable")
@@ -1252,7 +1259,7 @@ async fn sigterm_exits_within_the_grace_and_the_next_start_finishes_the_work() {
     for update in [u1, u2, u3] {
         assert_eq!(inbox_state(&store, update).await.0, InboxState::Answered);
     }
-    assert!(store.open_inbox().await.unwrap().is_empty());
+    assert!(store.inbox().open_inbox().await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -74,7 +74,7 @@ async fn send_document(
 async fn settle(bot: &TelegramBot) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let counts = bot.store.inbox_counts().await.unwrap();
+        let counts = bot.store.inbox().inbox_counts().await.unwrap();
         if counts
             .iter()
             .all(|(state, n)| state.is_terminal() || *n == 0)

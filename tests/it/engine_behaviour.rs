@@ -477,6 +477,7 @@ async fn the_transcript_keeps_an_answer_whole_and_a_failed_turn_as_interrupted()
     let entries = || async {
         let session = runner.current_session(&session_key(1)).unwrap();
         store
+            .transcripts()
             .load_history(session.as_str(), None)
             .await
             .unwrap()

@@ -876,6 +876,7 @@ fn check_case(specs: Vec<UpdateSpec>) -> Result<(), TestCaseError> {
             let entry = h
                 .bot
                 .store
+                .inbox()
                 .inbox_entry(id)
                 .await
                 .expect("the inbox is readable");
@@ -909,7 +910,7 @@ fn check_case(specs: Vec<UpdateSpec>) -> Result<(), TestCaseError> {
         let pending = &accepted;
         let all_done = wait_until(SETTLE, || async move {
             for (id, _) in pending {
-                match store.inbox_entry(*id).await {
+                match store.inbox().inbox_entry(*id).await {
                     Ok(Some(entry)) if entry.state.is_terminal() => {}
                     _ => return false,
                 }
@@ -920,7 +921,7 @@ fn check_case(specs: Vec<UpdateSpec>) -> Result<(), TestCaseError> {
         if !all_done {
             let mut states = Vec::new();
             for (id, _) in &accepted {
-                let entry = store.inbox_entry(*id).await.ok().flatten();
+                let entry = store.inbox().inbox_entry(*id).await.ok().flatten();
                 states.push((id, entry.map(|e| e.state)));
             }
             return Err(TestCaseError::fail(format!(
@@ -928,7 +929,13 @@ fn check_case(specs: Vec<UpdateSpec>) -> Result<(), TestCaseError> {
             )));
         }
         for (id, huge) in &accepted {
-            let state = store.inbox_entry(*id).await.ok().flatten().map(|e| e.state);
+            let state = store
+                .inbox()
+                .inbox_entry(*id)
+                .await
+                .ok()
+                .flatten()
+                .map(|e| e.state);
             let mut stats = h.stats.lock().unwrap();
             stats.accepted += 1;
             let name = state.map_or("missing", InboxState::as_str);

@@ -381,7 +381,7 @@ async fn an_album_arrives_as_one_turn() {
     // Every part of the album is closed in the inbox.
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let counts = bot.store.inbox_counts().await.unwrap();
+        let counts = bot.store.inbox().inbox_counts().await.unwrap();
         if counts
             .iter()
             .all(|(state, n)| state.is_terminal() || *n == 0)

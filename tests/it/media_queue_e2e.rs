@@ -69,7 +69,13 @@ async fn wait_button(fake: &FakeBotApi, label: &str) -> (i64, String) {
 async fn wait_row(bot: &TelegramBot, update_id: i64, state: InboxState) -> Option<String> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let entry = bot.store.inbox_entry(update_id).await.unwrap().unwrap();
+        let entry = bot
+            .store
+            .inbox()
+            .inbox_entry(update_id)
+            .await
+            .unwrap()
+            .unwrap();
         if entry.state == state {
             return entry.reason;
         }

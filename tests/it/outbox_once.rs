@@ -66,7 +66,7 @@ fn visible_calls(calls: &[RecordedCall], chat: i64) -> Vec<String> {
 async fn wait_inbox_settled(store: &Store) -> bool {
     let deadline = tokio::time::Instant::now() + WAIT;
     while tokio::time::Instant::now() < deadline {
-        if store.open_inbox().await.unwrap().is_empty() {
+        if store.inbox().open_inbox().await.unwrap().is_empty() {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -100,6 +100,7 @@ async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(
     );
     let store = bot.store.clone();
     let entry = store
+        .inbox()
         .inbox_entry(update_id)
         .await
         .unwrap()
@@ -107,6 +108,7 @@ async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(
     let message_id = entry.message_id.expect("a message");
     assert!(wait_inbox_settled(&store).await);
     let reply = store
+        .outbox()
         .reply_of(USER, message_id)
         .await
         .unwrap()
@@ -142,7 +144,13 @@ async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(
         .unwrap();
     assert!(wait_inbox_settled(&bot.store).await, "the row was closed");
     let (state, reason) = {
-        let entry = bot.store.inbox_entry(update_id).await.unwrap().unwrap();
+        let entry = bot
+            .store
+            .inbox()
+            .inbox_entry(update_id)
+            .await
+            .unwrap()
+            .unwrap();
         (entry.state, entry.reason)
     };
     if ambiguous {
@@ -220,7 +228,11 @@ async fn an_answer_recorded_as_being_sent_is_not_sent_again() {
     let store = Store::open_in_memory().unwrap();
     let out = outbound(&fake, &store);
     // An earlier attempt recorded its intent and never its outcome.
-    store.record_send_intent(USER, 11, vec![]).await.unwrap();
+    store
+        .outbox()
+        .record_send_intent(USER, 11, vec![])
+        .await
+        .unwrap();
     let result = out
         .deliver(&user(), Reply::answer("maybe sent").in_reply_to(Some(11)))
         .await;
@@ -231,14 +243,19 @@ async fn an_answer_recorded_as_being_sent_is_not_sent_again() {
     out.deliver(&user(), Reply::answer("new").in_reply_to(Some(12)))
         .await
         .unwrap();
-    let recorded = store.reply_of(USER, 12).await.unwrap().expect("recorded");
+    let recorded = store
+        .outbox()
+        .reply_of(USER, 12)
+        .await
+        .unwrap()
+        .expect("recorded");
     assert!(recorded.delivered && !recorded.sending);
 }
 
 fn outbound(fake: &FakeBotApi, store: &Store) -> TelegramOutbound {
     TelegramOutbound::new(
         Delivery::new(fake.bot(), DeliveryConfig::default()),
-        Some(store.clone()),
+        Some(telegate::wiring::tables::delivery(store)),
     )
 }
 
@@ -257,7 +274,12 @@ async fn an_answer_the_outbox_records_as_delivered_is_not_sent_again() {
         .await
         .unwrap();
     assert_eq!(fake.sent_texts(USER), vec!["first".to_string()]);
-    let recorded = store.reply_of(USER, 7).await.unwrap().expect("recorded");
+    let recorded = store
+        .outbox()
+        .reply_of(USER, 7)
+        .await
+        .unwrap()
+        .expect("recorded");
     assert!(recorded.delivered);
     assert_eq!(recorded.reply_ids.len(), 1);
 
@@ -266,7 +288,11 @@ async fn an_answer_the_outbox_records_as_delivered_is_not_sent_again() {
         .await
         .unwrap();
     // An answer recorded as delivered by an earlier process: nothing.
-    store.record_reply(USER, 8, vec![999], true).await.unwrap();
+    store
+        .outbox()
+        .record_reply(USER, 8, vec![999], true)
+        .await
+        .unwrap();
     out.deliver(&user(), Reply::answer("second").in_reply_to(Some(8)))
         .await
         .unwrap();
@@ -288,6 +314,7 @@ async fn a_recorded_half_streamed_preview_is_finished_in_place() {
         .unwrap();
     use teloxide::prelude::Requester;
     store
+        .outbox()
         .record_reply(USER, 9, vec![preview.id.0], false)
         .await
         .unwrap();
@@ -309,7 +336,15 @@ async fn a_recorded_half_streamed_preview_is_finished_in_place() {
     let history = fake.message_history(USER);
     assert_eq!(history.len(), 1);
     assert_eq!(history[0].text(), "the whole answer");
-    assert!(store.reply_of(USER, 9).await.unwrap().unwrap().delivered);
+    assert!(
+        store
+            .outbox()
+            .reply_of(USER, 9)
+            .await
+            .unwrap()
+            .unwrap()
+            .delivered
+    );
 }
 
 /// A preview is a send like the answer's: while its `sendMessage` is in
@@ -327,7 +362,10 @@ async fn a_preview_send_records_its_intent_before_the_request() {
         edit_interval: Duration::from_millis(20),
         ..DeliveryConfig::default()
     };
-    let out = TelegramOutbound::new(Delivery::new(fake.bot(), config), Some(store.clone()));
+    let out = TelegramOutbound::new(
+        Delivery::new(fake.bot(), config),
+        Some(telegate::wiring::tables::delivery(&store)),
+    );
     // The preview's request is held by the fake for a while.
     fake.fail_next(
         "sendMessage",
@@ -356,7 +394,7 @@ async fn a_preview_send_records_its_intent_before_the_request() {
         .await,
         "the preview was never sent"
     );
-    let in_flight = store.reply_of(USER, 11).await.unwrap();
+    let in_flight = store.outbox().reply_of(USER, 11).await.unwrap();
     assert!(
         in_flight.as_ref().is_some_and(|entry| entry.sending),
         "the preview's request is in flight with no intent recorded: {in_flight:?}"
@@ -364,7 +402,7 @@ async fn a_preview_send_records_its_intent_before_the_request() {
     // Out: the row names the preview and no send is pending.
     let deadline = tokio::time::Instant::now() + WAIT;
     let recorded = loop {
-        let entry = store.reply_of(USER, 11).await.unwrap();
+        let entry = store.outbox().reply_of(USER, 11).await.unwrap();
         if entry.as_ref().is_some_and(|e| !e.reply_ids.is_empty()) {
             break entry.expect("checked");
         }
@@ -380,5 +418,13 @@ async fn a_preview_send_records_its_intent_before_the_request() {
         .unwrap();
     assert_eq!(fake.calls_to("sendMessage").len(), 1, "one message only");
     assert_eq!(fake.sent_texts(USER), vec!["the whole answer".to_string()]);
-    assert!(store.reply_of(USER, 11).await.unwrap().unwrap().delivered);
+    assert!(
+        store
+            .outbox()
+            .reply_of(USER, 11)
+            .await
+            .unwrap()
+            .unwrap()
+            .delivered
+    );
 }

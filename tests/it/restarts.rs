@@ -194,6 +194,7 @@ async fn a_stop_button_stored_by_an_older_telegate_is_stale() {
             .await
             .unwrap();
         store
+            .buttons()
             .create_buttons(vec![telegate::store::NewButton {
                 id: "oldstop1".into(),
                 row_id: "oldrow1".into(),

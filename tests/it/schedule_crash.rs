@@ -186,7 +186,7 @@ async fn runs(store: &Store) -> BTreeMap<(i64, i64), InboxState> {
     let mut found = BTreeMap::new();
     for id in ids {
         let (job, instant) = run_of(id).expect("a run id");
-        let state = store.inbox_entry(id).await.unwrap().unwrap().state;
+        let state = store.inbox().inbox_entry(id).await.unwrap().unwrap().state;
         found.insert((job, instant.as_second()), state);
     }
     found
@@ -363,6 +363,7 @@ async fn missed_for_two_hours(store: &Store) -> i64 {
         text: "stretch".into(),
     };
     store
+        .jobs()
         .create_job(
             NewJob {
                 chat_id: USER,
@@ -427,7 +428,7 @@ async fn after_a_two_hour_outage_latest_runs_the_missed_instant_once_and_none_ru
         let store = deployment.open_store().await;
         let journaled = runs(&store).await;
         assert_eq!(journaled.len(), expected_runs, "{catch_up}: {journaled:?}");
-        let stored = store.job(job).await.unwrap().unwrap();
+        let stored = store.jobs().job(job).await.unwrap().unwrap();
         assert!(
             stored.next_run.unwrap() > now_ms(),
             "{catch_up}: the next run is ahead"

@@ -161,7 +161,10 @@ async fn the_models_schedule_tool_makes_a_job_that_runs_in_the_same_chat_and_ses
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(count_text(&fake, CHAT_A, "A: time to stretch!"), 1);
     let store = bot.store.clone();
-    assert_eq!(store.job(1).await.unwrap().unwrap().state, JobState::Done);
+    assert_eq!(
+        store.jobs().job(1).await.unwrap().unwrap().state,
+        JobState::Done
+    );
     bot.shutdown().await;
 }
 
@@ -330,7 +333,10 @@ async fn a_jobs_buttons_answer_to_its_creator_only() {
         toasts(&fake)
     );
     let store = bot.store.clone();
-    assert_eq!(store.job(1).await.unwrap().unwrap().state, JobState::Active);
+    assert_eq!(
+        store.jobs().job(1).await.unwrap().unwrap().state,
+        JobState::Active
+    );
     // Ann may, with the very same button (it was not used up).
     fake.push_callback_query(GROUP, CHAT_A, listed, &pause.2);
     assert!(
@@ -338,7 +344,10 @@ async fn a_jobs_buttons_answer_to_its_creator_only() {
         "{:?}",
         toasts(&fake)
     );
-    assert_eq!(store.job(1).await.unwrap().unwrap().state, JobState::Paused);
+    assert_eq!(
+        store.jobs().job(1).await.unwrap().unwrap().state,
+        JobState::Paused
+    );
     // A second press of a used button does nothing more.
     fake.push_callback_query(GROUP, CHAT_A, listed, &pause.2);
     assert!(

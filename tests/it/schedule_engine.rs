@@ -313,7 +313,7 @@ async fn a_job_fires_at_its_instant_exactly_once() {
     advance(Duration::from_secs(3 * 3600)).await;
     real_pause().await;
     assert_eq!(h.count("⏰ call Anna"), 1);
-    let job = h.store.job(1).await.unwrap().unwrap();
+    let job = h.store.jobs().job(1).await.unwrap().unwrap();
     assert_eq!(job.state, JobState::Done);
     assert_eq!(h.agent.started(), 0, "a reminder needs no model");
 }
@@ -398,14 +398,14 @@ async fn stop_stops_a_run_and_the_next_run_still_fires() {
     // A stopped run is no failure; /new leaves the job alone.
     h.send(1, "/new").await;
     h.delivered("Started a fresh session", 1).await;
-    let job = h.store.job(1).await.unwrap().unwrap();
+    let job = h.store.jobs().job(1).await.unwrap().unwrap();
     assert_eq!((job.state, job.failures), (JobState::Active, 0));
     advance(Duration::from_secs(3600)).await;
     assert!(real_wait(|| h.agent.started() == 2).await);
     // A message interrupting a run is no failure either.
     h.send(1, "hello").await;
     h.delivered("done: hello", 1).await;
-    let job = h.store.job(1).await.unwrap().unwrap();
+    let job = h.store.jobs().job(1).await.unwrap().unwrap();
     assert_eq!((job.state, job.failures), (JobState::Active, 0));
     assert_eq!(h.metrics.schedule_runs.failed.get(), 0);
 }
@@ -463,7 +463,7 @@ async fn a_fresh_session_job_never_runs_in_the_chats_session() {
         Some(current)
     );
     for session in &sessions {
-        let owner = h.store.session_owner_key(session).await.unwrap();
+        let owner = h.store.sessions().session_owner_key(session).await.unwrap();
         assert_eq!(owner.as_deref(), Some(session_key(1).as_str()));
     }
 }
@@ -481,7 +481,7 @@ async fn only_the_creator_or_an_approver_may_change_a_job() {
     h.send_as(&bob, "/unschedule 1").await;
     h.delivered("🔒 Only Ann (who made job 1)", 2).await;
     assert_eq!(
-        h.store.job(1).await.unwrap().unwrap().state,
+        h.store.jobs().job(1).await.unwrap().unwrap().state,
         JobState::Active
     );
     // Bob sees it, and who made it.
@@ -532,7 +532,14 @@ async fn only_the_creator_or_an_approver_may_change_a_job() {
     // The runs go to Ann's own slot in the group.
     let key = SessionKey::for_source(&ann, KeyPolicy::default());
     assert_eq!(
-        h.store.job(2).await.unwrap().unwrap().job.session_key,
+        h.store
+            .jobs()
+            .job(2)
+            .await
+            .unwrap()
+            .unwrap()
+            .job
+            .session_key,
         key.as_str()
     );
 }
@@ -581,7 +588,7 @@ async fn status_shows_the_next_run_and_timezone_moves_recurring_jobs() {
         1,
     )
     .await;
-    let job = h.store.job(1).await.unwrap().unwrap();
+    let job = h.store.jobs().job(1).await.unwrap().unwrap();
     // 08:00 in Berlin (CEST) is 06:00 UTC.
     assert_eq!(job.next_run, Some(1_777_701_600_000));
     h.send(1, "/timezone Mars/Base").await;

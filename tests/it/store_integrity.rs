@@ -84,10 +84,12 @@ async fn make_database(path: &Path) {
     for i in 0..200 {
         let id = format!("session-{i}");
         store
+            .sessions()
             .get_or_create_session(&format!("key-{i}"), id.clone())
             .await
             .unwrap();
         store
+            .transcripts()
             .append_many(&id, vec![TranscriptEntry::user("hello ".repeat(20))])
             .await
             .unwrap();
@@ -328,6 +330,7 @@ async fn old_finished_inbox_rows_are_pruned_at_start_and_transcripts_stay() {
             (4, InboxState::Answered, 1),
         ] {
             store
+                .inbox()
                 .record_update(id, -5, Some(id), serde_json::json!({}), state, None)
                 .await
                 .unwrap();
@@ -342,6 +345,7 @@ async fn old_finished_inbox_rows_are_pruned_at_start_and_transcripts_stay() {
                 .unwrap();
         }
         store
+            .transcripts()
             .append_many("old-session", vec![TranscriptEntry::user("kept")])
             .await
             .unwrap();
@@ -362,7 +366,14 @@ async fn old_finished_inbox_rows_are_pruned_at_start_and_transcripts_stay() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(inbox_ids(&store).await, vec![4]);
-    assert_eq!(store.transcript_len("old-session").await.unwrap(), 1);
+    assert_eq!(
+        store
+            .transcripts()
+            .transcript_len("old-session")
+            .await
+            .unwrap(),
+        1
+    );
     bot.shutdown().await;
 }
 

@@ -150,6 +150,7 @@ impl Bench {
     async fn charged(&self) -> (u64, u64) {
         let usage = self
             .store
+            .usage()
             .usage_between(Some(USER as u64), 0, i64::MAX)
             .await
             .unwrap()
@@ -185,6 +186,7 @@ async fn a_turn_over_the_daily_tokens_is_refused_uncharged_until_local_midnight(
         .current_session(&support::recorder::session_key(USER));
     let transcript = b
         .store
+        .transcripts()
         .load_history(session.unwrap().as_str(), None)
         .await
         .unwrap();
@@ -324,10 +326,12 @@ async fn budget_days_follow_the_chats_own_time_zone() {
     let store = Store::open_in_memory().unwrap();
     let default = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
     store
+        .jobs()
         .set_chat_timezone(7, "Asia/Tokyo".into(), Vec::new())
         .await
         .unwrap();
     store
+        .jobs()
         .set_chat_timezone(8, "Not/AZone".into(), Vec::new())
         .await
         .unwrap();

@@ -433,7 +433,7 @@ async fn in_groups_only_messages_addressed_to_the_bot_are_handled() {
     // /stop before that would (rightly) say the rest is not sent.
     let mut settled = false;
     for _ in 0..500 {
-        if bot.store.open_inbox().await.unwrap().is_empty() {
+        if bot.store.inbox().open_inbox().await.unwrap().is_empty() {
             settled = true;
             break;
         }
@@ -612,7 +612,7 @@ async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
     assert_eq!(agent.turn_texts(), vec!["slow:400", "wakeup: job 7 done"]);
     let mut settled = false;
     for _ in 0..200 {
-        if bot.store.open_inbox().await.unwrap().is_empty() {
+        if bot.store.inbox().open_inbox().await.unwrap().is_empty() {
             settled = true;
             break;
         }
@@ -674,6 +674,7 @@ async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) 
         .await
         .unwrap();
     let session = store
+        .sessions()
         .get_or_create_session(&key, "s-killed".into())
         .await
         .unwrap();
@@ -681,7 +682,11 @@ async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) 
         // (An internal event's entry is named as the runner names it.)
         let mut entry = TranscriptEntry::user(*text);
         entry.name = Some("telegate".into());
-        store.append(&session.session_id, entry).await.unwrap();
+        store
+            .transcripts()
+            .append(&session.session_id, entry)
+            .await
+            .unwrap();
     }
     let id = -1_700_000_000_000_007;
     let payload = json!({"telegate_wakeup": {
@@ -689,6 +694,7 @@ async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) 
         "thread_id": null, "user_id": null, "user_name": null, "session_id": null,
     }});
     store
+        .inbox()
         .record_update(id, USER, Some(id), payload, InboxState::Running, None)
         .await
         .unwrap();
@@ -697,7 +703,12 @@ async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) 
 
 /// How often the user messages of session "s-killed" say `text`.
 async fn recorded_times(bot: &TelegramBot, text: &str) -> usize {
-    let history = bot.store.load_history("s-killed", None).await.unwrap();
+    let history = bot
+        .store
+        .transcripts()
+        .load_history("s-killed", None)
+        .await
+        .unwrap();
     history
         .iter()
         .filter(|m| m.role == telegate::vocab::Role::User && m.content == text)
@@ -763,6 +774,7 @@ async fn owners_of_background_processes_lost_in_a_restart_are_told() {
         .await
         .unwrap();
     store
+        .processes()
         .process_started(telegate::store::RunningProcess {
             process_id: "p1a2b".into(),
             chat_id: USER,

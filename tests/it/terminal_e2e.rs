@@ -399,13 +399,13 @@ async fn running_background_processes_are_recorded_until_they_end() {
     let store = t.bot.store.clone();
     let mut lost = Vec::new();
     for _ in 0..200 {
-        lost = store.take_lost_processes().await.unwrap();
+        lost = store.processes().take_lost_processes().await.unwrap();
         if lost.len() == 1 {
             break;
         }
         // Put them back and look again once the end was recorded.
         for process in lost.drain(..) {
-            store.process_started(process).await.unwrap();
+            store.processes().process_started(process).await.unwrap();
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }

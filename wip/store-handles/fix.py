@@ -21,7 +21,7 @@ for l in out.splitlines():
     if j.get('reason')!='compiler-message': continue
     msg=j['message']
     if not msg.get('code') or msg['code']['code']!='E0599': continue
-    m=re.match(r'no method named `(\w+)` found for (?:struct|reference) `[&]*(?:Store)`',msg['message'])
+    m=re.match(r'no method named `(\w+)` found for (?:struct|reference) `[&]*(?:[\w:]*::)?Store`',msg['message'])
     if not m: continue
     name=m.group(1)
     if name not in meth: print('UNKNOWN',name,file=sys.stderr); continue

@@ -30,7 +30,7 @@ impl AgentSessions {
             return Some(id.clone());
         }
         let store = self.store.get()?;
-        match store.agent_resume_id(session).await {
+        match store.agent_sessions().agent_resume_id(session).await {
             Ok(found) => found,
             Err(error) => {
                 tracing::error!(session_id = session, %error, "could not read the agent session; starting a fresh one");
@@ -49,7 +49,7 @@ impl AgentSessions {
         ) {
             let (session, id) = (session.to_string(), id.to_string());
             runtime.spawn(async move {
-                if let Err(error) = store.set_agent_resume_id(&session, backend, Some(id)).await {
+                if let Err(error) = store.agent_sessions().set_agent_resume_id(&session, backend, Some(id)).await {
                     tracing::error!(session_id = session, %error, "could not record the agent session");
                 }
             });
@@ -60,7 +60,11 @@ impl AgentSessions {
     pub(crate) async fn forget(&self, session: &str, backend: &'static str) {
         self.memory().remove(session);
         if let Some(store) = self.store.get() {
-            if let Err(error) = store.set_agent_resume_id(session, backend, None).await {
+            if let Err(error) = store
+                .agent_sessions()
+                .set_agent_resume_id(session, backend, None)
+                .await
+            {
                 tracing::error!(session_id = session, %error, "could not forget the agent session");
             }
         }
@@ -75,7 +79,11 @@ impl AgentSessions {
     ) {
         crate::limits::meter::record(&usage);
         if let Some(store) = self.store.get() {
-            if let Err(error) = store.add_agent_usage(session, backend, usage).await {
+            if let Err(error) = store
+                .agent_sessions()
+                .add_agent_usage(session, backend, usage)
+                .await
+            {
                 tracing::error!(session_id = session, %error, "could not record the agent's usage");
             }
         }
@@ -93,6 +101,7 @@ impl AgentSessions {
     ) {
         if let Some(store) = self.store.get() {
             if let Err(error) = store
+                .agent_sessions()
                 .add_agent_thread_usage(session, backend, thread, total)
                 .await
             {

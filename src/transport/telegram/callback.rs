@@ -85,6 +85,7 @@ impl CallbackHandler {
         raw: Value,
     ) -> Result<bool, StoreError> {
         self.store
+            .inbox()
             .record_update(update_id, chat_id, None, raw, InboxState::Received, None)
             .await
     }
@@ -94,6 +95,7 @@ impl CallbackHandler {
         let (state, reason) = self.press(update_id, &query).await;
         if let Err(error) = self
             .store
+            .inbox()
             .set_update_state(update_id, state, reason.map(str::to_string))
             .await
         {
@@ -184,7 +186,7 @@ impl CallbackHandler {
             self.toast(query, "This button is not mine.").await;
             return Err((InboxState::Dropped, Some("foreign button")));
         };
-        let stored = match self.store.button(id).await {
+        let stored = match self.store.buttons().button(id).await {
             Ok(Some(stored)) => stored,
             Ok(None) => {
                 self.toast(query, "This button is no longer valid.").await;
@@ -365,7 +367,7 @@ impl CallbackHandler {
     }
 
     async fn claim(&self, id: &str, update_id: i64) -> bool {
-        match self.store.claim_button(id, update_id).await {
+        match self.store.buttons().claim_button(id, update_id).await {
             Ok(claimed) => claimed,
             Err(error) => {
                 tracing::error!(update_id, %error, "could not use a button");
@@ -454,6 +456,7 @@ impl CallbackHandler {
     ) -> Result<bool, StoreError> {
         let new = self
             .store
+            .inbox()
             .record_update(
                 update_id,
                 stop.chat_id,
@@ -475,6 +478,7 @@ impl CallbackHandler {
         let (state, reason) = self.draft_stop(stop).await;
         if let Err(error) = self
             .store
+            .inbox()
             .set_update_state(update_id, state, reason.map(str::to_string))
             .await
         {

@@ -66,7 +66,7 @@ impl InboxWriter {
                 }
                 if !changes.is_empty() {
                     let count = changes.len();
-                    if let Err(error) = store.set_message_states(changes).await {
+                    if let Err(error) = store.inbox().set_message_states(changes).await {
                         tracing::error!(count, %error, "could not record message states");
                     }
                 }
@@ -113,6 +113,7 @@ impl OutcomeSink for InboxWriter {
             let id = synthetic_id();
             let recorded = self
                 .store
+                .inbox()
                 .record_update(
                     id,
                     event.source.chat_id,
@@ -170,6 +171,7 @@ mod tests {
     /// message id).
     async fn received(store: &Store, message_id: i64) {
         store
+            .inbox()
             .record_update(
                 message_id,
                 7,
@@ -183,7 +185,13 @@ mod tests {
     }
 
     async fn state_of(store: &Store, update_id: i64) -> InboxState {
-        store.inbox_entry(update_id).await.unwrap().unwrap().state
+        store
+            .inbox()
+            .inbox_entry(update_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .state
     }
 
     #[tokio::test]
@@ -244,7 +252,12 @@ mod tests {
         let first = inbox_writer.journal(&event).await.expect("journaled");
         let second = inbox_writer.journal(&event).await.expect("journaled");
         assert_ne!(first, second);
-        let entry = store.inbox_entry(first).await.unwrap().expect("kept");
+        let entry = store
+            .inbox()
+            .inbox_entry(first)
+            .await
+            .unwrap()
+            .expect("kept");
         assert_eq!(entry.state, InboxState::Received);
         let back = wakeup_from_payload(&entry.payload).expect("readable");
         assert_eq!(back.text, "the build finished");

@@ -397,7 +397,7 @@ impl Intake {
             rest.push((update, verdict));
         }
         let ids: Vec<i64> = rows.iter().map(|row| row.update_id).collect();
-        let fresh = self.store.record_updates(rows).await?;
+        let fresh = self.store.inbox().record_updates(rows).await?;
         let mut taken = Vec::with_capacity(rest.len());
         for (((update, verdict), new), update_id) in rest.into_iter().zip(fresh).zip(ids) {
             if !new {
@@ -444,7 +444,7 @@ impl Intake {
     /// and one whose answer was being sent when the process died (an
     /// ambiguous send) is marked failed and not sent again.
     pub async fn recover(&self) -> Result<usize, StoreError> {
-        let open = self.store.open_inbox().await?;
+        let open = self.store.inbox().open_inbox().await?;
         let mut resumed = 0;
         for entry in open {
             if let Some(handler) = &self.callbacks {
@@ -477,7 +477,12 @@ impl Intake {
                 // A background job's result: always delivered (nobody could
                 // "send it again"), exactly once thanks to the outbox.
                 let message_id = entry.message_id.unwrap_or(entry.update_id);
-                if let Ok(Some(reply)) = self.store.reply_of(entry.chat_id, message_id).await {
+                if let Ok(Some(reply)) = self
+                    .store
+                    .outbox()
+                    .reply_of(entry.chat_id, message_id)
+                    .await
+                {
                     if reply.sending {
                         self.ambiguous(&wakeup.source, message_id).await;
                         continue;
@@ -521,6 +526,7 @@ impl Intake {
             let message_id = entry.message_id.unwrap_or_default();
             let recorded = self
                 .store
+                .outbox()
                 .reply_of(entry.chat_id, message_id)
                 .await
                 .ok()
@@ -605,6 +611,7 @@ impl Intake {
     async fn mark_update(&self, update_id: i64, reason: &str) {
         let result = self
             .store
+            .inbox()
             .set_update_state(update_id, InboxState::Dropped, Some(reason.to_string()))
             .await;
         if let Err(error) = result {
@@ -616,6 +623,7 @@ impl Intake {
         let reason = (!reason.is_empty()).then(|| reason.to_string());
         if let Err(error) = self
             .store
+            .inbox()
             .set_message_state(chat_id, message_id, state, reason)
             .await
         {

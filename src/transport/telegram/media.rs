@@ -203,7 +203,7 @@ impl IntakeMedia {
             .into_iter()
             .map(|id| (chat, id, InboxState::Dropped, Some(reason.to_string())))
             .collect();
-        if let Err(error) = self.store.set_message_states(changes).await {
+        if let Err(error) = self.store.inbox().set_message_states(changes).await {
             tracing::error!(%error, "could not record a message state");
         }
     }
@@ -297,6 +297,7 @@ impl IntakeMedia {
         if let Some(id) = message {
             if self
                 .store
+                .file_sends()
                 .file_sent(chat, id, ECHO_KEY.to_string())
                 .await
                 .unwrap_or(false)
@@ -311,6 +312,7 @@ impl IntakeMedia {
                 if let (Some(id), Some(first)) = (message, sent.first()) {
                     if let Err(error) = self
                         .store
+                        .file_sends()
                         .record_file_sent(chat, id, ECHO_KEY.to_string(), i64::from(*first))
                         .await
                     {

@@ -172,7 +172,7 @@ pub(crate) fn collect_gauges(metrics: &Metrics, engine: &Engine, delivery: &Deli
 pub(crate) fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken) {
     tokio::spawn(async move {
         loop {
-            if let Ok(counts) = store.inbox_counts().await {
+            if let Ok(counts) = store.inbox().inbox_counts().await {
                 let get = |state: InboxState| {
                     counts
                         .iter()
@@ -199,7 +199,7 @@ pub(crate) fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: Cancell
 pub(crate) fn prune_inbox_regularly(store: Store, days: u64, stop: CancellationToken) {
     tokio::spawn(async move {
         loop {
-            match store.prune_inbox(days).await {
+            match store.inbox().prune_inbox(days).await {
                 Ok(0) => {}
                 Ok(pruned) => tracing::info!(pruned, days, "pruned finished inbox rows"),
                 Err(error) => tracing::warn!(%error, "could not prune the inbox"),
@@ -241,7 +241,7 @@ async fn sweep_worktrees(
 ) {
     use crate::vocab::{SessionId, SessionKey};
     use crate::worktree::plan::worktree_name;
-    let sessions = match store.list_sessions().await {
+    let sessions = match store.sessions().list_sessions().await {
         Ok(sessions) => sessions,
         Err(error) => {
             tracing::warn!(%error, "worktree cleanup skipped: the sessions could not be read");
