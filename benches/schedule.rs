@@ -175,7 +175,7 @@ async fn main() {
         .unwrap();
     let stamps = Arc::new(Stamps::default());
     let jobs = Jobs::new(
-        store.clone(),
+        store.jobs(),
         ScheduleConfig {
             timezone: Some("UTC".into()),
             max_jobs_per_chat: 20,
@@ -188,7 +188,7 @@ async fn main() {
     let engine = Engine::with_store(
         Arc::new(Stamping(stamps.clone())),
         Arc::new(Silent),
-        store.clone(),
+        telegate::wiring::tables::runner(&store),
         None,
         AdapterConfig::default(),
         RunnerConfig {

@@ -18,8 +18,9 @@ use std::sync::Arc;
 use crate::adapter::{Adapter, AdapterConfig, OutcomeSink, WeakAdapter};
 use crate::agent::Agent;
 use crate::reply::{Outbound, Reply};
+use crate::runner::RunnerTables;
 use crate::runner::{Runner, RunnerConfig, WeakRunner};
-use crate::store::{RunningProcess, Store, StoreError};
+use crate::store::{Processes, RunningProcess, StoreError};
 use crate::tools::approval::ApprovalGate;
 use crate::tools::childgroups::{kill_previous_run, GroupLedger};
 use crate::tools::wakeup::{OwnerHistory, Wakeup};
@@ -54,7 +55,7 @@ impl Engine {
     pub fn with_store(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
-        store: Store,
+        store: RunnerTables,
         outcomes: Option<Arc<dyn OutcomeSink>>,
         adapter_config: AdapterConfig,
         runner_config: RunnerConfig,
@@ -77,7 +78,7 @@ impl Engine {
     pub fn assemble(
         setup: AgentSetup,
         outbound: Arc<dyn Outbound>,
-        store: Store,
+        store: RunnerTables,
         outcomes: Option<Arc<dyn OutcomeSink>>,
         adapter_config: AdapterConfig,
         runner_config: RunnerConfig,
@@ -90,7 +91,7 @@ impl Engine {
         let (runner, events) = match (terminal, approvals) {
             (Some(TerminalSetup { tool, events }), _) => {
                 tool.registry()
-                    .record_groups(GroupLedger::new(store.clone()));
+                    .record_groups(GroupLedger::new(store.agent.child_groups.clone()));
                 let runner =
                     Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
                 (runner, events)
@@ -141,7 +142,7 @@ impl Engine {
         let Some(store) = self.runner.store() else {
             return Ok(());
         };
-        let killed = kill_previous_run(store).await?;
+        let killed = kill_previous_run(&store.agent.child_groups).await?;
         if killed > 0 {
             tracing::info!(killed, "killed the programs the previous run left running");
         }
@@ -242,14 +243,14 @@ async fn forward_tool_events(
                         thread_id: owner.thread_id,
                         command,
                     };
-                    if let Err(error) = store.processes().process_started(process).await {
+                    if let Err(error) = store.processes.process_started(process).await {
                         tracing::warn!(%error, "could not record a background process");
                     }
                 }
             }
             ToolEvent::BackgroundEnded { id } => {
                 if let Some(store) = runner.upgrade().and_then(|r| r.store().cloned()) {
-                    if let Err(error) = store.processes().process_ended(id).await {
+                    if let Err(error) = store.processes.process_ended(id).await {
                         tracing::warn!(%error, "could not record the end of a background process");
                     }
                 }
@@ -301,7 +302,7 @@ async fn owner_history(runner: &Runner, wakeup: &Wakeup, resolved: &SessionId) -
     if spawned == resolved {
         return OwnerHistory::Unchecked;
     }
-    match store.sessions().session_owner_key(spawned.as_str()).await {
+    match store.sessions.session_owner_key(spawned.as_str()).await {
         Ok(Some(key)) if key == owner.session_key.as_str() => OwnerHistory::EarlierSessionOfTheChat,
         Ok(Some(key)) => OwnerHistory::OtherChat(key),
         Ok(None) => OwnerHistory::NeverIssued,
@@ -315,8 +316,8 @@ async fn owner_history(runner: &Runner, wakeup: &Wakeup, resolved: &SessionId) -
 /// At start: tell the owners of background processes that were still
 /// running when telegate last stopped that those processes are gone (they
 /// do not survive a restart). Returns how many were reported.
-pub async fn report_lost_processes(store: &Store, outbound: &dyn Outbound) -> usize {
-    let lost = match store.processes().take_lost_processes().await {
+pub async fn report_lost_processes(processes: &Processes, outbound: &dyn Outbound) -> usize {
+    let lost = match processes.take_lost_processes().await {
         Ok(lost) => lost,
         Err(error) => {
             tracing::warn!(%error, "could not read the background processes of the last run");

@@ -14,7 +14,7 @@ use sd_notify::NotifyState;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use crate::store::StoreHealth;
 
 fn send(states: &[NotifyState<'_>]) {
     if let Err(error) = sd_notify::notify(states) {
@@ -34,15 +34,13 @@ pub fn stopping() {
 
 /// If systemd asked for a watchdog (`WatchdogSec=`), send `WATCHDOG=1` at
 /// half its interval, each time after the store answered, until `stop`.
-pub fn spawn_watchdog(store: Store, stop: CancellationToken) -> Option<JoinHandle<()>> {
+pub fn spawn_watchdog(store: StoreHealth, stop: CancellationToken) -> Option<JoinHandle<()>> {
     let period = sd_notify::watchdog_enabled()?;
     let every = (period / 2).max(Duration::from_millis(10));
     tracing::info!(?period, "systemd watchdog enabled");
     Some(tokio::spawn(async move {
         loop {
-            let alive = store
-                .call(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
-                .await;
+            let alive = store.ping().await;
             match alive {
                 Ok(()) => send(&[NotifyState::Watchdog]),
                 Err(error) => tracing::error!(%error, "store check failed; no watchdog keep-alive"),

@@ -7,7 +7,7 @@
 //! only in the reply to its creator, in a private chat.
 
 use crate::limits::{usage_line, zone, Limits};
-use crate::store::{AgentUsage, Store};
+use crate::store::{AgentUsage, Jobs, Usage};
 use crate::vocab::SessionSource;
 
 use super::roles::{self, Origin, Role, Standing};
@@ -20,7 +20,9 @@ pub struct TeamContext<'a> {
     /// Budgets (and their clock and days).
     pub limits: &'a Limits,
     /// Usage lives here.
-    pub store: &'a Store,
+    pub usage: &'a Usage,
+    /// The chats' time zones (with the jobs).
+    pub jobs: &'a Jobs,
     /// Who sent the command, where.
     pub actor: &'a SessionSource,
     /// The bot's username, for invite links.
@@ -119,12 +121,12 @@ pub async fn users(ctx: &TeamContext<'_>) -> String {
     if let Err(text) = ctx.manager() {
         return text;
     }
-    let tz = ctx.limits.zone(ctx.store, ctx.actor.chat_id).await;
+    let tz = ctx.limits.zone(ctx.jobs, ctx.actor.chat_id).await;
     let now = ctx.limits.clock().now();
     let (from, to) = zone::day_range(&tz, now);
     let (today, last) = match (
-        ctx.store.usage().usage_between(None, from, to).await,
-        ctx.store.usage().last_turns().await,
+        ctx.usage.usage_between(None, from, to).await,
+        ctx.usage.last_turns().await,
     ) {
         (Ok(today), Ok(last)) => (today, last),
         (Err(error), _) | (_, Err(error)) => {
@@ -272,20 +274,14 @@ pub async fn usage(ctx: &TeamContext<'_>, args: &str) -> String {
             return text.replace("do that", "see everyone's usage");
         }
     }
-    let tz = ctx.limits.zone(ctx.store, ctx.actor.chat_id).await;
+    let tz = ctx.limits.zone(ctx.jobs, ctx.actor.chat_id).await;
     let now = ctx.limits.clock().now();
     let day = zone::day_range(&tz, now);
     let month = zone::month_range(&tz, now);
     let who_filter = (!all).then_some(user);
     let (today, this_month) = match (
-        ctx.store
-            .usage()
-            .usage_between(who_filter, day.0, day.1)
-            .await,
-        ctx.store
-            .usage()
-            .usage_between(who_filter, month.0, month.1)
-            .await,
+        ctx.usage.usage_between(who_filter, day.0, day.1).await,
+        ctx.usage.usage_between(who_filter, month.0, month.1).await,
     ) {
         (Ok(today), Ok(month)) => (today, month),
         (Err(error), _) | (_, Err(error)) => {

@@ -37,7 +37,7 @@ use serde::Deserialize;
 pub use roles::{Origin, Role, Standing};
 
 use crate::clock::Clock;
-use crate::store::{Attempt, CodeKind, GuessLimits, Member, NewCode, Redeemed, Store, StoreError};
+use crate::store::{Attempt, CodeKind, GuessLimits, Member, NewCode, Redeemed, StoreError, Users};
 use crate::tools::authority::Deciders;
 
 /// `[access]`: pairing codes, invites, guessing limits.
@@ -173,7 +173,7 @@ pub enum AccessError {
     NoRandomness,
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Users(#[from] StoreError),
 }
 
 /// Who may use the bot, and as what (see the module docs). Cheap to clone.
@@ -183,7 +183,7 @@ pub struct Access {
 }
 
 struct Inner {
-    store: Option<Store>,
+    store: Option<Users>,
     setup: AccessSetup,
     members: RwLock<HashMap<u64, Member>>,
 }
@@ -200,7 +200,7 @@ impl fmt::Debug for Access {
 impl Access {
     /// Access from `setup`, with the team kept in `store` (none: the
     /// config's allowlist only). Call [`Access::load`] before use.
-    pub fn new(setup: AccessSetup, store: Option<Store>) -> Access {
+    pub fn new(setup: AccessSetup, store: Option<Users>) -> Access {
         Access {
             inner: Arc::new(Inner {
                 store,
@@ -215,7 +215,7 @@ impl Access {
         let Some(store) = &self.inner.store else {
             return Ok(());
         };
-        let members = store.users().members().await?;
+        let members = store.members().await?;
         let mut cached = self.write();
         cached.clear();
         cached.extend(members.into_iter().map(|m| (m.user_id, m)));
@@ -258,7 +258,7 @@ impl Access {
     }
 
     /// The store the team is kept in.
-    pub fn store(&self) -> Option<&Store> {
+    pub fn store(&self) -> Option<&Users> {
         self.inner.store.as_ref()
     }
 
@@ -331,7 +331,6 @@ impl Access {
         let now_ms = self.clock().now_ms();
         let lifetime = i64::try_from(lifetime_ms).unwrap_or(i64::MAX);
         store
-            .users()
             .create_code(NewCode {
                 hash: codes::hash(&code),
                 kind,
@@ -355,7 +354,6 @@ impl Access {
         let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
         let now_ms = self.clock().now_ms();
         let redeemed = store
-            .users()
             .redeem_code(Attempt {
                 user_id: user,
                 name: name.clone(),
@@ -383,7 +381,7 @@ impl Access {
     /// be done: [`roles::may_set_role`]). `false`: not a chat member.
     pub async fn set_role(&self, user: u64, role: Role) -> Result<bool, AccessError> {
         let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
-        let before = store.users().set_member_role(user, role).await?;
+        let before = store.set_member_role(user, role).await?;
         if before.is_some() {
             if let Some(member) = self.write().get_mut(&user) {
                 member.role = role;
@@ -396,7 +394,7 @@ impl Access {
     /// done: [`roles::may_revoke`]). `false`: not a chat member.
     pub async fn revoke(&self, user: u64) -> Result<bool, AccessError> {
         let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
-        let removed = store.users().remove_member(user).await?;
+        let removed = store.remove_member(user).await?;
         self.write().remove(&user);
         Ok(removed.is_some())
     }
@@ -434,9 +432,10 @@ impl Deciders for Access {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     fn access(setup: AccessSetup) -> Access {
-        Access::new(setup, Some(Store::open_in_memory().unwrap()))
+        Access::new(setup, Some(Store::open_in_memory().unwrap().users()))
     }
 
     #[tokio::test]

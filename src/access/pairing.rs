@@ -154,7 +154,7 @@ mod tests {
         let store = Store::open_async(dir.path().join("telegate.db"))
             .await
             .unwrap();
-        let access = Access::new(AccessSetup::default(), Some(store.clone()));
+        let access = Access::new(AccessSetup::default(), Some(store.users()));
         access.load().await.unwrap();
         let code = tokio::task::spawn_blocking({
             let dir = dir.path().to_path_buf();

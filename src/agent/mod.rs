@@ -27,7 +27,7 @@ pub use openai::{OpenAiAgent, OpenAiConfig};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use crate::store::{AgentSessions, ChildGroups};
 use crate::vocab::{ChatMessage, Progress, SessionId, SessionKey, SessionSource, TurnGeneration};
 
 /// One turn's input.
@@ -111,6 +111,17 @@ impl AgentError {
     }
 }
 
+/// The store tables an agent keeps: its own session ids and usage per
+/// telegate session, and the child process groups it starts (so a
+/// restart kills what a crash left running).
+#[derive(Clone, Debug)]
+pub struct AgentTables {
+    /// The agent's own session id and usage per telegate session.
+    pub sessions: AgentSessions,
+    /// Every child process group started.
+    pub child_groups: ChildGroups,
+}
+
 /// Something that answers turns: an LLM with tools, a CLI run per turn, or a
 /// test double.
 pub trait Agent: Send + Sync + 'static {
@@ -129,7 +140,7 @@ pub trait Agent: Send + Sync + 'static {
     /// runner is built. A backend that remembers something per session
     /// (a CLI agent's own session id, its usage) keeps it there, keyed by
     /// the turn's session id. Default: not needed.
-    fn attach_store(&self, _store: &Store) {}
+    fn attach_store(&self, _tables: &AgentTables) {}
 
     /// True if the backend's program may leave files to send in the turn's
     /// outbox directory (`TELEGATE_OUTBOX`, the command backend). The

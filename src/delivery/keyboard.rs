@@ -15,9 +15,9 @@ use teloxide::requests::{Request, Requester};
 use teloxide::types::{ChatId, InlineKeyboardButton, InlineKeyboardMarkup, MessageId};
 
 use super::telegram::{render_chunks, ChatTarget, Delivery, Idempotence, Priority};
+use super::DeliveryTables;
 use crate::delivery::FormattedText;
 use crate::reply::{DeliveryError, Reply, ReplyKind};
-use super::DeliveryTables;
 use crate::store::{now_ms, ApprovalPrompt, Approvals, Buttons, NewButton};
 use crate::vocab::{callback_data, new_button_id, Button, ButtonAction, SessionSource};
 
@@ -143,8 +143,10 @@ async fn remember_prompt(
     message_id: i32,
     text: &str,
 ) {
-    let (Some(approvals), Some(ticket)) = (approvals, reply.buttons.iter().find_map(|b| b.action.ticket()))
-    else {
+    let (Some(approvals), Some(ticket)) = (
+        approvals,
+        reply.buttons.iter().find_map(|b| b.action.ticket()),
+    ) else {
         return;
     };
     let prompt = ApprovalPrompt {
@@ -153,10 +155,7 @@ async fn remember_prompt(
         message_id,
         text: text.to_string(),
     };
-    if let Err(error) = approvals
-        .record_approval_prompt(ticket, prompt)
-        .await
-    {
+    if let Err(error) = approvals.record_approval_prompt(ticket, prompt).await {
         tracing::warn!(chat_id = to.chat_id, %error, "could not remember an approval prompt");
     }
 }

@@ -8,8 +8,8 @@ use futures::future::BoxFuture;
 use super::final_answer::deliver_answer_once;
 use super::reply_record::ReplyRecord;
 use super::telegram::{ChatTarget, Delivery};
-use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind};
 use super::DeliveryTables;
+use crate::reply::{DeliveryError, LiveReply, Outbound, Reply, ReplyKind};
 use crate::vocab::{ProgressWatch, SessionSource};
 
 /// The [`Outbound`] for Telegram: deliveries go through the engine; turns
@@ -134,10 +134,9 @@ impl Outbound for TelegramOutbound {
         turn: &crate::reply::TurnStart<'_>,
         progress: ProgressWatch,
     ) -> Option<Box<dyn LiveReply>> {
-        let stop = self
-            .tables
-            .as_ref()
-            .map(|t| super::live::StopButton::new(t.buttons.clone(), turn.to.clone(), turn.generation));
+        let stop = self.tables.as_ref().map(|t| {
+            super::live::StopButton::new(t.buttons.clone(), turn.to.clone(), turn.generation)
+        });
         // The draft id is the turn's generation (never 0): Telegram's stop
         // control on the draft names it, and only that turn stops.
         let draft = i64::try_from(turn.generation)

@@ -57,11 +57,7 @@ impl ReplyRecord {
         if let Some(known) = self.lock().clone() {
             return known;
         }
-        match self
-            .outbox
-            .reply_of(self.chat_id, self.message_id)
-            .await
-        {
+        match self.outbox.reply_of(self.chat_id, self.message_id).await {
             Ok(entry) => {
                 let mut known = self.lock();
                 // A write that landed meanwhile is newer than this read.

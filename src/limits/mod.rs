@@ -29,7 +29,7 @@ use serde::Deserialize;
 
 use crate::access::Role;
 use crate::clock::Clock;
-use crate::store::{AgentUsage, Store, StoreError};
+use crate::store::{AgentUsage, Jobs, StoreError, Usage};
 
 pub use meter::TurnMeter;
 
@@ -307,7 +307,7 @@ impl Limits {
     }
 
     /// The time zone of `chat_id`'s days.
-    pub async fn zone(&self, store: &Store, chat_id: i64) -> jiff::tz::TimeZone {
+    pub async fn zone(&self, jobs: &Jobs, chat_id: i64) -> jiff::tz::TimeZone {
         match &self.zone {
             Some(zone) => zone.clone(),
             None => {
@@ -315,7 +315,7 @@ impl Limits {
                     .default_zone
                     .clone()
                     .unwrap_or_else(jiff::tz::TimeZone::system);
-                zone::chat_time_zone(store, chat_id, &default).await
+                zone::chat_time_zone(jobs, chat_id, &default).await
             }
         }
     }
@@ -324,13 +324,14 @@ impl Limits {
     /// store's usage only when a limit is set.
     pub async fn check(
         &self,
-        store: &Store,
+        usage: &Usage,
+        jobs: &Jobs,
         user: u64,
         role: Option<Role>,
         chat_id: i64,
     ) -> Result<Verdict, StoreError> {
         let budget = self.config.budget_for(role);
-        let tz = self.zone(store, chat_id).await;
+        let tz = self.zone(jobs, chat_id).await;
         let now = self.clock.now();
         let today = zone::day_range(&tz, now);
         let resets = zone::local_time_text(&tz, today.1);
@@ -340,14 +341,13 @@ impl Limits {
                 ..Allowance::default()
             }));
         }
-        let used = store
-            .usage()
+        let used = usage
             .usage_between(Some(user), today.0, today.1)
             .await?
             .remove(&user)
             .unwrap_or_default();
         let hour_ago = now.as_millisecond() - 3_600_000;
-        let last_hour = store.usage().turn_times_since(user, hour_ago).await?;
+        let last_hour = usage.turn_times_since(user, hour_ago).await?;
         let spent = Spent {
             tokens_today: tokens_of(&used),
             cost_today: used.cost_usd,

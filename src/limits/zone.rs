@@ -9,13 +9,13 @@
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
 
-use crate::store::Store;
+use crate::store::Jobs;
 
 /// The time zone `chat_id`'s days follow: the chat's own `/timezone`, else
 /// `default`. A zone that cannot be read (store down, a name this build
 /// does not know) falls back to `default`, logged.
-pub async fn chat_time_zone(store: &Store, chat_id: i64, default: &TimeZone) -> TimeZone {
-    match store.jobs().chat_timezone(chat_id).await {
+pub async fn chat_time_zone(jobs: &Jobs, chat_id: i64, default: &TimeZone) -> TimeZone {
+    match jobs.chat_timezone(chat_id).await {
         Ok(Some(name)) => TimeZone::get(&name).unwrap_or_else(|error| {
             tracing::warn!(chat_id, %name, %error, "a chat's time zone is unknown; its budget days use the default");
             default.clone()

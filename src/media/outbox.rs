@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 use super::handle::{self, OpenError, PathProblem, Reader, Unfit};
 use super::{guess_mime, human_size, is_image_mime, PHOTO_UPLOAD_LIMIT, UPLOAD_LIMIT};
 use crate::reply::DeliveryError;
-use crate::store::{FileSend, Store};
+use crate::store::{FileSend, FileSends};
 use crate::vocab::SessionSource;
 
 /// What an upload reads.
@@ -248,7 +248,7 @@ pub enum SendOutcome {
 /// Sends checked files and keeps the record of what was sent.
 pub struct OutboxFiles {
     sender: Arc<dyn FileSender>,
-    pub(super) store: Option<Store>,
+    pub(super) store: Option<FileSends>,
     pub(super) root: PathBuf,
     pub(super) max_files: usize,
 }
@@ -267,7 +267,11 @@ impl OutboxFiles {
     /// live under `root` (`<data_dir>/media`). At most
     /// [`super::MediaConfig::max_files_per_answer`]'s default per answer
     /// (see [`OutboxFiles::with_max_files`]).
-    pub fn new(sender: Arc<dyn FileSender>, store: Option<Store>, root: PathBuf) -> OutboxFiles {
+    pub fn new(
+        sender: Arc<dyn FileSender>,
+        store: Option<FileSends>,
+        root: PathBuf,
+    ) -> OutboxFiles {
         OutboxFiles {
             sender,
             store,
@@ -318,11 +322,7 @@ impl OutboxFiles {
             _ => None,
         };
         if let Some((store, answering)) = record {
-            match store
-                .file_sends()
-                .file_send(chat, answering, key.clone())
-                .await
-            {
+            match store.file_send(chat, answering, key.clone()).await {
                 Ok(Some(FileSend::Sent)) => return Ok(SendOutcome::AlreadySent),
                 Ok(Some(FileSend::Withheld)) => return Ok(SendOutcome::Withheld),
                 Ok(Some(FileSend::Ambiguous)) => return Err(FileRefusal::Ambiguous(name)),
@@ -333,7 +333,6 @@ impl OutboxFiles {
             // restart that finds it without an outcome does not send the
             // file again.
             if let Err(error) = store
-                .file_sends()
                 .record_file_sending(chat, answering, key.clone())
                 .await
             {
@@ -364,11 +363,7 @@ impl OutboxFiles {
                 // Not sent for sure: the intent is taken back, so a later
                 // attempt may try again.
                 if let Some((store, answering)) = record {
-                    if let Err(error) = store
-                        .file_sends()
-                        .forget_file_send(chat, answering, key)
-                        .await
-                    {
+                    if let Err(error) = store.forget_file_send(chat, answering, key).await {
                         tracing::warn!(%error, "could not take back the intent to send a file");
                     }
                 }
@@ -377,7 +372,6 @@ impl OutboxFiles {
         };
         if let Some((store, answering)) = record {
             if let Err(error) = store
-                .file_sends()
                 .record_file_sent(chat, answering, key, message_id)
                 .await
             {
@@ -391,6 +385,7 @@ impl OutboxFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
     use crate::vocab::Platform;
     use std::io::Read;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -459,7 +454,7 @@ mod tests {
         }
         let store = Store::open_in_memory().unwrap();
         let sender = counting(&store, &root);
-        let files = OutboxFiles::new(sender.clone(), Some(store.clone()), root.clone());
+        let files = OutboxFiles::new(sender.clone(), Some(store.file_sends()), root.clone());
         let workspace = Workspace::new(&root, None);
         let to = SessionSource::dm(Platform::Telegram, 5);
         let send = |name: &'static str| {
@@ -539,7 +534,7 @@ mod tests {
         std::fs::write(root.join("a.txt"), b"checked").unwrap();
         let store = Store::open_in_memory().unwrap();
         let sender = counting(&store, &root);
-        let files = OutboxFiles::new(sender.clone(), Some(store.clone()), root.clone());
+        let files = OutboxFiles::new(sender.clone(), Some(store.file_sends()), root.clone());
         let workspace = Workspace::new(&root, None);
         let (opened, relative) = open_in(&workspace, Path::new("a.txt")).unwrap();
         // Swapped after the check: the upload still reads what was checked.

@@ -252,11 +252,7 @@ impl OutboxFiles {
         else {
             return;
         };
-        if let Err(error) = store
-            .file_sends()
-            .record_files_withheld(chat, answering, keys)
-            .await
-        {
+        if let Err(error) = store.record_files_withheld(chat, answering, keys).await {
             tracing::error!(%error, "could not record the files a stop left unsent");
         }
     }
@@ -444,8 +440,12 @@ mod tests {
             stop_after,
             stop: stop.clone(),
         });
-        let files = OutboxFiles::new(sender.clone(), Some(store.clone()), media.path().into())
-            .with_max_files(5);
+        let files = OutboxFiles::new(
+            sender.clone(),
+            Some(store.file_sends()),
+            media.path().into(),
+        )
+        .with_max_files(5);
         let dir = files.outbox_dir(7, Some(9)).await.unwrap();
         for n in 0..names {
             std::fs::write(dir.join(format!("f{n:02}.txt")), b"x").unwrap();

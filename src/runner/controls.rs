@@ -120,7 +120,7 @@ impl Runner {
         };
         let history_len = match &self.inner.store {
             Some(store) => store
-                .transcripts()
+                .transcripts
                 .transcript_len(session_id.as_str())
                 .await
                 .ok(),
@@ -167,7 +167,7 @@ impl Runner {
         tracing::info!(session_key = %key, old = ?old, new = %new, ?reason, "session rotated");
         if let Some(store) = &self.inner.store {
             if let Err(error) = store
-                .sessions()
+                .sessions
                 .rotate_session(key.as_str(), new.to_string())
                 .await
             {
@@ -186,12 +186,13 @@ impl Runner {
     /// The CLI agent's usage for /status, once any is recorded.
     pub(super) async fn agent_usage_line(&self, session_id: &SessionId) -> Option<String> {
         let store = self.inner.store.as_ref()?;
-        let total = store.agent_sessions().agent_usage_total().await.ok()?;
+        let total = store.agent.sessions.agent_usage_total().await.ok()?;
         if total.turns == 0 {
             return None;
         }
         let session = store
-            .agent_sessions()
+            .agent
+            .sessions
             .agent_usage(session_id.as_str())
             .await
             .ok()
@@ -320,7 +321,7 @@ impl Runner {
             return Some(Reply::error(STORE_DOWN_TEXT).in_reply_to(message_id).into());
         };
         let undone = match store
-            .transcripts()
+            .transcripts
             .undo_last_exchange(session_id.as_str())
             .await
         {
@@ -357,7 +358,7 @@ impl Runner {
             return Reply::error(STORE_DOWN_TEXT);
         };
         match store
-            .transcripts()
+            .transcripts
             .undo_last_exchange(session_id.as_str())
             .await
         {
@@ -392,7 +393,7 @@ impl Runner {
             return Some(default);
         }
         let stored = store
-            .sessions()
+            .sessions
             .overrides(key.as_str())
             .await
             .ok()
@@ -452,7 +453,7 @@ impl Runner {
             .insert(session_id.clone(), name.to_string());
         if let Some(store) = &self.inner.store {
             if let Err(error) = store
-                .sessions()
+                .sessions
                 .set_override(key.as_str(), "model", serde_json::json!(name))
                 .await
             {

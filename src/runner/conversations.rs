@@ -58,11 +58,7 @@ impl Runner {
         if self.resolve_session(key).await.is_err() {
             return Reply::error(STORE_DOWN_TEXT);
         }
-        let listed = match store
-            .sessions()
-            .conversations(key.as_str(), LISTED * 3)
-            .await
-        {
+        let listed = match store.sessions.conversations(key.as_str(), LISTED * 3).await {
             Ok(listed) => listed,
             Err(error) => {
                 tracing::error!(session_key = %key, %error, "could not list the conversations");
@@ -79,7 +75,12 @@ impl Runner {
                 "There is only this conversation so far. /new starts another; /sessions then lists both.",
             );
         }
-        let tz = self.inner.config.limits.zone(store, source.chat_id).await;
+        let tz = self
+            .inner
+            .config
+            .limits
+            .zone(&store.jobs, source.chat_id)
+            .await;
         let mut text = String::from("🗂 Conversations in this chat, newest first:");
         let mut buttons = Vec::new();
         for c in &listed {
@@ -127,33 +128,19 @@ impl Runner {
         let Some(wanted) = args.split_whitespace().next() else {
             return Reply::command("Which one? /sessions lists them; send /resume ID.");
         };
-        let history = match store.sessions().session_history(key.as_str()).await {
+        let history = match store.sessions.session_history(key.as_str()).await {
             Ok(history) => history,
             Err(error) => {
                 tracing::error!(session_key = %key, %error, "could not read the session history");
                 return Reply::command("⚠️ I could not read the conversations right now.");
             }
         };
-        let wanted = wanted.to_ascii_lowercase();
-        let matching: Vec<_> = history
-            .iter()
-            .filter(|h| h.session_id.starts_with(&wanted))
-            .collect();
-        let session_id = match matching.as_slice() {
-            [] => {
-                return Reply::command(format!(
-                    "This chat has no conversation {wanted}; /sessions lists them."
-                ))
-            }
-            [one] => one.session_id.clone(),
-            _ => {
-                return Reply::command(format!(
-                    "Several conversations start with {wanted}; give more of the id."
-                ))
-            }
+        let session_id = match pick_session(history.iter().map(|h| h.session_id.as_str()), wanted) {
+            Ok(id) => id,
+            Err(text) => return Reply::command(text),
         };
         match store
-            .sessions()
+            .sessions
             .resume_session(key.as_str(), &session_id)
             .await
         {
@@ -180,7 +167,7 @@ impl Runner {
         }
         tracing::info!(session_key = %key, session_id, "session resumed");
         let listed = store
-            .sessions()
+            .sessions
             .conversations(key.as_str(), usize::MAX)
             .await
             .ok()
@@ -209,7 +196,7 @@ impl Runner {
         let title = one_line(args, TITLE_CHARS);
         if title.is_empty() {
             let current = store
-                .sessions()
+                .sessions
                 .overrides(key.as_str())
                 .await
                 .ok()
@@ -220,7 +207,7 @@ impl Runner {
             });
         }
         match store
-            .sessions()
+            .sessions
             .set_override(key.as_str(), "title", serde_json::json!(title))
             .await
         {
@@ -230,6 +217,22 @@ impl Runner {
                 Reply::command("⚠️ I could not save the title; please try again later.")
             }
         }
+    }
+}
+
+/// The one session of `ids` whose id starts with `wanted` (any case), or
+/// what the chat is told: none, or several, start with it.
+fn pick_session<'a>(ids: impl Iterator<Item = &'a str>, wanted: &str) -> Result<String, String> {
+    let wanted = wanted.to_ascii_lowercase();
+    let matching: Vec<&str> = ids.filter(|id| id.starts_with(&wanted)).collect();
+    match matching.as_slice() {
+        [] => Err(format!(
+            "This chat has no conversation {wanted}; /sessions lists them."
+        )),
+        [one] => Ok((*one).to_string()),
+        _ => Err(format!(
+            "Several conversations start with {wanted}; give more of the id."
+        )),
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Generations come from one process-wide counter ([`TurnGeneration::next`])
 //! that only grows. At start the runner reserves a block in the store
-//! ([`Store::reserve_generations`]) and moves the counter to its first
+//! ([`RunnerTables::reserve_generations`]) and moves the counter to its first
 //! value; a new block is reserved in the background when half of the
 //! current one is used, long before it runs out. The counter never passes
 //! a mark the next process could start below unless the store failed to
@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::store::{Store, StoreError};
+use crate::store::{Generations, StoreError};
 use crate::vocab::TurnGeneration;
 
 /// Generations reserved at a time: one store call per this many turns and
@@ -26,7 +26,7 @@ pub const BLOCK: u64 = 1 << 20;
 /// The reservation of one runner (one store).
 #[derive(Debug)]
 pub struct GenerationLease {
-    store: Store,
+    store: Generations,
     /// The last generation the store has reserved for this process.
     reserved_upto: AtomicU64,
     /// A reservation is on its way.
@@ -37,7 +37,7 @@ pub struct GenerationLease {
 
 impl GenerationLease {
     /// A lease on `store` with nothing reserved yet.
-    pub fn new(store: Store) -> Arc<GenerationLease> {
+    pub fn new(store: Generations) -> Arc<GenerationLease> {
         Arc::new(GenerationLease {
             store,
             reserved_upto: AtomicU64::new(0),
@@ -51,7 +51,6 @@ impl GenerationLease {
     pub async fn reserve(&self) -> Result<(), StoreError> {
         let block = self
             .store
-            .generations()
             .reserve_generations(TurnGeneration::peek_next(), BLOCK)
             .await?;
         TurnGeneration::advance_to(*block.start());
@@ -103,6 +102,7 @@ pub fn needs_refill(next: u64, upto: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[test]
     fn a_new_block_is_asked_for_at_half_the_current_one() {
@@ -116,7 +116,7 @@ mod tests {
     #[tokio::test]
     async fn the_counter_moves_into_the_reserved_block_and_stays_ahead() {
         let store = Store::open_in_memory().unwrap();
-        let lease = GenerationLease::new(store.clone());
+        let lease = GenerationLease::new(store.generations());
         lease.reserve().await.unwrap();
         let first = TurnGeneration::next();
         assert!(first.0 >= crate::store::generations::FIRST_GENERATION);

@@ -65,9 +65,10 @@ use std::time::{Duration, Instant};
 
 use crate::adapter::{DispatchContext, MessageHandler};
 use crate::agent::Agent;
+use crate::agent::AgentTables;
 use crate::metrics::Metrics;
 use crate::reply::{Outbound, Outgoing, Reply};
-use crate::store::Store;
+use crate::store::{Approvals, Generations, Jobs, Processes, Sessions, Transcripts, Usage};
 use crate::tools::approval::{approval_reply, ApprovalGate, Decided};
 use crate::tools::authority::may_decide;
 use crate::tools::TerminalTool;
@@ -157,7 +158,7 @@ struct RunnerInner {
     state: Mutex<RunnerState>,
     agent: Arc<dyn Agent>,
     outbound: Arc<dyn Outbound>,
-    store: Option<Store>,
+    store: Option<RunnerTables>,
     /// The block of generations reserved in the store (with a store).
     generations: Option<Arc<GenerationLease>>,
     /// The terminal tool's processes, when it is enabled.
@@ -202,6 +203,30 @@ pub struct SessionUnavailable(pub String);
 pub const STORE_DOWN_TEXT: &str = "⚠️ I cannot save this conversation right now: the session store is failing \
      (the operator sees this in the logs and on /healthz). Your message was not run; please send it again later.";
 
+/// The store tables the runner touches (and the engine around it): chats'
+/// sessions and transcripts, turn generations, per-user usage, jobs and
+/// the chats' time zones, approvals, the agent's own tables and the
+/// terminal's running processes. Built from the one store by the wiring.
+#[derive(Clone, Debug)]
+pub struct RunnerTables {
+    /// The current session per chat key.
+    pub sessions: Sessions,
+    /// Every session's messages.
+    pub transcripts: Transcripts,
+    /// Turn generations reserved in blocks.
+    pub generations: Generations,
+    /// Per-user turn usage and settings.
+    pub usage: Usage,
+    /// Scheduled jobs and the chats' time zones.
+    pub jobs: Jobs,
+    /// Approval requests and who decided.
+    pub approvals: Approvals,
+    /// What the agent keeps: its own session ids, its child groups.
+    pub agent: AgentTables,
+    /// The terminal's running processes, so a restart tells whose were lost.
+    pub processes: Processes,
+}
+
 impl Runner {
     /// A runner answering with `agent` and showing progress through
     /// `outbound`.
@@ -214,7 +239,7 @@ impl Runner {
     pub fn with_store(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
-        store: Store,
+        store: RunnerTables,
         config: RunnerConfig,
     ) -> Self {
         Runner::build(agent, outbound, Some(store), None, None, config)
@@ -226,7 +251,7 @@ impl Runner {
     pub fn with_tools(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
-        store: Option<Store>,
+        store: Option<RunnerTables>,
         tools: Arc<TerminalTool>,
         config: RunnerConfig,
     ) -> Self {
@@ -241,7 +266,7 @@ impl Runner {
     pub fn with_approvals(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
-        store: Option<Store>,
+        store: Option<RunnerTables>,
         approvals: ApprovalGate,
         config: RunnerConfig,
     ) -> Self {
@@ -251,23 +276,25 @@ impl Runner {
     fn build(
         agent: Arc<dyn Agent>,
         outbound: Arc<dyn Outbound>,
-        store: Option<Store>,
+        store: Option<RunnerTables>,
         tools: Option<Arc<TerminalTool>>,
         approvals: Option<ApprovalGate>,
         config: RunnerConfig,
     ) -> Self {
         if let (Some(store), Some(gate)) = (&store, &approvals) {
-            gate.record_in(store);
+            gate.record_in(&store.approvals);
         }
         if let Some(store) = &store {
-            agent.attach_store(store);
+            agent.attach_store(&store.agent);
         }
         Runner {
             inner: Arc::new(RunnerInner {
                 state: Mutex::new(RunnerState::default()),
                 agent,
                 outbound,
-                generations: store.clone().map(GenerationLease::new),
+                generations: store
+                    .as_ref()
+                    .map(|s| GenerationLease::new(s.generations.clone())),
                 store,
                 tools,
                 approvals,
@@ -294,8 +321,8 @@ impl Runner {
         self.inner.approvals.as_ref()
     }
 
-    /// The store, if one is configured.
-    pub fn store(&self) -> Option<&Store> {
+    /// The store's tables, if a store is configured.
+    pub fn store(&self) -> Option<&RunnerTables> {
         self.inner.store.as_ref()
     }
 
@@ -315,7 +342,7 @@ impl Runner {
         let mut attempt = 0;
         let id = loop {
             match store
-                .sessions()
+                .sessions
                 .get_or_create_session(key.as_str(), SessionId::generate().to_string())
                 .await
             {

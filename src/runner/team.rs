@@ -64,7 +64,8 @@ impl Runner {
         let context = TeamContext {
             access,
             limits: &self.inner.config.limits,
-            store,
+            usage: &store.usage,
+            jobs: &store.jobs,
             actor: &event.source,
             bot: event.bot_username.as_deref(),
         };
@@ -87,7 +88,7 @@ impl Runner {
             return Reply::command("Voice answers need the bot's store.");
         };
         let Some(wanted) = args.split_whitespace().next() else {
-            let current = store.usage().voice_setting(user).await.ok().flatten();
+            let current = store.usage.voice_setting(user).await.ok().flatten();
             let mode = voice::VoiceMode::parse(current.as_deref().unwrap_or("off"))
                 .unwrap_or(voice::VoiceMode::Off);
             return Reply::command(format!(
@@ -99,7 +100,7 @@ impl Runner {
         let Some(mode) = voice::VoiceMode::parse(wanted) else {
             return Reply::command("Send /voice on, /voice off or /voice auto.");
         };
-        match store.usage().set_voice_setting(user, mode.as_str()).await {
+        match store.usage.set_voice_setting(user, mode.as_str()).await {
             Ok(()) => Reply::command(match mode {
                 voice::VoiceMode::On => "🔊 I will answer you with voice notes.",
                 voice::VoiceMode::Off => "🔇 I will answer you in text.",

@@ -6,6 +6,7 @@
 //! ([`SlotRelease`] also when the turn's future is dropped), so a turn
 //! that is still unwinding never writes into a newer one.
 
+use super::RunnerTables;
 use crate::adapter::DispatchContext;
 use crate::agent::AgentReply;
 use crate::agent::TurnRequest;
@@ -20,7 +21,6 @@ use crate::runner::AgentHandle;
 use crate::runner::Runner;
 use crate::runner::RunningAgent;
 use crate::runner::STORE_DOWN_TEXT;
-use crate::store::Store;
 use crate::store::TranscriptEntry;
 use crate::vocab::bind_turn_identity;
 use crate::vocab::ChatMessage;
@@ -430,7 +430,7 @@ impl Runner {
         };
         let limit = self.inner.config.history_max_messages;
         match store
-            .transcripts()
+            .transcripts
             .load_history(session_id.as_str(), Some(limit))
             .await
         {
@@ -455,7 +455,7 @@ impl Runner {
         };
         let limit = self.inner.config.history_max_messages;
         match store
-            .transcripts()
+            .transcripts
             .load_history_then_append(session_id.as_str(), Some(limit), vec![user])
             .await
         {
@@ -471,7 +471,7 @@ impl Runner {
         if let Some(store) = &self.inner.store {
             // A failure shows in /healthz (the store reports it).
             if let Err(error) = store
-                .transcripts()
+                .transcripts
                 .append_many(session_id.as_str(), entries)
                 .await
             {
@@ -525,7 +525,10 @@ impl Runner {
         }
         let role = self.access().and_then(|a| a.standing(user)).map(|s| s.role);
         let budget = limits.config().budget_for(role);
-        match limits.check(store, user, role, event.source.chat_id).await {
+        match limits
+            .check(&store.usage, &store.jobs, user, role, event.source.chat_id)
+            .await
+        {
             Ok(crate::limits::Verdict::Go(allowance)) => Ok(crate::limits::TurnMeter::new(
                 allowance,
                 (budget.daily_tokens, budget.daily_cost_usd),
@@ -563,7 +566,7 @@ impl Runner {
 /// Records a turn's usage once it ran: by [`Charge::charge`], or when the
 /// turn's future is dropped first (a stop), by a short task.
 pub(super) struct Charge {
-    store: Store,
+    store: RunnerTables,
     meter: crate::limits::TurnMeter,
     turn: Option<crate::store::TurnUsage>,
 }
@@ -577,7 +580,7 @@ impl Charge {
 
     pub(super) async fn charge(mut self) {
         if let Some(turn) = self.take() {
-            if let Err(error) = self.store.usage().record_turn_usage(turn).await {
+            if let Err(error) = self.store.usage.record_turn_usage(turn).await {
                 tracing::error!(%error, "could not record a turn's usage");
             }
         }
@@ -590,7 +593,7 @@ impl Drop for Charge {
         let store = self.store.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(error) = store.usage().record_turn_usage(turn).await {
+                if let Err(error) = store.usage.record_turn_usage(turn).await {
                     tracing::error!(%error, "could not record a stopped turn's usage");
                 }
             });
@@ -652,7 +655,7 @@ impl Drop for SlotRelease<'_> {
             let entry = interrupted_entry(progress.snapshot());
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    if let Err(error) = store.transcripts().append(session_id.as_str(), entry).await {
+                    if let Err(error) = store.transcripts.append(session_id.as_str(), entry).await {
                         tracing::error!(%session_id, %error, "could not record an interrupted turn");
                     }
                 });

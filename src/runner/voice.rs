@@ -66,7 +66,7 @@ impl Runner {
         if event.internal {
             return None;
         }
-        let mode = match store.usage().voice_setting(user).await {
+        let mode = match store.usage.voice_setting(user).await {
             Ok(setting) => setting.as_deref().and_then(VoiceMode::parse),
             Err(error) => {
                 tracing::warn!(%error, "could not read the voice setting; answering in text");

@@ -10,7 +10,7 @@
 //!
 //! 1. the catch-up plan ([`super::run::plan_firing`]) picks the runs;
 //! 2. one store transaction moves each job on and journals its runs in the
-//!    inbox under ids derived from (job, instant) ([`crate::store::Store::fire_jobs`]);
+//!    inbox under ids derived from (job, instant) ([`crate::store::JobTable::fire_jobs`]);
 //! 3. only then is each run handed to the [`RunSink`] (the adapter): an
 //!    internal event, queued behind a running turn like a wakeup, never
 //!    interrupting it. A crash between 2 and 3 leaves the run in the inbox
@@ -57,7 +57,7 @@ async fn run(jobs: Jobs, sink: RunSink, stop: CancellationToken) {
         if stop.is_cancelled() {
             return;
         }
-        let next = match inner.store.jobs().next_job_due().await {
+        let next = match inner.store.next_job_due().await {
             Ok(next) => next,
             Err(error) => {
                 tracing::warn!(%error, "the scheduler could not read the next due job; retrying");
@@ -111,7 +111,6 @@ pub(super) async fn fire_due(
     loop {
         let due = inner
             .store
-            .jobs()
             .due_jobs(now.as_millisecond(), FIRE_BATCH)
             .await?;
         let full = due.len() == FIRE_BATCH;
@@ -127,11 +126,11 @@ pub(super) async fn fire_due(
                     // Unreadable (a newer telegate wrote it): paused, so it
                     // is not found due again and again.
                     tracing::error!(job = job.id, "a job cannot be read; it is paused");
-                    inner.store.jobs().set_job_active(job.id, None).await?;
+                    inner.store.set_job_active(job.id, None).await?;
                 }
             }
         }
-        let journaled = inner.store.jobs().fire_jobs(firings).await?;
+        let journaled = inner.store.fire_jobs(firings).await?;
         for (prepared, journaled) in events.into_iter().zip(journaled) {
             for (due, event) in prepared {
                 let Some(id) = event.message_id else { continue };

@@ -29,7 +29,8 @@ use super::text::{confirmation, list_text, JobView};
 use super::when::duration_words;
 use super::when::{Action, JobRequest};
 use crate::metrics::Metrics;
-use crate::store::{JobState, NewJob, Store, StoreError, StoredJob};
+use crate::store::Jobs as JobTable;
+use crate::store::{JobState, NewJob, StoreError, StoredJob};
 use crate::tools::authority::{may_decide, Deciders};
 use crate::vocab::{SessionKey, SessionSource};
 
@@ -55,7 +56,7 @@ pub struct Jobs {
 }
 
 pub(super) struct JobsInner {
-    pub(super) store: Store,
+    pub(super) store: JobTable,
     pub(super) config: ScheduleConfig,
     min_interval: Duration,
     default_zone: (String, TimeZone),
@@ -94,7 +95,7 @@ impl Jobs {
     /// The jobs kept in `store`, timed by `clock`, counted in `metrics`.
     /// Fails only for a configuration [`ScheduleConfig::validate`] refuses.
     pub fn new(
-        store: Store,
+        store: JobTable,
         config: ScheduleConfig,
         clock: Arc<dyn Clock>,
         metrics: Metrics,
@@ -131,7 +132,7 @@ impl Jobs {
     /// names the job, not a conversation).
     pub async fn has_job(&self, chat_id: i64, id: i64) -> bool {
         matches!(
-            self.inner.store.jobs().job(id).await,
+            self.inner.store.job(id).await,
             Ok(Some(job)) if job.job.chat_id == chat_id && job.state != JobState::Done
         )
     }
@@ -155,7 +156,7 @@ impl Jobs {
     }
 
     /// The store the jobs are kept in.
-    pub fn store(&self) -> &Store {
+    pub fn store(&self) -> &JobTable {
         &self.inner.store
     }
 
@@ -176,7 +177,7 @@ impl Jobs {
 
     /// The time zone of `chat_id`: its `/timezone`, else the default.
     pub async fn zone_of(&self, chat_id: i64) -> (String, TimeZone) {
-        match self.inner.store.jobs().chat_timezone(chat_id).await {
+        match self.inner.store.chat_timezone(chat_id).await {
             Ok(Some(name)) => match TimeZone::get(&name) {
                 Ok(tz) => (name, tz),
                 Err(_) => self.inner.default_zone.clone(),
@@ -235,7 +236,7 @@ impl Jobs {
             next_run: next.as_millisecond(),
         };
         let max = self.inner.config.max_jobs_per_chat;
-        match self.inner.store.jobs().create_job(job, max).await {
+        match self.inner.store.create_job(job, max).await {
             Ok(Some(id)) => {
                 tracing::info!(job = id, chat_id = owner.chat_id, "job created");
                 self.changed();
@@ -271,7 +272,7 @@ impl Jobs {
 
     /// The jobs of `chat_id`, as the chat sees them.
     pub async fn list(&self, chat_id: i64) -> Result<Vec<JobView>, StoreError> {
-        let jobs = self.inner.store.jobs().chat_jobs(chat_id).await?;
+        let jobs = self.inner.store.chat_jobs(chat_id).await?;
         Ok(jobs.iter().filter_map(view_of).collect())
     }
 
@@ -307,7 +308,7 @@ impl Jobs {
 
     /// Job `id` of `actor`'s chat, if `actor` may change it.
     async fn job_for(&self, actor: &SessionSource, id: i64) -> Result<StoredJob, String> {
-        let stored = match self.inner.store.jobs().job(id).await {
+        let stored = match self.inner.store.job(id).await {
             Ok(Some(job)) if job.job.chat_id == actor.chat_id && job.state != JobState::Done => job,
             Ok(_) => {
                 return Err(format!(
@@ -343,13 +344,13 @@ impl Jobs {
             .ok_or_else(|| format!("Job {id} cannot be read by this version of telegate."))?;
         let store = &self.inner.store;
         let written = match change {
-            Change::Delete => store.jobs().delete_job(id).await.map(|_| None),
+            Change::Delete => store.delete_job(id).await.map(|_| None),
             Change::Pause if stored.state == JobState::Paused => {
                 return Err(format!(
                     "Job {id} is already paused; /resume {id} starts it again."
                 ))
             }
-            Change::Pause => store.jobs().set_job_active(id, None).await.map(|_| None),
+            Change::Pause => store.set_job_active(id, None).await.map(|_| None),
             Change::Resume if stored.state == JobState::Active => {
                 return Err(format!("Job {id} is not paused."))
             }
@@ -364,7 +365,6 @@ impl Jobs {
                     ));
                 };
                 store
-                    .jobs()
                     .set_job_active(id, Some(next.as_millisecond()))
                     .await
                     .map(|_| Some(next))
@@ -420,13 +420,7 @@ impl Jobs {
             metrics.schedule_runs.answered.inc();
         }
         let max = self.inner.config.max_failures;
-        match self
-            .inner
-            .store
-            .jobs()
-            .record_job_outcome(id, failed, max)
-            .await
-        {
+        match self.inner.store.record_job_outcome(id, failed, max).await {
             Ok(Some(outcome)) if outcome.paused => {
                 tracing::warn!(
                     job = id,
@@ -449,7 +443,7 @@ impl Jobs {
     /// Job `id` as a run finds it: its action, unless it was deleted or
     /// paused since the run was journaled (then the run does nothing).
     pub async fn action_for_run(&self, id: i64) -> Option<(StoredJob, Action)> {
-        let job = match self.inner.store.jobs().job(id).await {
+        let job = match self.inner.store.job(id).await {
             Ok(Some(job)) => job,
             Ok(None) => {
                 tracing::info!(job = id, "a run of a deleted job does nothing");
@@ -479,7 +473,6 @@ impl Jobs {
         let jobs = self
             .inner
             .store
-            .jobs()
             .chat_jobs(actor.chat_id)
             .await
             .map_err(|error| {
@@ -516,7 +509,6 @@ impl Jobs {
         let moved = retimed.len();
         self.inner
             .store
-            .jobs()
             .set_chat_timezone(actor.chat_id, name.clone(), retimed)
             .await
             .map_err(|error| {

@@ -192,8 +192,8 @@ impl ToolRegistry for WithSchedule {
         self.inner.prepare(ctx)
     }
 
-    fn attach_store(&self, store: &crate::store::Store) {
-        self.inner.attach_store(store);
+    fn attach_store(&self, child_groups: &crate::store::ChildGroups) {
+        self.inner.attach_store(child_groups);
     }
 
     fn definitions(&self) -> Vec<ToolDefinition> {

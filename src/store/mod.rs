@@ -406,6 +406,9 @@ handles! {
     Users => users;
     /// Per-user turn usage and settings (voice) ([`usage`]).
     Usage => usage;
+    /// Whether the store answers and its writes work ([`write_health`]):
+    /// for /healthz and the systemd watchdog.
+    StoreHealth => health;
 }
 
 impl fmt::Debug for Store {

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rusqlite::Connection;
 
-use super::{Link, StoreError};
+use super::{Link, StoreError, StoreHealth};
 
 /// What a write was writing (named in `/healthz` when it fails).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -210,6 +210,21 @@ fn changed_by<R>(
     let before = conn.total_changes();
     let value = f(conn)?;
     Ok((value, conn.total_changes() != before))
+}
+
+/// What /healthz and the watchdog ask of the store.
+impl StoreHealth {
+    /// Whether the store thread answers a query (`SELECT 1`).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.call(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
+            .await
+    }
+
+    /// Whether writes work, as reported by the writers (shared by all
+    /// handles).
+    pub fn write_health(&self) -> &WriteHealth {
+        &self.link.write_health
+    }
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ pub use super::approval_options::{
 use super::approval_prompt::{request_text, settled_line, timeout_text_for};
 use super::events::{ToolEvent, ToolEventSender};
 use super::process::ProcessOwner;
-use crate::store::{now_ms, ApprovalRecord, Store};
+use crate::store::{now_ms, ApprovalRecord, Approvals};
 use crate::vocab::{Progress, SessionKey, SessionSource};
 
 /// How often a waiting approval tells the stall watchdog it is alive.
@@ -100,7 +100,7 @@ struct GateInner {
     events: ToolEventSender,
     next_id: AtomicU64,
     /// Where every decision is recorded (once the engine attached it).
-    store: OnceLock<Store>,
+    store: OnceLock<Approvals>,
 }
 
 /// Pending approvals, one per chat slot at most (a slot runs one turn, and
@@ -136,7 +136,7 @@ impl ApprovalGate {
     }
 
     /// Record every decision in `store` from now on (the first store wins).
-    pub fn record_in(&self, store: &Store) {
+    pub fn record_in(&self, store: &Approvals) {
         let _ = self.inner.store.set(store.clone());
     }
 
@@ -337,7 +337,7 @@ impl ApprovalGate {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let store = store.clone();
                 runtime.spawn(async move {
-                    if let Err(error) = store.approvals().record_approval(record).await {
+                    if let Err(error) = store.record_approval(record).await {
                         tracing::error!(%error, "could not record an approval decision");
                     }
                 });
@@ -543,6 +543,7 @@ fn new_ticket(taken: impl Fn(&str) -> bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[test]
     fn bare_replies_are_recognised() {
@@ -736,7 +737,7 @@ mod tests {
         let store = Store::open_in_memory().unwrap();
         let (events, mut rx) = super::super::events::tool_events();
         let gate = ApprovalGate::new(Duration::from_secs(60), events);
-        gate.record_in(&store);
+        gate.record_in(&store.approvals());
         let key = SessionKey::from_raw("k");
         let ann = Answerer {
             user_id: Some(7),

@@ -39,7 +39,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::procgroup::{all_processes, boot_id, proc_stat, GroupId, ProcStat};
-use crate::store::{ChildGroup, ChildGroupChange, Store, StoreError};
+use crate::store::{ChildGroup, ChildGroupChange, ChildGroups, StoreError};
 
 /// How long the start waits for killed groups to be gone.
 const KILL_WAIT: Duration = Duration::from_secs(2);
@@ -52,7 +52,7 @@ pub struct GroupLedger {
 }
 
 struct LedgerInner {
-    store: Store,
+    store: ChildGroups,
     tx: mpsc::UnboundedSender<ChildGroupChange>,
     /// Taken by the writer task, started with the first change (inside
     /// the runtime that spawns programs).
@@ -67,7 +67,7 @@ impl std::fmt::Debug for GroupLedger {
 
 impl GroupLedger {
     /// A ledger writing to `store`.
-    pub fn new(store: Store) -> GroupLedger {
+    pub fn new(store: ChildGroups) -> GroupLedger {
         let (tx, rx) = mpsc::unbounded_channel();
         GroupLedger {
             inner: Arc::new(LedgerInner {
@@ -124,13 +124,13 @@ impl GroupLedger {
 }
 
 /// The writer: every change in order, those waiting together in one call.
-async fn write_changes(store: Store, mut rx: mpsc::UnboundedReceiver<ChildGroupChange>) {
+async fn write_changes(store: ChildGroups, mut rx: mpsc::UnboundedReceiver<ChildGroupChange>) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while let Ok(next) = rx.try_recv() {
             batch.push(next);
         }
-        if let Err(error) = store.child_groups().record_child_groups(batch).await {
+        if let Err(error) = store.record_child_groups(batch).await {
             tracing::warn!(%error, "could not record started or ended process groups");
         }
     }
@@ -214,8 +214,8 @@ pub fn verdict(recorded: &ChildGroup, boot: Option<&str>, processes: &[ProcStat]
 /// At start, before anything runs again: kill every process group the
 /// previous run recorded that still runs and is verifiably its own, and
 /// forget them all. Returns how many groups were killed.
-pub async fn kill_previous_run(store: &Store) -> Result<usize, StoreError> {
-    let recorded = store.child_groups().take_child_groups().await?;
+pub async fn kill_previous_run(store: &ChildGroups) -> Result<usize, StoreError> {
+    let recorded = store.take_child_groups().await?;
     if recorded.is_empty() {
         return Ok(0);
     }
@@ -263,6 +263,7 @@ pub async fn kill_previous_run(store: &Store) -> Result<usize, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     const BOOT: &str = "b-1";
 
@@ -337,7 +338,7 @@ mod tests {
     async fn the_start_kills_a_recorded_group_that_still_runs_and_forgets_it() {
         use super::super::procgroup::spawn_leader;
         let store = Store::open_in_memory().unwrap();
-        let ledger = GroupLedger::new(store.clone());
+        let ledger = GroupLedger::new(store.child_groups());
         let mut command = tokio::process::Command::new("sh");
         // The leader exits at once; its child stays in the group.
         command.arg("-c").arg("sleep 30 & exit 0");
@@ -353,9 +354,13 @@ mod tests {
             assert!(Instant::now() < deadline, "never recorded");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(kill_previous_run(&store).await.unwrap(), 1);
+        assert_eq!(kill_previous_run(&store.child_groups()).await.unwrap(), 1);
         assert!(!id.alive(), "the group is gone");
-        assert_eq!(kill_previous_run(&store).await.unwrap(), 0, "and forgotten");
+        assert_eq!(
+            kill_previous_run(&store.child_groups()).await.unwrap(),
+            0,
+            "and forgotten"
+        );
     }
 
     /// How many rows name group `pgid` (any group: `None`).
@@ -376,7 +381,7 @@ mod tests {
     async fn a_group_that_ended_is_forgotten_in_order() {
         use super::super::procgroup::spawn_leader;
         let store = Store::open_in_memory().unwrap();
-        let ledger = GroupLedger::new(store.clone());
+        let ledger = GroupLedger::new(store.child_groups());
         let spawn = || {
             let mut command = tokio::process::Command::new("sleep");
             command.arg("30").kill_on_drop(true);

@@ -66,7 +66,7 @@ pub use terminal::{TerminalConfig, TerminalTool};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use crate::store::ChildGroups;
 use crate::vocab::Progress;
 
 /// A tool as advertised to the model.
@@ -130,7 +130,7 @@ pub trait ToolRegistry: Send + Sync {
 
     /// The runner's store, once (child process groups are recorded there).
     /// A registry that wraps another passes it on.
-    fn attach_store(&self, store: &Store);
+    fn attach_store(&self, child_groups: &ChildGroups);
 }
 
 /// A registry without tools: the model only talks. The default.
@@ -142,7 +142,7 @@ impl ToolRegistry for NoTools {
         Box::pin(async {})
     }
 
-    fn attach_store(&self, _store: &Store) {}
+    fn attach_store(&self, _child_groups: &ChildGroups) {}
 
     fn definitions(&self) -> Vec<ToolDefinition> {
         Vec::new()

@@ -449,7 +449,7 @@ impl ToolRegistry for TerminalTool {
 
     /// Its process groups are recorded through the ledger it was built
     /// with (see `engine`), not through this store.
-    fn attach_store(&self, _store: &crate::store::Store) {}
+    fn attach_store(&self, _child_groups: &crate::store::ChildGroups) {}
 
     fn definitions(&self) -> Vec<ToolDefinition> {
         vec![terminal_definition(), process_definition()]

@@ -27,7 +27,7 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
     let setup = build_agent_setup(config).map_err(anyhow::Error::msg)?;
     let engine = Engine::open_setup(config, setup, outbound.clone()).await?;
     if let Some(store) = engine.runner.store() {
-        report_lost_processes(store, outbound.as_ref()).await;
+        report_lost_processes(&store.processes, outbound.as_ref()).await;
     }
     if interactive {
         eprintln!(

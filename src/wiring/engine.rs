@@ -45,7 +45,7 @@ impl Engine {
         let engine = Engine::assemble(
             setup,
             outbound,
-            store,
+            crate::wiring::tables::runner(&store),
             None,
             config.adapter_config(),
             config.runner_config(),

@@ -94,7 +94,7 @@ impl TelegramBot {
                 open: telegram.allow_all_users || !telegram.allowed_chats.is_empty(),
                 clock: config.clock.clone(),
             },
-            Some(store.clone()),
+            Some(store.users()),
         );
         access.load().await?;
         let owner = access.owner();
@@ -102,7 +102,7 @@ impl TelegramBot {
             tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
         }
         let delivery = Delivery::new(bot.clone(), config.delivery_config());
-        let (inbox_writer, _writer) = InboxWriter::spawn(store.clone());
+        let (inbox_writer, _writer) = InboxWriter::spawn(store.inbox());
         let metrics = Metrics::new();
         let stop_intake = CancellationToken::new();
         // The command menu is a convenience: updates need not wait for it.
@@ -131,7 +131,10 @@ impl TelegramBot {
         let topics = Topics::new(
             config.adapter_config().key_policy,
             delivery.clone(),
-            Arc::new(TelegramOutbound::new(delivery.clone(), Some(tables::delivery(&store)))),
+            Arc::new(TelegramOutbound::new(
+                delivery.clone(),
+                Some(tables::delivery(&store)),
+            )),
         );
         let outcomes = TopicOutcomes {
             inner: Arc::new(inbox_writer.clone()),
@@ -144,7 +147,7 @@ impl TelegramBot {
                     .with_reactions(config.delivery.reactions)
                     .with_streaming(config.delivery.streaming),
             ),
-            store.clone(),
+            tables::runner(&store),
             Some(Arc::new(outcomes)),
             AdapterConfig {
                 metrics: metrics.clone(),
@@ -174,7 +177,7 @@ impl TelegramBot {
         let intake = Intake::new(
             engine.clone(),
             delivery.clone(),
-            store.clone(),
+            tables::transport(&store),
             policy,
             config.sessions.resume_interrupted,
             metrics.clone(),
@@ -185,14 +188,14 @@ impl TelegramBot {
         .with_callbacks(Arc::new(callback::CallbackHandler::new(
             engine.clone(),
             delivery.clone(),
-            store.clone(),
+            tables::transport(&store),
             telegram.approvers.clone(),
         )));
         let dispatching = intake.dispatching().await;
         end_gone_topics(topics, engine.clone(), &delivery, stop_intake.clone());
         let resumed = intake.recover().await?;
         let outbound = TelegramOutbound::new(delivery.clone(), None);
-        let lost = report_lost_processes(&store, &outbound).await;
+        let lost = report_lost_processes(&store.processes(), &outbound).await;
         if lost > 0 {
             tracing::info!(
                 lost,
@@ -221,7 +224,7 @@ impl TelegramBot {
             Some(listen) => {
                 let health = Arc::new(BotHealth {
                     updates: updates_health.clone(),
-                    store: store.clone(),
+                    store: store.health(),
                     scheduler: jobs.as_ref().map(crate::schedule::Jobs::health),
                 });
                 let server = crate::http::HealthServer::new(metrics.clone(), health);
@@ -235,18 +238,18 @@ impl TelegramBot {
             }
             None => None,
         };
-        refresh_inbox_gauges(metrics.clone(), store.clone(), stop_intake.clone());
+        refresh_inbox_gauges(metrics.clone(), store.inbox(), stop_intake.clone());
         if let Some(worktrees) = engine.runner.worktrees() {
             crate::transport::telegram::sweep_worktrees_regularly(
                 worktrees,
-                store.clone(),
+                store.sessions(),
                 delivery.clone(),
                 owner.and_then(|o| i64::try_from(o).ok()),
                 stop_intake.clone(),
             );
         }
         prune_inbox_regularly(
-            store.clone(),
+            store.inbox(),
             config.store.inbox_retention_days,
             stop_intake.clone(),
         );
@@ -321,7 +324,7 @@ fn build_jobs(
         return Ok(None);
     }
     let jobs = crate::schedule::Jobs::new(
-        store.clone(),
+        store.jobs(),
         config.schedule.clone(),
         Arc::new(crate::schedule::SystemClock),
         metrics.clone(),
@@ -420,7 +423,7 @@ pub fn build_media(
         delivery.clone(),
     ));
     let files = Arc::new(
-        crate::media::OutboxFiles::new(sender, Some(store.clone()), root)
+        crate::media::OutboxFiles::new(sender, Some(store.file_sends()), root)
             .with_max_files(config.media.max_files_per_answer),
     );
     let media = IntakeMedia {
@@ -428,7 +431,7 @@ pub fn build_media(
         aliases,
         stop,
         delivery: delivery.clone(),
-        store: store.clone(),
+        store: tables::transport(store),
         files: files.clone(),
     };
     Ok((media, files, scratch))
@@ -466,7 +469,7 @@ pub async fn run_with(config: &Config, standby: bool) -> anyhow::Result<()> {
         .await
         .context("the bot could not start")?;
     crate::systemd::ready();
-    let watchdog = crate::systemd::spawn_watchdog(bot.store.clone(), stop.clone());
+    let watchdog = crate::systemd::spawn_watchdog(bot.store.health(), stop.clone());
     let token_rejected = bot.token_rejected.clone();
     tokio::select! {
         () = stop.cancelled() => {}

@@ -131,7 +131,7 @@ async fn stop_mid_stream_closes_the_llm_connection_and_nothing_more_is_sent() {
     );
     assert!(!fake.sent_texts(USER).iter().any(|t| t.contains("t199")));
     // The transcript records the interrupted turn.
-    let store = bot.engine.runner.store().unwrap().clone();
+    let store = bot.store.clone();
     let key = bot
         .engine
         .adapter
@@ -219,7 +219,7 @@ async fn a_restart_continues_the_conversation_and_new_starts_empty() {
         ]
     );
     // The old transcript stays readable.
-    let store = bot.engine.runner.store().unwrap().clone();
+    let store = bot.store.clone();
     let key = bot
         .engine
         .adapter
@@ -354,7 +354,7 @@ async fn two_hundred_chats_share_one_store_and_every_transcript_is_whole() {
     let engine = Engine::with_store(
         Arc::new(EchoAgent::default()),
         sent.clone(),
-        store.clone(),
+        telegate::wiring::tables::runner(&store),
         None,
         AdapterConfig {
             busy_mode: BusyMode::Queue,

@@ -460,7 +460,7 @@ async fn the_transcript_keeps_an_answer_whole_and_a_failed_turn_as_interrupted()
     let runner = telegate::runner::Runner::with_store(
         ScriptedAgent::new(),
         Recorder::new(),
-        store.clone(),
+        telegate::wiring::tables::runner(&store),
         RunnerConfig {
             metrics: metrics.clone(),
             ..RunnerConfig::default()
@@ -534,7 +534,7 @@ async fn a_failing_store_is_retried_with_growing_pauses_before_a_session_is_give
     let runner = telegate::runner::Runner::with_store(
         ScriptedAgent::new(),
         Recorder::new(),
-        store.clone(),
+        telegate::wiring::tables::runner(&store),
         RunnerConfig::default(),
     );
     support::store_faults::refuse_new_sessions(&store).await;

@@ -137,7 +137,7 @@ fn harness() -> &'static Harness {
         let intake = Intake::new(
             bot.engine.clone(),
             bot.delivery.clone(),
-            bot.store.clone(),
+            telegate::wiring::tables::transport(&bot.store),
             policy,
             true,
             bot.metrics.clone(),
@@ -145,7 +145,7 @@ fn harness() -> &'static Harness {
         let intake_with_buttons = intake.clone().with_callbacks(Arc::new(CallbackHandler::new(
             bot.engine.clone(),
             bot.delivery.clone(),
-            bot.store.clone(),
+            telegate::wiring::tables::transport(&bot.store),
             vec![],
         )));
         Harness {

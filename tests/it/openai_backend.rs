@@ -85,7 +85,7 @@ impl ToolRegistry for TestTools {
         Box::pin(async {})
     }
 
-    fn attach_store(&self, _store: &telegate::store::Store) {}
+    fn attach_store(&self, _child_groups: &telegate::store::ChildGroups) {}
 
     fn definitions(&self) -> Vec<ToolDefinition> {
         let schema = json!({

@@ -153,7 +153,7 @@ fn harness(config: ScheduleConfig) -> Harness {
     let metrics = Metrics::new();
     let clock = TokioClock::starting_at("2026-05-01T10:00:00Z".parse().unwrap());
     let jobs = Jobs::new(
-        store.clone(),
+        store.jobs(),
         ScheduleConfig {
             timezone: Some("UTC".into()),
             ..config
@@ -168,7 +168,7 @@ fn harness(config: ScheduleConfig) -> Harness {
     let engine = Engine::with_store(
         agent.clone(),
         recorder.clone(),
-        store.clone(),
+        telegate::wiring::tables::runner(&store),
         None,
         AdapterConfig::default(),
         RunnerConfig {

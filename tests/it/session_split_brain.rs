@@ -825,7 +825,7 @@ async fn a_stale_turn_resuming_after_stop_in_set_up_cannot_install() {
     let runner = Runner::with_store(
         agent.clone(),
         Recorder::new(),
-        store.clone(),
+        telegate::wiring::tables::runner(&store),
         RunnerConfig::default(),
     );
     let sk = session_key(12345);

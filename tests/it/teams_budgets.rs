@@ -48,7 +48,7 @@ impl ToolRegistry for Counted {
         Box::pin(async {})
     }
 
-    fn attach_store(&self, _store: &Store) {}
+    fn attach_store(&self, _child_groups: &telegate::store::ChildGroups) {}
 
     fn definitions(&self) -> Vec<ToolDefinition> {
         vec![ToolDefinition {
@@ -94,7 +94,7 @@ async fn bench(limits: &str, now: &str) -> Bench {
     let engine = Engine::with_store(
         Arc::new(agent),
         sent.clone(),
-        store.clone(),
+        telegate::wiring::tables::runner(&store),
         None,
         AdapterConfig::default(),
         RunnerConfig {
@@ -336,13 +336,13 @@ async fn budget_days_follow_the_chats_own_time_zone() {
         .await
         .unwrap();
     let now: jiff::Timestamp = "2026-05-01T20:00:00Z".parse().unwrap();
-    let tokyo = chat_time_zone(&store, 7, &default).await;
+    let tokyo = chat_time_zone(&store.jobs(), 7, &default).await;
     // 20:00 UTC is 05:00 the next day in Tokyo: that day starts at
     // 15:00 UTC.
     let start: jiff::Timestamp = "2026-05-01T15:00:00Z".parse().unwrap();
     assert_eq!(day_range(&tokyo, now).0, start.as_millisecond());
     for chat in [9, 8] {
-        let zone = chat_time_zone(&store, chat, &default).await;
+        let zone = chat_time_zone(&store.jobs(), chat, &default).await;
         let berlin_start: jiff::Timestamp = "2026-04-30T22:00:00Z".parse().unwrap();
         assert_eq!(
             day_range(&zone, now).0,

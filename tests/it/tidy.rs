@@ -130,6 +130,83 @@ fn tidy_imports_are_named() {
     );
 }
 
+/// Who may name the whole [`Store`](telegate::store::Store) outside
+/// `src/store/` and `src/wiring/` (which builds every layer's narrow
+/// handles from it, in `wiring::tables`), each with its reason.
+const STORE_HOLDERS: &[(&str, &str)] = &[(
+    "src/transport/telegram/mod.rs",
+    "the running TelegramBot owns the one store: it closes it at shutdown",
+)];
+
+/// Each layer holds only the store handles of the tables it touches
+/// (`Inbox`, `Transcripts`, ... or a layer's own `*Tables` of them), so a
+/// file's imports say which tables it can change: nobody else names the
+/// whole `Store` (tests and `mod tests` may).
+#[test]
+fn tidy_only_the_wiring_holds_the_whole_store() {
+    let tree = SourceTree::read(&repo().join("src"));
+    let report = whole_store_users(&tree);
+    assert!(
+        report.is_empty(),
+        "files outside src/store and src/wiring that name the whole Store (take the handles \
+         of the tables you use, built in wiring::tables; or list the file in STORE_HOLDERS \
+         with its reason):\n{}",
+        report.join("")
+    );
+}
+
+/// The store checker sees a planted holder and passes a narrow handle.
+#[test]
+fn tidy_store_checker_sees_a_planted_holder() {
+    let files = [
+        (
+            "src/lib.rs",
+            "pub mod store;\npub mod runner;\npub mod wiring;\n",
+        ),
+        ("src/store/mod.rs", "pub struct Store;\npub struct Inbox;\n"),
+        ("src/wiring/mod.rs", "use crate::store::Store;\n"),
+        (
+            "src/runner/mod.rs",
+            "use crate::store::{Inbox, Store};\nfn f(_: crate::store::Store) {}\n\
+             #[cfg(test)]\nmod tests { use crate::store::Store; }\n",
+        ),
+    ];
+    let tree = SourceTree::from_files(files.iter().map(|(p, t)| (p.to_string(), t.to_string())));
+    let report = whole_store_users(&tree);
+    assert_eq!(
+        report.len(),
+        2,
+        "the import and the path in runner: {report:?}"
+    );
+    assert!(report.iter().all(|line| line.contains("src/runner/mod.rs")));
+}
+
+fn whole_store_users(tree: &SourceTree) -> Vec<String> {
+    let mut report = Vec::new();
+    for file in &tree.files {
+        if file.path.starts_with("src/store/")
+            || file.path.starts_with("src/wiring/")
+            || STORE_HOLDERS.iter().any(|(path, _)| *path == file.path)
+        {
+            continue;
+        }
+        for path in &file.paths {
+            let Some(absolute) = tree.absolute(file, &path.segments) else {
+                continue;
+            };
+            if absolute.ends_with(&["store".to_string(), "Store".to_string()]) {
+                report.push(format!(
+                    "  {}:{}: `{}`\n",
+                    file.path,
+                    path.line,
+                    path.text()
+                ));
+            }
+        }
+    }
+    report
+}
+
 /// The checker itself: it must see a back-edge and a circle planted in a
 /// small tree (so a passing tidy test means something).
 #[test]

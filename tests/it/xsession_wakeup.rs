@@ -198,7 +198,7 @@ async fn concurrent_turns_capture_their_own_session_under_a_global_race() {
             approvals: None,
         },
         sent.clone(),
-        Store::open_in_memory().unwrap(),
+        telegate::wiring::tables::runner(&Store::open_in_memory().unwrap()),
         None,
         AdapterConfig::default(),
         RunnerConfig::default(),

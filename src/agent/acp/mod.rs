@@ -63,7 +63,8 @@ use tokio_util::sync::CancellationToken;
 use super::command::native_sessions::AgentSessions;
 use super::command::{workdir, RESUME_LOST_NOTICE};
 use super::{Agent, AgentError, AgentReply, TurnRequest};
-use crate::store::{AgentUsage, Store};
+use crate::agent::AgentTables;
+use crate::store::AgentUsage;
 use crate::tools::approval::ApprovalGate;
 use crate::tools::childgroups::GroupLedger;
 use crate::vocab::SessionKey;
@@ -565,9 +566,11 @@ impl Agent for AcpAgent {
         self.worktrees.clone()
     }
 
-    fn attach_store(&self, store: &Store) {
-        self.sessions.attach(store);
-        let _ = self.groups.set(GroupLedger::new(store.clone()));
+    fn attach_store(&self, tables: &AgentTables) {
+        self.sessions.attach(&tables.sessions);
+        let _ = self
+            .groups
+            .set(GroupLedger::new(tables.child_groups.clone()));
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

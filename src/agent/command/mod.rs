@@ -72,7 +72,7 @@ use futures::future::BoxFuture;
 use tokio::process::{Child, Command};
 
 use super::{Agent, AgentError, AgentReply, TurnRequest};
-use crate::store::Store;
+use crate::agent::AgentTables;
 use crate::tools::childgroups::{GroupLedger, RecordedGroup};
 use crate::tools::permission::{PermissionPrompts, TurnPrompt};
 use crate::tools::process::ProcessOwner;
@@ -639,8 +639,10 @@ impl Agent for CommandAgent {
         self.worktrees.clone()
     }
 
-    fn attach_store(&self, store: &Store) {
-        self.sessions.attach(store);
-        let _ = self.groups.set(GroupLedger::new(store.clone()));
+    fn attach_store(&self, tables: &AgentTables) {
+        self.sessions.attach(&tables.sessions);
+        let _ = self
+            .groups
+            .set(GroupLedger::new(tables.child_groups.clone()));
     }
 }

@@ -9,18 +9,19 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use crate::store::{AgentUsage, Store};
+use crate::store::AgentSessions as AgentSessionTable;
+use crate::store::AgentUsage;
 
 /// Resume ids and usage, by telegate session id.
 #[derive(Debug, Default)]
 pub(crate) struct AgentSessions {
-    store: OnceLock<Store>,
+    store: OnceLock<AgentSessionTable>,
     memory: Mutex<HashMap<String, String>>,
 }
 
 impl AgentSessions {
     /// Keep everything in `store` from now on (the first store wins).
-    pub(crate) fn attach(&self, store: &Store) {
+    pub(crate) fn attach(&self, store: &AgentSessionTable) {
         let _ = self.store.set(store.clone());
     }
 
@@ -30,7 +31,7 @@ impl AgentSessions {
             return Some(id.clone());
         }
         let store = self.store.get()?;
-        match store.agent_sessions().agent_resume_id(session).await {
+        match store.agent_resume_id(session).await {
             Ok(found) => found,
             Err(error) => {
                 tracing::error!(session_id = session, %error, "could not read the agent session; starting a fresh one");
@@ -49,7 +50,7 @@ impl AgentSessions {
         ) {
             let (session, id) = (session.to_string(), id.to_string());
             runtime.spawn(async move {
-                if let Err(error) = store.agent_sessions().set_agent_resume_id(&session, backend, Some(id)).await {
+                if let Err(error) = store.set_agent_resume_id(&session, backend, Some(id)).await {
                     tracing::error!(session_id = session, %error, "could not record the agent session");
                 }
             });
@@ -60,11 +61,7 @@ impl AgentSessions {
     pub(crate) async fn forget(&self, session: &str, backend: &'static str) {
         self.memory().remove(session);
         if let Some(store) = self.store.get() {
-            if let Err(error) = store
-                .agent_sessions()
-                .set_agent_resume_id(session, backend, None)
-                .await
-            {
+            if let Err(error) = store.set_agent_resume_id(session, backend, None).await {
                 tracing::error!(session_id = session, %error, "could not forget the agent session");
             }
         }
@@ -79,11 +76,7 @@ impl AgentSessions {
     ) {
         crate::limits::meter::record(&usage);
         if let Some(store) = self.store.get() {
-            if let Err(error) = store
-                .agent_sessions()
-                .add_agent_usage(session, backend, usage)
-                .await
-            {
+            if let Err(error) = store.add_agent_usage(session, backend, usage).await {
                 tracing::error!(session_id = session, %error, "could not record the agent's usage");
             }
         }
@@ -101,7 +94,6 @@ impl AgentSessions {
     ) {
         if let Some(store) = self.store.get() {
             if let Err(error) = store
-                .agent_sessions()
                 .add_agent_thread_usage(session, backend, thread, total)
                 .await
             {

@@ -141,7 +141,7 @@ impl Agent for OpenAiAgent {
         Box::pin(self.run_turn(turn))
     }
 
-    fn attach_store(&self, store: &crate::store::Store) {
-        self.tools.attach_store(store);
+    fn attach_store(&self, tables: &crate::agent::AgentTables) {
+        self.tools.attach_store(&tables.child_groups);
     }
 }

@@ -42,7 +42,7 @@ use super::approval::{ApprovalGate, Denial, Verdict};
 use super::childgroups::GroupLedger;
 use super::process::ProcessOwner;
 use super::{ToolContext, ToolDefinition, ToolError, ToolRegistry};
-use crate::store::Store;
+use crate::store::ChildGroups;
 use server::{CallFailure, McpServer, RemoteTool};
 
 /// Install ring as the process's TLS provider (once; reqwest 0.13 inside
@@ -244,9 +244,9 @@ impl ToolRegistry for WithMcp {
         })
     }
 
-    fn attach_store(&self, store: &Store) {
-        self.inner.attach_store(store);
-        let _ = self.groups.set(GroupLedger::new(store.clone()));
+    fn attach_store(&self, child_groups: &ChildGroups) {
+        self.inner.attach_store(child_groups);
+        let _ = self.groups.set(GroupLedger::new(child_groups.clone()));
     }
 }
 

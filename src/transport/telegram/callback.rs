@@ -41,10 +41,11 @@ use teloxide::payloads::AnswerCallbackQuerySetters;
 use teloxide::requests::{Request, Requester};
 use teloxide::types::CallbackQuery;
 
+use super::TransportTables;
 use crate::delivery::{ChatTarget, Delivery, FormattedText};
 use crate::engine::Engine;
 use crate::runner::ApprovalPress;
-use crate::store::{now_ms, Store, StoreError, StoredButton};
+use crate::store::{now_ms, StoreError, StoredButton};
 use crate::tools::approval::Decided;
 use crate::tools::approval_prompt::{chosen_line, clock_utc};
 use crate::tools::authority::may_decide;
@@ -57,7 +58,7 @@ use crate::vocab::{
 pub struct CallbackHandler {
     engine: Engine,
     delivery: Delivery,
-    store: Store,
+    store: TransportTables,
     approvers: Vec<u64>,
 }
 
@@ -66,7 +67,12 @@ type Outcome = (InboxState, Option<&'static str>);
 
 impl CallbackHandler {
     /// A handler acting on `engine`; `approvers` may press any button.
-    pub fn new(engine: Engine, delivery: Delivery, store: Store, approvers: Vec<u64>) -> Self {
+    pub fn new(
+        engine: Engine,
+        delivery: Delivery,
+        store: TransportTables,
+        approvers: Vec<u64>,
+    ) -> Self {
         CallbackHandler {
             engine,
             delivery,
@@ -85,7 +91,7 @@ impl CallbackHandler {
         raw: Value,
     ) -> Result<bool, StoreError> {
         self.store
-            .inbox()
+            .inbox
             .record_update(update_id, chat_id, None, raw, InboxState::Received, None)
             .await
     }
@@ -95,7 +101,7 @@ impl CallbackHandler {
         let (state, reason) = self.press(update_id, &query).await;
         if let Err(error) = self
             .store
-            .inbox()
+            .inbox
             .set_update_state(update_id, state, reason.map(str::to_string))
             .await
         {
@@ -186,7 +192,7 @@ impl CallbackHandler {
             self.toast(query, "This button is not mine.").await;
             return Err((InboxState::Dropped, Some("foreign button")));
         };
-        let stored = match self.store.buttons().button(id).await {
+        let stored = match self.store.buttons.button(id).await {
             Ok(Some(stored)) => stored,
             Ok(None) => {
                 self.toast(query, "This button is no longer valid.").await;
@@ -367,7 +373,7 @@ impl CallbackHandler {
     }
 
     async fn claim(&self, id: &str, update_id: i64) -> bool {
-        match self.store.buttons().claim_button(id, update_id).await {
+        match self.store.buttons.claim_button(id, update_id).await {
             Ok(claimed) => claimed,
             Err(error) => {
                 tracing::error!(update_id, %error, "could not use a button");
@@ -456,7 +462,7 @@ impl CallbackHandler {
     ) -> Result<bool, StoreError> {
         let new = self
             .store
-            .inbox()
+            .inbox
             .record_update(
                 update_id,
                 stop.chat_id,
@@ -478,7 +484,7 @@ impl CallbackHandler {
         let (state, reason) = self.draft_stop(stop).await;
         if let Err(error) = self
             .store
-            .inbox()
+            .inbox
             .set_update_state(update_id, state, reason.map(str::to_string))
             .await
         {

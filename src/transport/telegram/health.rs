@@ -10,7 +10,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::http::{HealthCheck, HealthReport};
-use crate::store::{Store, WriteKind};
+use crate::store::{StoreHealth, WriteKind};
 
 /// Whether the update source works, updated by the polling loop.
 #[derive(Clone, Debug)]
@@ -43,7 +43,7 @@ pub struct BotHealth {
     /// The update source.
     pub updates: UpdatesHealth,
     /// The store.
-    pub store: Store,
+    pub store: StoreHealth,
     /// The scheduler, when jobs are on.
     pub scheduler: Option<crate::schedule::SchedulerHealth>,
 }
@@ -57,11 +57,7 @@ impl HealthCheck for BotHealth {
             } else {
                 report.failing("updates", "the last getUpdates request failed")
             };
-            let report = match self
-                .store
-                .call(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
-                .await
-            {
+            let report = match self.store.ping().await {
                 Ok(()) => match failing_writes(&self.store.write_health().failures()) {
                     None => report.ok("store"),
                     Some(reason) => report.failing("store", reason),

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::adapter::{EventOutcome, OutcomeSink};
 use crate::media::album::AlbumAliases;
-use crate::store::Store;
+use crate::store::Inbox;
 use crate::vocab::{InboxState, MessageEvent, SessionSource};
 
 /// At most this many outcomes go to the store in one call.
@@ -24,7 +24,7 @@ const LEDGER_BATCH: usize = 512;
 #[derive(Clone)]
 pub struct InboxWriter {
     tx: mpsc::UnboundedSender<LedgerOp>,
-    store: Store,
+    store: Inbox,
     aliases: AlbumAliases,
 }
 
@@ -35,7 +35,7 @@ enum LedgerOp {
 
 impl InboxWriter {
     /// Start the writer task for `store`.
-    pub fn spawn(store: Store) -> (InboxWriter, tokio::task::JoinHandle<()>) {
+    pub fn spawn(store: Inbox) -> (InboxWriter, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let aliases = AlbumAliases::default();
         let inbox_writer = InboxWriter {
@@ -66,7 +66,7 @@ impl InboxWriter {
                 }
                 if !changes.is_empty() {
                     let count = changes.len();
-                    if let Err(error) = store.inbox().set_message_states(changes).await {
+                    if let Err(error) = store.set_message_states(changes).await {
                         tracing::error!(count, %error, "could not record message states");
                     }
                 }
@@ -113,7 +113,6 @@ impl OutcomeSink for InboxWriter {
             let id = synthetic_id();
             let recorded = self
                 .store
-                .inbox()
                 .record_update(
                     id,
                     event.source.chat_id,
@@ -159,6 +158,7 @@ pub(super) use crate::journal::{
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
     use crate::vocab::SessionId;
     use crate::vocab::{ChatType, Platform};
     use std::time::Duration;
@@ -198,7 +198,7 @@ mod tests {
     async fn flush_returns_once_every_outcome_recorded_before_it_is_written() {
         let store = Store::open_in_memory().unwrap();
         received(&store, 1).await;
-        let (inbox_writer, _writer) = InboxWriter::spawn(store.clone());
+        let (inbox_writer, _writer) = InboxWriter::spawn(store.inbox());
         inbox_writer.record(&source(7), 1, EventOutcome::Answered);
         inbox_writer.flush().await;
         assert_eq!(state_of(&store, 1).await, InboxState::Answered);
@@ -210,7 +210,7 @@ mod tests {
         for id in [1, 2, 3] {
             received(&store, id).await;
         }
-        let (inbox_writer, _writer) = InboxWriter::spawn(store.clone());
+        let (inbox_writer, _writer) = InboxWriter::spawn(store.inbox());
         // The intake registers the album through the inbox_writer's aliases.
         inbox_writer.album_aliases().add(7, 1, &[2, 3]);
         inbox_writer.record(&source(7), 1, EventOutcome::Answered);
@@ -227,7 +227,7 @@ mod tests {
     #[tokio::test]
     async fn the_writer_ends_once_every_handle_is_gone() {
         let store = Store::open_in_memory().unwrap();
-        let (inbox_writer, writer) = InboxWriter::spawn(store);
+        let (inbox_writer, writer) = InboxWriter::spawn(store.inbox());
         drop(inbox_writer);
         tokio::time::timeout(Duration::from_secs(5), writer)
             .await
@@ -246,7 +246,7 @@ mod tests {
     #[tokio::test]
     async fn a_journaled_wakeup_is_kept_and_read_back_as_the_same_event() {
         let store = Store::open_in_memory().unwrap();
-        let (inbox_writer, _writer) = InboxWriter::spawn(store.clone());
+        let (inbox_writer, _writer) = InboxWriter::spawn(store.inbox());
         let mut event = MessageEvent::internal(source(7), "the build finished");
         event = event.with_session_override(SessionId::new("s-1"));
         let first = inbox_writer.journal(&event).await.expect("journaled");

@@ -45,12 +45,13 @@ use super::media::IntakeMedia;
 use super::parse::{parse_guarded, parse_update};
 use super::strangers::Strangers;
 use super::topics::Topics;
+use super::TransportTables;
 use crate::delivery::answer::AMBIGUOUS_SEND;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::reply::Reply;
-use crate::store::{NewUpdate, Store, StoreError};
+use crate::store::{NewUpdate, StoreError};
 use crate::vocab::{InboxState, Origin, SessionSource};
 
 /// What the sender of a message is told when the answer's send was cut
@@ -104,7 +105,7 @@ struct Started {
 pub struct Intake {
     engine: Engine,
     delivery: Delivery,
-    store: Store,
+    store: TransportTables,
     policy: Arc<InboundPolicy>,
     strangers: Arc<Strangers>,
     resume_interrupted: bool,
@@ -122,7 +123,7 @@ impl Intake {
     pub fn new(
         engine: Engine,
         delivery: Delivery,
-        store: Store,
+        store: TransportTables,
         policy: InboundPolicy,
         resume_interrupted: bool,
         metrics: Metrics,
@@ -397,7 +398,7 @@ impl Intake {
             rest.push((update, verdict));
         }
         let ids: Vec<i64> = rows.iter().map(|row| row.update_id).collect();
-        let fresh = self.store.inbox().record_updates(rows).await?;
+        let fresh = self.store.inbox.record_updates(rows).await?;
         let mut taken = Vec::with_capacity(rest.len());
         for (((update, verdict), new), update_id) in rest.into_iter().zip(fresh).zip(ids) {
             if !new {
@@ -444,7 +445,7 @@ impl Intake {
     /// and one whose answer was being sent when the process died (an
     /// ambiguous send) is marked failed and not sent again.
     pub async fn recover(&self) -> Result<usize, StoreError> {
-        let open = self.store.inbox().open_inbox().await?;
+        let open = self.store.inbox.open_inbox().await?;
         let mut resumed = 0;
         for entry in open {
             if let Some(handler) = &self.callbacks {
@@ -477,11 +478,7 @@ impl Intake {
                 // A background job's result: always delivered (nobody could
                 // "send it again"), exactly once thanks to the outbox.
                 let message_id = entry.message_id.unwrap_or(entry.update_id);
-                if let Ok(Some(reply)) = self
-                    .store
-                    .outbox()
-                    .reply_of(entry.chat_id, message_id)
-                    .await
+                if let Ok(Some(reply)) = self.store.outbox.reply_of(entry.chat_id, message_id).await
                 {
                     if reply.sending {
                         self.ambiguous(&wakeup.source, message_id).await;
@@ -526,7 +523,7 @@ impl Intake {
             let message_id = entry.message_id.unwrap_or_default();
             let recorded = self
                 .store
-                .outbox()
+                .outbox
                 .reply_of(entry.chat_id, message_id)
                 .await
                 .ok()
@@ -611,7 +608,7 @@ impl Intake {
     async fn mark_update(&self, update_id: i64, reason: &str) {
         let result = self
             .store
-            .inbox()
+            .inbox
             .set_update_state(update_id, InboxState::Dropped, Some(reason.to_string()))
             .await;
         if let Err(error) = result {
@@ -623,7 +620,7 @@ impl Intake {
         let reason = (!reason.is_empty()).then(|| reason.to_string());
         if let Err(error) = self
             .store
-            .inbox()
+            .inbox
             .set_message_state(chat_id, message_id, state, reason)
             .await
         {

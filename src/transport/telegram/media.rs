@@ -20,6 +20,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use super::TransportTables;
 use crate::adapter::MessageHandler;
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
@@ -28,7 +29,6 @@ use crate::media::prepare::Refusal;
 use crate::media::stage::{lane_of, Lane, Preparation, StageIo};
 use crate::media::MediaStage;
 use crate::reply::Reply;
-use crate::store::Store;
 use crate::vocab::{InboxState, MessageEvent, SessionKey, SessionSource};
 
 /// What a user is told about a message of theirs that /stop, /new or
@@ -52,7 +52,7 @@ pub struct IntakeMedia {
     /// Sends echoes and refusals.
     pub delivery: Delivery,
     /// Closes refused messages' inbox rows.
-    pub store: Store,
+    pub store: TransportTables,
     /// Sends files; recovery sends what a restart left in an outbox.
     pub files: Arc<crate::media::OutboxFiles>,
 }
@@ -203,7 +203,7 @@ impl IntakeMedia {
             .into_iter()
             .map(|id| (chat, id, InboxState::Dropped, Some(reason.to_string())))
             .collect();
-        if let Err(error) = self.store.inbox().set_message_states(changes).await {
+        if let Err(error) = self.store.inbox.set_message_states(changes).await {
             tracing::error!(%error, "could not record a message state");
         }
     }
@@ -297,7 +297,7 @@ impl IntakeMedia {
         if let Some(id) = message {
             if self
                 .store
-                .file_sends()
+                .file_sends
                 .file_sent(chat, id, ECHO_KEY.to_string())
                 .await
                 .unwrap_or(false)
@@ -312,7 +312,7 @@ impl IntakeMedia {
                 if let (Some(id), Some(first)) = (message, sent.first()) {
                     if let Err(error) = self
                         .store
-                        .file_sends()
+                        .file_sends
                         .record_file_sent(chat, id, ECHO_KEY.to_string(), i64::from(*first))
                         .await
                     {

@@ -57,7 +57,7 @@ use self::inbox_writer::InboxWriter;
 use crate::delivery::Delivery;
 use crate::engine::Engine;
 use crate::metrics::{InboxCounts, Metrics};
-use crate::store::Store;
+use crate::store::{Buttons, FileSends, Inbox, Outbox, Sessions, Store};
 use crate::vocab::{InboxState, COMMANDS};
 
 /// Why the bot could not start.
@@ -168,11 +168,29 @@ pub(crate) fn collect_gauges(metrics: &Metrics, engine: &Engine, delivery: &Deli
     });
 }
 
+/// The store tables the Telegram transport touches: the inbox (updates by
+/// update id and each message's state), the outbox (for recovery), inline
+/// buttons (a press), the files sent from a turn's outbox, and sessions
+/// (topics and worktree sweeps). Built from the one store by the wiring.
+#[derive(Clone, Debug)]
+pub struct TransportTables {
+    /// Updates by update id and each message's state.
+    pub inbox: Inbox,
+    /// Each final reply's send intent.
+    pub outbox: Outbox,
+    /// Inline buttons.
+    pub buttons: Buttons,
+    /// Files sent from a turn's outbox.
+    pub file_sends: FileSends,
+    /// The current session per chat key.
+    pub sessions: Sessions,
+}
+
 /// The inbox gauges need the store (async), so a small task refreshes them.
-pub(crate) fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: CancellationToken) {
+pub(crate) fn refresh_inbox_gauges(metrics: Metrics, store: Inbox, stop: CancellationToken) {
     tokio::spawn(async move {
         loop {
-            if let Ok(counts) = store.inbox().inbox_counts().await {
+            if let Ok(counts) = store.inbox_counts().await {
                 let get = |state: InboxState| {
                     counts
                         .iter()
@@ -196,10 +214,10 @@ pub(crate) fn refresh_inbox_gauges(metrics: Metrics, store: Store, stop: Cancell
 }
 
 /// Prune finished inbox rows older than `days` at start, then hourly.
-pub(crate) fn prune_inbox_regularly(store: Store, days: u64, stop: CancellationToken) {
+pub(crate) fn prune_inbox_regularly(store: Inbox, days: u64, stop: CancellationToken) {
     tokio::spawn(async move {
         loop {
-            match store.inbox().prune_inbox(days).await {
+            match store.prune_inbox(days).await {
                 Ok(0) => {}
                 Ok(pruned) => tracing::info!(pruned, days, "pruned finished inbox rows"),
                 Err(error) => tracing::warn!(%error, "could not prune the inbox"),
@@ -217,7 +235,7 @@ pub(crate) fn prune_inbox_regularly(store: Store, days: u64, stop: CancellationT
 /// told to the bot's owner (`tell`), once.
 pub(crate) fn sweep_worktrees_regularly(
     worktrees: std::sync::Arc<crate::worktree::Worktrees>,
-    store: Store,
+    store: Sessions,
     delivery: Delivery,
     tell: Option<i64>,
     stop: CancellationToken,
@@ -235,13 +253,13 @@ pub(crate) fn sweep_worktrees_regularly(
 
 async fn sweep_worktrees(
     worktrees: &crate::worktree::Worktrees,
-    store: &Store,
+    store: &Sessions,
     delivery: &Delivery,
     tell: Option<i64>,
 ) {
     use crate::vocab::{SessionId, SessionKey};
     use crate::worktree::plan::worktree_name;
-    let sessions = match store.sessions().list_sessions().await {
+    let sessions = match store.list_sessions().await {
         Ok(sessions) => sessions,
         Err(error) => {
             tracing::warn!(%error, "worktree cleanup skipped: the sessions could not be read");

@@ -130,7 +130,7 @@ impl ToolsBot {
             .runner
             .store()
             .expect("a store")
-            .transcripts()
+            .transcripts
             .load_history(session.as_str(), None)
             .await
             .expect("the store answers")
