@@ -6,8 +6,8 @@
 //! table by hand again. Everything a test sets on top is a TOML fragment,
 //! deep-merged into the base as tables (a fragment's `[delivery]` extends
 //! or overrides the `[delivery]` already there instead of making a second
-//! one, which TOML would refuse); [`FAST_DELIVERY`] is the pacing most
-//! tests share, added where a test asks for it. The merged text is parsed
+//! one, which TOML would refuse); [`FAST_DELIVERY`] (and [`FAST_GROUPS`])
+//! is the pacing most tests share, added where a test asks for it. The merged text is parsed
 //! with [`Config::parse`] exactly as `telegate run` parses a file, and
 //! [`TestBot::start`] is the only place tests call `TelegramBot::start*`
 //! (`tidy_tests_start_bots_through_test_bot` keeps it so).
@@ -29,6 +29,9 @@ use super::fake_bot::FakeBotApi;
 /// typing notices close together, no global cap worth the name.
 pub const FAST_DELIVERY: &str = "[delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\n\
                                  typing_interval_ms = 100\nglobal_messages_per_second = 100000\n";
+
+/// `[delivery] group_messages_per_minute` out of the way, for tests in groups.
+pub const FAST_GROUPS: &str = "[delivery]\ngroup_messages_per_minute = 100000\n";
 
 /// A change to the parsed configuration that TOML cannot express (a
 /// test clock, a `Limits` value built in code).
