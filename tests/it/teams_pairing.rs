@@ -29,9 +29,9 @@ fn configure(dir: &Path, fake: &FakeBotApi) -> PathBuf {
     let text = TestBot::new(fake)
         .toml(format!(
             "[store]\ndata_dir = {data}\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\n\n\
-         [log]\nlevel = \"info\"\n",
+             [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
+             global_messages_per_second = 100000\n\n\
+             [log]\nlevel = \"info\"\n",
             data = toml_str(&dir.join("data")),
         ))
         .text();
