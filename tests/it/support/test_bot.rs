@@ -6,11 +6,13 @@
 //! table by hand again. Everything a test sets on top is a TOML fragment,
 //! deep-merged into the base as tables (a fragment's `[delivery]` extends
 //! or overrides the `[delivery]` already there instead of making a second
-//! one, which TOML would refuse); [`FAST_DELIVERY`] (and [`FAST_GROUPS`])
-//! is the pacing most tests share, added where a test asks for it. The merged text is parsed
-//! with [`Config::parse`] exactly as `telegate run` parses a file, and
+//! one, which TOML would refuse). [`FAST_DELIVERY`] and [`FAST_GROUPS`]
+//! are the pacing most tests share, added where a test asks for them: a
+//! test without them keeps telegate's defaults. The merged text is parsed
+//! with [`Config::parse`] as `telegate run` parses a file;
 //! [`TestBot::start`] is the only place tests call `TelegramBot::start*`
-//! (`tidy_tests_start_bots_through_test_bot` keeps it so).
+//! (`tidy_tests_start_bots_through_test_bot` keeps it so), and a test that
+//! runs the binary writes [`TestBot::text`] to its config file.
 //!
 //! A `TestBot` is a description, not a running bot: `start` can be called
 //! again for a restart on the same settings, and a clone can change them.
