@@ -16,8 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use support::fake_bot::FakeBotApi;
 use support::fake_files::photo_json;
-use telegate::config::{Config, Purpose};
-use telegate::transport::telegram::TelegramBot;
+use support::test_bot::{TestBot, FAST_DELIVERY};
 
 const WAIT: Duration = Duration::from_secs(20);
 const USER: i64 = 42;
@@ -30,24 +29,21 @@ fn agent_program() -> PathBuf {
 
 /// A bot on the fake ACP agent recording into `agent_dir`; `extra` goes
 /// into `[agent.acp]`, `env` into the agent's environment.
-fn config(fake: &FakeBotApi, agent_dir: &Path, data: &Path, extra: &str, env: &str) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}, {OTHER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         global_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
-         [sessions]\nshutdown_grace_secs = 1\n\n\
-         [agent]\nbackend = \"acp\"\n\n\
-         [agent.acp]\nprogram = \"{}\"\nkill_grace_ms = 300\ncancel_grace_ms = 500\n{extra}\n\
-         env = {{ FAKE_ACP_DIR = \"{}\"{env} }}\n\n\
-         [store]\ndata_dir = \"{}\"\n",
-        fake.token(),
-        fake.url(),
-        agent_program().display(),
-        agent_dir.display(),
-        data.display()
-    );
-    Config::parse(Path::new("acp.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("valid test config")
+fn test_bot(fake: &FakeBotApi, agent_dir: &Path, data: &Path, extra: &str, env: &str) -> TestBot {
+    TestBot::new(fake)
+        .users(&[USER, OTHER])
+        .toml(FAST_DELIVERY)
+        .toml(format!(
+            "[delivery]\nstreaming = \"edit\"\n\n\
+             [sessions]\nshutdown_grace_secs = 1\n\n\
+             [agent]\nbackend = \"acp\"\n\n\
+             [agent.acp]\nprogram = \"{}\"\nkill_grace_ms = 300\ncancel_grace_ms = 500\n{extra}\n\
+             env = {{ FAKE_ACP_DIR = \"{}\"{env} }}\n\n\
+             [store]\ndata_dir = \"{}\"\n",
+            agent_program().display(),
+            agent_dir.display(),
+            data.display()
+        ))
 }
 
 /// A finished reply in the chat contains `needle`: a message whose text
@@ -204,7 +200,8 @@ async fn a_prompt_streams_and_tool_calls_plans_and_usage_show() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, agent_dir.path(), data.path(), "", ""))
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), "", "")
+        .start()
         .await
         .unwrap();
 
@@ -285,7 +282,8 @@ async fn a_permission_request_becomes_buttons_only_the_starter_may_press() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, agent_dir.path(), data.path(), "", ""))
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), "", "")
+        .start()
         .await
         .unwrap();
 
@@ -396,7 +394,8 @@ async fn an_unanswered_permission_request_is_rejected() {
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let extra = "permission_timeout_secs = 1";
-    let bot = TelegramBot::start(&config(&fake, agent_dir.path(), data.path(), extra, ""))
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), extra, "")
+        .start()
         .await
         .unwrap();
     say_and_wait(&fake, "ask permission", "permission: reject-once").await;
@@ -429,7 +428,8 @@ async fn stop_cancels_the_turn_and_kills_an_agent_deaf_to_it() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, agent_dir.path(), data.path(), "", ""))
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), "", "")
+        .start()
         .await
         .unwrap();
 
@@ -486,8 +486,8 @@ async fn a_restart_continues_with_session_load_and_new_starts_fresh() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let config = config(&fake, agent_dir.path(), data.path(), "", "");
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = test_bot(&fake, agent_dir.path(), data.path(), "", "");
+    let bot = settings.start().await.unwrap();
     say_and_wait(&fake, "first", "Answer 1 in fake-session-1").await;
     bot.shutdown().await;
     let first = pids(agent_dir.path())[0];
@@ -496,7 +496,7 @@ async fn a_restart_continues_with_session_load_and_new_starts_fresh() {
         "shutdown ends the agent"
     );
 
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     say_and_wait(
         &fake,
         "second",
@@ -531,11 +531,11 @@ async fn without_session_load_a_restart_starts_fresh_once_and_says_so() {
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let env = ", FAKE_ACP_NO_LOAD = \"1\"";
-    let config = config(&fake, agent_dir.path(), data.path(), "", env);
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = test_bot(&fake, agent_dir.path(), data.path(), "", env);
+    let bot = settings.start().await.unwrap();
     say_and_wait(&fake, "first", "Answer 1 in fake-session-1").await;
     bot.shutdown().await;
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     say_and_wait(&fake, "second", "Answer 1 in fake-session-2").await;
     say_and_wait(&fake, "third", "Answer 2 in fake-session-2").await;
     let notices = fake
@@ -552,15 +552,10 @@ async fn a_crash_is_reported_and_an_idle_agent_exits_both_then_continue() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(
-        &fake,
-        agent_dir.path(),
-        data.path(),
-        "idle_secs = 1",
-        "",
-    ))
-    .await
-    .unwrap();
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), "idle_secs = 1", "")
+        .start()
+        .await
+        .unwrap();
     say_and_wait(
         &fake,
         "please crash",
@@ -596,7 +591,8 @@ async fn file_access_stays_inside_the_chats_workdir() {
     let data = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let extra = format!("workdir = \"{}/{{chat_id}}\"", work.path().display());
-    let bot = TelegramBot::start(&config(&fake, agent_dir.path(), data.path(), &extra, ""))
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), &extra, "")
+        .start()
         .await
         .unwrap();
     say_and_wait(&fake, "write notes/today.txt", "wrote notes/today.txt").await;
@@ -640,7 +636,8 @@ async fn a_photo_goes_as_an_image_block_when_the_agent_takes_images() {
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let env = ", FAKE_ACP_IMAGES = \"1\"";
-    let bot = TelegramBot::start(&config(&fake, agent_dir.path(), data.path(), "", env))
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), "", env)
+        .start()
         .await
         .unwrap();
     let image: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
@@ -658,13 +655,14 @@ async fn an_agent_that_does_not_start_is_stopped_and_reported() {
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let env = ", FAKE_ACP_INIT_HANG = \"1\"";
-    let bot = TelegramBot::start(&config(
+    let bot = test_bot(
         &fake,
         agent_dir.path(),
         data.path(),
         "start_timeout_secs = 1",
         env,
-    ))
+    )
+    .start()
     .await
     .unwrap();
     say_and_wait(&fake, "hello", "did not answer `initialize` within 1 s").await;
@@ -675,11 +673,16 @@ async fn an_agent_that_does_not_start_is_stopped_and_reported() {
     );
     bot.shutdown().await;
 
-    let mut config = config(&fake, agent_dir.path(), data.path(), "", "");
-    if let Some(acp) = config.agent.acp_mut() {
-        acp.program = Some(format!("{}/no-such-agent", agent_dir.path().display()));
-    }
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let missing = format!("{}/no-such-agent", agent_dir.path().display());
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), "", "")
+        .adjust(move |config| {
+            if let Some(acp) = config.agent.acp_mut() {
+                acp.program = Some(missing.clone());
+            }
+        })
+        .start()
+        .await
+        .unwrap();
     say_and_wait(&fake, "hello?", "not found. Check agent.acp.program").await;
     bot.shutdown().await;
 }

@@ -12,32 +12,26 @@ use std::path::Path;
 use std::time::Duration;
 
 use support::fake_bot::{Failure, FakeBotApi};
-use telegate::config::{Config, Purpose};
+use support::test_bot::{TestBot, FAST_DELIVERY};
 use telegate::store::Store;
-use telegate::transport::telegram::TelegramBot;
 
 const WAIT: Duration = Duration::from_secs(30);
 const USER: i64 = 42;
 
 /// A bot with the command backend running `script` (`sh -c`), `extra`
-/// appended (more tables).
-fn config(fake: &FakeBotApi, data_dir: &Path, script: &str, extra: &str) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         global_messages_per_second = 100000\n{extra}\n\n\
-         [sessions]\nshutdown_grace_secs = 1\n\n\
-         [store]\ndata_dir = \"{}\"\n\n\
-         [agent]\nbackend = \"command\"\n\n\
-         [agent.command]\nargv = [\"sh\", \"-c\", {script:?}]\noutput_cap_bytes = 1000000\n",
-        fake.token(),
-        fake.url(),
-        data_dir.display(),
-    );
-    Config::parse(Path::new("sending.toml"), &text, Purpose::Telegram, |_| {
-        None
-    })
-    .expect("valid test config")
+/// appended to `[delivery]` (or more tables).
+fn test_bot(fake: &FakeBotApi, data_dir: &Path, script: &str, extra: &str) -> TestBot {
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(format!("[delivery]\n{extra}"))
+        .toml(format!(
+            "[sessions]\nshutdown_grace_secs = 1\n\n\
+             [store]\ndata_dir = \"{}\"\n\n\
+             [agent]\nbackend = \"command\"\n\n\
+             [agent.command]\nargv = [\"sh\", \"-c\", {script:?}]\noutput_cap_bytes = 1000000\n",
+            data_dir.display(),
+        ))
 }
 
 /// `n` paragraphs of 3000 letters each (one message each): the `k`th is
@@ -76,8 +70,8 @@ fn first_number(text: &str) -> usize {
 async fn a_long_answer_takes_at_most_its_parts_and_comes_whole_as_a_file() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = config(&fake, data.path(), &paragraphs(5), "max_answer_parts = 2");
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = test_bot(&fake, data.path(), &paragraphs(5), "max_answer_parts = 2");
+    let bot = settings.start().await.unwrap();
     fake.push_text(USER, USER, "tell me everything");
     assert!(
         fake.wait_for(|_| !fake.files().uploads().is_empty(), WAIT)
@@ -112,7 +106,8 @@ async fn outbox_files_over_the_limit_are_reported_in_one_line() {
         "i=0; while [ $i -lt 30 ]; do printf 'file %s' $i > \"$TELEGATE_OUTBOX/f$i.txt\"; \
                   i=$((i+1)); done; echo answered";
     let extra = "\n[media]\nmax_files_per_answer = 3";
-    let bot = TelegramBot::start(&config(&fake, data.path(), script, extra))
+    let bot = test_bot(&fake, data.path(), script, extra)
+        .start()
         .await
         .unwrap();
     fake.push_text(USER, USER, "make files");
@@ -146,7 +141,8 @@ async fn stop_ends_a_batch_of_outbox_files_and_says_what_was_not_sent() {
         40,
         Failure::Delay(Duration::from_millis(300)),
     );
-    let bot = TelegramBot::start(&config(&fake, data.path(), script, extra))
+    let bot = test_bot(&fake, data.path(), script, extra)
+        .start()
         .await
         .unwrap();
     fake.push_text(USER, USER, "make files");
@@ -172,7 +168,8 @@ async fn stop_ends_a_batch_of_outbox_files_and_says_what_was_not_sent() {
 
     // After a restart nothing more of that answer goes out, and the chat
     // goes on.
-    let bot = TelegramBot::start(&config(&fake, data.path(), "echo fresh", extra))
+    let bot = test_bot(&fake, data.path(), "echo fresh", extra)
+        .start()
         .await
         .unwrap();
     fake.push_text(USER, USER, "again");
@@ -188,8 +185,8 @@ async fn stop_ends_a_batch_of_outbox_files_and_says_what_was_not_sent() {
 async fn stop_ends_an_answer_sent_in_parts_and_the_rest_is_never_sent() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = config(&fake, data.path(), &paragraphs(20), "max_answer_parts = 50");
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = test_bot(&fake, data.path(), &paragraphs(20), "max_answer_parts = 50");
+    let bot = settings.start().await.unwrap();
     // Every message takes a while to be answered.
     fake.fail_next(
         "sendMessage",
@@ -221,7 +218,7 @@ async fn stop_ends_an_answer_sent_in_parts_and_the_rest_is_never_sent() {
         .iter()
         .find_map(|c| c.body.get("reply_parameters")?.get("message_id")?.as_i64())
         .expect("the first part quotes the message");
-    let store = Store::open_async(config.store.database_path())
+    let store = Store::open_async(settings.config().store.database_path())
         .await
         .unwrap();
     let entry = store

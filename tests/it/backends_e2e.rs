@@ -12,36 +12,32 @@ use std::time::Duration;
 use support::fake_bot::FakeBotApi;
 use support::fake_openai::{FakeOpenAi, Script};
 use support::recorder::{eventually, make_event, Recorder};
+use support::test_bot::{TestBot, FAST_DELIVERY};
 use telegate::adapter::{AdapterConfig, BusyMode};
 use telegate::agent::EchoAgent;
 use telegate::config::{Config, Purpose};
 use telegate::engine::Engine;
 use telegate::runner::RunnerConfig;
 use telegate::store::Store;
-use telegate::transport::telegram::TelegramBot;
 use telegate::vocab::Role;
 use telegate::wiring::engine::{build_agent, open_store};
 
 const WAIT: Duration = Duration::from_secs(10);
 const USER: i64 = 42;
 
-fn telegram_config(fake: &FakeBotApi, llm: &FakeOpenAi, data_dir: &Path) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         global_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
-         [agent]\nbackend = \"openai\"\n\n[agent.openai]\nbase_url = \"{}\"\nmodel = \"test-model\"\n\
-         api_key_env = \"TELEGATE_TEST_NO_SUCH_KEY\"\nsystem_prompt = \"You are a test.\"\n\n\
-         [store]\ndata_dir = \"{}\"\n",
-        fake.token(),
-        fake.url(),
-        llm.base_url(),
-        data_dir.display()
-    );
-    Config::parse(Path::new("backends.toml"), &text, Purpose::Telegram, |_| {
-        None
-    })
-    .expect("valid test config")
+/// USER's bot on the openai backend against `llm`, storing in `data_dir`.
+fn test_bot(fake: &FakeBotApi, llm: &FakeOpenAi, data_dir: &Path) -> TestBot {
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(format!(
+            "[delivery]\nstreaming = \"edit\"\n\n\
+             [agent]\nbackend = \"openai\"\n\n[agent.openai]\nbase_url = \"{}\"\nmodel = \"test-model\"\n\
+             api_key_env = \"TELEGATE_TEST_NO_SUCH_KEY\"\nsystem_prompt = \"You are a test.\"\n\n\
+             [store]\ndata_dir = \"{}\"\n",
+            llm.base_url(),
+            data_dir.display()
+        ))
 }
 
 fn sent_ok(fake: &FakeBotApi, chat: i64, needle: &str) -> bool {
@@ -77,9 +73,7 @@ async fn an_llm_reply_streams_into_edits_and_ends_as_the_final_text() {
         &["The ", "answer ", "is ", "**forty-two**", "."],
         Duration::from_millis(80),
     ));
-    let bot = TelegramBot::start(&telegram_config(&fake, &llm, data.path()))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, &llm, data.path()).start().await.unwrap();
     fake.push_text(USER, USER, "what is the answer?");
     assert!(
         fake.wait_for(
@@ -115,9 +109,7 @@ async fn stop_mid_stream_closes_the_llm_connection_and_nothing_more_is_sent() {
     let chunks: Vec<String> = (0..200).map(|i| format!("t{i} ")).collect();
     let chunk_refs: Vec<&str> = chunks.iter().map(String::as_str).collect();
     llm.push(Script::stream(&chunk_refs, Duration::from_millis(50)));
-    let bot = TelegramBot::start(&telegram_config(&fake, &llm, data.path()))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, &llm, data.path()).start().await.unwrap();
     fake.push_text(USER, USER, "talk for a long time");
     assert!(fake.wait_for(|_| sent_ok(&fake, USER, "t0"), WAIT).await);
     fake.push_text(USER, USER, "/stop");
@@ -172,10 +164,10 @@ async fn a_restart_continues_the_conversation_and_new_starts_empty() {
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = telegram_config(&fake, &llm, data.path());
+    let settings = test_bot(&fake, &llm, data.path());
 
     llm.push(Script::text("Nice to meet you, Ann."));
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     fake.push_text(USER, USER, "my name is Ann");
     assert!(
         fake.wait_for(|_| sent_ok(&fake, USER, "Nice to meet you"), WAIT)
@@ -185,7 +177,7 @@ async fn a_restart_continues_the_conversation_and_new_starts_empty() {
 
     // A new process on the same data directory.
     llm.push(Script::text("You are Ann."));
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     fake.push_text(USER, USER, "who am I?");
     assert!(
         fake.wait_for(|_| sent_ok(&fake, USER, "You are Ann."), WAIT)
@@ -244,9 +236,7 @@ async fn llm_failures_reach_the_user_as_one_clear_message() {
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&telegram_config(&fake, &llm, data.path()))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, &llm, data.path()).start().await.unwrap();
     llm.push(Script::Http(
         401,
         "{\"error\":{\"message\":\"bad key sk-123\"}}".into(),

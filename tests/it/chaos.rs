@@ -51,15 +51,14 @@
 use crate::support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use support::fake_bot::{Failure, FakeBotApi, Outcome, RecordedCall, RetryScope};
+use support::test_bot::TestBot;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
-use telegate::config::{Config, Purpose};
 use telegate::transport::telegram::TelegramBot;
 use telegate::vocab::InboxState;
 use tokio::task::JoinHandle;
@@ -321,20 +320,17 @@ struct Scenario {
     seed: u64,
 }
 
-fn config(fake: &FakeBotApi, busy_mode: &str) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallow_all_users = true\n\n\
+/// Anyone may use the chaos bot; its own pacing, tight session limits.
+fn test_bot(fake: &FakeBotApi, busy_mode: &str) -> TestBot {
+    TestBot::new(fake).toml(format!(
+        "[telegram]\nallow_all_users = true\n\n\
          [sessions]\nbusy_mode = \"{busy_mode}\"\nstall_timeout_secs = 1\nmax_pending = 20\n\
          cancel_wait_ms = 500\nshutdown_grace_secs = 1\n\n\
          [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 1000000\n\
          global_messages_per_second = 1000000\nedit_interval_ms = 50\ntyping_interval_ms = 200\n\
          streaming = \"edit\"\n\n\
-         [store]\nin_memory = true\n",
-        fake.token(),
-        fake.url()
-    );
-    Config::parse(Path::new("chaos.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("the chaos config is valid")
+         [store]\nin_memory = true\n"
+    ))
 }
 
 /// Resident memory of this process, in MiB.
@@ -535,7 +531,9 @@ async fn run(scenario: Scenario) {
         started: AtomicUsize::new(0),
         acts: Mutex::new(HashMap::new()),
     });
-    let bot = TelegramBot::start_with_agent(&config(&fake, scenario.busy_mode), agent.clone())
+    let bot = test_bot(&fake, scenario.busy_mode)
+        .agent(agent.clone())
+        .start()
         .await
         .expect("the bot starts against the fake");
 
@@ -835,7 +833,9 @@ async fn a_stop_while_an_answer_is_delivered_ends_the_sending_cleanly() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let fake = FakeBotApi::start().await;
     let agent = support::agents::ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config(&fake, "queue"), agent)
+    let bot = test_bot(&fake, "queue")
+        .agent(agent)
+        .start()
         .await
         .expect("the bot starts against the fake");
     let slow = Failure::Delay(Duration::from_millis(1000));
@@ -909,7 +909,9 @@ async fn a_flood_wait_in_one_chat_does_not_hold_up_the_others() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let fake = FakeBotApi::start().await;
     let agent = support::agents::ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config(&fake, "queue"), agent)
+    let bot = test_bot(&fake, "queue")
+        .agent(agent)
+        .start()
         .await
         .expect("the bot starts against the fake");
     let (busy, other) = (42, 43);

@@ -9,12 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use telegate::config::{Config, Purpose};
-use telegate::transport::telegram::TelegramBot;
-
 use crate::support;
 use support::buttons::{message_text, toasts, wait_button, wait_toast};
 use support::fake_bot::FakeBotApi;
+use support::test_bot::{TestBot, FAST_DELIVERY};
 
 const WAIT: Duration = Duration::from_secs(20);
 const USER: i64 = 42;
@@ -26,37 +24,35 @@ fn fixtures() -> PathBuf {
 
 /// A bot on `preset` with `extra` in `[agent.command]`, the fake agent
 /// recording into `agent_dir`.
-fn config(
+fn test_bot(
     fake: &FakeBotApi,
     preset: &str,
     agent_dir: &Path,
     data_dir: &Path,
     extra: &str,
-) -> Config {
+) -> TestBot {
     let path = format!(
         "{}:{}",
         fixtures().display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}, {OTHER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         global_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
-         [agent]\nbackend = \"command\"\n\n\
-         [agent.command]\npreset = \"{preset}\"\nkill_grace_ms = 300\n{extra}\n\
-         env = {{ PATH = \"{path}\", FAKE_AGENT_DIR = \"{}\" }}\n\n\
-         [store]\ndata_dir = \"{}\"\n",
-        fake.token(),
-        fake.url(),
-        agent_dir.display(),
-        data_dir.display()
-    );
-    Config::parse(Path::new("agents.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("valid test config")
+    TestBot::new(fake)
+        .users(&[USER, OTHER])
+        .toml(FAST_DELIVERY)
+        .toml(format!(
+            "[delivery]\nstreaming = \"edit\"\n\n\
+             [agent]\nbackend = \"command\"\n\n\
+             [agent.command]\npreset = \"{preset}\"\nkill_grace_ms = 300\n{extra}\n\
+             env = {{ PATH = \"{path}\", FAKE_AGENT_DIR = \"{}\" }}\n\n\
+             [store]\ndata_dir = \"{}\"\n",
+            agent_dir.display(),
+            data_dir.display()
+        ))
 }
 
-fn permission_config(fake: &FakeBotApi, agent_dir: &Path, data_dir: &Path, extra: &str) -> Config {
-    config(
+/// [`test_bot`] on claude with its permission prompts through telegate.
+fn permission_bot(fake: &FakeBotApi, agent_dir: &Path, data_dir: &Path, extra: &str) -> TestBot {
+    test_bot(
         fake,
         "claude",
         agent_dir,
@@ -85,7 +81,8 @@ async fn claudes_permission_prompt_is_the_approval_card_and_a_press_allows_it() 
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&permission_config(&fake, agent_dir.path(), data.path(), ""))
+    let bot = permission_bot(&fake, agent_dir.path(), data.path(), "")
+        .start()
         .await
         .unwrap();
     fake.push_text(USER, USER, "permission please");
@@ -139,12 +136,13 @@ async fn a_denied_or_unanswered_permission_prompt_refuses_the_tool() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&permission_config(
+    let bot = permission_bot(
         &fake,
         agent_dir.path(),
         data.path(),
         "permission_timeout_secs = 2",
-    ))
+    )
+    .start()
     .await
     .unwrap();
     fake.push_text(USER, USER, "permission please");
@@ -171,7 +169,8 @@ async fn claudes_partial_messages_grow_the_preview_before_the_end() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, "claude", agent_dir.path(), data.path(), ""))
+    let bot = test_bot(&fake, "claude", agent_dir.path(), data.path(), "")
+        .start()
         .await
         .unwrap();
     fake.push_text(USER, USER, "stream it");
@@ -194,7 +193,8 @@ async fn codex_running_thread_usage_is_counted_once_per_turn() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, "codex", agent_dir.path(), data.path(), ""))
+    let bot = test_bot(&fake, "codex", agent_dir.path(), data.path(), "")
+        .start()
         .await
         .unwrap();
     for (message, answer) in [

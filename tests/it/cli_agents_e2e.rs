@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use support::fake_bot::FakeBotApi;
-use telegate::config::{Config, Purpose};
-use telegate::transport::telegram::TelegramBot;
+use support::test_bot::{TestBot, FAST_DELIVERY};
 
 const WAIT: Duration = Duration::from_secs(20);
 const USER: i64 = 42;
@@ -24,14 +23,14 @@ fn fixtures() -> PathBuf {
 }
 
 /// A bot on `preset`, its fake agent recording into `agent_dir`.
-pub(crate) fn config(
+pub(crate) fn test_bot(
     fake: &FakeBotApi,
     preset: &str,
     agent_dir: &Path,
     data_dir: &Path,
     extra: &str,
-) -> Config {
-    agent_config(
+) -> TestBot {
+    agent_bot(
         fake,
         agent_dir,
         data_dir,
@@ -41,27 +40,24 @@ pub(crate) fn config(
 
 /// A bot whose `[agent.command]` section is `body` (plus the fake agent's
 /// environment).
-fn agent_config(fake: &FakeBotApi, agent_dir: &Path, data_dir: &Path, body: &str) -> Config {
+fn agent_bot(fake: &FakeBotApi, agent_dir: &Path, data_dir: &Path, body: &str) -> TestBot {
     let path = format!(
         "{}:{}",
         fixtures().display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         global_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
-         [agent]\nbackend = \"command\"\n\n\
-         [agent.command]\nkill_grace_ms = 300\n{body}\n\
-         env = {{ PATH = \"{path}\", FAKE_AGENT_DIR = \"{}\" }}\n\n\
-         [store]\ndata_dir = \"{}\"\n",
-        fake.token(),
-        fake.url(),
-        agent_dir.display(),
-        data_dir.display()
-    );
-    Config::parse(Path::new("agents.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("valid test config")
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(format!(
+            "[delivery]\nstreaming = \"edit\"\n\n\
+             [agent]\nbackend = \"command\"\n\n\
+             [agent.command]\nkill_grace_ms = 300\n{body}\n\
+             env = {{ PATH = \"{path}\", FAKE_AGENT_DIR = \"{}\" }}\n\n\
+             [store]\ndata_dir = \"{}\"\n",
+            agent_dir.display(),
+            data_dir.display()
+        ))
 }
 
 fn sent_ok(fake: &FakeBotApi, needle: &str) -> bool {
@@ -117,15 +113,15 @@ async fn claude_turns_continue_one_session_across_a_restart_and_new_starts_fresh
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let config = config(&fake, "claude", agent_dir.path(), data.path(), "");
+    let settings = test_bot(&fake, "claude", agent_dir.path(), data.path(), "");
 
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     say_and_wait(&fake, "first", "Answer 1 in claude-session-1").await;
     say_and_wait(&fake, "second", "Answer 2 in claude-session-1").await;
     bot.shutdown().await;
 
     // A new telegate process on the same data directory continues.
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     say_and_wait(&fake, "third", "Answer 3 in claude-session-1").await;
 
     let calls = invocations(agent_dir.path());
@@ -175,7 +171,8 @@ async fn an_expired_claude_session_starts_fresh_once_with_one_notice() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, "claude", agent_dir.path(), data.path(), ""))
+    let bot = test_bot(&fake, "claude", agent_dir.path(), data.path(), "")
+        .start()
         .await
         .unwrap();
     say_and_wait(&fake, "one", "Answer 1 in claude-session-1").await;
@@ -219,7 +216,8 @@ async fn tool_progress_lines_appear_in_the_preview_and_the_answer_is_final() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, "claude", agent_dir.path(), data.path(), ""))
+    let bot = test_bot(&fake, "claude", agent_dir.path(), data.path(), "")
+        .start()
         .await
         .unwrap();
     fake.push_text(USER, USER, "slow one");
@@ -278,7 +276,8 @@ async fn stop_kills_the_agent_and_its_children_and_the_next_message_continues() 
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, "claude", agent_dir.path(), data.path(), ""))
+    let bot = test_bot(&fake, "claude", agent_dir.path(), data.path(), "")
+        .start()
         .await
         .unwrap();
     fake.push_text(USER, USER, "hang please");
@@ -311,7 +310,8 @@ async fn malformed_lines_and_unknown_events_do_not_break_the_turn() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, "claude", agent_dir.path(), data.path(), ""))
+    let bot = test_bot(&fake, "claude", agent_dir.path(), data.path(), "")
+        .start()
         .await
         .unwrap();
     say_and_wait(&fake, "malformed please", "Answer 1 in claude-session-1").await;
@@ -327,15 +327,10 @@ async fn codex_threads_continue_and_an_unknown_thread_starts_fresh() {
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let extra = "model = \"gpt-test\"\npermission_mode = \"workspace-write\"";
-    let bot = TelegramBot::start(&config(
-        &fake,
-        "codex",
-        agent_dir.path(),
-        data.path(),
-        extra,
-    ))
-    .await
-    .unwrap();
+    let bot = test_bot(&fake, "codex", agent_dir.path(), data.path(), extra)
+        .start()
+        .await
+        .unwrap();
     say_and_wait(&fake, "one", "Codex answer 1 in codex-thread-1").await;
     // Tool lines of Codex items reach the chat's live preview.
     fake.push_text(USER, USER, "slow two");
@@ -396,15 +391,10 @@ async fn a_workdir_per_chat_is_created_private_and_used() {
     let data = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let extra = format!("workdir = \"{}/chat-{{chat_id}}\"", work.path().display());
-    let bot = TelegramBot::start(&config(
-        &fake,
-        "claude",
-        agent_dir.path(),
-        data.path(),
-        &extra,
-    ))
-    .await
-    .unwrap();
+    let bot = test_bot(&fake, "claude", agent_dir.path(), data.path(), &extra)
+        .start()
+        .await
+        .unwrap();
     say_and_wait(&fake, "hi", "Answer 1").await;
     let dir = work.path().join(format!("chat-{USER}"));
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
@@ -427,7 +417,8 @@ async fn claude_reads_a_photo_by_its_path_in_a_directory_it_was_given() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, "claude", agent_dir.path(), data.path(), ""))
+    let bot = test_bot(&fake, "claude", agent_dir.path(), data.path(), "")
+        .start()
         .await
         .unwrap();
     push_photo(&fake, 3000, "what is this?");
@@ -451,7 +442,8 @@ async fn codex_gets_photos_with_image_on_fresh_and_resumed_runs() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, "codex", agent_dir.path(), data.path(), ""))
+    let bot = test_bot(&fake, "codex", agent_dir.path(), data.path(), "")
+        .start()
         .await
         .unwrap();
     push_photo(&fake, 1200, "first");
@@ -500,8 +492,8 @@ async fn a_custom_argv_with_resume_args_continues_the_session_across_stop_and_re
          resume_args = [\"--resume\", \"{{resume_id}}\"]",
         fixtures().join("claude").display()
     );
-    let config = agent_config(&fake, agent_dir.path(), data.path(), &body);
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = agent_bot(&fake, agent_dir.path(), data.path(), &body);
+    let bot = settings.start().await.unwrap();
     say_and_wait(&fake, "one", "Answer 1 in claude-session-1").await;
     say_and_wait(&fake, "two", "Answer 2 in claude-session-1").await;
     // Stopped mid-turn: the session id came with the init event.
@@ -511,7 +503,7 @@ async fn a_custom_argv_with_resume_args_continues_the_session_across_stop_and_re
     say_and_wait(&fake, "/stop", "⏹ Stopped").await;
     bot.shutdown().await;
 
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     say_and_wait(&fake, "four", "Answer 4 in claude-session-1").await;
     say_and_wait(&fake, "/new", "✨").await;
     say_and_wait(&fake, "five", "Answer 1 in claude-session-2").await;

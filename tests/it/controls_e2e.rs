@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use support::agents::ScriptedAgent;
 use support::fake_bot::{ChatType, FakeBotApi};
 use support::fake_openai::{last_user_contains, messages, FakeOpenAi, Script};
-use telegate::config::{Config, Purpose};
+use support::test_bot::{TestBot, FAST_DELIVERY};
 use telegate::store::Store;
 use telegate::transport::telegram::TelegramBot;
 use telegate::vocab::InboxState;
@@ -26,30 +26,22 @@ const OTHER: i64 = 43;
 const APPROVER: i64 = 44;
 const GROUP: i64 = -100;
 
-fn config(fake: &FakeBotApi, extra: &str) -> Config {
-    config_with(fake, "", extra)
-}
-
-fn config_with(fake: &FakeBotApi, delivery_extra: &str, extra: &str) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}, {OTHER}, {APPROVER}]\n\
-         approvers = [{APPROVER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         streaming = \"edit\"\n{delivery_extra}\n\n{extra}\n",
-        fake.token(),
-        fake.url()
-    );
-    Config::parse(Path::new("controls.toml"), &text, Purpose::Telegram, |_| {
-        None
-    })
-    .expect("test config is valid")
+/// The bot of these tests: three users, APPROVER approving, fast edited
+/// previews; `extra` more settings.
+fn test_bot(fake: &FakeBotApi, extra: &str) -> TestBot {
+    TestBot::new(fake)
+        .users(&[USER, OTHER, APPROVER])
+        .approvers(&[APPROVER])
+        .toml(FAST_DELIVERY)
+        .toml("[delivery]\ngroup_messages_per_minute = 100000\nstreaming = \"edit\"\n")
+        .toml(extra)
 }
 
 async fn start_scripted(fake: &FakeBotApi) -> (TelegramBot, Arc<ScriptedAgent>) {
     let agent = ScriptedAgent::new();
-    let config = config(fake, "[store]\nin_memory = true\n");
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+    let bot = test_bot(fake, "[store]\nin_memory = true\n")
+        .agent(agent.clone())
+        .start()
         .await
         .expect("bot starts against the fake");
     (bot, agent)
@@ -256,17 +248,19 @@ async fn start_openai(fake: &FakeBotApi, llm: &FakeOpenAi, dir: &Path) -> Telegr
         dir.display(),
         llm.base_url()
     );
-    TelegramBot::start(&config(fake, &extra))
+    test_bot(fake, &extra)
+        .start()
         .await
         .expect("bot starts against the fakes")
 }
 
 /// The store a bot storing in `dir` uses, opened while no bot runs.
 async fn store_in(fake: &FakeBotApi, dir: &Path) -> Store {
-    let path = config(
+    let path = test_bot(
         fake,
         &format!("[store]\ndata_dir = \"{}\"\n", dir.display()),
     )
+    .config()
     .store
     .database_path();
     Store::open_async(path).await.expect("the store opens")
@@ -579,14 +573,15 @@ async fn approval_buttons_decide_that_request_once_and_say_who_decided() {
 async fn reactions_follow_a_turns_life() {
     let fake = FakeBotApi::start().await;
     let agent = ScriptedAgent::new();
-    let config = config_with(
+    let bot = test_bot(
         &fake,
-        "reactions = true",
         "[store]\nin_memory = true\n\n[sessions]\nbusy_mode = \"queue\"\n",
-    );
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .expect("bot starts against the fake");
+    )
+    .toml("[delivery]\nreactions = true\n")
+    .agent(agent.clone())
+    .start()
+    .await
+    .expect("bot starts against the fake");
     let with = |emoji: &str| -> Vec<i64> {
         fake.reactions()
             .into_iter()

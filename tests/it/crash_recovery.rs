@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::fake_bot::{Failure, FakeBotApi, Outcome, RecordedCall};
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use telegate::config::{Config, Purpose};
 use telegate::store::Store;
 use telegate::transport::telegram::intake::AMBIGUOUS_SEND_NOTICE;
@@ -100,24 +101,24 @@ fn config_text(fake: &FakeBotApi, data_dir: &Path, s: Settings) -> String {
         .metrics_port
         .map(|port| format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"))
         .unwrap_or_default();
-    format!(
-        "[telegram]\ntoken = \"{token}\"\napi_url = \"{url}\"\nallowed_users = [{USER}]\n\n\
-         [sessions]\nbusy_mode = \"queue\"\nresume_interrupted = {resume}\n\
-         shutdown_grace_secs = {grace}\n\n\
-         [agent]\nbackend = \"echo\"\n\n[agent.echo]\ndelay_ms = {delay}\n\n\
-         [store]\ndata_dir = {data_dir}\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         streaming = \"{streaming}\"\n\n\
-         [log]\nlevel = \"info\"\n\n{metrics}",
-        token = fake.token(),
-        url = fake.url(),
-        resume = s.resume_interrupted,
-        grace = s.shutdown_grace_secs,
-        delay = s.delay_ms,
-        streaming = s.streaming,
-        data_dir = toml::Value::String(data_dir.display().to_string()),
-    )
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(format!(
+            "[sessions]\nbusy_mode = \"queue\"\nresume_interrupted = {resume}\n\
+             shutdown_grace_secs = {grace}\n\n\
+             [agent]\nbackend = \"echo\"\n\n[agent.echo]\ndelay_ms = {delay}\n\n\
+             [store]\ndata_dir = {data_dir}\n\n\
+             [delivery]\nstreaming = \"{streaming}\"\n\n\
+             [log]\nlevel = \"info\"\n\n{metrics}",
+            resume = s.resume_interrupted,
+            grace = s.shutdown_grace_secs,
+            delay = s.delay_ms,
+            streaming = s.streaming,
+            data_dir = toml::Value::String(data_dir.display().to_string()),
+        ))
+        .text()
 }
 
 /// A configuration file and the data directory successive processes share.

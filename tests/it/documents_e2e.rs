@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use crate::media_e2e::{config, last_user_content, openai, sent_containing, USER, WAIT};
+use crate::media_e2e::{last_user_content, openai, sent_containing, test_bot, USER, WAIT};
 use crate::support::fake_bot::FakeBotApi;
 use crate::support::fake_files::{document_json, minimal_pdf, photo_json};
 use crate::support::fake_openai::{last_user_contains, FakeOpenAi, Script};
@@ -91,7 +91,8 @@ async fn text_in_legacy_encodings_and_utf16_is_decoded_and_inlined() {
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, false)))
+    let bot = test_bot(&fake, data.path(), &openai(&llm, false))
+        .start()
         .await
         .unwrap();
     // Latin-1, as old Windows and Unix tools write it.
@@ -125,7 +126,8 @@ async fn a_pdfs_text_reaches_the_model() {
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, false)))
+    let bot = test_bot(&fake, data.path(), &openai(&llm, false))
+        .start()
         .await
         .unwrap();
     let pdf = minimal_pdf(&["Invoice 2024-117", "Total due: 420 EUR"]);
@@ -149,9 +151,7 @@ async fn a_long_text_is_inlined_in_part_with_a_marker_and_the_user_told_once() {
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
     let agent = format!("{}[media]\nmax_inline_bytes = 2048\n", openai(&llm, false));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     let log: String = (0..500)
         .map(|n| format!("line {n:03}: request served in 12 ms\n"))
         .collect();
@@ -187,7 +187,8 @@ async fn a_pdf_without_text_or_a_broken_one_is_told_to_the_user() {
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, false)))
+    let bot = test_bot(&fake, data.path(), &openai(&llm, false))
+        .start()
         .await
         .unwrap();
     // A scanned page: an image, no text layer.
@@ -231,7 +232,8 @@ async fn the_model_sees_no_server_path_it_cannot_open_and_the_user_hears_what_it
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, true)))
+    let bot = test_bot(&fake, data.path(), &openai(&llm, true))
+        .start()
         .await
         .unwrap();
     let image: Vec<u8> = (0..=255u8).cycle().take(500).collect();
@@ -293,9 +295,7 @@ async fn with_the_terminal_tool_the_model_gets_a_path_it_can_open() {
         openai(&llm, false),
         data.path().display()
     );
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     let blob = vec![0u8, 1, 2, 3, 255];
     send_document(
         &fake,
@@ -328,9 +328,7 @@ async fn what_the_model_missed_is_told_once_even_across_a_restart() {
     // The first run's turn never answers: the restart prepares the
     // message again.
     llm.push_when(last_user_contains("blob.dat"), Script::Hang);
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     let blob = vec![0u8, 7, 0, 7, 255];
     let file = fake.files().add(blob, "dat");
     let unique = fake.files().unique_id(&file);
@@ -343,9 +341,7 @@ async fn what_the_model_missed_is_told_once_even_across_a_restart() {
     assert_eq!(sent_containing(&fake, "blob.dat").len(), 1);
     bot.shutdown().await;
 
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     assert!(wait_answers(&fake, 1).await, "{:?}", fake.sent_texts(USER));
     assert_eq!(llm.requests().len(), 2, "prepared and asked again");
     assert_eq!(

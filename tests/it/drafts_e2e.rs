@@ -11,13 +11,12 @@
 
 use crate::support;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use support::agents::ScriptedAgent;
 use support::fake_bot::{ChatType, Failure, FakeBotApi};
-use telegate::config::{Config, Purpose};
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use telegate::transport::telegram::TelegramBot;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -25,22 +24,18 @@ const USER: i64 = 42;
 const GROUP: i64 = -100;
 
 /// `streaming` as the configuration says it; [`DEFAULT`] leaves it out.
-fn config(fake: &FakeBotApi, streaming: &str, store: &str) -> Config {
+fn test_bot(fake: &FakeBotApi, streaming: &str, store: &str) -> TestBot {
     let streaming = if streaming == DEFAULT {
         String::new()
     } else {
-        format!("streaming = \"{streaming}\"\n")
+        format!("[delivery]\nstreaming = \"{streaming}\"\n")
     };
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         {streaming}\n{store}\n",
-        fake.token(),
-        fake.url()
-    );
-    Config::parse(Path::new("drafts.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("test config is valid")
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(streaming)
+        .toml(store)
 }
 
 async fn start(
@@ -49,7 +44,9 @@ async fn start(
     store: &str,
 ) -> (TelegramBot, Arc<ScriptedAgent>) {
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config(fake, streaming, store), agent.clone())
+    let bot = test_bot(fake, streaming, store)
+        .agent(agent.clone())
+        .start()
         .await
         .expect("bot starts against the fake");
     (bot, agent)

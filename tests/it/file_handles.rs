@@ -208,28 +208,21 @@ async fn an_upload_slower_than_seventeen_seconds_is_not_reported_failed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_file_is_not_offered_without_a_workdir() {
     use support::fake_openai::{FakeOpenAi, Script};
-    use telegate::config::{Config, Purpose};
-    use telegate::transport::telegram::TelegramBot;
+    use support::test_bot::TestBot;
     let fake = FakeBotApi::start().await;
     let llm = FakeOpenAi::start().await;
-    let tool_names = |terminal: &str| {
-        format!(
-            "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-             [delivery]\nper_chat_interval_ms = 1\n\n[store]\nin_memory = true\n\n\
+    let test_bot = |terminal: &str| {
+        TestBot::new(&fake).users(&[USER]).toml(format!(
+            "[delivery]\nper_chat_interval_ms = 1\n\n[store]\nin_memory = true\n\n\
              [agent]\nbackend = \"openai\"\n\n[agent.openai]\nbase_url = \"{}\"\nmodel = \"m\"\n\
              api_key_env = \"TELEGATE_TEST_NO_SUCH_KEY\"\n\n[tools.terminal]\nenabled = true\n{terminal}\n",
-            fake.token(),
-            fake.url(),
             llm.base_url()
-        )
+        ))
     };
     let workdir = tempfile::tempdir().unwrap();
     let with_workdir = format!("workdir = \"{}\"", workdir.path().display());
     for (terminal, offered) in [("", false), (with_workdir.as_str(), true)] {
-        let text = tool_names(terminal);
-        let config = Config::parse(Path::new("t.toml"), &text, Purpose::Telegram, |_| None)
-            .expect("valid test config");
-        let bot = TelegramBot::start(&config).await.unwrap();
+        let bot = test_bot(terminal).start().await.unwrap();
         llm.push(Script::text("hello"));
         let done = llm.requests().len() + 1;
         fake.push_text(USER, USER, "hi");

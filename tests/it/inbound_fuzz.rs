@@ -33,7 +33,6 @@
 use crate::support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -42,8 +41,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestRunner};
 use serde_json::{json, Map, Value};
 use support::fake_bot::FakeBotApi;
+use support::test_bot::TestBot;
 use telegate::agent::EchoAgent;
-use telegate::config::{Config, Purpose};
 use telegate::transport::telegram::callback::CallbackHandler;
 use telegate::transport::telegram::inbound::InboundPolicy;
 use telegate::transport::telegram::intake::{Intake, Intook};
@@ -109,17 +108,15 @@ fn harness() -> &'static Harness {
             .expect("a runtime");
         let (fake, bot) = runtime.block_on(async {
             let fake = FakeBotApi::start().await;
-            let text = format!(
-                "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{ALLOWED}, {PING}]\n\n\
-                 [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 1000000\n\
-                 global_messages_per_second = 1000000\nedit_interval_ms = 50\n\n\
-                 [sessions]\nstall_timeout_secs = 5\n\n[store]\nin_memory = true\n",
-                fake.token(),
-                fake.url()
-            );
-            let config = Config::parse(Path::new("fuzz.toml"), &text, Purpose::Telegram, |_| None)
-                .expect("the fuzz config is valid");
-            let bot = TelegramBot::start_with_agent(&config, Arc::new(EchoAgent::default()))
+            let bot = TestBot::new(&fake)
+                .users(&[ALLOWED as i64, PING])
+                .toml(
+                    "[delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 1000000\n\
+                     global_messages_per_second = 1000000\nedit_interval_ms = 50\n\n\
+                     [sessions]\nstall_timeout_secs = 5\n\n[store]\nin_memory = true\n",
+                )
+                .agent(Arc::new(EchoAgent::default()))
+                .start()
                 .await
                 .expect("the bot starts against the fake");
             (fake, bot)

@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use support::agents::ScriptedAgent;
 use support::fake_bot::FakeBotApi;
-use telegate::config::{Config, Purpose};
-use telegate::transport::telegram::TelegramBot;
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -26,16 +25,15 @@ const WAIT: Duration = Duration::from_secs(30);
 
 fn write_config(fake: &FakeBotApi, dir: &Path) -> PathBuf {
     let config = dir.join("telegate.toml");
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [agent]\nbackend = \"echo\"\n\n[store]\ndata_dir = {}\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\n\
-         [log]\nlevel = \"info\"\n",
-        fake.token(),
-        fake.url(),
-        toml::Value::String(dir.join("data").display().to_string()),
-    );
+    let text = TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(format!(
+            "[agent]\nbackend = \"echo\"\n\n[store]\ndata_dir = {}\n\n[log]\nlevel = \"info\"\n",
+            toml::Value::String(dir.join("data").display().to_string()),
+        ))
+        .text();
     std::fs::write(&config, text).unwrap();
     config
 }
@@ -181,15 +179,12 @@ async fn a_second_instance_is_refused_and_a_standby_takes_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflict_with_another_poller_is_counted_backed_off_and_runs_nothing_twice() {
     let fake = FakeBotApi::start().await;
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\n\n[store]\nin_memory = true\n",
-        fake.token(),
-        fake.url()
-    );
-    let config = Config::parse(Path::new("t.toml"), &text, Purpose::Telegram, |_| None).unwrap();
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+    let bot = TestBot::new(&fake)
+        .users(&[USER])
+        .toml("[delivery]\nper_chat_interval_ms = 1\n\n[store]\nin_memory = true\n")
+        .agent(agent.clone())
+        .start()
         .await
         .unwrap();
     // Another process polls the same token (without confirming anything):

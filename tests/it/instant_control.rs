@@ -13,15 +13,14 @@
 
 use crate::support;
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::agents::ScriptedAgent;
 use support::fake_bot::{Failure, FakeBotApi, FloodLimits, Outcome, RecordedCall};
 use support::recorder::{eventually, make_event, session_key, Recorder};
+use support::test_bot::TestBot;
 use telegate::adapter::{Adapter, AdapterConfig, DispatchContext};
-use telegate::config::{Config, Purpose};
 use telegate::reply::{Outgoing, Reply};
 use telegate::transport::telegram::TelegramBot;
 use telegate::vocab::{MessageEvent, SessionSource};
@@ -34,23 +33,19 @@ const USER: i64 = 42;
 
 /// Default pacing (no pacing settings): what users run. Answers stream by
 /// edits: the markers under test are edits of the preview.
-fn config(fake: &FakeBotApi, sessions: &str) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallow_all_users = true\n\n\
-         [delivery]\nstreaming = \"edit\"\n\n[sessions]\n{sessions}\n\n[store]\nin_memory = true\n",
-        fake.token(),
-        fake.url()
-    );
-    Config::parse(Path::new("control.toml"), &text, Purpose::Telegram, |_| {
-        None
-    })
-    .expect("test config is valid")
+fn test_bot(fake: &FakeBotApi, sessions: &str) -> TestBot {
+    TestBot::new(fake).toml(format!(
+        "[telegram]\nallow_all_users = true\n\n\
+         [delivery]\nstreaming = \"edit\"\n\n[sessions]\n{sessions}\n\n[store]\nin_memory = true\n"
+    ))
 }
 
 async fn start(fake: &FakeBotApi, sessions: &str) -> (TelegramBot, Arc<ScriptedAgent>) {
     fake.enforce_flood_limits(FloodLimits::telegram());
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config(fake, sessions), agent.clone())
+    let bot = test_bot(fake, sessions)
+        .agent(agent.clone())
+        .start()
         .await
         .expect("bot starts against the fake");
     (bot, agent)

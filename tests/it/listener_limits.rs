@@ -27,11 +27,10 @@ use std::time::Duration;
 
 use support::agents::ScriptedAgent;
 use support::fake_bot::FakeBotApi;
-use telegate::config::{Config, Purpose};
+use support::test_bot::TestBot;
 use telegate::http::{serve, HealthServer, StaticHealth};
 use telegate::listener::ListenerLimits;
 use telegate::metrics::Metrics;
-use telegate::transport::telegram::TelegramBot;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -206,18 +205,14 @@ async fn stalled_heads_and_idle_connections_are_cut_off_and_healthz_answers() {
     shutdown.cancel();
 }
 
-fn webhook_config(fake: &FakeBotApi, data_dir: &Path, webhook: u16, limits: &str) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{token}\"\napi_url = \"{url}\"\nallowed_users = [{USER}]\n\
-         mode = \"webhook\"\n\n[telegram.webhook]\nlisten = \"127.0.0.1:{webhook}\"\n\
+fn webhook_bot(fake: &FakeBotApi, data_dir: &Path, webhook: u16, limits: &str) -> TestBot {
+    TestBot::new(fake).users(&[USER]).toml(format!(
+        "[telegram]\nmode = \"webhook\"\n\n[telegram.webhook]\nlisten = \"127.0.0.1:{webhook}\"\n\
          public_url = \"https://bot.example.com/telegram\"\nsecret_token = \"{SECRET}\"\n\
          max_connections = 2\n{limits}\n\
          [store]\ndata_dir = {data_dir}\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n{limits}\n",
-        token = fake.token(),
-        url = fake.url(),
         data_dir = toml::Value::String(data_dir.display().to_string()),
-    );
-    Config::parse(Path::new("limits.toml"), &text, Purpose::Telegram, |_| None).unwrap()
+    ))
 }
 
 /// A webhook request's head: `secret` (if any) and a declared body length.
@@ -239,10 +234,8 @@ async fn the_webhook_checks_the_secret_before_the_body_and_bounds_the_body() {
     // The body deadline is short: a server that read the body before the
     // secret would answer 408 (or nothing), never 401.
     let limits = "connection_limit = 8\nheader_timeout_secs = 600\nbody_timeout_secs = 2\n";
-    let config = webhook_config(&fake, dir.path(), free_port(), limits);
-    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
-        .await
-        .unwrap();
+    let settings = webhook_bot(&fake, dir.path(), free_port(), limits);
+    let bot = settings.agent(ScriptedAgent::new()).start().await.unwrap();
     let webhook = bot.webhook_addr.unwrap();
 
     // No or a wrong secret, the body announced and never sent: 401.
@@ -286,10 +279,8 @@ async fn stalled_clients_do_not_keep_updates_or_healthz_out() {
     let fake = FakeBotApi::start().await;
     let dir = tempfile::tempdir().unwrap();
     let limits = "connection_limit = 4\nheader_timeout_secs = 1\nbody_timeout_secs = 1\n";
-    let config = webhook_config(&fake, dir.path(), free_port(), limits);
-    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
-        .await
-        .unwrap();
+    let settings = webhook_bot(&fake, dir.path(), free_port(), limits);
+    let bot = settings.agent(ScriptedAgent::new()).start().await.unwrap();
     let webhook = bot.webhook_addr.unwrap();
     let health = bot.metrics_addr.unwrap();
 
@@ -349,16 +340,16 @@ async fn the_binary_raises_its_open_files_limit_and_survives_1100_stalled_connec
     let dir = tempfile::tempdir().unwrap();
     let (webhook_port, health_port) = (free_port(), free_port());
     // Default caps and deadlines.
-    let text = format!(
-        "[telegram]\ntoken = \"{token}\"\napi_url = \"{url}\"\nallowed_users = [{USER}]\n\
-         mode = \"webhook\"\n\n[telegram.webhook]\nlisten = \"127.0.0.1:{webhook_port}\"\n\
-         public_url = \"https://bot.example.com/telegram\"\nsecret_token = \"{SECRET}\"\n\n\
-         [agent]\nbackend = \"echo\"\n\n[store]\ndata_dir = {data_dir}\n\n\
-         [metrics]\nlisten = \"127.0.0.1:{health_port}\"\n",
-        token = fake.token(),
-        url = fake.url(),
-        data_dir = toml::Value::String(dir.path().join("data").display().to_string()),
-    );
+    let text = TestBot::new(&fake)
+        .users(&[USER])
+        .toml(format!(
+            "[telegram]\nmode = \"webhook\"\n\n[telegram.webhook]\nlisten = \"127.0.0.1:{webhook_port}\"\n\
+             public_url = \"https://bot.example.com/telegram\"\nsecret_token = \"{SECRET}\"\n\n\
+             [agent]\nbackend = \"echo\"\n\n[store]\ndata_dir = {data_dir}\n\n\
+             [metrics]\nlisten = \"127.0.0.1:{health_port}\"\n",
+            data_dir = toml::Value::String(dir.path().join("data").display().to_string()),
+        ))
+        .text();
     let config = dir.path().join("telegate.toml");
     std::fs::write(&config, text).unwrap();
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_telegate"));

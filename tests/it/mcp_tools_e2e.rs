@@ -12,8 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use telegate::config::{Config, Purpose};
-use telegate::transport::telegram::TelegramBot;
 use tempfile::TempDir;
 
 use crate::support;
@@ -22,6 +20,7 @@ use support::fake_bot::FakeBotApi;
 use support::fake_openai::{
     last_tool_result, last_user_contains, messages, FakeOpenAi, Matcher, Script,
 };
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use support::tools_bot::{ToolsBot, CHAT_A, CHAT_B, WAIT};
 
 fn fixture() -> PathBuf {
@@ -39,21 +38,21 @@ pub(crate) async fn start(mcp: &str, terminal: &str) -> (ToolsBot, TempDir) {
     let mcp = mcp
         .replace("{fixture}", &fixture().display().to_string())
         .replace("{dir}", &dir.path().display().to_string());
-    let text = format!(
-        "[telegram]\ntoken = \"{token}\"\napi_url = \"{api}\"\nallowed_users = [{CHAT_A}, {CHAT_B}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\nstreaming = \"edit\"\n\n\
-         [store]\nin_memory = true\n\n\
-         [agent]\nbackend = \"openai\"\n\n\
-         [agent.openai]\nbase_url = \"{llm}\"\nmodel = \"fake\"\napi_key_env = \"TELEGATE_TEST_NO_SUCH_KEY\"\n\n\
-         [tools.terminal]\n{terminal}\n\n{mcp}\n",
-        token = fake.token(),
-        api = fake.url(),
-        llm = llm.base_url(),
-    );
-    let config = Config::parse(Path::new("mcp.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("test config is valid");
-    let bot = TelegramBot::start(&config).await.expect("bot starts");
+    let bot = TestBot::new(&fake)
+        .users(&[CHAT_A, CHAT_B])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(format!(
+            "[delivery]\nstreaming = \"edit\"\n\n\
+             [store]\nin_memory = true\n\n\
+             [agent]\nbackend = \"openai\"\n\n\
+             [agent.openai]\nbase_url = \"{llm}\"\nmodel = \"fake\"\napi_key_env = \"TELEGATE_TEST_NO_SUCH_KEY\"\n\n\
+             [tools.terminal]\n{terminal}\n\n{mcp}\n",
+            llm = llm.base_url(),
+        ))
+        .start()
+        .await
+        .expect("bot starts");
     (
         ToolsBot {
             fake,

@@ -21,38 +21,34 @@ use serde_json::{json, Value};
 use support::fake_bot::{Failure, FakeBotApi};
 use support::fake_files::{document_json, photo_json, voice_json};
 use support::fake_openai::{last_user_contains, tool_result_after, FakeOpenAi, Script};
-use telegate::config::{Config, Purpose};
-use telegate::transport::telegram::TelegramBot;
+use support::test_bot::{TestBot, FAST_DELIVERY};
 
 pub(crate) const WAIT: Duration = Duration::from_secs(20);
 pub(crate) const USER: i64 = 42;
 
-/// A config for the fake servers; `agent` is the `[agent]` section and
+/// A bot on the fake servers; `agent` is the `[agent]` section and
 /// whatever follows it.
-pub(crate) fn config(fake: &FakeBotApi, data_dir: &Path, agent: &str) -> Config {
-    config_with(fake, data_dir, "", "", agent)
+pub(crate) fn test_bot(fake: &FakeBotApi, data_dir: &Path, agent: &str) -> TestBot {
+    test_bot_with(fake, data_dir, "", "", agent)
 }
 
-/// [`config`] with more `[telegram]` and `[sessions]` settings.
-pub(crate) fn config_with(
+/// [`test_bot`] with more `[telegram]` and `[sessions]` settings.
+pub(crate) fn test_bot_with(
     fake: &FakeBotApi,
     data_dir: &Path,
     telegram: &str,
     sessions: &str,
     agent: &str,
-) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n{telegram}\n\n\
-         [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         global_messages_per_second = 100000\n\n\
-         [sessions]\nshutdown_grace_secs = 1\n{sessions}\n\n\
-         [store]\ndata_dir = \"{}\"\n\n{agent}",
-        fake.token(),
-        fake.url(),
-        data_dir.display()
-    );
-    Config::parse(Path::new("media.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("valid test config")
+) -> TestBot {
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(format!("[telegram]\n{telegram}"))
+        .toml(FAST_DELIVERY)
+        .toml(format!(
+            "[sessions]\nshutdown_grace_secs = 1\n{sessions}\n\n\
+             [store]\ndata_dir = \"{}\"\n\n{agent}",
+            data_dir.display()
+        ))
 }
 
 pub(crate) fn openai(llm: &FakeOpenAi, vision: bool) -> String {
@@ -138,9 +134,7 @@ async fn a_voice_note_is_transcribed_echoed_and_answered() {
         Script::text("Lights are on."),
     );
     let agent = format!("{}{}", openai(&llm, false), transcription(&llm, true));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     let unique = fake.files().unique_id(&file);
     fake.push_media(USER, USER, voice_json(&file, &unique, audio.len()));
     assert!(
@@ -175,9 +169,7 @@ async fn a_voice_note_resumed_after_a_restart_is_echoed_once() {
     // The first run's turn never answers: the restart finds it unanswered.
     llm.push_when(last_user_contains("water the plants"), Script::Hang);
     let agent = format!("{}{}", openai(&llm, false), transcription(&llm, true));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     let unique = fake.files().unique_id(&file);
     fake.push_media(USER, USER, voice_json(&file, &unique, audio.len()));
     assert!(fake.wait_for(|_| !llm.requests().is_empty(), WAIT).await);
@@ -188,9 +180,7 @@ async fn a_voice_note_resumed_after_a_restart_is_echoed_once() {
         last_user_contains("water the plants"),
         Script::text("Plants watered."),
     );
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     assert!(
         wait_sent(&fake, "Plants watered.").await,
         "{:?}",
@@ -210,7 +200,8 @@ async fn voice_without_a_transcription_endpoint_is_refused_in_the_users_words() 
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
     let file = fake.files().add(b"voice".to_vec(), "oga");
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, false)))
+    let bot = test_bot(&fake, data.path(), &openai(&llm, false))
+        .start()
         .await
         .unwrap();
     fake.push_media(USER, USER, voice_json(&file, "u1", 5));
@@ -232,7 +223,8 @@ async fn a_photo_reaches_a_vision_model_as_an_image_part_with_the_exact_bytes() 
     let data = tempfile::tempdir().unwrap();
     let image: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
     let file = fake.files().add(image.clone(), "jpg");
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, true)))
+    let bot = test_bot(&fake, data.path(), &openai(&llm, true))
+        .start()
         .await
         .unwrap();
     let mut media = photo_json(&file, "uphoto", image.len());
@@ -262,7 +254,8 @@ async fn a_photo_for_a_model_without_vision_gets_a_clear_message() {
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
     let file = fake.files().add(vec![1, 2, 3], "jpg");
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, false)))
+    let bot = test_bot(&fake, data.path(), &openai(&llm, false))
+        .start()
         .await
         .unwrap();
     fake.push_media(USER, USER, photo_json(&file, "u", 3));
@@ -281,7 +274,8 @@ async fn a_text_document_is_inlined_with_its_name() {
     let data = tempfile::tempdir().unwrap();
     let log = "ERROR disk full\nWARN retrying\n";
     let file = fake.files().add(log.as_bytes().to_vec(), "txt");
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, false)))
+    let bot = test_bot(&fake, data.path(), &openai(&llm, false))
+        .start()
         .await
         .unwrap();
     let mut media = document_json(&file, "udoc", "app.log", "text/plain", log.len());
@@ -310,9 +304,7 @@ async fn a_binary_documents_path_reaches_a_command_backend() {
         "sh",
         "{files}",
     ]);
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     fake.push_media(
         USER,
         USER,
@@ -348,7 +340,8 @@ async fn an_album_arrives_as_one_turn() {
     let data = tempfile::tempdir().unwrap();
     let first = fake.files().add(vec![1; 10], "jpg");
     let second = fake.files().add(vec![2; 20], "jpg");
-    let bot = TelegramBot::start(&config(&fake, data.path(), &openai(&llm, true)))
+    let bot = test_bot(&fake, data.path(), &openai(&llm, true))
+        .start()
         .await
         .unwrap();
     let mut a = photo_json(&first, "ua", 10);
@@ -406,9 +399,7 @@ async fn oversized_files_get_a_clear_message_and_nothing_else_breaks() {
         .files()
         .add_with_size(vec![7; 10], "bin", 30 * 1024 * 1024);
     let agent = format!("{}[media]\nmax_file_bytes = 5\n", openai(&llm, false));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     // The refusal is slow to go out (Telegram answers it late): a message
     // sent meanwhile waits behind it in the chat's worker, and is answered.
     fake.fail_next("sendMessage", 1, Failure::Delay(Duration::from_millis(800)));
@@ -431,9 +422,7 @@ async fn oversized_files_get_a_clear_message_and_nothing_else_breaks() {
         "{}[media]\nmax_file_bytes = 100000000\n",
         openai(&llm, false)
     );
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     fake.push_media(
         USER,
         USER,
@@ -459,9 +448,7 @@ async fn a_refusal_under_way_at_shutdown_is_finished_and_not_repeated() {
     let data = tempfile::tempdir().unwrap();
     let big = fake.files().add(vec![7; 10], "bin");
     let agent = format!("{}[media]\nmax_file_bytes = 5\n", openai(&llm, false));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     // Telegram takes its time with the refusal (within the shutdown's
     // one-second grace); the bot is stopped meanwhile.
     fake.fail_next("sendMessage", 1, Failure::Delay(Duration::from_millis(500)));
@@ -479,9 +466,7 @@ async fn a_refusal_under_way_at_shutdown_is_finished_and_not_repeated() {
     // its message was closed, so the next start does not refuse it again.
     let refusal = "up to 5 bytes";
     assert_eq!(sent_containing(&fake, refusal).len(), 1);
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     fake.push_text(USER, USER, "hi");
     assert!(wait_exact(&fake, "ok").await, "{:?}", fake.sent_texts(USER));
     assert_eq!(
@@ -527,9 +512,7 @@ async fn send_file_delivers_workspace_files_and_refuses_escapes() {
         Script::tool_call("send_file", r#"{"path": "report.csv"}"#, "c2"),
     );
     llm.push_when(tool_result_after("send them"), Script::text("Both sent."));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     fake.push_text(USER, USER, "send them");
     assert!(wait_sent(&fake, "Both sent.").await);
     let uploads = fake.files().uploads();
@@ -586,9 +569,7 @@ async fn files_left_in_the_outbox_are_sent_after_the_answer() {
         "sh",
         "{message}",
     ]);
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     fake.push_text(USER, USER, "write notes");
     assert!(
         fake.wait_for(|_| !fake.files().uploads().is_empty(), WAIT)
@@ -627,9 +608,7 @@ async fn outbox_files_cut_off_by_a_restart_are_sent_once_or_reported() {
     // The first upload hangs until the process is gone: telegate stops
     // while a.txt is in flight and before b.txt was started.
     fake.fail_next("sendDocument", 1, Failure::Delay(Duration::from_secs(120)));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     fake.push_text(USER, USER, "write files");
     assert!(
         fake.wait_for(
@@ -646,9 +625,7 @@ async fn outbox_files_cut_off_by_a_restart_are_sent_once_or_reported() {
 
     // The restart sends b.txt, and tells the user that a.txt may not have
     // arrived instead of sending it a second time.
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     assert!(
         fake.wait_for(|_| fake.files().uploads().len() == 1, WAIT)
             .await,
@@ -673,9 +650,7 @@ async fn outbox_files_cut_off_by_a_restart_are_sent_once_or_reported() {
     bot.shutdown().await;
 
     // Another restart sends nothing again, and the answer is not repeated.
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     fake.push_text(USER, USER, "again");
     assert!(
         fake.wait_for(|_| fake.files().uploads().len() == 3, WAIT)
@@ -708,8 +683,8 @@ async fn a_restart_mid_download_finishes_the_message_once() {
     let agent = openai(&llm, false);
     // Queue mode: the message sent during the download is answered after
     // the document, not in place of it.
-    let config = config_with(&fake, data.path(), "", "busy_mode = \"queue\"", &agent);
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = test_bot_with(&fake, data.path(), "", "busy_mode = \"queue\"", &agent);
+    let bot = settings.start().await.unwrap();
     fake.files().hold_downloads();
     fake.push_media(
         USER,
@@ -738,7 +713,7 @@ async fn a_restart_mid_download_finishes_the_message_once() {
     assert!(!late, "the stopped bot went on with the message");
 
     llm.push_when(last_user_contains("line two"), Script::text("Read it."));
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     assert!(
         wait_sent(&fake, "Read it.").await,
         "{:?}",
@@ -772,9 +747,7 @@ async fn a_replayed_turn_does_not_send_a_file_twice() {
     llm.push_when(last_user_contains("send it"), send());
     // The turn is cut short by a restart after the file went out.
     llm.push_when(tool_result_after("send it"), Script::Hang);
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     fake.push_text(USER, USER, "send it");
     assert!(fake.wait_for(|_| llm.requests().len() == 2, WAIT).await);
     assert_eq!(fake.files().uploads().len(), 1);
@@ -784,9 +757,7 @@ async fn a_replayed_turn_does_not_send_a_file_twice() {
     // sent again, and the model is told so.
     llm.push_when(last_user_contains("send it"), send());
     llm.push_when(tool_result_after("send it"), Script::text("Done."));
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, data.path(), &agent).start().await.unwrap();
     assert!(
         wait_sent(&fake, "Done.").await,
         "{:?}",

@@ -13,7 +13,7 @@
 //! the preparation was still hanging.
 
 use crate::media_e2e::{
-    assert_no_setting_named, config_with, last_user_content, openai, sent_containing,
+    assert_no_setting_named, last_user_content, openai, sent_containing, test_bot_with,
     transcription, wait_exact, wait_sent, USER, WAIT,
 };
 use crate::support;
@@ -121,8 +121,8 @@ async fn a_hung_download_holds_up_none_of_the_chats_controls_and_stop_cancels_it
     let data = tempfile::tempdir().unwrap();
     let text = "a document whose download hangs\n";
     let file = fake.files().add(text.as_bytes().to_vec(), "txt");
-    let config = config_with(&fake, data.path(), "", "", &openai_with_models(&llm));
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = test_bot_with(&fake, data.path(), "", "", &openai_with_models(&llm));
+    let bot = settings.start().await.unwrap();
     fake.files().stall_bodies();
     let (document, _) = fake.push_media(
         USER,
@@ -202,8 +202,8 @@ async fn a_message_after_a_hung_download_reaches_the_session_after_it() {
         Script::text("Report read."),
     );
     let queue = "busy_mode = \"queue\"";
-    let config = config_with(&fake, data.path(), "", queue, &openai(&llm, false));
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = test_bot_with(&fake, data.path(), "", queue, &openai(&llm, false));
+    let bot = settings.start().await.unwrap();
     fake.files().stall_bodies();
     fake.push_media(
         USER,
@@ -246,8 +246,8 @@ async fn new_during_a_hung_download_stops_it_and_drops_what_waited_behind_it() {
     let data = tempfile::tempdir().unwrap();
     let text = "old session's document\n";
     let file = fake.files().add(text.as_bytes().to_vec(), "txt");
-    let config = config_with(&fake, data.path(), "", "", &openai(&llm, false));
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = test_bot_with(&fake, data.path(), "", "", &openai(&llm, false));
+    let bot = settings.start().await.unwrap();
     fake.files().stall_bodies();
     let (document, _) = fake.push_media(
         USER,
@@ -296,7 +296,8 @@ async fn a_hung_transcription_shows_typing_holds_up_no_command_and_stop_cancels_
     llm.transcriber.hang();
     let file = fake.files().add(audio.clone(), "oga");
     let agent = format!("{}{}", openai(&llm, false), transcription(&llm, false));
-    let bot = TelegramBot::start(&config_with(&fake, data.path(), "", "", &agent))
+    let bot = test_bot_with(&fake, data.path(), "", "", &agent)
+        .start()
         .await
         .unwrap();
     let unique = fake.files().unique_id(&file);
@@ -349,15 +350,10 @@ async fn an_album_with_a_hung_part_holds_up_no_command_and_keeps_its_place() {
         Script::text("After."),
     );
     let queue = "busy_mode = \"queue\"";
-    let bot = TelegramBot::start(&config_with(
-        &fake,
-        data.path(),
-        "",
-        queue,
-        &openai(&llm, true),
-    ))
-    .await
-    .unwrap();
+    let bot = test_bot_with(&fake, data.path(), "", queue, &openai(&llm, true))
+        .start()
+        .await
+        .unwrap();
     fake.files().stall_bodies();
     let mut a = photo_json(&first, "ua", 10);
     a["media_group_id"] = json!("album-hung");
@@ -405,7 +401,8 @@ async fn a_failed_transcription_is_told_in_the_users_words() {
     let llm = FakeOpenAi::start().await;
     let data = tempfile::tempdir().unwrap();
     let agent = format!("{}{}", openai(&llm, false), transcription(&llm, false));
-    let bot = TelegramBot::start(&config_with(&fake, data.path(), "", "", &agent))
+    let bot = test_bot_with(&fake, data.path(), "", "", &agent)
+        .start()
         .await
         .unwrap();
     // A recording the service cannot read (the fake answers 400 "Invalid
@@ -447,8 +444,8 @@ async fn a_local_path_from_getfile_is_read_only_from_a_local_bot_api_server() {
     let document = || document_json(&file, "udisk", "document.txt", "text/plain", content.len());
 
     // The cloud API (the default): an absolute path is refused.
-    let cloud = config_with(&fake, data.path(), "", "", &openai(&llm, false));
-    let bot = TelegramBot::start(&cloud).await.unwrap();
+    let cloud = test_bot_with(&fake, data.path(), "", "", &openai(&llm, false));
+    let bot = cloud.start().await.unwrap();
     fake.push_media(USER, USER, document());
     assert!(
         wait_sent(&fake, "Telegram did not hand it out").await,
@@ -463,7 +460,7 @@ async fn a_local_path_from_getfile_is_read_only_from_a_local_bot_api_server() {
     bot.shutdown().await;
 
     // Configured as local: the file is read from disk.
-    let local = config_with(
+    let local = test_bot_with(
         &fake,
         data.path(),
         "local_bot_api = true",
@@ -474,7 +471,7 @@ async fn a_local_path_from_getfile_is_read_only_from_a_local_bot_api_server() {
         last_user_contains("this machine's disk"),
         Script::text("Read from disk."),
     );
-    let bot = TelegramBot::start(&local).await.unwrap();
+    let bot = local.start().await.unwrap();
     fake.push_media(USER, USER, document());
     assert!(
         wait_sent(&fake, "Read from disk.").await,

@@ -21,31 +21,27 @@ use std::time::Duration;
 
 use support::agents::ScriptedAgent;
 use support::fake_bot::{Failure, FakeBotApi, RecordedCall};
-use telegate::config::{Config, Purpose};
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use telegate::delivery::{Delivery, DeliveryConfig, TelegramOutbound};
 use telegate::reply::{Outbound, Reply};
 use telegate::store::Store;
 use telegate::transport::telegram::intake::AMBIGUOUS_SEND_NOTICE;
-use telegate::transport::telegram::TelegramBot;
 use telegate::vocab::{InboxState, Platform, SessionSource};
 
 const WAIT: Duration = Duration::from_secs(20);
 const USER: i64 = 42;
 
-fn config(fake: &FakeBotApi, data_dir: &Path, resume: bool) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         streaming = \"edit\"\n\n\
-         [sessions]\nresume_interrupted = {resume}\nshutdown_grace_secs = 0\n\n\
-         [store]\ndata_dir = \"{}\"\n",
-        fake.token(),
-        fake.url(),
-        data_dir.display()
-    );
-    Config::parse(Path::new("outbox.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("test config is valid")
+fn test_bot(fake: &FakeBotApi, data_dir: &Path, resume: bool) -> TestBot {
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(format!(
+            "[delivery]\nstreaming = \"edit\"\n\n\
+             [sessions]\nresume_interrupted = {resume}\nshutdown_grace_secs = 0\n\n\
+             [store]\ndata_dir = \"{}\"\n",
+            data_dir.display()
+        ))
 }
 
 /// Every request that would show the user something in `chat`.
@@ -83,13 +79,11 @@ async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(
 ) {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = config(&fake, data.path(), resume);
+    let settings = test_bot(&fake, data.path(), resume);
 
     // First run: the message is answered, the outbox records the delivery.
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .unwrap();
+    let bot = settings.clone().agent(agent.clone()).start().await.unwrap();
     let update_id = fake.push_text(USER, USER, "hello");
     assert!(
         fake.wait_for(
@@ -139,9 +133,7 @@ async fn restart_after_delivery_before_the_inbox_row_closed_sends_nothing(
     // Second run: recovery must close the row and send nothing.
     fake.clear_calls();
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .unwrap();
+    let bot = settings.clone().agent(agent.clone()).start().await.unwrap();
     assert!(wait_inbox_settled(&bot.store).await, "the row was closed");
     let (state, reason) = {
         let entry = bot

@@ -24,13 +24,13 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use telegate::config::{Config, Purpose};
 use telegate::transport::telegram::TelegramBot;
 
 use crate::support;
 use support::buttons::{buttons, message_text};
 use support::fake_agent_apis::FakeAgentApis;
 use support::fake_bot::FakeBotApi;
+use support::test_bot::TestBot;
 
 const WAIT: Duration = Duration::from_secs(120);
 /// How long the turn's processes may outlive a /stop.
@@ -118,7 +118,7 @@ impl Row {
         }
     }
 
-    fn config(&self, fake: &FakeBotApi, data: &Path) -> Config {
+    fn test_bot(&self, fake: &FakeBotApi, data: &Path) -> TestBot {
         let agent = match &self.backend {
             Backend::Acp(body) => format!(
                 "[agent]\nbackend = \"acp\"\n\n[agent.acp]\nstart_timeout_secs = 90\n{body}\n"
@@ -127,23 +127,13 @@ impl Row {
                 "[agent]\nbackend = \"command\"\n\n[agent.command]\ntimeout_secs = 150\n{body}\n"
             ),
         };
-        let text = format!(
-            "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-             [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\nglobal_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
+        TestBot::new(fake).users(&[USER]).toml(format!(
+            "[delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\nglobal_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
              [sessions]\nstall_timeout_secs = 150\nshutdown_grace_secs = 2\n\n\
              {agent}\n\
              [store]\ndata_dir = \"{}\"\n",
-            fake.token(),
-            fake.url(),
             data.display()
-        );
-        Config::parse(
-            Path::new("real-agents.toml"),
-            &text,
-            Purpose::Telegram,
-            |_| None,
-        )
-        .expect("valid config")
+        ))
     }
 
     fn is_acp(&self) -> bool {
@@ -223,7 +213,7 @@ async fn answer_restart_stop_new(
     data: &Path,
     row: &Row,
 ) -> TelegramBot {
-    let bot = TelegramBot::start(&row.config(fake, data)).await.unwrap();
+    let bot = row.test_bot(fake, data).start().await.unwrap();
     ask(fake, api, "hello one", row.answer).await;
     bot.shutdown().await;
     let left = pids(&tree(&row.mark));
@@ -232,7 +222,7 @@ async fn answer_restart_stop_new(
         "the agent's processes end with telegate"
     );
 
-    let bot = TelegramBot::start(&row.config(fake, data)).await.unwrap();
+    let bot = row.test_bot(fake, data).start().await.unwrap();
     ask(fake, api, "hello two", row.answer).await;
     let said_fresh = sent(fake).iter().any(|t| {
         t.contains("cannot continue a conversation") || t.contains("could not be resumed")

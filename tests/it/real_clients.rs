@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use telegate::config::{Config, Purpose};
 use telegate::transport::telegram::TelegramBot;
 
 use crate::mcp_tools_e2e::{script, start, tool_names, tool_result};
@@ -18,6 +17,7 @@ use crate::support;
 use support::buttons::{message_text, wait_button};
 use support::fake_agent_apis::{FakeAgentApis, PER_RESPONSE_INPUT};
 use support::fake_bot::FakeBotApi;
+use support::test_bot::TestBot;
 use support::tools_bot::{ToolsBot, CHAT_A};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -166,19 +166,15 @@ async fn real_everything_server_over_stdio_and_streamable_http() {
 }
 
 /// A bot on `preset` running the real CLI with `extra` in `[agent.command]`.
-fn cli_config(fake: &FakeBotApi, preset: &str, data: &Path, extra: &str) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\nglobal_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
+fn test_bot(fake: &FakeBotApi, preset: &str, data: &Path, extra: &str) -> TestBot {
+    TestBot::new(fake).users(&[USER]).toml(format!(
+        "[delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\nglobal_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
          [sessions]\nstall_timeout_secs = 120\n\n\
          [agent]\nbackend = \"command\"\n\n\
          [agent.command]\npreset = \"{preset}\"\ntimeout_secs = 120\n{extra}\n\n\
          [store]\ndata_dir = \"{}\"\n",
-        fake.token(),
-        fake.url(),
         data.display()
-    );
-    Config::parse(Path::new("real.toml"), &text, Purpose::Telegram, |_| None).expect("valid config")
+    ))
 }
 
 /// Wait until the chat's task is over (the CLI exited) and nothing waits.
@@ -222,7 +218,8 @@ async fn real_claude_code_asks_its_permission_prompt_on_the_card() {
         api.url(),
         home.path().display(),
     );
-    let bot = TelegramBot::start(&cli_config(&fake, "claude", data.path(), &extra))
+    let bot = test_bot(&fake, "claude", data.path(), &extra)
+        .start()
         .await
         .unwrap();
     fake.push_text(
@@ -273,7 +270,8 @@ async fn real_codex_usage_after_resume_is_counted_per_turn() {
         bin("codex").display(),
         codex_home.path().display()
     );
-    let bot = TelegramBot::start(&cli_config(&fake, "codex", data.path(), &extra))
+    let bot = test_bot(&fake, "codex", data.path(), &extra)
+        .start()
         .await
         .unwrap();
     for (n, message) in ["one", "two", "three"].iter().enumerate() {

@@ -29,6 +29,7 @@ use serde_json::{json, Value};
 use support::binary::{alive, group_members, until, Telegate};
 use support::fake_bot::FakeBotApi;
 use support::fake_openai::{last_user_contains, tool_result_after, FakeOpenAi, Script};
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 
 const USER: i64 = 42;
 const WAIT: Duration = Duration::from_secs(30);
@@ -39,18 +40,18 @@ fn toml_str(path: &Path) -> String {
 
 /// The parts of every configuration here; `rest` adds the backend.
 fn config_text(fake: &FakeBotApi, data_dir: &Path, streaming: &str, rest: &str) -> String {
-    format!(
-        "[telegram]\ntoken = \"{token}\"\napi_url = \"{url}\"\nallowed_users = [{USER}]\n\n\
-         [sessions]\nresume_interrupted = true\n\n\
-         [store]\ndata_dir = {data_dir}\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         streaming = \"{streaming}\"\n\n\
-         [log]\nlevel = \"info\"\n\n{rest}",
-        token = fake.token(),
-        url = fake.url(),
-        data_dir = toml_str(data_dir),
-    )
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(format!(
+            "[sessions]\nresume_interrupted = true\n\n\
+             [store]\ndata_dir = {data_dir}\n\n\
+             [delivery]\nstreaming = \"{streaming}\"\n\n\
+             [log]\nlevel = \"info\"\n\n{rest}",
+            data_dir = toml_str(data_dir),
+        ))
+        .text()
 }
 
 fn echo_backend(delay_ms: u64) -> String {

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use support::fake_bot::FakeBotApi;
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use telegate::config::{Config, Purpose};
 use telegate::schedule::{run_of, Action, Schedule};
 use telegate::store::{now_ms, NewJob, Store};
@@ -37,19 +38,19 @@ const USER: i64 = 42;
 const WAIT: Duration = Duration::from_secs(20);
 
 fn config_text(fake: &FakeBotApi, data_dir: &Path, catch_up: &str) -> String {
-    format!(
-        "[telegram]\ntoken = \"{token}\"\napi_url = \"{url}\"\nallowed_users = [{USER}]\n\n\
-         [sessions]\nbusy_mode = \"queue\"\nshutdown_grace_secs = 5\n\n\
-         [agent]\nbackend = \"echo\"\n\n[agent.echo]\ndelay_ms = 400\n\n\
-         [store]\ndata_dir = {data_dir}\n\n\
-         [schedule]\ntimezone = \"UTC\"\ncatch_up = \"{catch_up}\"\nmin_interval = \"1s\"\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         streaming = \"edit\"\n\n[log]\nlevel = \"info\"\n",
-        token = fake.token(),
-        url = fake.url(),
-        data_dir = toml::Value::String(data_dir.display().to_string()),
-    )
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(format!(
+            "[sessions]\nbusy_mode = \"queue\"\nshutdown_grace_secs = 5\n\n\
+             [agent]\nbackend = \"echo\"\n\n[agent.echo]\ndelay_ms = 400\n\n\
+             [store]\ndata_dir = {data_dir}\n\n\
+             [schedule]\ntimezone = \"UTC\"\ncatch_up = \"{catch_up}\"\nmin_interval = \"1s\"\n\n\
+             [delivery]\nstreaming = \"edit\"\n\n[log]\nlevel = \"info\"\n",
+            data_dir = toml::Value::String(data_dir.display().to_string()),
+        ))
+        .text()
 }
 
 struct Deployment {

@@ -24,9 +24,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::fake_bot::{ChatType, FakeBotApi};
 use support::fake_openai::{last_user_contains, messages, tool_result_after, FakeOpenAi, Script};
-use telegate::config::{Config, Purpose};
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use telegate::store::JobState;
-use telegate::transport::telegram::TelegramBot;
 
 const WAIT: Duration = Duration::from_secs(15);
 const CHAT_A: i64 = 42;
@@ -34,21 +33,16 @@ const CHAT_B: i64 = 43;
 const GROUP: i64 = -100;
 const RUN: &str = "[telegate] Scheduled job";
 
-fn config(fake: &FakeBotApi, agent: &str, store: &str) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{token}\"\napi_url = \"{api}\"\nallowed_users = [{CHAT_A}, {CHAT_B}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         streaming = \"edit\"\n\n\
-         [schedule]\ntimezone = \"UTC\"\n\n\
-         {store}\n\n{agent}\n",
-        token = fake.token(),
-        api = fake.url(),
-    );
-    Config::parse(Path::new("schedule.toml"), &text, Purpose::Telegram, |_| {
-        None
-    })
-    .expect("test config is valid")
+fn test_bot(fake: &FakeBotApi, agent: &str, store: &str) -> TestBot {
+    TestBot::new(fake)
+        .users(&[CHAT_A, CHAT_B])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(format!(
+            "[delivery]\nstreaming = \"edit\"\n\n\
+             [schedule]\ntimezone = \"UTC\"\n\n\
+             {store}\n\n{agent}\n"
+        ))
 }
 
 fn openai(llm: &FakeOpenAi) -> String {
@@ -97,7 +91,8 @@ async fn the_models_schedule_tool_makes_a_job_that_runs_in_the_same_chat_and_ses
         Script::text("A: I will."),
     );
     llm.push_when(last_user_contains(RUN), Script::text("A: time to stretch!"));
-    let bot = TelegramBot::start(&config(&fake, &openai(&llm), "[store]\nin_memory = true"))
+    let bot = test_bot(&fake, &openai(&llm), "[store]\nin_memory = true")
+        .start()
         .await
         .expect("bot starts against the fakes");
 
@@ -183,7 +178,8 @@ async fn a_fresh_session_job_from_the_tool_runs_without_the_chats_history() {
         last_user_contains(RUN),
         Script::text("A: here is the briefing"),
     );
-    let bot = TelegramBot::start(&config(&fake, &openai(&llm), "[store]\nin_memory = true"))
+    let bot = test_bot(&fake, &openai(&llm), "[store]\nin_memory = true")
+        .start()
         .await
         .unwrap();
     fake.push_text(CHAT_A, CHAT_A, "A: brief me soon");
@@ -209,9 +205,7 @@ async fn a_command_backend_program_makes_a_job_with_a_request_file() {
         "[store]\ndata_dir = {}",
         toml::Value::String(data.path().display().to_string())
     );
-    let bot = TelegramBot::start(&config(&fake, &agent, &store))
-        .await
-        .unwrap();
+    let bot = test_bot(&fake, &agent, &store).start().await.unwrap();
     fake.push_text(CHAT_A, CHAT_A, "schedule something");
     assert!(
         wait_text(&fake, CHAT_A, "Schedule request b.json").await,
@@ -294,11 +288,12 @@ fn toasts(fake: &FakeBotApi) -> Vec<String> {
 async fn a_jobs_buttons_answer_to_its_creator_only() {
     let fake = FakeBotApi::start().await;
     fake.register_chat(GROUP, ChatType::Group);
-    let bot = TelegramBot::start(&config(
+    let bot = test_bot(
         &fake,
         "[agent]\nbackend = \"echo\"\n",
         "[store]\nin_memory = true",
-    ))
+    )
+    .start()
     .await
     .unwrap();
     assert!(

@@ -24,23 +24,20 @@ use std::time::Duration;
 
 use support::agents::ScriptedAgent;
 use support::fake_bot::FakeBotApi;
-use telegate::config::{Config, Purpose};
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use telegate::store::{Store, TranscriptEntry};
-use telegate::transport::telegram::TelegramBot;
 use telegate::vocab::InboxState;
 
 const USER: i64 = 42;
 const WAIT: Duration = Duration::from_secs(20);
 
-fn config_text(fake: &FakeBotApi, store: &str, extra: &str) -> String {
-    format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\n\
-         [store]\n{store}\n\n{extra}\n",
-        fake.token(),
-        fake.url()
-    )
+/// USER's bot with `store` in its `[store]` table, `extra` more settings.
+fn test_bot(fake: &FakeBotApi, store: &str, extra: &str) -> TestBot {
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(format!("[store]\n{store}\n\n{extra}\n"))
 }
 
 fn data_dir_line(dir: &Path) -> String {
@@ -50,7 +47,7 @@ fn data_dir_line(dir: &Path) -> String {
     )
 }
 
-/// Run `telegate run` on `config_text` until it exits (or `WAIT` passes);
+/// Run `telegate run` on `text` until it exits (or `WAIT` passes);
 /// returns (exit code, stderr).
 async fn run_binary(dir: &Path, text: &str) -> (Option<i32>, String) {
     let config = dir.join("telegate.toml");
@@ -115,7 +112,7 @@ async fn a_database_with_damaged_pages_is_refused_with_its_path() {
 
     let (code, stderr) = run_binary(
         dir.path(),
-        &config_text(&fake, &data_dir_line(&data), "[agent]\nbackend = \"echo\""),
+        &test_bot(&fake, &data_dir_line(&data), "[agent]\nbackend = \"echo\"").text(),
     )
     .await;
     assert_ne!(code, Some(0), "{stderr}");
@@ -139,7 +136,7 @@ async fn a_database_truncated_to_zero_bytes_is_reported_not_recreated() {
 
     let (code, stderr) = run_binary(
         dir.path(),
-        &config_text(&fake, &data_dir_line(&data), "[agent]\nbackend = \"echo\""),
+        &test_bot(&fake, &data_dir_line(&data), "[agent]\nbackend = \"echo\"").text(),
     )
     .await;
     assert_ne!(code, Some(0), "{stderr}");
@@ -165,16 +162,13 @@ async fn healthz(addr: std::net::SocketAddr) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_store_is_told_to_the_chat_and_to_healthz_never_papered_over() {
     let fake = FakeBotApi::start().await;
-    let text = config_text(
+    let settings = test_bot(
         &fake,
         "in_memory = true",
         "[metrics]\nlisten = \"127.0.0.1:0\"",
     );
-    let config = Config::parse(Path::new("t.toml"), &text, Purpose::Telegram, |_| None).unwrap();
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .unwrap();
+    let bot = settings.agent(agent.clone()).start().await.unwrap();
     let addr = bot.metrics_addr.expect("the metrics listener runs");
     // Creating a session fails from now on (as on a full disk); the inbox
     // still records updates.
@@ -241,15 +235,12 @@ async fn wait_health(addr: std::net::SocketAddr, status: u16, needle: &str) -> S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_failing_kind_of_write_turns_healthz_503_until_it_works_again() {
     let fake = FakeBotApi::start().await;
-    let text = config_text(
+    let settings = test_bot(
         &fake,
         "in_memory = true",
         "[metrics]\nlisten = \"127.0.0.1:0\"",
     );
-    let config = Config::parse(Path::new("t.toml"), &text, Purpose::Telegram, |_| None).unwrap();
-    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
-        .await
-        .unwrap();
+    let bot = settings.agent(ScriptedAgent::new()).start().await.unwrap();
     let addr = bot.metrics_addr.expect("the metrics listener runs");
     let answered = |text: &str| {
         let fake = &fake;
@@ -351,15 +342,12 @@ async fn old_finished_inbox_rows_are_pruned_at_start_and_transcripts_stay() {
             .unwrap();
         store.close().await.unwrap();
     }
-    let text = config_text(
+    let settings = test_bot(
         &fake,
         &format!("{}\ninbox_retention_days = 3", data_dir_line(dir.path())),
         "",
     );
-    let config = Config::parse(Path::new("t.toml"), &text, Purpose::Telegram, |_| None).unwrap();
-    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
-        .await
-        .unwrap();
+    let bot = settings.agent(ScriptedAgent::new()).start().await.unwrap();
     let store = bot.store.clone();
     let deadline = tokio::time::Instant::now() + WAIT;
     while inbox_ids(&store).await != vec![4] && tokio::time::Instant::now() < deadline {
@@ -386,16 +374,12 @@ async fn synchronous_reaches_sqlite() {
         ("synchronous = \"full\"", 2),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let text = config_text(
+        let settings = test_bot(
             &fake,
             &format!("{}\n{setting}", data_dir_line(dir.path())),
             "",
         );
-        let config =
-            Config::parse(Path::new("t.toml"), &text, Purpose::Telegram, |_| None).unwrap();
-        let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
-            .await
-            .unwrap();
+        let bot = settings.agent(ScriptedAgent::new()).start().await.unwrap();
         let level: i64 = bot
             .store
             .call(|c| Ok(c.pragma_query_value(None, "synchronous", |r| r.get(0))?))

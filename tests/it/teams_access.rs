@@ -8,34 +8,28 @@
 
 use crate::support;
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::agents::ScriptedAgent;
 use support::fake_bot::{ChatType, FakeBotApi};
 use support::fake_openai::{last_user_contains, tool_result_after, Script};
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use support::tools_bot::{ToolsBot, CHAT_A, CHAT_B};
 use telegate::access::Role;
 use telegate::clock::Clock;
-use telegate::config::{Config, Purpose};
 use telegate::transport::telegram::TelegramBot;
 
 const WAIT: Duration = Duration::from_secs(10);
 const OWNER: i64 = 1;
 const GROUP: i64 = -100;
 
-fn config(fake: &FakeBotApi) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         streaming = \"edit\"\n\n[store]\nin_memory = true\n",
-        fake.token(),
-        fake.url()
-    );
-    Config::parse(Path::new("access.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("test config is valid")
+/// No allowed users: access is by pairing and invites.
+fn test_bot(fake: &FakeBotApi) -> TestBot {
+    TestBot::new(fake)
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml("[delivery]\nstreaming = \"edit\"\n\n[store]\nin_memory = true\n")
 }
 
 async fn wait_text(fake: &FakeBotApi, chat: i64, needle: &str) {
@@ -103,10 +97,12 @@ async fn pair_owner(bot: &TelegramBot, fake: &FakeBotApi) {
 async fn invites_work_once_expire_and_give_their_role_which_the_commands_check() {
     let fake = FakeBotApi::start().await;
     let clock = Clock::manual(1_700_000_000_000);
-    let mut config = config(&fake);
-    config.clock = clock.clone();
+    let test_clock = clock.clone();
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+    let bot = test_bot(&fake)
+        .adjust(move |config| config.clock = test_clock.clone())
+        .agent(agent.clone())
+        .start()
         .await
         .unwrap();
     pair_owner(&bot, &fake).await;
@@ -213,9 +209,7 @@ async fn an_invited_admin_may_stop_anyones_turn_a_user_may_not() {
     let fake = FakeBotApi::start().await;
     fake.register_chat(GROUP, ChatType::Group);
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config(&fake), agent.clone())
-        .await
-        .unwrap();
+    let bot = test_bot(&fake).agent(agent.clone()).start().await.unwrap();
     pair_owner(&bot, &fake).await;
     let access = bot.engine.runner.access().unwrap();
     for (user, role) in [(2, Role::User), (3, Role::User), (5, Role::Admin)] {
@@ -331,9 +325,7 @@ async fn an_invited_admin_may_change_anyones_job_another_user_may_not() {
     let fake = FakeBotApi::start().await;
     fake.register_chat(GROUP, ChatType::Group);
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config(&fake), agent.clone())
-        .await
-        .unwrap();
+    let bot = test_bot(&fake).agent(agent.clone()).start().await.unwrap();
     pair_owner(&bot, &fake).await;
     let access = bot.engine.runner.access().unwrap();
     for (user, role) in [(2, Role::User), (3, Role::User), (5, Role::Admin)] {

@@ -265,10 +265,9 @@ async fn a_cli_agents_reported_cost_counts_against_the_daily_dollars() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let mut config =
-        crate::cli_agents_e2e::config(&fake, "claude", agent_dir.path(), data.path(), "");
-    config.limits = toml::from_str("daily_cost_usd = 0.01").unwrap();
-    let bot = telegate::transport::telegram::TelegramBot::start(&config)
+    let bot = crate::cli_agents_e2e::test_bot(&fake, "claude", agent_dir.path(), data.path(), "")
+        .adjust(|config| config.limits = toml::from_str("daily_cost_usd = 0.01").unwrap())
+        .start()
         .await
         .unwrap();
     let says = |text: &str, needle: &str| {

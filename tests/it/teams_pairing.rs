@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use support::binary::{until, Telegate};
 use support::fake_bot::{Failure, FakeBotApi};
+use support::test_bot::TestBot;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -25,16 +26,15 @@ fn toml_str(path: &Path) -> String {
 
 /// A bot nobody may use: no allowlist at all.
 fn configure(dir: &Path, fake: &FakeBotApi) -> PathBuf {
-    let text = format!(
-        "[telegram]\ntoken = \"{token}\"\napi_url = \"{url}\"\n\n\
-         [store]\ndata_dir = {data}\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\n\n\
-         [log]\nlevel = \"info\"\n",
-        token = fake.token(),
-        url = fake.url(),
-        data = toml_str(&dir.join("data")),
-    );
+    let text = TestBot::new(fake)
+        .toml(format!(
+            "[store]\ndata_dir = {data}\n\n\
+             [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
+             global_messages_per_second = 100000\n\n\
+             [log]\nlevel = \"info\"\n",
+            data = toml_str(&dir.join("data")),
+        ))
+        .text();
     let path = dir.join("telegate.toml");
     std::fs::write(&path, text).unwrap();
     path

@@ -10,7 +10,7 @@
 //! Waits are on what the fakes recorded, never on timing.
 
 use crate::cli_agents_e2e::{invocations, resumed_id};
-use crate::media_e2e::{config, openai, USER, WAIT};
+use crate::media_e2e::{openai, test_bot, USER, WAIT};
 use crate::support;
 
 use serde_json::Value;
@@ -78,8 +78,8 @@ fn last_request_with(llm: &FakeOpenAi, needle: &str) -> Vec<(String, String)> {
 async fn openai_history_comes_back_exactly_on_resume_also_after_a_restart() {
     let (fake, llm) = (FakeBotApi::start().await, FakeOpenAi::start().await);
     let data = tempfile::tempdir().unwrap();
-    let config = config(&fake, data.path(), &openai(&llm, false));
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings = test_bot(&fake, data.path(), &openai(&llm, false));
+    let bot = settings.start().await.unwrap();
 
     llm.push_when(last_user_contains("taxes"), Script::text("File by April."));
     says(&bot, &fake, "about my taxes", "File by April.").await;
@@ -111,7 +111,7 @@ async fn openai_history_comes_back_exactly_on_resume_also_after_a_restart() {
     // A restart keeps the resumed conversation current, and the other one
     // comes back by its id too.
     bot.shutdown().await;
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     llm.push_when(last_user_contains("one more"), Script::text("Done."));
     says(&bot, &fake, "one more", "Done.").await;
     let after = last_request_with(&llm, "one more");
@@ -175,8 +175,9 @@ async fn a_claude_conversation_resumes_its_session_id_by_button_also_after_a_res
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let config = crate::cli_agents_e2e::config(&fake, "claude", agent_dir.path(), data.path(), "");
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let settings =
+        crate::cli_agents_e2e::test_bot(&fake, "claude", agent_dir.path(), data.path(), "");
+    let bot = settings.start().await.unwrap();
     says(&bot, &fake, "first topic", "in claude-session-1").await;
     says(&bot, &fake, "/new", "Started a fresh session").await;
     says(&bot, &fake, "second topic", "in claude-session-2").await;
@@ -203,7 +204,7 @@ async fn a_claude_conversation_resumes_its_session_id_by_button_also_after_a_res
     );
 
     bot.shutdown().await;
-    let bot = TelegramBot::start(&config).await.unwrap();
+    let bot = settings.start().await.unwrap();
     says(&bot, &fake, "after the restart", "in claude-session-1").await;
     let listing = says(&bot, &fake, "/sessions", "Conversations in this chat").await;
     let second = listed_id(&listing, "second topic");

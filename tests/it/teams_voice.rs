@@ -9,7 +9,7 @@
 //!
 //! Waits are on what the fakes recorded, never on timing.
 
-use crate::media_e2e::{config, openai, transcription, wait_sent, USER, WAIT};
+use crate::media_e2e::{openai, test_bot, transcription, wait_sent, USER, WAIT};
 use crate::support;
 
 use support::fake_bot::FakeBotApi;
@@ -42,9 +42,7 @@ async fn start(fake: &FakeBotApi, llm: &FakeOpenAi, data: &std::path::Path) -> T
         transcription(llm, false),
         speech(llm)
     );
-    TelegramBot::start(&config(fake, data, &agent))
-        .await
-        .unwrap()
+    test_bot(fake, data, &agent).start().await.unwrap()
 }
 
 async fn says(bot: &TelegramBot, fake: &FakeBotApi, text: &str, needle: &str) {

@@ -12,32 +12,33 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::ScriptedAgent;
 use support::fake_bot::{ChatType, Failure, FakeBotApi, RecordedCall};
-use telegate::config::{Config, Purpose};
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
+use telegate::config::Config;
 use telegate::transport::telegram::TelegramBot;
 
 const WAIT: Duration = Duration::from_secs(10);
 const USER: i64 = 42;
 
-fn config_text(fake: &FakeBotApi, telegram_extra: &str, rest: &str) -> String {
-    format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n{telegram_extra}\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         typing_delay_ms = 0\nstreaming = \"edit\"\n\n\
-         [store]\nin_memory = true\n\n{rest}\n",
-        fake.token(),
-        fake.url()
-    )
+/// What every bot of these tests has: fast pacing, edited previews.
+fn common(fake: &FakeBotApi) -> TestBot {
+    TestBot::new(fake)
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml("[delivery]\nstreaming = \"edit\"\n")
 }
 
-fn config(fake: &FakeBotApi, telegram_extra: &str, rest: &str) -> Config {
-    Config::parse(
-        Path::new("e2e.toml"),
-        &config_text(fake, telegram_extra, rest),
-        Purpose::Telegram,
-        |_| None,
-    )
-    .expect("test config is valid")
+const NO_TYPING_DELAY: &str = "[delivery]\ntyping_delay_ms = 0\n";
+const IN_MEMORY: &str = "[store]\nin_memory = true\n";
+
+/// USER's bot, in memory, no typing delay; `telegram_extra` more
+/// `[telegram]` keys, `rest` more settings.
+fn test_bot(fake: &FakeBotApi, telegram_extra: &str, rest: &str) -> TestBot {
+    common(fake)
+        .users(&[USER])
+        .toml(format!("[telegram]\n{telegram_extra}"))
+        .toml(NO_TYPING_DELAY)
+        .toml(IN_MEMORY)
+        .toml(rest)
 }
 
 async fn start(
@@ -46,7 +47,9 @@ async fn start(
     rest: &str,
 ) -> (TelegramBot, Arc<ScriptedAgent>) {
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config(fake, telegram_extra, rest), agent.clone())
+    let bot = test_bot(fake, telegram_extra, rest)
+        .agent(agent.clone())
+        .start()
         .await
         .expect("bot starts against the fake");
     (bot, agent)
@@ -125,10 +128,10 @@ async fn a_slow_turn_shows_typing_and_streams_edits_then_the_final_text_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typing_shows_only_for_a_turn_that_outlasts_the_typing_delay() {
     let fake = FakeBotApi::start().await;
-    let text = config_text(&fake, "", "").replace("typing_delay_ms = 0\n", "");
-    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("test config is valid");
-    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
+    let settings = common(&fake).users(&[USER]).toml(IN_MEMORY);
+    let bot = settings
+        .agent(ScriptedAgent::new())
+        .start()
         .await
         .expect("bot starts against the fake");
     // An answer within the delay (its preview, then the final text).
@@ -480,11 +483,13 @@ async fn a_bot_nobody_may_use_yet_starts_and_runs_no_strangers_turn() {
     // No allowlist: the bot starts (showing a pairing code, see
     // teams_pairing.rs); a wrong code and plain text run nothing.
     let fake = FakeBotApi::start().await;
-    let text = config_text(&fake, "", "").replace(&format!("allowed_users = [{USER}]"), "");
-    let config = Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("an empty allowlist is valid: the bot pairs");
+    // An empty allowlist is valid: the bot pairs.
+    let settings = common(&fake).toml(NO_TYPING_DELAY).toml(IN_MEMORY);
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+    let bot = settings
+        .clone()
+        .agent(agent.clone())
+        .start()
         .await
         .expect("starts");
     fake.push_text(7, 7, "/pair AAAAAAAAAA");
@@ -578,12 +583,10 @@ async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
     use telegate::vocab::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
+    let settings = file_backed_bot(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
 
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .unwrap();
+    let bot = settings.clone().agent(agent.clone()).start().await.unwrap();
     fake.push_text(USER, USER, "slow:400");
     assert!(fake.wait_for(|_| agent.started() == 1, WAIT).await);
     // A background job finishes while the chat is busy: its wakeup waits.
@@ -600,9 +603,7 @@ async fn a_wakeup_queued_behind_a_turn_survives_a_restart_and_runs_once() {
         .any(|t| t.starts_with("answer:")));
 
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .unwrap();
+    let bot = settings.clone().agent(agent.clone()).start().await.unwrap();
     assert!(wait_text(&fake, USER, "answer:wakeup: job 7 done").await);
     let texts = fake.sent_texts(USER);
     let count = |needle: &str| texts.iter().filter(|t| t.as_str() == needle).count();
@@ -630,12 +631,10 @@ async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
     use telegate::vocab::{MessageEvent, Platform, SessionSource};
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = file_backed_config(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
+    let settings = file_backed_bot(&fake, data.path(), "[sessions]\nshutdown_grace_secs = 0\n");
 
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .unwrap();
+    let bot = settings.clone().agent(agent.clone()).start().await.unwrap();
     // A background job's wakeup starts a turn in an idle chat (one that
     // shows no progress), and the bot stops in the middle of it: the
     // wakeup is the only unfinished entry.
@@ -646,21 +645,19 @@ async fn a_wakeup_cut_short_by_a_restart_is_resumed_when_it_is_all_there_is() {
     bot.shutdown().await;
 
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .unwrap();
+    let bot = settings.clone().agent(agent.clone()).start().await.unwrap();
     assert!(fake.wait_for(|_| agent.started() == 1, WAIT).await);
     assert_eq!(agent.turn_texts(), vec!["block: job 7"]);
     bot.shutdown().await;
 }
 
-/// The config of a bot storing in `data` (`rest`: more settings).
-fn file_backed_config(fake: &FakeBotApi, data: &Path, rest: &str) -> Config {
-    let text = config_text(fake, "", rest).replace(
-        "[store]\nin_memory = true\n",
-        &format!("[store]\ndata_dir = \"{}\"\n", data.display()),
-    );
-    Config::parse(Path::new("e2e.toml"), &text, Purpose::Telegram, |_| None).unwrap()
+/// USER's bot storing in `data`, no typing delay (`rest`: more settings).
+fn file_backed_bot(fake: &FakeBotApi, data: &Path, rest: &str) -> TestBot {
+    common(fake)
+        .users(&[USER])
+        .toml(NO_TYPING_DELAY)
+        .toml(format!("[store]\ndata_dir = \"{}\"\n", data.display()))
+        .toml(rest)
 }
 
 /// Leave the store as a kill -9 during a wakeup's turn does: the wakeup's
@@ -719,13 +716,11 @@ async fn recorded_times(bot: &TelegramBot, text: &str) -> usize {
 async fn a_wakeup_killed_mid_turn_is_resumed_without_being_recorded_twice() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = file_backed_config(&fake, data.path(), "");
+    let settings = file_backed_bot(&fake, data.path(), "");
     // Killed after the turn recorded the wakeup, before any answer.
-    seed_killed_wakeup(&config, &["job 7 done"], "job 7 done").await;
+    seed_killed_wakeup(&settings.config(), &["job 7 done"], "job 7 done").await;
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .unwrap();
+    let bot = settings.clone().agent(agent.clone()).start().await.unwrap();
     assert!(wait_text(&fake, USER, "answer:job 7 done").await);
     assert_eq!(agent.turn_texts(), vec!["job 7 done"]);
     assert_eq!(
@@ -740,14 +735,12 @@ async fn a_wakeup_killed_mid_turn_is_resumed_without_being_recorded_twice() {
 async fn a_wakeup_killed_before_it_was_recorded_is_recorded_on_resuming() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = file_backed_config(&fake, data.path(), "");
+    let settings = file_backed_bot(&fake, data.path(), "");
     // Killed before the turn recorded the wakeup: the transcript ends with
     // an older user message, which is not this one.
-    seed_killed_wakeup(&config, &["an older question"], "job 8 done").await;
+    seed_killed_wakeup(&settings.config(), &["an older question"], "job 8 done").await;
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
-        .await
-        .unwrap();
+    let bot = settings.clone().agent(agent.clone()).start().await.unwrap();
     assert!(wait_text(&fake, USER, "answer:job 8 done").await);
     // Resumed with the session's history.
     assert_eq!(
@@ -768,9 +761,9 @@ async fn a_wakeup_killed_before_it_was_recorded_is_recorded_on_resuming() {
 async fn owners_of_background_processes_lost_in_a_restart_are_told() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().unwrap();
-    let config = file_backed_config(&fake, data.path(), "");
+    let settings = file_backed_bot(&fake, data.path(), "");
     // The previous run died while chat 42's job was still running.
-    let store = telegate::wiring::engine::open_store(&config.store)
+    let store = telegate::wiring::engine::open_store(&settings.config().store)
         .await
         .unwrap();
     store
@@ -785,7 +778,10 @@ async fn owners_of_background_processes_lost_in_a_restart_are_told() {
         .unwrap();
     store.close().await.unwrap();
 
-    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
+    let bot = settings
+        .clone()
+        .agent(ScriptedAgent::new())
+        .start()
         .await
         .unwrap();
     assert!(wait_text(&fake, USER, "p1a2b").await);
@@ -802,7 +798,10 @@ async fn owners_of_background_processes_lost_in_a_restart_are_told() {
 
     // Told once: the next start says nothing more.
     let before = fake.sent_texts(USER).len();
-    let bot = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
+    let bot = settings
+        .clone()
+        .agent(ScriptedAgent::new())
+        .start()
         .await
         .unwrap();
     fake.push_text(USER, USER, "ping");

@@ -467,6 +467,150 @@ fn skip_item(tokens: &[Token], mut i: usize) -> usize {
     i
 }
 
+/// What only `tests/it/support/test_bot.rs` may write: a call that starts a
+/// Telegram bot, and a `[telegram]` table with a token in a Rust string (a
+/// hand-written base configuration). Split so this file does not match.
+const BOT_START: &str = concat!("TelegramBot", "::start");
+const TELEGRAM_HEADER: &str = concat!("[tele", "gram]");
+
+/// Files under `tests/it` that write their own `[telegram]` table with a
+/// token, with the reason. (file, why).
+const OWN_TELEGRAM_TOML: &[(&str, &str)] = &[
+    (
+        "tests/it/cli.rs",
+        "writes a config file for the telegate binary",
+    ),
+    (
+        "tests/it/config_security_cli.rs",
+        "tests the loader's errors and file handling: the exact text matters",
+    ),
+    (
+        "tests/it/store_integrity.rs",
+        "`check-config` on exact files: its errors name their line (`bot.toml:5`)",
+    ),
+];
+
+/// The bots of the integration tests start through `TestBot`, which owns
+/// the base configuration (the fake's token and URL): a test gives only
+/// the settings it is about, as TOML fragments merged into that base.
+#[test]
+fn tidy_tests_start_bots_through_test_bot() {
+    let report = bot_setup_outside_test_bot(&read_tree(&repo().join("tests/it")));
+    assert!(
+        report.is_empty(),
+        "tests that start a bot or write its `[telegram]` token themselves (use \
+         support::test_bot::TestBot; a file that must write its own configuration goes on \
+         OWN_TELEGRAM_TOML in tests/it/tidy.rs with its reason):\n{}",
+        report.join("")
+    );
+    let stale: Vec<String> = OWN_TELEGRAM_TOML
+        .iter()
+        .filter(|(path, _)| {
+            let text = std::fs::read_to_string(repo().join(path)).unwrap_or_default();
+            telegram_headers(&text).is_empty()
+        })
+        .map(|(path, _)| format!("  {path}\n"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "OWN_TELEGRAM_TOML lists files without a `[telegram]` table (take them off):\n{}",
+        stale.join("")
+    );
+}
+
+/// The checker itself sees a planted start call and a planted table.
+#[test]
+fn tidy_test_bot_checker_sees_a_planted_start_and_table() {
+    let call = format!("let bot = {BOT_START}(&config).await;\n");
+    let table = format!("let text = \"{TELEGRAM_HEADER}\\ntoken = \\\"1:T\\\"\\n\";\n");
+    let raw = format!("let text = r#\"\n{TELEGRAM_HEADER}\ntoken = \"1:T\"\n\"#;\n");
+    let doc = format!("/// `{TELEGRAM_HEADER} approvers`: who answers.\n");
+    let fragment = format!("bot.toml(\"{TELEGRAM_HEADER}\\nmode = \\\"webhook\\\"\\n\");\n");
+    let files = vec![
+        ("tests/it/a.rs".to_string(), call),
+        ("tests/it/b.rs".to_string(), table),
+        ("tests/it/c.rs".to_string(), raw),
+        ("tests/it/d.rs".to_string(), doc),
+        ("tests/it/e.rs".to_string(), fragment),
+        (
+            "tests/it/support/test_bot.rs".to_string(),
+            format!("{BOT_START}(&config)\n"),
+        ),
+    ];
+    let report = bot_setup_outside_test_bot(&files);
+    assert_eq!(
+        report,
+        [
+            format!("  tests/it/a.rs:1: `{BOT_START}`\n"),
+            format!("  tests/it/b.rs:1: a `{TELEGRAM_HEADER}` table\n"),
+            format!("  tests/it/c.rs:2: a `{TELEGRAM_HEADER}` table\n"),
+        ]
+    );
+}
+
+/// Every start call and `[telegram]` table outside `test_bot.rs` (and the
+/// tables of the files on [`OWN_TELEGRAM_TOML`]), as report lines.
+fn bot_setup_outside_test_bot(files: &[(String, String)]) -> Vec<String> {
+    let mut report = Vec::new();
+    for (path, text) in files {
+        if path == "tests/it/support/test_bot.rs" {
+            continue;
+        }
+        for (n, line) in text.lines().enumerate() {
+            if line.contains(BOT_START) {
+                report.push(format!("  {path}:{}: `{BOT_START}`\n", n + 1));
+            }
+        }
+        if OWN_TELEGRAM_TOML.iter().any(|(p, _)| p == path) {
+            continue;
+        }
+        for line in telegram_headers(text) {
+            report.push(format!("  {path}:{line}: a `{TELEGRAM_HEADER}` table\n"));
+        }
+    }
+    report
+}
+
+/// The lines (from 1) where `text` writes a `[telegram]` table with its
+/// token in a string: the header followed by an escaped newline and
+/// `token`, or alone on a line (a raw or multi-line string) with `token`
+/// on the next. A fragment adding other `[telegram]` keys is not one, nor
+/// is a doc comment naming a key.
+fn telegram_headers(text: &str) -> Vec<usize> {
+    let escaped = format!("{TELEGRAM_HEADER}\\ntoken");
+    let lines: Vec<&str> = text.lines().collect();
+    (0..lines.len())
+        .filter(|&n| {
+            lines[n].contains(&escaped)
+                || (lines[n].trim() == TELEGRAM_HEADER
+                    && lines
+                        .get(n + 1)
+                        .is_some_and(|next| next.trim_start().starts_with("token")))
+        })
+        .map(|n| n + 1)
+        .collect()
+}
+
+/// Every `.rs` file below `dir`: (path from the repo, text), sorted.
+fn read_tree(dir: &Path) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(repo()).expect("under the repo");
+                let text = std::fs::read_to_string(&path).expect("test file");
+                found.push((rel.to_string_lossy().into_owned(), text));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
 // ----- the reader -----
 
 fn repo() -> std::path::PathBuf {

@@ -9,14 +9,13 @@
 
 use crate::support;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 use support::agents::ScriptedAgent;
 use support::fake_bot::{FakeBotApi, RecordedCall};
-use telegate::config::{Config, Purpose};
+use support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 use telegate::transport::telegram::TelegramBot;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -24,19 +23,18 @@ const USER: i64 = 42;
 const FORUM: i64 = -1_001_000_000_777;
 
 async fn start(fake: &FakeBotApi, topics: &str) -> (TelegramBot, Arc<ScriptedAgent>) {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\
-         require_mention = false\ntopics = \"{topics}\"\n\n\
-         [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-         global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         typing_delay_ms = 0\nstreaming = \"edit\"\n\n[store]\nin_memory = true\n",
-        fake.token(),
-        fake.url()
-    );
-    let config = Config::parse(Path::new("topics.toml"), &text, Purpose::Telegram, |_| None)
-        .expect("test config is valid");
+    let test_bot = TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(FAST_GROUPS)
+        .toml(format!(
+            "[telegram]\nrequire_mention = false\ntopics = \"{topics}\"\n\n\
+             [delivery]\ntyping_delay_ms = 0\nstreaming = \"edit\"\n\n[store]\nin_memory = true\n"
+        ));
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+    let bot = test_bot
+        .agent(agent.clone())
+        .start()
         .await
         .expect("bot starts against the fake");
     (bot, agent)

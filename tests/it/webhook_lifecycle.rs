@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use support::agents::ScriptedAgent;
 use support::fake_bot::{Failure, FakeBotApi};
-use telegate::config::{Config, Purpose};
+use support::test_bot::{TestBot, FAST_DELIVERY};
 use telegate::transport::telegram::TelegramBot;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -30,23 +30,16 @@ fn free_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-fn config(fake: &FakeBotApi, data_dir: &Path, telegram_extra: &str) -> Config {
-    config_with(fake, data_dir, telegram_extra, "")
+fn test_bot(fake: &FakeBotApi, data_dir: &Path, telegram_extra: &str) -> TestBot {
+    test_bot_with(fake, data_dir, telegram_extra, "")
 }
 
-/// Like [`config`], with more sections after `[store]`.
-fn config_with(fake: &FakeBotApi, data_dir: &Path, telegram_extra: &str, rest: &str) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n{telegram_extra}\n\
-         [store]\ndata_dir = {:?}\n\n{rest}\n",
-        fake.token(),
-        fake.url(),
+/// Like [`test_bot`], with more sections after `[store]`.
+fn test_bot_with(fake: &FakeBotApi, data_dir: &Path, telegram_extra: &str, rest: &str) -> TestBot {
+    TestBot::new(fake).users(&[USER]).toml(format!(
+        "[telegram]\n{telegram_extra}\n[store]\ndata_dir = {:?}\n\n{rest}\n",
         data_dir.display().to_string(),
-    );
-    Config::parse(Path::new("webhook.toml"), &text, Purpose::Telegram, |_| {
-        None
-    })
-    .unwrap()
+    ))
 }
 
 fn webhook_mode(port: u16, secret: &str, max_connections: u8) -> String {
@@ -63,8 +56,11 @@ fn sorted(kinds: &[&str]) -> Vec<String> {
     kinds
 }
 
-async fn start(_fake: &FakeBotApi, config: &Config) -> TelegramBot {
-    TelegramBot::start_with_agent(config, ScriptedAgent::new())
+async fn start(_fake: &FakeBotApi, test_bot: &TestBot) -> TelegramBot {
+    test_bot
+        .clone()
+        .agent(ScriptedAgent::new())
+        .start()
         .await
         .expect("the bot starts")
 }
@@ -75,7 +71,7 @@ async fn webhook_mode_registers_once_and_again_only_when_something_changed() {
     let dir = tempfile::tempdir().unwrap();
 
     // First start: registered with everything telegate needs.
-    let first = config(&fake, dir.path(), &webhook_mode(free_port(), "s3cret", 17));
+    let first = test_bot(&fake, dir.path(), &webhook_mode(free_port(), "s3cret", 17));
     start(&fake, &first).await.shutdown().await;
     assert_eq!(fake.calls_to("setWebhook").len(), 1);
     assert_eq!(
@@ -101,7 +97,7 @@ async fn webhook_mode_registers_once_and_again_only_when_something_changed() {
     );
 
     // Same settings: Telegram already has them, nothing is sent.
-    let again = config(&fake, dir.path(), &webhook_mode(free_port(), "s3cret", 17));
+    let again = test_bot(&fake, dir.path(), &webhook_mode(free_port(), "s3cret", 17));
     start(&fake, &again).await.shutdown().await;
     assert_eq!(
         fake.calls_to("setWebhook").len(),
@@ -111,19 +107,19 @@ async fn webhook_mode_registers_once_and_again_only_when_something_changed() {
     assert!(!fake.calls_to("getWebhookInfo").is_empty());
 
     // A new secret (invisible in getWebhookInfo) registers again.
-    let rotated = config(&fake, dir.path(), &webhook_mode(free_port(), "n3w", 17));
+    let rotated = test_bot(&fake, dir.path(), &webhook_mode(free_port(), "n3w", 17));
     start(&fake, &rotated).await.shutdown().await;
     assert_eq!(fake.calls_to("setWebhook").len(), 2);
     assert_eq!(fake.webhook_settings().secret_token.as_deref(), Some("n3w"));
 
     // So does another max_connections.
-    let wider = config(&fake, dir.path(), &webhook_mode(free_port(), "n3w", 60));
+    let wider = test_bot(&fake, dir.path(), &webhook_mode(free_port(), "n3w", 60));
     start(&fake, &wider).await.shutdown().await;
     assert_eq!(fake.calls_to("setWebhook").len(), 3);
     assert_eq!(fake.webhook_settings().max_connections, Some(60));
 
     // And other update types: without drafts, their stop is not asked for.
-    let no_drafts = config_with(
+    let no_drafts = test_bot_with(
         &fake,
         dir.path(),
         &webhook_mode(free_port(), "n3w", 60),
@@ -149,16 +145,16 @@ async fn webhook_mode_registers_once_and_again_only_when_something_changed() {
 async fn telegrams_draft_stop_reaches_the_webhook_and_stops_the_turn_like_stop() {
     let fake = FakeBotApi::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let fast = "[delivery]\nper_chat_interval_ms = 1\nglobal_messages_per_second = 100000\n\
-                edit_interval_ms = 50\ntyping_interval_ms = 100\n";
-    let config = config_with(
+    let settings = test_bot_with(
         &fake,
         dir.path(),
         &webhook_mode(free_port(), "s3cret", 40),
-        fast,
+        FAST_DELIVERY,
     );
     let agent = ScriptedAgent::new();
-    let bot = TelegramBot::start_with_agent(&config, agent.clone())
+    let bot = settings
+        .agent(agent.clone())
+        .start()
         .await
         .expect("the bot starts");
     let mut asked = fake
@@ -249,8 +245,9 @@ async fn a_refused_set_webhook_is_a_clear_start_error() {
         ),
     );
     let port = free_port();
-    let config = config(&fake, dir.path(), &webhook_mode(port, "s3cret", 40));
-    let error = TelegramBot::start_with_agent(&config, ScriptedAgent::new())
+    let error = test_bot(&fake, dir.path(), &webhook_mode(port, "s3cret", 40))
+        .agent(ScriptedAgent::new())
+        .start()
         .await
         .err()
         .expect("the start fails")
@@ -290,7 +287,7 @@ async fn polling_removes_a_leftover_webhook_and_keeps_pending_updates() {
         .await
         .unwrap();
     fake.push_text(USER, USER, "sent while the webhook was set");
-    let running = start(&fake, &config(&fake, dir.path(), "")).await;
+    let running = start(&fake, &test_bot(&fake, dir.path(), "")).await;
     assert_eq!(fake.delete_webhook_requests(), vec![false]);
     assert_eq!(fake.webhook_url(), None);
     let answered = fake
@@ -319,7 +316,7 @@ async fn polling_removes_a_leftover_webhook_and_keeps_pending_updates() {
     running.shutdown().await;
 
     // No webhook: nothing to remove, no deleteWebhook call.
-    let running = start(&fake, &config(&fake, dir.path(), "")).await;
+    let running = start(&fake, &test_bot(&fake, dir.path(), "")).await;
     running.shutdown().await;
     assert_eq!(fake.delete_webhook_requests(), vec![false]);
 }

@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::fake_bot::FakeBotApi;
-use telegate::config::{Config, Purpose};
-use telegate::transport::telegram::TelegramBot;
+use support::test_bot::{TestBot, FAST_DELIVERY};
 use telegate::vocab::{SessionId, SessionKey};
 use telegate::worktree::{WorktreeConfig, Worktrees};
 
@@ -160,27 +159,19 @@ async fn the_cleanup_keeps_unmerged_work_and_tells_once() {
     );
 }
 
-fn bot_config(fake: &FakeBotApi, dir: &Path, repo: &Path) -> Config {
-    let text = format!(
-        "[telegram]\ntoken = \"{}\"\napi_url = \"{}\"\nallowed_users = [{USER}]\n\n\
-         [delivery]\nper_chat_interval_ms = 1\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\
-         global_messages_per_second = 100000\nstreaming = \"edit\"\n\n\
-         [store]\ndata_dir = \"{}\"\n\n[agent]\nbackend = \"command\"\n\n\
-         [agent.command]\nargv = [\"sh\", \"-c\", \"printf '%s\\\\n' \\\"$1\\\" >> notes.txt; echo edited\", \"sh\", \"{{message}}\"]\n\
-         worktree = {{ repo = \"{}\", base = \"main\", root = \"{}\", keep_days = 7 }}\n",
-        fake.token(),
-        fake.url(),
-        dir.join("data").display(),
-        repo.display(),
-        dir.join("worktrees").display(),
-    );
-    Config::parse(
-        Path::new("worktrees.toml"),
-        &text,
-        Purpose::Telegram,
-        |_| None,
-    )
-    .expect("valid test config")
+fn test_bot(fake: &FakeBotApi, dir: &Path, repo: &Path) -> TestBot {
+    TestBot::new(fake)
+        .users(&[USER])
+        .toml(FAST_DELIVERY)
+        .toml(format!(
+            "[delivery]\nstreaming = \"edit\"\n\n\
+             [store]\ndata_dir = \"{}\"\n\n[agent]\nbackend = \"command\"\n\n\
+             [agent.command]\nargv = [\"sh\", \"-c\", \"printf '%s\\\\n' \\\"$1\\\" >> notes.txt; echo edited\", \"sh\", \"{{message}}\"]\n\
+             worktree = {{ repo = \"{}\", base = \"main\", root = \"{}\", keep_days = 7 }}\n",
+            dir.join("data").display(),
+            repo.display(),
+            dir.join("worktrees").display(),
+        ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,7 +179,8 @@ async fn diff_sends_the_conversations_change_and_merge_asks_first() {
     let dir = tempfile::tempdir().unwrap();
     let repo = repo(dir.path());
     let fake = FakeBotApi::start().await;
-    let bot = TelegramBot::start(&bot_config(&fake, dir.path(), &repo))
+    let bot = test_bot(&fake, dir.path(), &repo)
+        .start()
         .await
         .expect("bot starts");
     fake.push_text(USER, USER, "a line from the chat");

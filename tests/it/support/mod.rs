@@ -13,4 +13,5 @@ pub mod fake_speech;
 pub mod fake_transcribe;
 pub mod recorder;
 pub mod store_faults;
+pub mod test_bot;
 pub mod tools_bot;

@@ -3,10 +3,9 @@
 //! OpenAI server (scripted per request with `push_when`), the real adapter,
 //! runner, process registry and approval gate.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use telegate::config::{Config, Purpose};
 use telegate::store::TranscriptEntry;
 use telegate::tools::process::{ProcessRecord, ProcessRegistry, Scope};
 use telegate::transport::telegram::TelegramBot;
@@ -15,6 +14,7 @@ use tempfile::TempDir;
 
 use super::fake_bot::FakeBotApi;
 use super::fake_openai::FakeOpenAi;
+use super::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
 
 /// How long any expected thing may take.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -46,23 +46,21 @@ impl ToolsBot {
         let fake = FakeBotApi::start().await;
         let llm = FakeOpenAi::start().await;
         let workdir = tempfile::tempdir().expect("temporary workdir");
-        let text = format!(
-            "[telegram]\ntoken = \"{token}\"\napi_url = \"{api}\"\nallowed_users = [{CHAT_A}, {CHAT_B}]\n{telegram_extra}\n\n\
-             [sessions]\n{sessions_extra}\n\n\
-             [delivery]\nper_chat_interval_ms = 1\ngroup_messages_per_minute = 100000\n\
-             global_messages_per_second = 100000\nedit_interval_ms = 50\ntyping_interval_ms = 100\n\n\
-             [store]\nin_memory = true\n\n\
-             [agent]\nbackend = \"openai\"\n\n\
-             [agent.openai]\nbase_url = \"{llm}\"\nmodel = \"fake\"\napi_key_env = \"TELEGATE_TEST_NO_SUCH_KEY\"\n\n\
-             [tools.terminal]\nenabled = true\nworkdir = \"{workdir}\"\n{terminal_extra}\n",
-            token = fake.token(),
-            api = fake.url(),
-            llm = llm.base_url(),
-            workdir = workdir.path().display(),
-        );
-        let config = Config::parse(Path::new("tools.toml"), &text, Purpose::Telegram, |_| None)
-            .expect("test config is valid");
-        let bot = TelegramBot::start(&config)
+        let bot = TestBot::new(&fake)
+            .users(&[CHAT_A, CHAT_B])
+            .toml(format!("[telegram]\n{telegram_extra}"))
+            .toml(format!("[sessions]\n{sessions_extra}"))
+            .toml(FAST_DELIVERY)
+            .toml(FAST_GROUPS)
+            .toml(format!(
+                "[store]\nin_memory = true\n\n\
+                 [agent]\nbackend = \"openai\"\n\n\
+                 [agent.openai]\nbase_url = \"{llm}\"\nmodel = \"fake\"\napi_key_env = \"TELEGATE_TEST_NO_SUCH_KEY\"\n\n\
+                 [tools.terminal]\nenabled = true\nworkdir = \"{workdir}\"\n{terminal_extra}\n",
+                llm = llm.base_url(),
+                workdir = workdir.path().display(),
+            ))
+            .start()
             .await
             .expect("bot starts against the fakes");
         ToolsBot {
