@@ -72,10 +72,11 @@ impl Runner {
         let turn_files = self.turn_files(&event).await;
         let turn_jobs = self.turn_jobs(&event).await;
         let job_owner = event.source.clone();
-        let after = AfterAnswer {
+        let mut after = AfterAnswer {
             speaker: self.speaker_for(&event).await,
             source: event.source.clone(),
             files: turn_files.clone(),
+            charge: None,
         };
         let charge = self.charge_for(&event, &session_id, &meter);
         let request = TurnRequest {
@@ -93,15 +94,12 @@ impl Runner {
         let watched = self
             .run_agent(request, turn_jobs.clone(), turn_files, meter)
             .await;
-        // What the turn used is charged however it ended.
-        if let Some(charge) = charge {
-            charge.charge().await;
-        }
         mark_if_interrupted(&ctx, &progress);
         // Only a turn that is still current may release the slot and answer.
         slot.armed = false;
         let current = self.state().slots.release(&key, Some(generation));
         let outcome = turn_outcome(current, cancel.is_cancelled(), watched);
+        charge_by_outcome(&outcome, charge, &mut after).await;
         self.inner
             .config
             .metrics
@@ -384,7 +382,8 @@ impl Runner {
                 .map(TranscriptEntry::from_message)
                 .collect()
         };
-        self.record(session_id, entries).await;
+        self.record_charging(session_id, entries, after.charge)
+            .await;
         // Spoken first (the voice note carries the text), as asked.
         if let Some(speaker) = after.speaker {
             live = super::voice::spoken_answer(
@@ -468,14 +467,26 @@ impl Runner {
     }
 
     pub(super) async fn record(&self, session_id: &SessionId, entries: Vec<TranscriptEntry>) {
+        self.record_charging(session_id, entries, None).await;
+    }
+
+    /// [`Runner::record`], with the turn's usage row in the same store
+    /// call when `charge` has one.
+    async fn record_charging(
+        &self,
+        session_id: &SessionId,
+        entries: Vec<TranscriptEntry>,
+        charge: Option<Charge>,
+    ) {
+        let usage = charge.and_then(Charge::into_usage);
         if let Some(store) = &self.inner.store {
             // A failure shows in /healthz (the store reports it).
             if let Err(error) = store
                 .transcripts
-                .append_many(session_id.as_str(), entries)
+                .append_many_charging(session_id.as_str(), entries, usage)
                 .await
             {
-                tracing::error!(%session_id, %error, "could not record the transcript");
+                tracing::error!(%session_id, %error, "could not record the transcript and the turn's usage");
             }
         }
     }
@@ -486,6 +497,22 @@ struct AfterAnswer {
     speaker: Option<std::sync::Arc<crate::media::speech::Speaker>>,
     source: crate::vocab::SessionSource,
     files: crate::media::TurnFiles,
+    /// The turn's usage, recorded with the answer's transcript.
+    charge: Option<Charge>,
+}
+
+/// What the turn used is charged however it ended: an answer's with its
+/// transcript (one store call, in [`Runner::answered`]), any other's now.
+async fn charge_by_outcome(
+    outcome: &TurnOutcome<AgentReply>,
+    charge: Option<Charge>,
+    after: &mut AfterAnswer,
+) {
+    match (outcome, charge) {
+        (TurnOutcome::Answered(_), charge) => after.charge = charge,
+        (_, Some(charge)) => charge.charge().await,
+        (_, None) => {}
+    }
 }
 
 /// A newer message interrupted the turn (a /stop before wins).
@@ -576,6 +603,11 @@ impl Charge {
         let mut turn = self.turn.take()?;
         turn.usage = self.meter.used();
         Some(turn)
+    }
+
+    /// The usage row, recorded by the caller (with the transcript).
+    fn into_usage(mut self) -> Option<crate::store::TurnUsage> {
+        self.take()
     }
 
     pub(super) async fn charge(mut self) {

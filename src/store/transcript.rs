@@ -17,7 +17,7 @@ use rusqlite::{params, Connection, Row, ToSql};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{now_ms, StoreError, Transcripts, WriteKind};
+use super::{now_ms, StoreError, Transcripts, TurnUsage, WriteKind};
 
 use crate::vocab::Role;
 
@@ -124,6 +124,36 @@ impl Transcripts {
                 .collect::<Result<Vec<_>, _>>()
         })
         .await
+    }
+
+    /// [`Transcripts::append_many`], and the turn's usage row
+    /// ([`Usage::record_turn_usage`](super::Usage::record_turn_usage)) in
+    /// the same call (all or none): a turn that ran records its answer
+    /// and what it cost with one store round trip.
+    pub async fn append_many_charging(
+        &self,
+        session_id: &str,
+        entries: Vec<TranscriptEntry>,
+        usage: Option<TurnUsage>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let session_id = session_id.to_owned();
+        let writes = entries.len() + usize::from(usage.is_some());
+        let kinds: &[WriteKind] = match usage {
+            Some(_) => &[WriteKind::Transcript, WriteKind::Usage],
+            None => &[WriteKind::Transcript],
+        };
+        self.link
+            .write_kinds(kinds, writes, move |conn| {
+                let ids = entries
+                    .iter()
+                    .map(|e| insert_entry(conn, &session_id, e))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if let Some(turn) = &usage {
+                    super::usage::insert_turn_usage(conn, turn)?;
+                }
+                Ok(ids)
+            })
+            .await
     }
 
     /// [`Transcripts::load_history`], then [`Transcripts::append_many`] of `entries`,
@@ -683,5 +713,37 @@ mod tests {
         assert_eq!(store.sessions().list_sessions().await.unwrap().len(), TASKS);
         assert!(ticks_during >= 3, "runtime starved: {ticks_during} ticks");
         store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_answer_and_its_usage_are_one_call_and_both_kept() {
+        let s = Store::open_in_memory().unwrap();
+        let before = s.stats();
+        let usage = TurnUsage {
+            user_id: 7,
+            chat_id: 1,
+            session_id: "s".into(),
+            at_ms: 200,
+            usage: crate::store::AgentUsage {
+                output_tokens: 5,
+                ..Default::default()
+            },
+        };
+        s.transcripts()
+            .append_many_charging("s", vec![TranscriptEntry::assistant("hi")], Some(usage))
+            .await
+            .unwrap();
+        assert_eq!(s.stats().since(&before).calls, 1, "one store call");
+        assert_eq!(s.transcripts().transcript_len("s").await.unwrap(), 1);
+        let used = s.usage().usage_between(Some(7), 100, 300).await.unwrap();
+        assert_eq!((used[&7].turns, used[&7].output_tokens), (1, 5));
+        // Without usage it is a plain append.
+        s.transcripts()
+            .append_many_charging("s", vec![TranscriptEntry::assistant("again")], None)
+            .await
+            .unwrap();
+        assert_eq!(s.transcripts().transcript_len("s").await.unwrap(), 2);
+        let used = s.usage().usage_between(Some(7), 100, 300).await.unwrap();
+        assert_eq!(used[&7].turns, 1);
     }
 }

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{AgentUsage, StoreError, Usage, WriteKind};
 
@@ -43,26 +43,8 @@ fn to_u64(n: i64) -> u64 {
 impl Usage {
     /// Record one turn's usage.
     pub async fn record_turn_usage(&self, turn: TurnUsage) -> Result<(), StoreError> {
-        self.write_one(WriteKind::Usage, move |conn| {
-            let u = &turn.usage;
-            conn.prepare_cached(
-                "INSERT INTO usage_turns (user_id, chat_id, session_id, at, input_tokens,
-                     cached_input_tokens, output_tokens, cost_usd)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?
-            .execute(params![
-                to_i64(turn.user_id),
-                turn.chat_id,
-                turn.session_id,
-                turn.at_ms,
-                to_i64(u.input_tokens),
-                to_i64(u.cached_input_tokens),
-                to_i64(u.output_tokens),
-                u.cost_usd
-            ])?;
-            Ok(())
-        })
-        .await
+        self.write_one(WriteKind::Usage, move |conn| insert_turn_usage(conn, &turn))
+            .await
     }
 
     /// The usage of each user (or of `user` only) in `[from_ms, to_ms)`:
@@ -145,6 +127,27 @@ impl Usage {
         })
         .await
     }
+}
+
+/// One turn's row in `usage_turns` (one statement).
+pub(super) fn insert_turn_usage(conn: &Connection, turn: &TurnUsage) -> Result<(), StoreError> {
+    let u = &turn.usage;
+    conn.prepare_cached(
+        "INSERT INTO usage_turns (user_id, chat_id, session_id, at, input_tokens,
+             cached_input_tokens, output_tokens, cost_usd)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        to_i64(turn.user_id),
+        turn.chat_id,
+        turn.session_id,
+        turn.at_ms,
+        to_i64(u.input_tokens),
+        to_i64(u.cached_input_tokens),
+        to_i64(u.output_tokens),
+        u.cost_usd
+    ])?;
+    Ok(())
 }
 
 #[cfg(test)]

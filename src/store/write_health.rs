@@ -160,21 +160,52 @@ impl Link {
         self.report(kind, result)
     }
 
+    /// [`Link::write_with_writes`] for work that writes the tables of
+    /// several kinds in one call (a turn's answer and its usage): its
+    /// outcome is reported under each of `kinds`.
+    pub(super) async fn write_kinds<R, F>(
+        &self,
+        kinds: &[WriteKind],
+        writes: usize,
+        f: F,
+    ) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let result = self
+            .call_with_writes(writes, move |conn| changed_by(conn, f))
+            .await;
+        self.report_kinds(kinds, result)
+    }
+
     fn report<R>(
         &self,
         kind: WriteKind,
         result: Result<(R, bool), StoreError>,
     ) -> Result<R, StoreError> {
+        self.report_kinds(&[kind], result)
+    }
+
+    fn report_kinds<R>(
+        &self,
+        kinds: &[WriteKind],
+        result: Result<(R, bool), StoreError>,
+    ) -> Result<R, StoreError> {
         match result {
             Ok((value, changed)) => {
                 if changed {
-                    self.write_health.succeeded(kind);
+                    for kind in kinds {
+                        self.write_health.succeeded(*kind);
+                    }
                 }
                 Ok(value)
             }
             Err(error) => {
                 if error.is_write_failure() {
-                    self.write_health.failed(kind, &error);
+                    for kind in kinds {
+                        self.write_health.failed(*kind, &error);
+                    }
                 }
                 Err(error)
             }
