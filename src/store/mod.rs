@@ -120,6 +120,7 @@ pub mod resume;
 mod retention;
 pub mod schema;
 pub mod sessions;
+pub mod topic_creations;
 pub mod transcript;
 pub mod undo;
 pub mod usage;
@@ -148,6 +149,7 @@ pub use jobs::{JobFiring, JobOutcome, JobState, NewJob, NewRun, StoredJob};
 pub use resume::{Conversation, Resumed};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
+pub use topic_creations::TopicClaim;
 pub use transcript::TranscriptEntry;
 pub use undo::UndoneExchange;
 pub use usage::TurnUsage;
@@ -409,6 +411,8 @@ handles! {
     /// Whether the store answers and its writes work ([`write_health`]):
     /// for /healthz and the systemd watchdog.
     StoreHealth => health;
+    /// The forum topic made for each message ([`topic_creations`]).
+    TopicCreations => topic_creations;
 }
 
 impl fmt::Debug for Store {

@@ -403,6 +403,19 @@ CREATE TABLE agent_thread_usage (
 ) STRICT;
 ";
 
+/// Version 13: the forum topic `createForumTopic` made for a message
+/// (`thread_id` NULL while its answer is not recorded), so a message
+/// replayed after a crash runs in its topic instead of making a second.
+const V13_TOPIC_CREATIONS: &str = "
+CREATE TABLE topic_creations (
+    chat_id    INTEGER NOT NULL,
+    message_id INTEGER NOT NULL,
+    thread_id  INTEGER,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (chat_id, message_id)
+) STRICT;
+";
+
 /// The schema history, oldest first. Append only; see the module docs.
 pub const MIGRATIONS: &[Migration] = &[
     Migration::new("sessions and transcripts", V1_SESSIONS),
@@ -423,6 +436,7 @@ pub const MIGRATIONS: &[Migration] = &[
         V11_TEAMS,
     ),
     Migration::new("approval decisions and prompts", V12_APPROVAL_DECISIONS),
+    Migration::new("forum topics made for messages", V13_TOPIC_CREATIONS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

@@ -135,6 +135,7 @@ impl TelegramBot {
                 delivery.clone(),
                 Some(tables::delivery(&store)),
             )),
+            store.topic_creations(),
         );
         let outcomes = TopicOutcomes {
             inner: Arc::new(inbox_writer.clone()),

@@ -82,6 +82,8 @@ struct Settings {
     metrics_port: Option<u16>,
     /// `[delivery] streaming`: most tests follow an edited preview.
     streaming: &'static str,
+    /// `[telegram] topics` (with `require_mention = false`), if set.
+    topics: Option<&'static str>,
 }
 
 impl Default for Settings {
@@ -92,6 +94,7 @@ impl Default for Settings {
             shutdown_grace_secs: 10,
             metrics_port: None,
             streaming: "edit",
+            topics: None,
         }
     }
 }
@@ -101,10 +104,15 @@ fn config_text(fake: &FakeBotApi, data_dir: &Path, s: Settings) -> String {
         .metrics_port
         .map(|port| format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"))
         .unwrap_or_default();
+    let topics = s
+        .topics
+        .map(|mode| format!("[telegram]\nrequire_mention = false\ntopics = \"{mode}\"\n"))
+        .unwrap_or_default();
     TestBot::new(fake)
         .users(&[USER])
         .toml(FAST_DELIVERY)
         .toml(FAST_GROUPS)
+        .toml(topics)
         .toml(format!(
             "[sessions]\nbusy_mode = \"queue\"\nresume_interrupted = {resume}\n\
              shutdown_grace_secs = {grace}\n\n\
@@ -1581,4 +1589,70 @@ async fn a_quiet_long_poll_ends_normally_and_health_stays_ok() {
         bot.log_tail()
     );
     bot.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// kill -9 after a forum topic was made for the message
+// ---------------------------------------------------------------------------
+
+/// A forum the bot manages topics in (`topics = "auto"`).
+const FORUM: i64 = -1_001_000_000_777;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_replayed_after_a_kill_runs_in_the_topic_made_for_it() {
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let settings = Settings {
+        delay_ms: 3000,
+        topics: Some("auto"),
+        ..Settings::default()
+    };
+    let deployment = Deployment::new(&fake, settings);
+    let mut first = Binary::start("the first process", &deployment, &fake);
+    first.ready(&fake).await;
+    let text = "alpha beta gamma delta epsilon zeta";
+    fake.push_topic_text(FORUM, USER, None, text);
+    let since = first.first_seq;
+    assert!(
+        fake.wait_for(|calls| preview_recorded(calls, FORUM, since), WAIT)
+            .await,
+        "the turn never streamed in its topic: {:?}\n{}",
+        fake.sent_texts(FORUM),
+        first.log_tail()
+    );
+    assert_eq!(fake.calls_to("createForumTopic").len(), 1);
+    first.kill9().await;
+
+    let mut second = Binary::start("the restarted process", &deployment, &fake);
+    second.ready(&fake).await;
+    assert!(
+        fake.wait_for(|_| all_visible(&fake, FORUM, &[echo(text)]), WAIT)
+            .await,
+        "the replayed message was never answered: {:?}\n{}",
+        fake.sent_texts(FORUM),
+        second.log_tail()
+    );
+    second.stop().await;
+    assert_eq!(
+        fake.calls_to("createForumTopic").len(),
+        1,
+        "no second topic for the replayed message"
+    );
+    let topics = fake.topics(FORUM);
+    let made = *topics.keys().next().expect("the topic made");
+    let answered_in: Vec<Option<i64>> = fake
+        .calls()
+        .iter()
+        .filter(|c| c.method == "sendMessage" && c.chat_id() == Some(FORUM) && c.outcome.is_ok())
+        .filter(|c| c.text().is_some_and(|t| t.starts_with("echo:")))
+        .map(|c| {
+            c.body
+                .get("message_thread_id")
+                .and_then(serde_json::Value::as_i64)
+        })
+        .collect();
+    assert!(
+        !answered_in.is_empty() && answered_in.iter().all(|t| *t == Some(made)),
+        "every send of the turn (both processes) is in the topic made for the message ({made}): {answered_in:?}"
+    );
 }

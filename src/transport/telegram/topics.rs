@@ -35,6 +35,7 @@ use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::reply::DeliveryError;
 use crate::reply::{Outbound, Reply};
+use crate::store::{TopicClaim, TopicCreations};
 use crate::vocab::{
     route, slot_in_topic, Button, ButtonAction, ChatType, JobButton, KeyPolicy, KnownCommand,
     MessageEvent, MessageKind, Platform, Route, RouteInput, SessionSource, TopicsMode,
@@ -85,6 +86,20 @@ pub fn summary_title(text: &str) -> Option<String> {
     first_line(text, TOPIC_NAME_MAX)
 }
 
+/// Said when a message's topic may have been made before a restart
+/// without its id being kept: the message runs where it was written.
+pub const UNCLEAR_TOPIC_TEXT: &str = "⚠️ I was restarted while making a topic for this message: \
+     a topic may have been made for it without me knowing which. I answer here instead.";
+
+/// `/new the task`: the task (`args`) is the topic's first message.
+fn with_task_text(mut event: MessageEvent, args: Option<String>) -> MessageEvent {
+    if let Some(args) = args.filter(|a| !a.is_empty()) {
+        event.text = args;
+        event.kind = MessageKind::Text;
+    }
+    event
+}
+
 /// A topic this process created, until it got its summary name.
 struct Naming {
     /// The name it has now.
@@ -100,17 +115,25 @@ pub struct Topics {
     delivery: Delivery,
     /// Replies with buttons (a closed topic's jobs).
     outbound: Arc<dyn Outbound>,
+    /// Which topic was made for which message (a replay finds its own).
+    creations: TopicCreations,
     naming: Mutex<HashMap<(i64, i32), Naming>>,
     ended: Mutex<HashSet<(i64, i32)>>,
 }
 
 impl Topics {
     /// Topics under `policy` (its `topics` mode), created through `delivery`.
-    pub fn new(policy: KeyPolicy, delivery: Delivery, outbound: Arc<dyn Outbound>) -> Arc<Topics> {
+    pub fn new(
+        policy: KeyPolicy,
+        delivery: Delivery,
+        outbound: Arc<dyn Outbound>,
+        creations: TopicCreations,
+    ) -> Arc<Topics> {
         Arc::new(Topics {
             policy,
             delivery,
             outbound,
+            creations,
             naming: Mutex::default(),
             ended: Mutex::default(),
         })
@@ -137,7 +160,20 @@ impl Topics {
         let task = args.clone().unwrap_or_else(|| event.text.clone());
         let name = provisional_title(&task);
         let chat_id = event.source.chat_id;
-        match self.create(chat_id, &name).await {
+        let created = match self.claim(&event).await {
+            TopicClaim::Made(thread) => {
+                // Replayed after a restart: the topic made for it before.
+                event.source.thread_id = Some(thread);
+                return with_task_text(event, args);
+            }
+            TopicClaim::Unclear => {
+                self.tell(&event, UNCLEAR_TOPIC_TEXT.to_string());
+                return event;
+            }
+            TopicClaim::New => self.create(chat_id, &name).await,
+        };
+        self.record_creation(&event, &created).await;
+        match created {
             Ok(thread) => {
                 tracing::info!(
                     chat_id,
@@ -153,27 +189,68 @@ impl Topics {
                         summary,
                     },
                 );
-                if let Some(args) = args.filter(|a| !a.is_empty()) {
-                    // `/new the task`: the task is the topic's first message.
-                    event.text = args;
-                    event.kind = MessageKind::Text;
-                }
-                event
+                with_task_text(event, args)
             }
             Err(error) => {
                 tracing::warn!(chat_id, %error, "could not create a forum topic; the message runs where it was written");
-                let reply = Reply::notice(format!(
-                    "⚠️ I could not create a topic for this conversation ({error}). \
-                     Give me the right to manage topics, or set topics = \"per-topic\"."
-                ));
-                let delivery = self.delivery.clone();
-                let target = ChatTarget::of(&event.source);
-                tokio::spawn(async move {
-                    let _ = delivery.deliver_reply(target, &reply, None).await;
-                });
+                self.tell(
+                    &event,
+                    format!(
+                        "⚠️ I could not create a topic for this conversation ({error}). \
+                         Give me the right to manage topics, or set topics = \"per-topic\"."
+                    ),
+                );
                 event
             }
         }
+    }
+
+    /// What the store knew of `event`'s topic; a message without an id,
+    /// or a store that fails, makes its topic as if new (logged).
+    async fn claim(&self, event: &MessageEvent) -> TopicClaim {
+        let Some(message_id) = event.message_id else {
+            return TopicClaim::New;
+        };
+        match self
+            .creations
+            .begin_topic(event.source.chat_id, message_id)
+            .await
+        {
+            Ok(claim) => claim,
+            Err(error) => {
+                tracing::error!(%error, "could not record a topic's creation; a replay may make it again");
+                TopicClaim::New
+            }
+        }
+    }
+
+    /// The creation's answer, kept for a replay.
+    async fn record_creation(&self, event: &MessageEvent, created: &Result<i32, DeliveryError>) {
+        let Some(message_id) = event.message_id else {
+            return;
+        };
+        let chat_id = event.source.chat_id;
+        let recorded = match created {
+            Ok(thread) => {
+                self.creations
+                    .topic_made(chat_id, message_id, *thread)
+                    .await
+            }
+            Err(_) => self.creations.topic_refused(chat_id, message_id).await,
+        };
+        if let Err(error) = recorded {
+            tracing::error!(chat_id, %error, "could not record a topic's creation");
+        }
+    }
+
+    /// A notice where `event` was written, without holding the message.
+    fn tell(&self, event: &MessageEvent, text: String) {
+        let reply = Reply::notice(text);
+        let delivery = self.delivery.clone();
+        let target = ChatTarget::of(&event.source);
+        tokio::spawn(async move {
+            let _ = delivery.deliver_reply(target, &reply, None).await;
+        });
     }
 
     /// `createForumTopic`: the new topic's id.
