@@ -157,6 +157,14 @@ pub trait Agent: Send + Sync + 'static {
         None
     }
 
+    /// The conversations of the slots `ended` names are over (their forum
+    /// topic was closed): a backend that keeps a process per slot between
+    /// turns (an ACP agent) ends theirs now rather than at its idle
+    /// timeout. Returns how many it ended. Default: nothing kept.
+    fn end_slots<'a>(&'a self, _ended: &'a SlotFilter) -> BoxFuture<'a, usize> {
+        Box::pin(async { 0 })
+    }
+
     /// telegate is shutting down: end whatever the backend keeps running
     /// between turns (an ACP agent's processes), within a bounded time.
     /// Default: nothing to end.
@@ -164,6 +172,9 @@ pub trait Agent: Send + Sync + 'static {
         Box::pin(async {})
     }
 }
+
+/// Which slots [`Agent::end_slots`] ends.
+pub type SlotFilter = dyn Fn(&SessionKey) -> bool + Send + Sync;
 
 /// The session's worktree (made on first use) as a turn's working
 /// directory; a failure as a message naming the settings table `at`.

@@ -311,6 +311,12 @@ impl Runner {
         }
     }
 
+    /// The conversations of the slots `ended` names are over: the agent
+    /// ends what it keeps running for them ([`Agent::end_slots`]).
+    pub async fn end_agent_slots(&self, ended: &crate::agent::SlotFilter) -> usize {
+        self.inner.agent.end_slots(ended).await
+    }
+
     /// The terminal tool, when it is enabled.
     pub fn tools(&self) -> Option<&Arc<TerminalTool>> {
         self.inner.tools.as_ref()

@@ -686,3 +686,60 @@ async fn an_agent_that_does_not_start_is_stopped_and_reported() {
     say_and_wait(&fake, "hello?", "not found. Check agent.acp.program").await;
     bot.shutdown().await;
 }
+
+/// A forum whose topics are conversations.
+const FORUM: i64 = -1_001_000_000_555;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_topic_ends_its_idle_agent_and_leaves_another_topics() {
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let a = fake.add_topic(FORUM, "A");
+    let b = fake.add_topic(FORUM, "B");
+    let agent_dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), "idle_secs = 600", "")
+        .toml("[telegram]\nrequire_mention = false\ntopics = \"per-topic\"\n")
+        .toml("[delivery]\ngroup_messages_per_minute = 100000\n")
+        .start()
+        .await
+        .unwrap();
+    let answered_in_forum =
+        |needle: &str| fake.sent_texts(FORUM).iter().any(|t| t.contains(needle));
+    fake.push_topic_text(FORUM, USER, Some(a), "hello from a");
+    assert!(
+        fake.wait_for(|_| answered_in_forum("Answer 1"), WAIT).await,
+        "{:?}",
+        fake.sent_texts(FORUM)
+    );
+    fake.push_topic_text(FORUM, USER, Some(b), "hello from b");
+    assert!(
+        eventually(|| pids(agent_dir.path()).len() == 2).await,
+        "one agent per topic"
+    );
+    assert!(
+        fake.wait_for(
+            |_| fake
+                .sent_texts(FORUM)
+                .iter()
+                .filter(|t| t.contains("Answer 1"))
+                .count()
+                == 2,
+            WAIT
+        )
+        .await,
+        "{:?}",
+        fake.sent_texts(FORUM)
+    );
+    let (agent_a, agent_b) = (pids(agent_dir.path())[0], pids(agent_dir.path())[1]);
+    assert!(pid_alive(agent_a) && pid_alive(agent_b), "both idle, kept");
+
+    // Topic A is closed: its idle agent ends now, not after idle_secs.
+    fake.close_topic_as_user(FORUM, USER, a);
+    assert!(
+        eventually(|| !pid_alive(agent_a)).await,
+        "the closed topic's agent ended"
+    );
+    assert!(pid_alive(agent_b), "the other topic's agent is kept");
+    bot.shutdown().await;
+}

@@ -429,6 +429,31 @@ impl AcpAgent {
             .await;
     }
 
+    /// End the processes of the slots `ended` names (their conversation is
+    /// over): each slot is taken out, its process stopped (SIGTERM, then
+    /// SIGKILL after the kill grace). A slot whose turn still holds it
+    /// (being stopped) is waited for within the cancel and kill graces.
+    async fn end_matching(&self, ended: &crate::agent::SlotFilter) -> usize {
+        let slots: Vec<Arc<Slot>> = {
+            let mut slots = self.slots();
+            let keys: Vec<SessionKey> = slots.keys().filter(|k| ended(k)).cloned().collect();
+            keys.iter().filter_map(|k| slots.remove(k)).collect()
+        };
+        let wait = self.config.cancel_grace() + self.config.kill_grace();
+        let mut stopped = 0;
+        for slot in slots {
+            let Ok(mut state) = tokio::time::timeout(wait, slot.state.lock()).await else {
+                tracing::warn!("an ended slot's agent is still busy; it ends at its idle timeout");
+                continue;
+            };
+            if let Some(process) = state.process.take() {
+                process.stop();
+                stopped += 1;
+            }
+        }
+        stopped
+    }
+
     async fn stop_all(&self) {
         let processes: Vec<Arc<AgentProcess>> = self
             .live
@@ -571,6 +596,10 @@ impl Agent for AcpAgent {
         let _ = self
             .groups
             .set(GroupLedger::new(tables.child_groups.clone()));
+    }
+
+    fn end_slots<'a>(&'a self, ended: &'a crate::agent::SlotFilter) -> BoxFuture<'a, usize> {
+        Box::pin(self.end_matching(ended))
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

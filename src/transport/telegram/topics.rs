@@ -354,10 +354,16 @@ impl Topics {
                 .await;
             stopped += 1;
         }
+        // An agent kept for the topic's slots (idle between turns) goes too.
+        let topic = forum.clone();
+        let in_topic =
+            move |key: &crate::vocab::SessionKey| slot_in_topic(key, &topic, thread).is_some();
+        let agents = engine.runner.end_agent_slots(&in_topic).await;
         tracing::info!(
             chat_id,
             thread,
             stopped,
+            agents,
             "a forum topic was closed; its sessions ended"
         );
         self.offer_to_delete_jobs(engine, &forum, thread).await;
