@@ -2,8 +2,8 @@
 //! an agent (with its tools), an outbound and a store.
 //!
 //! Every transport (Telegram, webhook, console) and every test assembles
-//! the session engine through here, so they all run the very same code
-//! path; what the configuration says goes in through `crate::wiring`.
+//! the session engine through its one constructor, [`Engine::new`] with
+//! the [`EngineParts`], so they all run the very same code path; what the configuration says goes in through `crate::wiring`.
 //!
 //! With the terminal tool enabled, three parts meet here that must not know
 //! each other: the tool (inside the agent) produces [`ToolEvent`]s, the

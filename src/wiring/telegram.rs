@@ -1,8 +1,8 @@
 //! The Telegram bot from the configuration, built one way:
-//! [`TelegramBot::start`] = [`connect`] (who we are, the store, a leftover
-//! webhook removed, side by side) → [`wire`] (access, delivery, the inbox
+//! [`TelegramBot::start`] = `connect` (who we are, the store, a leftover
+//! webhook removed, side by side) → `wire` (access, delivery, the inbox
 //! writer, media, jobs, topics, the engine, the intake and its callbacks)
-//! → [`serve`] (gone topics, recovery, the scheduler, `/healthz` and
+//! → `serve` (gone topics, recovery, the scheduler, `/healthz` and
 //! `/metrics`, the sweeps, then updates); and `telegate run` with its
 //! instance lock and signals.
 
@@ -46,7 +46,7 @@ use crate::wiring::tables;
 /// nothing of the configuration).
 impl TelegramBot {
     /// The one way a Telegram bot starts (`telegate run`, every test and
-    /// bench): [`connect`], [`wire`], [`serve`]. It answers with `setup`,
+    /// bench): `connect`, `wire`, `serve`. It answers with `setup`,
     /// or with the configured agent backend and its tools when `None`
     /// ([`build_agent_setup`]).
     pub async fn start(
