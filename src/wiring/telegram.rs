@@ -413,7 +413,7 @@ async fn serve_metrics(
     health: BotHealth,
     stop: &CancellationToken,
 ) -> Result<Option<SocketAddr>, StartError> {
-    let Some(listen) = config.metrics.listen_addr().map_err(StartError::Config)? else {
+    let Some(listen) = config.metrics.listen else {
         return Ok(None);
     };
     let server = crate::http::HealthServer::new(metrics.clone(), Arc::new(health));
