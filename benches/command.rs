@@ -31,6 +31,7 @@ use figures::{figure, Better};
 use futures::future::BoxFuture;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::config::{Config, Purpose};
+use telegate::engine::AgentSetup;
 use telegate::transport::telegram::TelegramBot;
 use tokio::io::AsyncReadExt;
 
@@ -146,9 +147,9 @@ async fn measure() {
 
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().expect("tempdir");
-    let bot = TelegramBot::start_with_agent(
+    let bot = TelegramBot::start(
         &config(&fake, data.path(), "[agent]\nbackend = \"echo\"\n"),
-        Arc::new(InProcess),
+        Some(AgentSetup::without_tools(Arc::new(InProcess))),
     )
     .await
     .expect("bot starts");
@@ -161,7 +162,7 @@ async fn measure() {
         "[agent]\nbackend = \"command\"\n\n[agent.command]\npreset = \"claude\"\nprogram = \"{}\"\n",
         script.display()
     );
-    let bot = TelegramBot::start(&config(&fake, data.path(), &agent))
+    let bot = TelegramBot::start(&config(&fake, data.path(), &agent), None)
         .await
         .expect("bot starts");
     let command = first_preview(&fake, 1..TURNS + 1).await;

@@ -60,9 +60,8 @@ use figures::{figure, Better};
 use futures::future::BoxFuture;
 use telegate::adapter::{AdapterConfig, BusyMode};
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
-use telegate::engine::Engine;
+use telegate::engine::{Engine, EngineParts};
 use telegate::reply::{DeliveryError, Outbound, Reply, ReplyKind};
-use telegate::runner::RunnerConfig;
 use telegate::vocab::{MessageEvent, Platform, SessionSource};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -535,12 +534,10 @@ impl W1Result {
 async fn w1_throughput() -> W1Result {
     let total = W1_SESSIONS as usize * W1_ROUNDS;
     let outbound = RecordingOutbound::new(total + 10 * W1_SESSIONS as usize);
-    let engine = Engine::new(
-        Arc::new(NoopAgent),
-        outbound.clone(),
-        adapter_config(),
-        RunnerConfig::default(),
-    );
+    let engine = Engine::new(EngineParts {
+        adapter: adapter_config(),
+        ..EngineParts::new(Arc::new(NoopAgent), outbound.clone())
+    });
 
     // Warm-up: other sessions, so the measured ones are all new.
     outbound.reset(W1_WARMUP_SESSIONS as usize);
@@ -685,12 +682,10 @@ async fn w2_stop_latency() -> W2Result {
     let n = W2_SESSIONS as usize;
     let agent = Arc::new(BlockingAgent::new(n));
     let outbound = RecordingOutbound::new(2 * n);
-    let engine = Engine::new(
-        agent.clone(),
-        outbound.clone(),
-        adapter_config(),
-        RunnerConfig::default(),
-    );
+    let engine = Engine::new(EngineParts {
+        adapter: adapter_config(),
+        ..EngineParts::new(agent.clone(), outbound.clone())
+    });
 
     for s in 0..W2_SESSIONS {
         engine
@@ -862,12 +857,10 @@ impl W3Result {
 /// without the capacity the maps kept from holding 10,000 busy slots at once.
 async fn w3_memory(one_at_a_time: bool) -> W3Result {
     let outbound = Arc::new(CountingOutbound::default());
-    let engine = Engine::new(
-        Arc::new(NoopAgent),
-        outbound.clone(),
-        adapter_config(),
-        RunnerConfig::default(),
-    );
+    let engine = Engine::new(EngineParts {
+        adapter: adapter_config(),
+        ..EngineParts::new(Arc::new(NoopAgent), outbound.clone())
+    });
     let answered = |n: usize| {
         let outbound = outbound.clone();
         move || outbound.answers.load(Ordering::SeqCst) >= n

@@ -37,6 +37,7 @@ use figures::{figure, load_average, ms, quantile, us, Better, ThreadCpu};
 use futures::future::BoxFuture;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::config::{Config, Purpose};
+use telegate::engine::AgentSetup;
 use telegate::transport::telegram::TelegramBot;
 
 const TRIALS: usize = 100;
@@ -276,9 +277,12 @@ fn report(kind: Chat, busy: bool, s: &Series) {
 async fn run() {
     let fake = FakeBotApi::start().await;
     let data = tempfile::tempdir().expect("tempdir");
-    let bot = TelegramBot::start_with_agent(&config(&fake, data.path()), Arc::new(FastLlm))
-        .await
-        .expect("bot starts");
+    let bot = TelegramBot::start(
+        &config(&fake, data.path()),
+        Some(AgentSetup::without_tools(Arc::new(FastLlm))),
+    )
+    .await
+    .expect("bot starts");
     println!(
         "first_token: update handed out by getUpdates -> first request showing model text \
          (draft in a private chat, preview in a group), default pacing, {TRIALS} trials each; load {:.1}",

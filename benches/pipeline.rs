@@ -40,6 +40,7 @@ use futures::future::BoxFuture;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::config::{Config, Purpose};
 use telegate::delivery::{RateLimiter, RateLimits};
+use telegate::engine::AgentSetup;
 use telegate::transport::telegram::TelegramBot;
 
 const CHATS: i64 = 500;
@@ -79,9 +80,12 @@ fn config(fake: &FakeBotApi, data_dir: &Path) -> Config {
 
 async fn pipeline(fake: FakeBotApi) {
     let data = tempfile::tempdir().expect("tempdir");
-    let bot = TelegramBot::start_with_agent(&config(&fake, data.path()), Arc::new(NoOp))
-        .await
-        .expect("bot starts");
+    let bot = TelegramBot::start(
+        &config(&fake, data.path()),
+        Some(AgentSetup::without_tools(Arc::new(NoOp))),
+    )
+    .await
+    .expect("bot starts");
     let per_chat = std::env::var("PIPELINE_PER_CHAT")
         .ok()
         .and_then(|v| v.parse().ok())

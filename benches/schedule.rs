@@ -26,9 +26,8 @@ mod figures;
 use figures::{figure, Better};
 use futures::future::BoxFuture;
 use jiff::Timestamp;
-use telegate::adapter::AdapterConfig;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
-use telegate::engine::Engine;
+use telegate::engine::{Engine, EngineParts};
 use telegate::metrics::Metrics;
 use telegate::reply::{DeliveryError, Outbound, Reply};
 use telegate::runner::RunnerConfig;
@@ -185,17 +184,14 @@ async fn main() {
         Metrics::new(),
     )
     .unwrap();
-    let engine = Engine::with_store(
-        Arc::new(Stamping(stamps.clone())),
-        Arc::new(Silent),
-        telegate::wiring::tables::runner(&store),
-        None,
-        AdapterConfig::default(),
-        RunnerConfig {
+    let engine = Engine::new(EngineParts {
+        store: Some(telegate::wiring::tables::runner(&store)),
+        runner: RunnerConfig {
             jobs: Some(jobs.clone()),
             ..RunnerConfig::default()
         },
-    );
+        ..EngineParts::new(Arc::new(Stamping(stamps.clone())), Arc::new(Silent))
+    });
     let adapter = engine.adapter.downgrade();
     let sink: RunSink = Arc::new(move |event| {
         let adapter = adapter.clone();

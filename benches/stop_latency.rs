@@ -25,6 +25,7 @@ use figures::{figure, load_average, quantile, Better};
 use futures::future::BoxFuture;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::config::{Config, Purpose};
+use telegate::engine::AgentSetup;
 use telegate::transport::telegram::TelegramBot;
 
 const TRIALS: usize = 100;
@@ -140,9 +141,12 @@ async fn trial(fake: Arc<FakeBotApi>, chat: i64, edits: usize, phase: Duration) 
 async fn run() {
     let fake = Arc::new(FakeBotApi::start().await);
     fake.enforce_flood_limits(FloodLimits::telegram());
-    let bot = TelegramBot::start_with_agent(&config(&fake), Arc::new(Streamer))
-        .await
-        .expect("bot starts");
+    let bot = TelegramBot::start(
+        &config(&fake),
+        Some(AgentSetup::without_tools(Arc::new(Streamer))),
+    )
+    .await
+    .expect("bot starts");
     let mut trials = Vec::with_capacity(TRIALS);
     let mut lost = 0;
     let before = bot.delivery.stats();

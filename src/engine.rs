@@ -2,8 +2,8 @@
 //! an agent (with its tools), an outbound and a store.
 //!
 //! Every transport (Telegram, webhook, console) and every test assembles
-//! the session engine through here, so they all run the very same code
-//! path; what the configuration says goes in through `crate::wiring`.
+//! the session engine through its one constructor, [`Engine::new`] with
+//! the [`EngineParts`], so they all run the very same code path; what the configuration says goes in through `crate::wiring`.
 //!
 //! With the terminal tool enabled, three parts meet here that must not know
 //! each other: the tool (inside the agent) produces [`ToolEvent`]s, the
@@ -15,11 +15,11 @@
 
 use std::sync::Arc;
 
-use crate::adapter::{Adapter, AdapterConfig, OutcomeSink, WeakAdapter};
+use crate::adapter::{Adapter, AdapterConfig, AdapterParts, OutcomeSink, WeakAdapter};
 use crate::agent::Agent;
 use crate::reply::{Outbound, Reply};
 use crate::runner::RunnerTables;
-use crate::runner::{Runner, RunnerConfig, WeakRunner};
+use crate::runner::{Runner, RunnerConfig, RunnerParts, WeakRunner};
 use crate::store::{Processes, RunningProcess, StoreError};
 use crate::tools::approval::ApprovalGate;
 use crate::tools::childgroups::{kill_previous_run, GroupLedger};
@@ -37,98 +37,94 @@ pub struct Engine {
     pub runner: Runner,
 }
 
-impl Engine {
-    /// Build an engine answering with `agent` and replying through `outbound`.
-    pub fn new(
-        agent: Arc<dyn Agent>,
-        outbound: Arc<dyn Outbound>,
-        adapter_config: AdapterConfig,
-        runner_config: RunnerConfig,
-    ) -> Engine {
-        let runner = Runner::new(agent, outbound.clone(), runner_config);
-        let adapter = Adapter::new(Arc::new(runner.clone()), outbound, adapter_config);
-        Engine { adapter, runner }
-    }
+/// What an [`Engine`] is assembled from: parts already built.
+pub struct EngineParts {
+    /// The agent with its tools (see
+    /// [`build_agent_setup`](crate::wiring::engine::build_agent_setup)).
+    pub setup: AgentSetup,
+    /// Where replies, notices and approval prompts go.
+    pub outbound: Arc<dyn Outbound>,
+    /// Sessions, transcripts and the rest of the runner's tables (`None`:
+    /// memory only).
+    pub store: Option<RunnerTables>,
+    /// Where every message's outcome is reported (`None`: nowhere).
+    pub outcomes: Option<Arc<dyn OutcomeSink>>,
+    /// The adapter's settings.
+    pub adapter: AdapterConfig,
+    /// The runner's settings.
+    pub runner: RunnerConfig,
+}
 
-    /// Build an engine that keeps sessions and transcripts in `store` and,
-    /// with an outcome sink, reports every message's outcome to it.
-    pub fn with_store(
-        agent: Arc<dyn Agent>,
-        outbound: Arc<dyn Outbound>,
-        store: RunnerTables,
-        outcomes: Option<Arc<dyn OutcomeSink>>,
-        adapter_config: AdapterConfig,
-        runner_config: RunnerConfig,
-    ) -> Engine {
-        Engine::assemble(
-            AgentSetup::without_tools(agent),
+impl EngineParts {
+    /// `agent` without tools replying through `outbound`; no store, no
+    /// outcome sink, default settings (the rest of a struct literal:
+    /// `..EngineParts::new(agent, outbound)`).
+    pub fn new(agent: Arc<dyn Agent>, outbound: Arc<dyn Outbound>) -> Self {
+        EngineParts {
+            setup: AgentSetup::without_tools(agent),
+            outbound,
+            store: None,
+            outcomes: None,
+            adapter: AdapterConfig::default(),
+            runner: RunnerConfig::default(),
+        }
+    }
+}
+
+impl Engine {
+    /// The engine from its parts: the one way to build one. With a terminal
+    /// tool or an approval gate in the setup, the runner answers /ps,
+    /// /kill, /approve and /deny, and a forwarder task brings wakeups and
+    /// approval requests to the chats (so this must then be called inside a
+    /// tokio runtime).
+    pub fn new(parts: EngineParts) -> Engine {
+        let EngineParts {
+            setup,
             outbound,
             store,
             outcomes,
-            adapter_config,
-            runner_config,
-        )
-    }
-
-    /// [`Engine::with_store`] for an [`AgentSetup`] (see
-    /// [`build_agent_setup`](crate::wiring::engine::build_agent_setup)): with its terminal tool, the runner answers
-    /// /ps, /kill, /approve and /deny, and a forwarder task brings wakeups
-    /// and approval requests to the chats (so this must then be called
-    /// inside a tokio runtime).
-    pub fn assemble(
-        setup: AgentSetup,
-        outbound: Arc<dyn Outbound>,
-        store: RunnerTables,
-        outcomes: Option<Arc<dyn OutcomeSink>>,
-        adapter_config: AdapterConfig,
-        runner_config: RunnerConfig,
-    ) -> Engine {
+            adapter,
+            runner,
+        } = parts;
         let AgentSetup {
             agent,
             terminal,
             approvals,
         } = setup;
-        let (runner, events) = match (terminal, approvals) {
+        let mut runner_parts = RunnerParts {
+            store: store.clone(),
+            config: runner,
+            ..RunnerParts::new(agent, outbound.clone())
+        };
+        let events = match (terminal, approvals) {
             (Some(TerminalSetup { tool, events }), _) => {
-                tool.registry()
-                    .record_groups(GroupLedger::new(store.agent.child_groups.clone()));
-                let runner =
-                    Runner::with_tools(agent, outbound.clone(), Some(store), tool, runner_config);
-                (runner, events)
+                if let Some(store) = &store {
+                    tool.registry()
+                        .record_groups(GroupLedger::new(store.agent.child_groups.clone()));
+                }
+                runner_parts.tools = Some(tool);
+                Some(events)
             }
             (None, Some(ApprovalsSetup { gate, events })) => {
-                let runner = Runner::with_approvals(
-                    agent,
-                    outbound.clone(),
-                    Some(store),
-                    gate,
-                    runner_config,
-                );
-                (runner, events)
+                runner_parts.approvals = Some(gate);
+                Some(events)
             }
-            (None, None) => {
-                let runner = Runner::with_store(agent, outbound.clone(), store, runner_config);
-                let adapter = Adapter::with_outcomes(
-                    Arc::new(runner.clone()),
-                    outbound,
-                    adapter_config,
-                    outcomes,
-                );
-                return Engine { adapter, runner };
-            }
+            (None, None) => None,
         };
-        let adapter = Adapter::with_outcomes(
-            Arc::new(runner.clone()),
-            outbound.clone(),
-            adapter_config,
+        let runner = Runner::new(runner_parts);
+        let adapter = Adapter::new(AdapterParts {
             outcomes,
-        );
-        tokio::spawn(forward_tool_events(
-            events,
-            adapter.downgrade(),
-            runner.downgrade(),
-            outbound,
-        ));
+            config: adapter,
+            ..AdapterParts::new(Arc::new(runner.clone()), outbound.clone())
+        });
+        if let Some(events) = events {
+            tokio::spawn(forward_tool_events(
+                events,
+                adapter.downgrade(),
+                runner.downgrade(),
+                outbound,
+            ));
+        }
         Engine { adapter, runner }
     }
 

@@ -112,6 +112,31 @@ struct AdapterInner {
     shutting_down: AtomicBool,
 }
 
+/// What an [`Adapter`] is built from.
+pub struct AdapterParts {
+    /// Where events are dispatched (the runner, or a closure in tests).
+    pub handler: Arc<dyn MessageHandler>,
+    /// Where acknowledgements and replies go.
+    pub outbound: Arc<dyn Outbound>,
+    /// Where every message's outcome is reported (`None`: nowhere).
+    pub outcomes: Option<Arc<dyn OutcomeSink>>,
+    /// The adapter's settings.
+    pub config: AdapterConfig,
+}
+
+impl AdapterParts {
+    /// A handler and an outbound; no outcome sink, default settings (the
+    /// rest of a struct literal: `..AdapterParts::new(handler, outbound)`).
+    pub fn new(handler: Arc<dyn MessageHandler>, outbound: Arc<dyn Outbound>) -> Self {
+        AdapterParts {
+            handler,
+            outbound,
+            outcomes: None,
+            config: AdapterConfig::default(),
+        }
+    }
+}
+
 /// The adapter. Cheap to clone; clones share state.
 #[derive(Clone)]
 pub struct Adapter {
@@ -156,22 +181,15 @@ struct CommandPath {
 }
 
 impl Adapter {
-    /// An adapter dispatching to `handler` and replying through `outbound`.
-    pub fn new(
-        handler: Arc<dyn MessageHandler>,
-        outbound: Arc<dyn Outbound>,
-        config: AdapterConfig,
-    ) -> Self {
-        Adapter::with_outcomes(handler, outbound, config, None)
-    }
-
-    /// An adapter that also reports every message's outcome to `outcomes`.
-    pub fn with_outcomes(
-        handler: Arc<dyn MessageHandler>,
-        outbound: Arc<dyn Outbound>,
-        config: AdapterConfig,
-        outcomes: Option<Arc<dyn OutcomeSink>>,
-    ) -> Self {
+    /// The adapter from its parts (see [`AdapterParts`]): the one way to
+    /// build one.
+    pub fn new(parts: AdapterParts) -> Self {
+        let AdapterParts {
+            handler,
+            outbound,
+            outcomes,
+            config,
+        } = parts;
         Adapter {
             inner: Arc::new(AdapterInner {
                 state: Mutex::new(AdapterState::default()),

@@ -150,6 +150,17 @@ fn the_listeners_limits_have_defaults_and_bounds() {
         error.to_string().contains("metrics.connection_limit"),
         "{error}"
     );
+    // `metrics.listen` is parsed once, at load, and refused where it is.
+    let error = parse("[metrics]\nlisten = \"localhost\"\n", Purpose::Console)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("bot.toml:2:"), "{error}");
+    assert!(error.contains("metrics.listen"), "{error}");
+    let config = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\n", Purpose::Console).unwrap();
+    assert_eq!(
+        config.metrics.listen,
+        Some("127.0.0.1:9464".parse().unwrap())
+    );
 }
 
 #[test]

@@ -47,7 +47,9 @@ pub struct MetricsConfig {
     /// Address the `/healthz` and `/metrics` listener binds, e.g.
     /// `listen = "127.0.0.1:9464"`. Absent: no listener is started. The
     /// endpoints have no authentication; keep them on a private address.
-    pub listen: Option<String>,
+    /// Parsed once, at load.
+    #[serde(default, deserialize_with = "listen_address")]
+    pub listen: Option<SocketAddr>,
     /// Connections served at once; more are closed at once.
     #[serde(default = "default_connection_limit")]
     pub connection_limit: usize,
@@ -79,10 +81,10 @@ impl Default for MetricsConfig {
 }
 
 impl MetricsConfig {
-    /// Check the table without binding anything.
+    /// Check the table without binding anything (`listen` was checked
+    /// when it was parsed).
     pub fn validate(&self) -> Result<(), String> {
-        self.limit_settings().validate("metrics")?;
-        self.listen_addr().map(|_| ())
+        self.limit_settings().validate("metrics")
     }
 
     /// The listener's connection cap and read deadlines.
@@ -97,16 +99,18 @@ impl MetricsConfig {
             body_timeout_secs: self.body_timeout_secs,
         }
     }
+}
 
-    /// The address to listen on, or `None` when no listener is configured.
-    pub fn listen_addr(&self) -> Result<Option<SocketAddr>, String> {
-        let Some(listen) = &self.listen else {
-            return Ok(None);
-        };
-        listen.trim().parse::<SocketAddr>().map(Some).map_err(|_| {
-            format!("metrics.listen {listen:?} is not an address like \"127.0.0.1:9464\"")
-        })
-    }
+/// `metrics.listen`: an address to bind (surrounding blanks ignored).
+fn listen_address<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    text.trim().parse().map(Some).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "metrics.listen {text:?} is not an address like \"127.0.0.1:9464\""
+        ))
+    })
 }
 
 /// A handle to one registry; cheap to clone, shared by every component.

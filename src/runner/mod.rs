@@ -170,6 +170,43 @@ struct RunnerInner {
     config: RunnerConfig,
 }
 
+/// What a [`Runner`] is built from.
+pub struct RunnerParts {
+    /// The agent answering the turns.
+    pub agent: Arc<dyn Agent>,
+    /// Where progress and replies go.
+    pub outbound: Arc<dyn Outbound>,
+    /// Sessions and transcripts, so a restart continues every chat's
+    /// conversation (`None`: memory only).
+    pub store: Option<RunnerTables>,
+    /// The terminal tool the agent calls: /ps, /kill, /approve and /deny
+    /// work on its processes and approvals, and /stop, /new and /reset
+    /// deny the chat's pending approvals (its gate is the runner's).
+    pub tools: Option<Arc<TerminalTool>>,
+    /// Without a terminal tool: the gate the agent asks approvals through
+    /// (an ACP agent's permission requests, MCP tools alone, Claude Code's
+    /// permission prompts); /approve, /deny and the buttons answer them,
+    /// /stop, /new and /reset deny them.
+    pub approvals: Option<ApprovalGate>,
+    /// The runner's settings.
+    pub config: RunnerConfig,
+}
+
+impl RunnerParts {
+    /// An agent and an outbound; no store, no tools, default settings (the
+    /// rest of a struct literal: `..RunnerParts::new(agent, outbound)`).
+    pub fn new(agent: Arc<dyn Agent>, outbound: Arc<dyn Outbound>) -> Self {
+        RunnerParts {
+            agent,
+            outbound,
+            store: None,
+            tools: None,
+            approvals: None,
+            config: RunnerConfig::default(),
+        }
+    }
+}
+
 /// The runner. Cheap to clone; all clones share state.
 #[derive(Clone)]
 pub struct Runner {
@@ -228,59 +265,23 @@ pub struct RunnerTables {
 }
 
 impl Runner {
-    /// A runner answering with `agent` and showing progress through
-    /// `outbound`.
-    pub fn new(agent: Arc<dyn Agent>, outbound: Arc<dyn Outbound>, config: RunnerConfig) -> Self {
-        Runner::build(agent, outbound, None, None, None, config)
-    }
-
-    /// A runner that keeps sessions and transcripts in `store`, so a restart
-    /// continues every chat's conversation.
-    pub fn with_store(
-        agent: Arc<dyn Agent>,
-        outbound: Arc<dyn Outbound>,
-        store: RunnerTables,
-        config: RunnerConfig,
-    ) -> Self {
-        Runner::build(agent, outbound, Some(store), None, None, config)
-    }
-
-    /// A runner whose agent uses the terminal tool `tools`: /ps, /kill,
-    /// /approve and /deny work on its processes and approvals, and /stop,
-    /// /new and /reset deny the chat's pending approvals.
-    pub fn with_tools(
-        agent: Arc<dyn Agent>,
-        outbound: Arc<dyn Outbound>,
-        store: Option<RunnerTables>,
-        tools: Arc<TerminalTool>,
-        config: RunnerConfig,
-    ) -> Self {
-        let approvals = Some(tools.approvals().clone());
-        Runner::build(agent, outbound, store, Some(tools), approvals, config)
-    }
-
-    /// A runner whose agent asks approvals through `approvals` without a
-    /// terminal tool (an ACP agent's permission requests, MCP tools alone,
-    /// Claude Code's permission prompts): /approve, /deny and the buttons
-    /// answer them, /stop, /new and /reset deny them.
-    pub fn with_approvals(
-        agent: Arc<dyn Agent>,
-        outbound: Arc<dyn Outbound>,
-        store: Option<RunnerTables>,
-        approvals: ApprovalGate,
-        config: RunnerConfig,
-    ) -> Self {
-        Runner::build(agent, outbound, store, None, Some(approvals), config)
-    }
-
-    fn build(
-        agent: Arc<dyn Agent>,
-        outbound: Arc<dyn Outbound>,
-        store: Option<RunnerTables>,
-        tools: Option<Arc<TerminalTool>>,
-        approvals: Option<ApprovalGate>,
-        config: RunnerConfig,
-    ) -> Self {
+    /// The runner from its parts (see [`RunnerParts`]): the one way to
+    /// build one.
+    pub fn new(parts: RunnerParts) -> Self {
+        let RunnerParts {
+            agent,
+            outbound,
+            store,
+            tools,
+            approvals,
+            config,
+        } = parts;
+        // A terminal tool brings its own gate; every other tool asks
+        // through the one given.
+        let approvals = match &tools {
+            Some(tools) => Some(tools.approvals().clone()),
+            None => approvals,
+        };
         if let (Some(store), Some(gate)) = (&store, &approvals) {
             gate.record_in(&store.approvals);
         }

@@ -8,10 +8,10 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::config::Config;
-use crate::engine::{report_lost_processes, Engine};
+use crate::engine::report_lost_processes;
 use crate::transport::console::ConsoleOutbound;
 use crate::vocab::{MessageEvent, Platform, SessionSource};
-use crate::wiring::engine::build_agent_setup;
+use crate::wiring::engine::{build_agent_setup, open_engine};
 
 /// Run the console until end of input (or `/quit`).
 pub async fn run(config: &Config) -> anyhow::Result<()> {
@@ -25,7 +25,7 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
     let interactive = std::io::stdin().is_terminal();
     let outbound = Arc::new(ConsoleOutbound::new(Box::new(std::io::stdout())));
     let setup = build_agent_setup(config).map_err(anyhow::Error::msg)?;
-    let engine = Engine::open_setup(config, setup, outbound.clone()).await?;
+    let engine = open_engine(config, setup, outbound.clone()).await?;
     if let Some(store) = engine.runner.store() {
         report_lost_processes(&store.processes, outbound.as_ref()).await;
     }

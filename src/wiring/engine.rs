@@ -9,7 +9,7 @@ use crate::agent::{AcpAgent, Agent, CommandAgent, EchoAgent, OpenAiAgent};
 use crate::config::{
     AgentBackend, AgentConfig, Backend, Config, StoreSettings, TOKEN_ENV, WEBHOOK_SECRET_ENV,
 };
-use crate::engine::{AgentSetup, ApprovalsSetup, Engine, TerminalSetup};
+use crate::engine::{AgentSetup, ApprovalsSetup, Engine, EngineParts, TerminalSetup};
 use crate::media::handle::Reader;
 use crate::media::outbox::Workspace;
 use crate::reply::Outbound;
@@ -23,36 +23,26 @@ use crate::tools::send_file::WithSendFile;
 use crate::tools::{tool_events, NoTools, TerminalTool, ToolRegistry};
 
 /// The engine as the configuration describes it (the engine itself knows
-/// nothing of the configuration).
-impl Engine {
-    /// Build an engine from the configuration: the configured store and
-    /// settings, answering with `agent` (which uses no terminal tool).
-    pub async fn open(
-        config: &Config,
-        agent: Arc<dyn Agent>,
-        outbound: Arc<dyn Outbound>,
-    ) -> Result<Engine, StoreError> {
-        Engine::open_setup(config, AgentSetup::without_tools(agent), outbound).await
-    }
-
-    /// [`Engine::open`] for an [`AgentSetup`] (see [`Engine::assemble`]).
-    pub async fn open_setup(
-        config: &Config,
-        setup: AgentSetup,
-        outbound: Arc<dyn Outbound>,
-    ) -> Result<Engine, StoreError> {
-        let store = open_store(&config.store).await?;
-        let engine = Engine::assemble(
-            setup,
-            outbound,
-            crate::wiring::tables::runner(&store),
-            None,
-            config.adapter_config(),
-            config.runner_config(),
-        );
-        engine.prepare_run().await?;
-        Ok(engine)
-    }
+/// nothing of the configuration): the configured store and settings,
+/// answering with `setup`, prepared for this run (see
+/// [`Engine::prepare_run`]). The console's engine; the Telegram bot builds
+/// its own with the same [`Engine::new`] in `wiring::telegram`.
+pub async fn open_engine(
+    config: &Config,
+    setup: AgentSetup,
+    outbound: Arc<dyn Outbound>,
+) -> Result<Engine, StoreError> {
+    let store = open_store(&config.store).await?;
+    let engine = Engine::new(EngineParts {
+        setup,
+        outbound,
+        store: Some(crate::wiring::tables::runner(&store)),
+        outcomes: None,
+        adapter: config.adapter_config(),
+        runner: config.runner_config(),
+    });
+    engine.prepare_run().await?;
+    Ok(engine)
 }
 
 /// Open the configured store (creating its directory on first run).

@@ -4,6 +4,9 @@
 //! and hands each layer its own settings (the layers below never see the
 //! configuration as a whole), builds the engine, the Telegram bot and the
 //! console from them, and runs them (`telegate run`, `telegate console`).
+//! The Telegram bot is built one way, `TelegramBot::start` (in
+//! [`telegram`]): connect → wire → serve; the console's engine comes from
+//! [`engine::open_engine`], through the same `Engine::new`.
 //!
 //! It owns no behaviour of its own: every decision stays in the layer that
 //! makes it.

@@ -1,25 +1,34 @@
-//! The Telegram bot from the configuration: `TelegramBot::start` (connect,
-//! open the store, build the engine, the media step and the listeners,
-//! recover, then take updates) and `telegate run` with its signals.
+//! The Telegram bot from the configuration, built one way:
+//! [`TelegramBot::start`] = `connect` (who we are, the store, a leftover
+//! webhook removed, side by side) → `wire` (access, delivery, the inbox
+//! writer, media, jobs, topics, the engine, the intake and its callbacks)
+//! → `serve` (gone topics, recovery, the scheduler, `/healthz` and
+//! `/metrics`, the sweeps, then updates); and `telegate run` with its
+//! instance lock and signals.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use teloxide::requests::Requester;
+use teloxide::types::Me;
 use teloxide::Bot;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::{Access, AccessSetup};
 use crate::adapter::AdapterConfig;
-use crate::agent::Agent;
 use crate::config::{AgentBackend, Config, Updates};
 use crate::delivery::{Delivery, TelegramOutbound};
-use crate::engine::{report_lost_processes, AgentSetup, Engine};
+use crate::engine::{report_lost_processes, AgentSetup, Engine, EngineParts};
 use crate::media::album::AlbumAliases;
-use crate::media::MediaStage;
+use crate::media::{MediaStage, OutboxFiles};
 use crate::metrics::Metrics;
+use crate::reply::Outbound;
 use crate::runner::RunnerConfig;
 use crate::store::Store;
+use crate::transport::telegram::dispatch::Dispatching;
 use crate::transport::telegram::health::{BotHealth, UpdatesHealth};
 use crate::transport::telegram::inbound::InboundPolicy;
 use crate::transport::telegram::inbox_writer::InboxWriter;
@@ -36,281 +45,449 @@ use crate::wiring::tables;
 /// Starting the bot the configuration describes (the bot itself knows
 /// nothing of the configuration).
 impl TelegramBot {
-    /// Connect, register commands, resume unfinished work and start
-    /// receiving updates, answering with the configured agent backend.
-    pub async fn start(config: &Config) -> Result<TelegramBot, StartError> {
-        let setup = build_agent_setup(config).map_err(StartError::Config)?;
-        TelegramBot::start_with_setup(config, setup).await
-    }
-
-    /// Like [`TelegramBot::start`], with a given agent (tests, embedding).
-    pub async fn start_with_agent(
+    /// The one way a Telegram bot starts (`telegate run`, every test and
+    /// bench): `connect`, `wire`, `serve`. It answers with `setup`,
+    /// or with the configured agent backend and its tools when `None`
+    /// ([`build_agent_setup`]).
+    pub async fn start(
         config: &Config,
-        agent: Arc<dyn Agent>,
+        setup: Option<AgentSetup>,
     ) -> Result<TelegramBot, StartError> {
-        TelegramBot::start_with_setup(config, AgentSetup::without_tools(agent)).await
-    }
-
-    /// Like [`TelegramBot::start`], with a given agent and its tools.
-    pub async fn start_with_setup(
-        config: &Config,
-        setup: AgentSetup,
-    ) -> Result<TelegramBot, StartError> {
-        let telegram = &config.telegram;
-        let token = telegram
-            .token
-            .as_ref()
-            .ok_or_else(|| StartError::Config("telegram.token is missing".into()))?;
-        let api_url = telegram.api_url.clone();
-        let bot = Bot::new(token.expose()).set_api_url(api_url.clone());
-        // Start-up does three independent things before it can take updates:
-        // ask Telegram who we are, open the store, and (polling) remove a
-        // webhook left behind, which would make getUpdates fail with 409.
-        // They overlap; the first error in that order is the one reported.
-        let leftover_webhook = async {
-            match telegram.updates {
-                Updates::Polling => registration::remove_leftover_webhook(&bot)
-                    .await
-                    .map(|_| ()),
-                Updates::Webhook(_) => Ok(()),
-            }
+        let setup = match setup {
+            Some(setup) => setup,
+            None => build_agent_setup(config).map_err(StartError::Config)?,
         };
-        let (me, store, leftover_webhook) = tokio::join!(
-            async { bot.get_me().await },
-            open_store(&config.store),
-            leftover_webhook
-        );
-        let me = me?;
-        tracing::info!(username = %me.username(), "connected to Telegram");
-        let store = store?;
-        leftover_webhook?;
-        // Who may use the bot: the config's allowlist and the team in the
-        // store. Nobody yet: a pairing code is shown (stderr and the log).
-        let access = crate::access::Access::new(
-            crate::access::AccessSetup {
-                settings: config.access.clone(),
-                allowed_users: telegram.allowed_users.clone(),
-                approvers: telegram.approvers.clone(),
-                open: telegram.allow_all_users || !telegram.allowed_chats.is_empty(),
-                clock: config.clock.clone(),
-            },
-            Some(store.users()),
-        );
-        access.load().await?;
-        let owner = access.owner();
-        if let Err(error) = crate::access::pairing::announce_at_start(&access).await {
-            tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
+        let connected = connect(config).await?;
+        let wired = wire(config, connected, setup).await?;
+        serve(config, wired).await
+    }
+}
+
+/// What start-up learns from outside before anything is built: the bot
+/// (who we are) and the open store.
+struct Connected {
+    bot: Bot,
+    me: Me,
+    store: Store,
+}
+
+/// Ask Telegram who we are, open the store and (polling) remove a webhook
+/// left behind, which would make getUpdates fail with 409. The three are
+/// independent and overlap; the first error in that order is the one
+/// reported.
+async fn connect(config: &Config) -> Result<Connected, StartError> {
+    let telegram = &config.telegram;
+    let token = telegram
+        .token
+        .as_ref()
+        .ok_or_else(|| StartError::Config("telegram.token is missing".into()))?;
+    let bot = Bot::new(token.expose()).set_api_url(telegram.api_url.clone());
+    let leftover_webhook = async {
+        match telegram.updates {
+            Updates::Polling => registration::remove_leftover_webhook(&bot)
+                .await
+                .map(|_| ()),
+            Updates::Webhook(_) => Ok(()),
         }
-        let delivery = Delivery::new(bot.clone(), config.delivery_config());
-        let (inbox_writer, _writer) = InboxWriter::spawn(store.inbox());
-        let metrics = Metrics::new();
-        let stop_intake = CancellationToken::new();
-        // The command menu is a convenience: updates need not wait for it.
-        tokio::spawn({
-            let bot = bot.clone();
-            let stop = stop_intake.clone();
-            async move {
-                tokio::select! {
-                    () = sync_commands(&bot) => {}
-                    () = stop.cancelled() => {}
-                }
-            }
-        });
-        let (intake_media, files, scratch_media) = build_media(
-            config,
-            &bot,
-            &api_url,
-            token.expose(),
-            &store,
-            &delivery,
-            inbox_writer.album_aliases(),
-            stop_intake.clone(),
-        )
-        .map_err(StartError::Config)?;
-        let jobs = build_jobs(config, &store, &metrics, Arc::new(access.clone()))?;
-        let topics = Topics::new(
-            config.adapter_config().key_policy,
+    };
+    let (me, store, leftover_webhook) = tokio::join!(
+        async { bot.get_me().await },
+        open_store(&config.store),
+        leftover_webhook
+    );
+    let me = me?;
+    tracing::info!(username = %me.username(), "connected to Telegram");
+    let store = store?;
+    leftover_webhook?;
+    Ok(Connected { bot, me, store })
+}
+
+/// Every component of the bot, built from the configuration, waiting for
+/// [`serve`] to start taking updates.
+struct Wired {
+    bot: Bot,
+    store: Store,
+    engine: Engine,
+    intake: Intake,
+    dispatching: Option<Dispatching>,
+    services: Services,
+}
+
+/// What the engine, the intake and the running bot share.
+struct Services {
+    access: Access,
+    /// The team's owner at start (told about the worktrees the sweep keeps).
+    owner: Option<u64>,
+    delivery: Delivery,
+    inbox_writer: InboxWriter,
+    metrics: Metrics,
+    stop_intake: CancellationToken,
+    files: Arc<OutboxFiles>,
+    scratch_media: Option<ScratchMediaDir>,
+    jobs: Option<crate::schedule::Jobs>,
+    topics: Arc<Topics>,
+}
+
+/// Build every component from the configuration: the services (team
+/// access, delivery, the inbox writer, media, jobs, topics), the engine
+/// (prepared for this run) and the intake in front of it with its
+/// callbacks and dispatcher.
+async fn wire(
+    config: &Config,
+    connected: Connected,
+    setup: AgentSetup,
+) -> Result<Wired, StartError> {
+    let Connected { bot, me, store } = connected;
+    let (services, media) = build_services(config, &bot, &store).await?;
+    let engine = build_engine(config, setup, &store, &services);
+    // Before recovery runs anything again: what the previous run left
+    // running is killed, and this run's generations are reserved.
+    engine.prepare_run().await?;
+    collect_gauges(&services.metrics, &engine, &services.delivery);
+    let delivery = &services.delivery;
+    let intake = Intake::new(
+        engine.clone(),
+        delivery.clone(),
+        tables::transport(&store),
+        inbound_policy(config, &me, services.access.clone()),
+        config.sessions.resume_interrupted,
+        services.metrics.clone(),
+    )
+    .with_stop(services.stop_intake.clone())
+    .with_topics(services.topics.clone())
+    .with_media(media)
+    .with_callbacks(Arc::new(callback::CallbackHandler::new(
+        engine.clone(),
+        delivery.clone(),
+        tables::transport(&store),
+        config.telegram.approvers.clone(),
+    )));
+    let dispatching = intake.dispatching().await;
+    Ok(Wired {
+        bot,
+        store,
+        engine,
+        intake,
+        dispatching,
+        services,
+    })
+}
+
+/// The services, in the order they were always built (the command menu's
+/// sync started among them), and the media step the intake takes.
+async fn build_services(
+    config: &Config,
+    bot: &Bot,
+    store: &Store,
+) -> Result<(Services, IntakeMedia), StartError> {
+    let access = build_access(config, store).await?;
+    let owner = access.owner();
+    let delivery = Delivery::new(bot.clone(), config.delivery_config());
+    let (inbox_writer, _writer) = InboxWriter::spawn(store.inbox());
+    let metrics = Metrics::new();
+    let stop_intake = CancellationToken::new();
+    spawn_command_menu(bot, stop_intake.clone());
+    let (media, files, scratch_media) = build_media(
+        config,
+        bot,
+        store,
+        &delivery,
+        inbox_writer.album_aliases(),
+        stop_intake.clone(),
+    )
+    .map_err(StartError::Config)?;
+    let jobs = build_jobs(config, store, &metrics, Arc::new(access.clone()))?;
+    let topics = Topics::new(
+        config.adapter_config().key_policy,
+        delivery.clone(),
+        Arc::new(TelegramOutbound::new(
             delivery.clone(),
-            Arc::new(TelegramOutbound::new(
-                delivery.clone(),
-                Some(tables::delivery(&store)),
-            )),
-            store.topic_creations(),
-        );
-        let outcomes = TopicOutcomes {
-            inner: Arc::new(inbox_writer.clone()),
-            topics: topics.clone(),
-        };
-        let engine = Engine::assemble(
-            setup,
-            Arc::new(
-                TelegramOutbound::new(delivery.clone(), Some(tables::delivery(&store)))
-                    .with_reactions(config.delivery.reactions)
-                    .with_streaming(config.delivery.streaming),
-            ),
-            tables::runner(&store),
-            Some(Arc::new(outcomes)),
-            AdapterConfig {
-                metrics: metrics.clone(),
-                ..config.adapter_config()
-            },
-            RunnerConfig {
-                metrics: metrics.clone(),
-                files: Some(files),
-                jobs: jobs.clone(),
-                access: Some(access.clone()),
-                ..config.runner_config()
-            },
-        );
-        // Before recovery runs anything again: what the previous run left
-        // running is killed, and this run's generations are reserved.
-        engine.prepare_run().await?;
-        collect_gauges(&metrics, &engine, &delivery);
-        let policy = InboundPolicy {
-            bot_id: me.id.0,
-            bot_username: Arc::from(me.username()),
+            Some(tables::delivery(store)),
+        )),
+        store.topic_creations(),
+    );
+    let services = Services {
+        access,
+        owner,
+        delivery,
+        inbox_writer,
+        metrics,
+        stop_intake,
+        files,
+        scratch_media,
+        jobs,
+        topics,
+    };
+    Ok((services, media))
+}
+
+/// The session engine: `setup` answering through [`answers_outbound`],
+/// every message's outcome to the inbox writer (and the topics, renamed
+/// after a first answer), counted in the bot's metrics, with the bot's
+/// files, jobs and team.
+fn build_engine(config: &Config, setup: AgentSetup, store: &Store, services: &Services) -> Engine {
+    let outcomes = TopicOutcomes {
+        inner: Arc::new(services.inbox_writer.clone()),
+        topics: services.topics.clone(),
+    };
+    Engine::new(EngineParts {
+        setup,
+        outbound: answers_outbound(config, &services.delivery, store),
+        store: Some(tables::runner(store)),
+        outcomes: Some(Arc::new(outcomes)),
+        adapter: AdapterConfig {
+            metrics: services.metrics.clone(),
+            ..config.adapter_config()
+        },
+        runner: RunnerConfig {
+            metrics: services.metrics.clone(),
+            files: Some(services.files.clone()),
+            jobs: services.jobs.clone(),
+            access: Some(services.access.clone()),
+            ..config.runner_config()
+        },
+    })
+}
+
+/// The outbound the engine answers through: delivery with the outbox
+/// record, reactions and streaming as configured.
+fn answers_outbound(config: &Config, delivery: &Delivery, store: &Store) -> Arc<dyn Outbound> {
+    Arc::new(
+        TelegramOutbound::new(delivery.clone(), Some(tables::delivery(store)))
+            .with_reactions(config.delivery.reactions)
+            .with_streaming(config.delivery.streaming),
+    )
+}
+
+/// Who may use the bot: the config's allowlist and the team in the store.
+/// Nobody yet: a pairing code is shown (stderr and the log).
+async fn build_access(config: &Config, store: &Store) -> Result<Access, StartError> {
+    let telegram = &config.telegram;
+    let access = Access::new(
+        AccessSetup {
+            settings: config.access.clone(),
             allowed_users: telegram.allowed_users.clone(),
-            allowed_chats: telegram.allowed_chats.clone(),
-            allow_all_users: telegram.allow_all_users,
-            require_mention: telegram.require_mention,
-            access: Some(access),
-        };
-        let intake = Intake::new(
-            engine.clone(),
-            delivery.clone(),
-            tables::transport(&store),
-            policy,
-            config.sessions.resume_interrupted,
-            metrics.clone(),
-        )
-        .with_stop(stop_intake.clone())
-        .with_topics(topics.clone())
-        .with_media(intake_media)
-        .with_callbacks(Arc::new(callback::CallbackHandler::new(
-            engine.clone(),
-            delivery.clone(),
-            tables::transport(&store),
-            telegram.approvers.clone(),
-        )));
-        let dispatching = intake.dispatching().await;
-        end_gone_topics(topics, engine.clone(), &delivery, stop_intake.clone());
-        let resumed = intake.recover().await?;
-        let outbound = TelegramOutbound::new(delivery.clone(), None);
-        let lost = report_lost_processes(&store.processes(), &outbound).await;
-        if lost > 0 {
-            tracing::info!(
-                lost,
-                "told the owners of background processes lost in the restart"
-            );
-        }
-        if resumed > 0 {
-            tracing::info!(
-                resumed,
-                "resumed unfinished messages from before the restart"
-            );
-        }
+            approvers: telegram.approvers.clone(),
+            open: telegram.allow_all_users || !telegram.allowed_chats.is_empty(),
+            clock: config.clock.clone(),
+        },
+        Some(store.users()),
+    );
+    access.load().await?;
+    if let Err(error) = crate::access::pairing::announce_at_start(&access).await {
+        tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
+    }
+    Ok(access)
+}
 
-        // Runs are started only after recovery replayed the journal: a run
-        // journaled before the restart is resumed by recovery, never fired
-        // a second time.
-        if let Some(jobs) = &jobs {
-            start_scheduler(jobs.clone(), &engine, &metrics, stop_intake.clone());
+/// The command menu is a convenience: updates need not wait for it.
+fn spawn_command_menu(bot: &Bot, stop: CancellationToken) {
+    let bot = bot.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = sync_commands(&bot) => {}
+            () = stop.cancelled() => {}
         }
+    });
+}
 
-        // The same token the media step was built with: a shutdown must stop
-        // a download in progress too.
-        let token_rejected = CancellationToken::new();
-        let updates_health = UpdatesHealth::default();
-        let metrics_addr = match config.metrics.listen_addr().map_err(StartError::Config)? {
-            Some(listen) => {
-                let health = Arc::new(BotHealth {
-                    updates: updates_health.clone(),
-                    store: store.health(),
-                    scheduler: jobs.as_ref().map(crate::schedule::Jobs::health),
-                });
-                let server = crate::http::HealthServer::new(metrics.clone(), health);
-                let limits = config.metrics.limits();
-                let (bound, _task) =
-                    crate::http::serve(listen, limits, server, stop_intake.clone())
-                        .await
-                        .map_err(|e| StartError::Webhook(format!("metrics listener: {e}")))?;
-                tracing::info!(%bound, "serving /healthz and /metrics");
-                Some(bound)
-            }
-            None => None,
-        };
-        refresh_inbox_gauges(metrics.clone(), store.inbox(), stop_intake.clone());
-        if let Some(worktrees) = engine.runner.worktrees() {
-            crate::transport::telegram::sweep_worktrees_regularly(
-                worktrees,
-                store.sessions(),
-                delivery.clone(),
-                owner.and_then(|o| i64::try_from(o).ok()),
-                stop_intake.clone(),
-            );
-        }
-        prune_inbox_regularly(
-            store.inbox(),
-            config.store.inbox_retention_days,
+/// Which updates the intake takes: `[telegram]`'s users and chats, the
+/// mention rule, the team.
+fn inbound_policy(config: &Config, me: &Me, access: Access) -> InboundPolicy {
+    let telegram = &config.telegram;
+    InboundPolicy {
+        bot_id: me.id.0,
+        bot_username: Arc::from(me.username()),
+        allowed_users: telegram.allowed_users.clone(),
+        allowed_chats: telegram.allowed_chats.clone(),
+        allow_all_users: telegram.allow_all_users,
+        require_mention: telegram.require_mention,
+        access: Some(access),
+    }
+}
+
+/// Run what [`wire`] built: the gone-topics watch, recovery of what the
+/// last run left unfinished, then the scheduler, `/healthz` and
+/// `/metrics`, the sweeps, and updates taken.
+async fn serve(config: &Config, wired: Wired) -> Result<TelegramBot, StartError> {
+    let Wired {
+        bot,
+        store,
+        engine,
+        intake,
+        dispatching,
+        services,
+    } = wired;
+    let Services {
+        owner,
+        delivery,
+        inbox_writer,
+        metrics,
+        stop_intake,
+        scratch_media,
+        jobs,
+        topics,
+        ..
+    } = services;
+    end_gone_topics(topics, engine.clone(), &delivery, stop_intake.clone());
+    recover(&intake, &store, &delivery).await?;
+    // Runs are started only after recovery replayed the journal: a run
+    // journaled before the restart is resumed by recovery, never fired
+    // a second time.
+    if let Some(jobs) = &jobs {
+        start_scheduler(jobs.clone(), &engine, &metrics, stop_intake.clone());
+    }
+    let updates_health = UpdatesHealth::default();
+    let health = BotHealth {
+        updates: updates_health.clone(),
+        store: store.health(),
+        scheduler: jobs.as_ref().map(crate::schedule::Jobs::health),
+    };
+    let metrics_addr = serve_metrics(config, &metrics, health, &stop_intake).await?;
+    refresh_inbox_gauges(metrics.clone(), store.inbox(), stop_intake.clone());
+    if let Some(worktrees) = engine.runner.worktrees() {
+        crate::transport::telegram::sweep_worktrees_regularly(
+            worktrees,
+            store.sessions(),
+            delivery.clone(),
+            owner.and_then(|o| i64::try_from(o).ok()),
             stop_intake.clone(),
         );
-        // One list for both ways of receiving updates (and for "the
-        // webhook is already registered").
-        let allowed_updates = registration::handled_updates(config.delivery.streaming);
-        let (intake_task, webhook_addr) = match &telegram.updates {
-            Updates::Polling => {
-                // A leftover webhook was removed above, keeping its pending
-                // updates.
-                let task = tokio::spawn(polling::poll(
-                    bot.clone(),
-                    allowed_updates,
-                    intake,
-                    updates_health,
-                    stop_intake.clone(),
-                    token_rejected.clone(),
-                ));
-                (task, None)
+    }
+    prune_inbox_regularly(
+        store.inbox(),
+        config.store.inbox_retention_days,
+        stop_intake.clone(),
+    );
+    let token_rejected = CancellationToken::new();
+    let updates = TakeUpdates {
+        bot: &bot,
+        intake,
+        health: updates_health,
+        stop: &stop_intake,
+        token_rejected: &token_rejected,
+    };
+    let (intake_task, webhook_addr) = take_updates(config, updates).await?;
+    Ok(TelegramBot {
+        engine,
+        delivery,
+        store,
+        webhook_addr,
+        metrics,
+        metrics_addr,
+        inbox_writer,
+        stop_intake,
+        intake_task,
+        dispatching,
+        shutdown_grace: Duration::from_secs(config.sessions.shutdown_grace_secs),
+        token_rejected,
+        _scratch_media: scratch_media,
+    })
+}
+
+/// Resume the messages the last run left unfinished, and tell the owners
+/// of background processes lost in the restart.
+async fn recover(intake: &Intake, store: &Store, delivery: &Delivery) -> Result<(), StartError> {
+    let resumed = intake.recover().await?;
+    let outbound = TelegramOutbound::new(delivery.clone(), None);
+    let lost = report_lost_processes(&store.processes(), &outbound).await;
+    if lost > 0 {
+        tracing::info!(
+            lost,
+            "told the owners of background processes lost in the restart"
+        );
+    }
+    if resumed > 0 {
+        tracing::info!(
+            resumed,
+            "resumed unfinished messages from before the restart"
+        );
+    }
+    Ok(())
+}
+
+/// The `/healthz` and `/metrics` listener, when `[metrics]` asks for one:
+/// where it listens.
+async fn serve_metrics(
+    config: &Config,
+    metrics: &Metrics,
+    health: BotHealth,
+    stop: &CancellationToken,
+) -> Result<Option<SocketAddr>, StartError> {
+    let Some(listen) = config.metrics.listen else {
+        return Ok(None);
+    };
+    let server = crate::http::HealthServer::new(metrics.clone(), Arc::new(health));
+    let limits = config.metrics.limits();
+    let (bound, _task) = crate::http::serve(listen, limits, server, stop.clone())
+        .await
+        .map_err(|e| StartError::Webhook(format!("metrics listener: {e}")))?;
+    tracing::info!(%bound, "serving /healthz and /metrics");
+    Ok(Some(bound))
+}
+
+/// What taking updates needs, either way.
+struct TakeUpdates<'a> {
+    bot: &'a Bot,
+    intake: Intake,
+    health: UpdatesHealth,
+    stop: &'a CancellationToken,
+    token_rejected: &'a CancellationToken,
+}
+
+/// Take updates by polling or through the webhook (registered with
+/// Telegram): the intake's task, and where the webhook listens.
+async fn take_updates(
+    config: &Config,
+    updates: TakeUpdates<'_>,
+) -> Result<(JoinHandle<()>, Option<SocketAddr>), StartError> {
+    let TakeUpdates {
+        bot,
+        intake,
+        health,
+        stop,
+        token_rejected,
+    } = updates;
+    // One list for both ways of receiving updates (and for "the webhook is
+    // already registered").
+    let allowed_updates = registration::handled_updates(config.delivery.streaming);
+    match &config.telegram.updates {
+        Updates::Polling => {
+            // A leftover webhook was removed by `connect`, keeping its
+            // pending updates.
+            let task = tokio::spawn(polling::poll(
+                bot.clone(),
+                allowed_updates,
+                intake,
+                health,
+                stop.clone(),
+                token_rejected.clone(),
+            ));
+            Ok((task, None))
+        }
+        Updates::Webhook(webhook) => {
+            let at = webhook::WebhookListen {
+                listen: webhook.listen,
+                path: &webhook.path,
+                limits: webhook.limits,
+            };
+            let (bound, task) = webhook::serve(at, webhook.secret.clone(), intake, stop.clone())
+                .await
+                .map_err(|e| StartError::Webhook(e.to_string()))?;
+            let wanted = registration::WantedWebhook {
+                url: &webhook.public_url,
+                secret: &webhook.secret,
+                max_connections: webhook.max_connections,
+                allowed_updates: &allowed_updates,
+                state_dir: (!config.store.in_memory).then_some(config.store.data_dir.as_path()),
+            };
+            if let Err(error) = registration::ensure_webhook(bot, &wanted).await {
+                stop.cancel();
+                let _ = task.await;
+                return Err(error.into());
             }
-            Updates::Webhook(webhook) => {
-                let at = webhook::WebhookListen {
-                    listen: webhook.listen,
-                    path: &webhook.path,
-                    limits: webhook.limits,
-                };
-                let (bound, task) =
-                    webhook::serve(at, webhook.secret.clone(), intake, stop_intake.clone())
-                        .await
-                        .map_err(|e| StartError::Webhook(e.to_string()))?;
-                let wanted = registration::WantedWebhook {
-                    url: &webhook.public_url,
-                    secret: &webhook.secret,
-                    max_connections: webhook.max_connections,
-                    allowed_updates: &allowed_updates,
-                    state_dir: (!config.store.in_memory).then_some(config.store.data_dir.as_path()),
-                };
-                if let Err(error) = registration::ensure_webhook(&bot, &wanted).await {
-                    stop_intake.cancel();
-                    let _ = task.await;
-                    return Err(error.into());
-                }
-                (task, Some(bound))
-            }
-        };
-        Ok(TelegramBot {
-            engine,
-            delivery,
-            store,
-            webhook_addr,
-            metrics,
-            metrics_addr,
-            inbox_writer,
-            stop_intake,
-            intake_task,
-            dispatching,
-            shutdown_grace: Duration::from_secs(config.sessions.shutdown_grace_secs),
-            token_rejected,
-            _scratch_media: scratch_media,
-        })
+            Ok((task, Some(bound)))
+        }
     }
 }
 
@@ -371,24 +548,14 @@ fn start_scheduler(
 /// The media step and the file output of a Telegram bot, from the config.
 /// Saved files go to `<data_dir>/media`; with an in-memory store, to a
 /// [`ScratchMediaDir`] returned for the bot to keep.
-#[allow(clippy::too_many_arguments)]
-pub fn build_media(
-    config: &crate::config::Config,
-    bot: &teloxide::Bot,
-    api_url: &url::Url,
-    token: &str,
+fn build_media(
+    config: &Config,
+    bot: &Bot,
     store: &Store,
     delivery: &Delivery,
     aliases: AlbumAliases,
     stop: CancellationToken,
-) -> Result<
-    (
-        IntakeMedia,
-        Arc<crate::media::OutboxFiles>,
-        Option<ScratchMediaDir>,
-    ),
-    String,
-> {
+) -> Result<(IntakeMedia, Arc<OutboxFiles>, Option<ScratchMediaDir>), String> {
     use crate::media::prepare::ImageMode;
     let images = match &config.agent.backend {
         AgentBackend::Openai(openai) if openai.vision => ImageMode::Vision,
@@ -412,8 +579,8 @@ pub fn build_media(
     ));
     let downloader = crate::media::download::Downloader::new(
         bot.clone(),
-        api_url,
-        token,
+        &bot.api_url(),
+        bot.token(),
         config.telegram.local_bot_api,
         time,
     )?;
@@ -424,7 +591,7 @@ pub fn build_media(
         delivery.clone(),
     ));
     let files = Arc::new(
-        crate::media::OutboxFiles::new(sender, Some(store.file_sends()), root)
+        OutboxFiles::new(sender, Some(store.file_sends()), root)
             .with_max_files(config.media.max_files_per_answer),
     );
     let media = IntakeMedia {
@@ -466,7 +633,7 @@ pub async fn run_with(config: &Config, standby: bool) -> anyhow::Result<()> {
     } else {
         Some(InstanceLock::acquire(&config.store.data_dir)?)
     };
-    let bot = TelegramBot::start(config)
+    let bot = TelegramBot::start(config, None)
         .await
         .context("the bot could not start")?;
     crate::systemd::ready();

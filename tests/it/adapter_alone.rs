@@ -29,14 +29,13 @@ fn adapter_with_slow_handler(
             Some(telegate::reply::Reply::answer(format!("done:{}", event.text)).into())
         }) as futures::future::BoxFuture<'static, Option<telegate::reply::Outgoing>>
     };
-    telegate::adapter::Adapter::new(
-        Arc::new(handler),
-        outbound,
-        AdapterConfig {
+    telegate::adapter::Adapter::new(telegate::adapter::AdapterParts {
+        config: AdapterConfig {
             cancel_wait,
             ..AdapterConfig::default()
         },
-    )
+        ..telegate::adapter::AdapterParts::new(Arc::new(handler), outbound)
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,7 +169,10 @@ fn claiming_adapter_around(
         release: Arc::new(tokio::sync::Notify::new()),
         seen: std::sync::Mutex::new(Vec::new()),
     });
-    let adapter = telegate::adapter::Adapter::new(handler.clone(), outbound, config);
+    let adapter = telegate::adapter::Adapter::new(telegate::adapter::AdapterParts {
+        config,
+        ..telegate::adapter::AdapterParts::new(handler.clone(), outbound)
+    });
     (adapter, handler)
 }
 
@@ -300,12 +302,13 @@ async fn each_message_is_recorded_answered_failed_or_dropped_as_it_ended() {
     };
     let recorder = Recorder::new();
     let ledger = Arc::new(OutcomeLog::default());
-    let adapter = telegate::adapter::Adapter::with_outcomes(
-        Arc::new(handler),
-        Arc::new(PickyOutbound(recorder.clone())),
-        AdapterConfig::default(),
-        Some(ledger.clone()),
-    );
+    let adapter = telegate::adapter::Adapter::new(telegate::adapter::AdapterParts {
+        outcomes: Some(ledger.clone()),
+        ..telegate::adapter::AdapterParts::new(
+            Arc::new(handler),
+            Arc::new(PickyOutbound(recorder.clone())),
+        )
+    });
     for (chat, text) in [(1, "ok"), (2, "error"), (3, "undeliverable"), (4, "silent")] {
         let mut event = make_event(text, chat);
         event.message_id = Some(100 + chat);
@@ -575,15 +578,16 @@ async fn an_answer_a_stop_kept_back_entirely_is_dropped_as_stopped_not_answered(
     let recorder = Recorder::new();
     let reached = Arc::new(tokio::sync::Notify::new());
     let ledger = Arc::new(OutcomeLog::default());
-    let adapter = telegate::adapter::Adapter::with_outcomes(
-        Arc::new(handler),
-        Arc::new(LaneOutbound {
-            recorder: recorder.clone(),
-            reached: reached.clone(),
-        }),
-        AdapterConfig::default(),
-        Some(ledger.clone()),
-    );
+    let adapter = telegate::adapter::Adapter::new(telegate::adapter::AdapterParts {
+        outcomes: Some(ledger.clone()),
+        ..telegate::adapter::AdapterParts::new(
+            Arc::new(handler),
+            Arc::new(LaneOutbound {
+                recorder: recorder.clone(),
+                reached: reached.clone(),
+            }),
+        )
+    });
     let mut event = make_event("write", 1);
     event.message_id = Some(7);
     adapter.handle_message(event).await;

@@ -16,11 +16,10 @@ use support::test_bot::{TestBot, FAST_DELIVERY};
 use telegate::adapter::{AdapterConfig, BusyMode};
 use telegate::agent::EchoAgent;
 use telegate::config::{Config, Purpose};
-use telegate::engine::Engine;
-use telegate::runner::RunnerConfig;
+use telegate::engine::{AgentSetup, Engine, EngineParts};
 use telegate::store::Store;
 use telegate::vocab::Role;
-use telegate::wiring::engine::{build_agent, open_store};
+use telegate::wiring::engine::{build_agent, open_engine, open_store};
 
 const WAIT: Duration = Duration::from_secs(10);
 const USER: i64 = 42;
@@ -305,9 +304,13 @@ async fn stop_kills_a_command_backend_script_and_its_grandchild() {
     );
     let config = Config::parse(Path::new("cmd.toml"), &text, Purpose::Console, |_| None).unwrap();
     let sent = Recorder::new();
-    let engine = Engine::open(&config, build_agent(&config.agent).unwrap(), sent.clone())
-        .await
-        .unwrap();
+    let engine = open_engine(
+        &config,
+        AgentSetup::without_tools(build_agent(&config.agent).unwrap()),
+        sent.clone(),
+    )
+    .await
+    .unwrap();
     engine.adapter.handle_message(make_event("go", 1)).await;
     let read_pids = || {
         std::fs::read_to_string(&pids)
@@ -341,18 +344,15 @@ async fn two_hundred_chats_share_one_store_and_every_transcript_is_whole() {
     .await
     .unwrap();
     let sent = Recorder::new();
-    let engine = Engine::with_store(
-        Arc::new(EchoAgent::default()),
-        sent.clone(),
-        telegate::wiring::tables::runner(&store),
-        None,
-        AdapterConfig {
+    let engine = Engine::new(EngineParts {
+        store: Some(telegate::wiring::tables::runner(&store)),
+        adapter: AdapterConfig {
             busy_mode: BusyMode::Queue,
             max_pending: 100,
             ..AdapterConfig::default()
         },
-        RunnerConfig::default(),
-    );
+        ..EngineParts::new(Arc::new(EchoAgent::default()), sent.clone())
+    });
     // A ticker shows the runtime stays responsive while the store works.
     let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let ticker = {

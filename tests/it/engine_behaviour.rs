@@ -10,7 +10,7 @@ use std::time::Duration;
 use support::agents::ScriptedAgent;
 use support::recorder::{eventually, make_event, session_key, Recorder};
 use telegate::adapter::{AdapterConfig, BusyMode};
-use telegate::engine::Engine;
+use telegate::engine::{Engine, EngineParts};
 use telegate::reply::ReplyKind;
 use telegate::runner::RunnerConfig;
 use telegate::vocab::{MessageEvent, Platform, SessionSource};
@@ -23,20 +23,19 @@ fn engine_with(
 ) -> (Engine, Arc<ScriptedAgent>, Arc<Recorder>) {
     let agent = ScriptedAgent::new();
     let recorder = Recorder::new();
-    let engine = Engine::new(
-        agent.clone(),
-        recorder.clone(),
-        AdapterConfig {
+    let engine = Engine::new(EngineParts {
+        adapter: AdapterConfig {
             busy_mode,
             max_pending: 3,
             ack_interval: Duration::from_secs(60),
             ..AdapterConfig::default()
         },
-        RunnerConfig {
+        runner: RunnerConfig {
             stall_timeout: stall,
             ..RunnerConfig::default()
         },
-    );
+        ..EngineParts::new(agent.clone(), recorder.clone())
+    });
     (engine, agent, recorder)
 }
 
@@ -434,12 +433,9 @@ async fn a_turn_dropped_at_shutdown_fires_its_cancel_token_for_work_it_handed_of
         handoff_saw_cancel: Arc::new(AtomicBool::new(false)),
         started: Arc::new(AtomicBool::new(false)),
     });
-    let engine = Engine::new(
-        agent.clone(),
-        Recorder::new(),
-        AdapterConfig::default(),
-        RunnerConfig::default(),
-    );
+    let engine = Engine::new(EngineParts {
+        ..EngineParts::new(agent.clone(), Recorder::new())
+    });
     send(&engine, 1, "work").await;
     assert!(eventually(WAIT, || agent.started.load(Ordering::SeqCst)).await);
     // Shutdown drops the turn's future without a /stop: the token the agent
@@ -457,15 +453,14 @@ async fn the_transcript_keeps_an_answer_whole_and_a_failed_turn_as_interrupted()
     use telegate::vocab::Role;
     let store = telegate::store::Store::open_in_memory().unwrap();
     let metrics = telegate::metrics::Metrics::default();
-    let runner = telegate::runner::Runner::with_store(
-        ScriptedAgent::new(),
-        Recorder::new(),
-        telegate::wiring::tables::runner(&store),
-        RunnerConfig {
+    let runner = telegate::runner::Runner::new(telegate::runner::RunnerParts {
+        store: Some(telegate::wiring::tables::runner(&store)),
+        config: RunnerConfig {
             metrics: metrics.clone(),
             ..RunnerConfig::default()
         },
-    );
+        ..telegate::runner::RunnerParts::new(ScriptedAgent::new(), Recorder::new())
+    });
     let ctx = || DispatchContext {
         key: session_key(1),
         interrupt: tokio_util::sync::CancellationToken::new(),
@@ -531,12 +526,10 @@ async fn the_transcript_keeps_an_answer_whole_and_a_failed_turn_as_interrupted()
 #[tokio::test(start_paused = true)]
 async fn a_failing_store_is_retried_with_growing_pauses_before_a_session_is_given_up() {
     let store = telegate::store::Store::open_in_memory().unwrap();
-    let runner = telegate::runner::Runner::with_store(
-        ScriptedAgent::new(),
-        Recorder::new(),
-        telegate::wiring::tables::runner(&store),
-        RunnerConfig::default(),
-    );
+    let runner = telegate::runner::Runner::new(telegate::runner::RunnerParts {
+        store: Some(telegate::wiring::tables::runner(&store)),
+        ..telegate::runner::RunnerParts::new(ScriptedAgent::new(), Recorder::new())
+    });
     support::store_faults::refuse_new_sessions(&store).await;
     // Failing throughout: three attempts, 250 ms then 500 ms apart, then
     // the error (the clock is paused: only the pauses move it).

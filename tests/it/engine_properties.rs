@@ -30,11 +30,13 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use proptest::prelude::*;
 use support::recorder::Recorder;
-use telegate::adapter::{Adapter, AdapterConfig, BusyMode, EventOutcome, OutcomeSink};
+use telegate::adapter::{
+    Adapter, AdapterConfig, AdapterParts, BusyMode, EventOutcome, OutcomeSink,
+};
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::engine::Engine;
 use telegate::reply::ReplyKind;
-use telegate::runner::{Runner, RunnerConfig};
+use telegate::runner::{Runner, RunnerConfig, RunnerParts};
 use telegate::vocab::{MessageEvent, Platform, SessionSource};
 use tokio::sync::oneshot;
 
@@ -205,18 +207,16 @@ impl World {
         let agent = GatedAgent::default();
         let sent = Recorder::new();
         let ledger = Arc::new(RecordingLedger::default());
-        let runner = Runner::new(
-            Arc::new(agent.clone()),
-            sent.clone(),
-            RunnerConfig {
+        let runner = Runner::new(RunnerParts {
+            config: RunnerConfig {
                 stall_timeout: Duration::ZERO,
                 ..RunnerConfig::default()
             },
-        );
-        let adapter = Adapter::with_outcomes(
-            Arc::new(runner.clone()),
-            sent.clone(),
-            AdapterConfig {
+            ..RunnerParts::new(Arc::new(agent.clone()), sent.clone())
+        });
+        let adapter = Adapter::new(AdapterParts {
+            outcomes: Some(ledger.clone() as Arc<dyn OutcomeSink>),
+            config: AdapterConfig {
                 busy_mode,
                 max_pending: 3,
                 // Refusals are still coalesced (one notice for every
@@ -227,8 +227,8 @@ impl World {
                 cancel_wait: Duration::from_millis(50),
                 ..AdapterConfig::default()
             },
-            Some(ledger.clone() as Arc<dyn OutcomeSink>),
-        );
+            ..AdapterParts::new(Arc::new(runner.clone()), sent.clone())
+        });
         World {
             engine: Engine { adapter, runner },
             agent,

@@ -20,7 +20,7 @@ use support::agents::ScriptedAgent;
 use support::fake_bot::{Failure, FakeBotApi, FloodLimits, Outcome, RecordedCall};
 use support::recorder::{eventually, make_event, session_key, Recorder};
 use support::test_bot::TestBot;
-use telegate::adapter::{Adapter, AdapterConfig, DispatchContext};
+use telegate::adapter::{Adapter, AdapterParts, DispatchContext};
 use telegate::reply::{Outgoing, Reply};
 use telegate::transport::telegram::TelegramBot;
 use telegate::vocab::{MessageEvent, SessionSource};
@@ -435,7 +435,9 @@ async fn a_wakeup_during_a_slow_new_waits_for_it() {
         }
     };
     let sent = Recorder::new();
-    let adapter = Adapter::new(Arc::new(handler), sent.clone(), AdapterConfig::default());
+    let adapter = Adapter::new(AdapterParts {
+        ..AdapterParts::new(Arc::new(handler), sent.clone())
+    });
     let key = session_key(1);
     let logged = |entry: &str| log.lock().unwrap().iter().any(|e| e == entry);
 

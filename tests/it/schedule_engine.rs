@@ -28,9 +28,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use support::recorder::{session_key, Recorder};
-use telegate::adapter::AdapterConfig;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
-use telegate::engine::Engine;
+use telegate::engine::{Engine, EngineParts};
 use telegate::metrics::Metrics;
 use telegate::runner::RunnerConfig;
 use telegate::schedule::{Jobs, RunSink, ScheduleConfig, TokioClock};
@@ -165,20 +164,17 @@ fn harness(config: ScheduleConfig) -> Harness {
     .with_deciders(std::sync::Arc::new(vec![APPROVER]));
     let agent = Arc::new(RunAgent::default());
     let recorder = Recorder::new();
-    let engine = Engine::with_store(
-        agent.clone(),
-        recorder.clone(),
-        telegate::wiring::tables::runner(&store),
-        None,
-        AdapterConfig::default(),
-        RunnerConfig {
+    let engine = Engine::new(EngineParts {
+        store: Some(telegate::wiring::tables::runner(&store)),
+        runner: RunnerConfig {
             stall_timeout: Duration::ZERO,
             approvers: vec![APPROVER],
             jobs: Some(jobs.clone()),
             metrics: metrics.clone(),
             ..RunnerConfig::default()
         },
-    );
+        ..EngineParts::new(agent.clone(), recorder.clone())
+    });
     let adapter = engine.adapter.downgrade();
     let sink: RunSink = Arc::new(move |event| {
         let adapter = adapter.clone();

@@ -15,10 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::recorder::{eventually, make_event, session_key, Recorder};
-use telegate::adapter::{Adapter, AdapterConfig, DispatchContext, OwnerTask, SessionGuard};
+use telegate::adapter::{
+    Adapter, AdapterConfig, AdapterParts, DispatchContext, OwnerTask, SessionGuard,
+};
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::reply::{Outgoing, Reply};
-use telegate::runner::{AgentHandle, InvalidateReason, Runner, RunnerConfig, RunningAgent};
+use telegate::runner::{
+    AgentHandle, InvalidateReason, Runner, RunnerConfig, RunnerParts, RunningAgent,
+};
 use telegate::vocab::{MessageEvent, Progress, TurnGeneration};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -56,11 +60,9 @@ fn make_adapter(
         + 'static,
 ) -> (Adapter, Arc<Recorder>) {
     let recorder = Recorder::new();
-    let adapter = Adapter::new(
-        Arc::new(handler),
-        recorder.clone(),
-        AdapterConfig::default(),
-    );
+    let adapter = Adapter::new(AdapterParts {
+        ..AdapterParts::new(Arc::new(handler), recorder.clone())
+    });
     (adapter, recorder)
 }
 
@@ -444,23 +446,25 @@ async fn follow_ups_kept_across_a_heal_go_before_the_next_message() {
     let started = Arc::new(Notify::new());
     let (r, s) = (release.clone(), started.clone());
     let recorder = Recorder::new();
-    let adapter = Adapter::new(
-        Arc::new(move |event: MessageEvent, _ctx: DispatchContext| {
-            let (r, s) = (r.clone(), s.clone());
-            Box::pin(async move {
-                if event.text == "slow" {
-                    s.notify_one();
-                    r.notified().await;
-                }
-                handled(format!("handled:text:{}", event.text))
-            }) as futures::future::BoxFuture<'static, Option<Outgoing>>
-        }),
-        recorder.clone(),
-        AdapterConfig {
+    let adapter = Adapter::new(AdapterParts {
+        config: AdapterConfig {
             busy_mode: telegate::adapter::BusyMode::Queue,
             ..AdapterConfig::default()
         },
-    );
+        ..AdapterParts::new(
+            Arc::new(move |event: MessageEvent, _ctx: DispatchContext| {
+                let (r, s) = (r.clone(), s.clone());
+                Box::pin(async move {
+                    if event.text == "slow" {
+                        s.notify_one();
+                        r.notified().await;
+                    }
+                    handled(format!("handled:text:{}", event.text))
+                }) as futures::future::BoxFuture<'static, Option<Outgoing>>
+            }),
+            recorder.clone(),
+        )
+    });
     let sk = session_key(12345);
 
     adapter.handle_message(make_event("slow", 12345)).await;
@@ -515,11 +519,9 @@ impl Agent for NeverCalled {
 }
 
 fn make_runner() -> Runner {
-    Runner::new(
-        Arc::new(NeverCalled),
-        Recorder::new(),
-        RunnerConfig::default(),
-    )
+    Runner::new(RunnerParts {
+        ..RunnerParts::new(Arc::new(NeverCalled), Recorder::new())
+    })
 }
 
 fn agent_marked(marker: u64) -> RunningAgent {
@@ -641,29 +643,30 @@ async fn command_reply_goes_out_before_the_old_task_is_cancelled(command_text: &
     let log: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     let started = Arc::new(Notify::new());
     let (l, s) = (log.clone(), started.clone());
-    let adapter = Adapter::new(
-        Arc::new(
-            move |event: MessageEvent,
-                  _ctx: DispatchContext|
-                  -> futures::future::BoxFuture<'static, Option<Outgoing>> {
-                let (l, s) = (l.clone(), s.clone());
-                Box::pin(async move {
-                    if let Some(cmd) = command_name(&event) {
-                        return handled(format!("handled:{cmd}"));
-                    }
-                    let _cancelled = LogOnDrop {
-                        log: l,
-                        label: "old:cancelled",
-                    };
-                    s.notify_one();
-                    std::future::pending::<()>().await;
-                    None
-                })
-            },
-        ),
-        Arc::new(OrderedOutbound { log: log.clone() }),
-        AdapterConfig::default(),
-    );
+    let adapter = Adapter::new(AdapterParts {
+        ..AdapterParts::new(
+            Arc::new(
+                move |event: MessageEvent,
+                      _ctx: DispatchContext|
+                      -> futures::future::BoxFuture<'static, Option<Outgoing>> {
+                    let (l, s) = (l.clone(), s.clone());
+                    Box::pin(async move {
+                        if let Some(cmd) = command_name(&event) {
+                            return handled(format!("handled:{cmd}"));
+                        }
+                        let _cancelled = LogOnDrop {
+                            log: l,
+                            label: "old:cancelled",
+                        };
+                        s.notify_one();
+                        std::future::pending::<()>().await;
+                        None
+                    })
+                },
+            ),
+            Arc::new(OrderedOutbound { log: log.clone() }),
+        )
+    });
     adapter.handle_message(make_event("long turn", 12345)).await;
     tokio::time::timeout(WAIT, started.notified())
         .await
@@ -762,14 +765,13 @@ async fn a_stale_turn_resuming_after_stop_cannot_release_the_newer_turn_or_answe
     use telegate::adapter::MessageHandler;
     let agent = Arc::new(StubbornAgent::default());
     let metrics = telegate::metrics::Metrics::default();
-    let runner = Runner::new(
-        agent.clone(),
-        Recorder::new(),
-        RunnerConfig {
+    let runner = Runner::new(RunnerParts {
+        config: RunnerConfig {
             metrics: metrics.clone(),
             ..RunnerConfig::default()
         },
-    );
+        ..RunnerParts::new(agent.clone(), Recorder::new())
+    });
     let sk = session_key(12345);
 
     // Turn A runs (live), and keeps running after /stop: its future was not
@@ -822,12 +824,10 @@ async fn a_stale_turn_resuming_after_stop_in_set_up_cannot_install() {
     use telegate::adapter::MessageHandler;
     let agent = Arc::new(StubbornAgent::default());
     let store = telegate::store::Store::open_in_memory().unwrap();
-    let runner = Runner::with_store(
-        agent.clone(),
-        Recorder::new(),
-        telegate::wiring::tables::runner(&store),
-        RunnerConfig::default(),
-    );
+    let runner = Runner::new(RunnerParts {
+        store: Some(telegate::wiring::tables::runner(&store)),
+        ..RunnerParts::new(agent.clone(), Recorder::new())
+    });
     let sk = session_key(12345);
 
     // Hold the store thread, so turn A's set-up (which loads its session)

@@ -17,10 +17,9 @@ use futures::future::BoxFuture;
 use serde_json::json;
 use support::fake_openai::{FakeOpenAi, Script};
 use support::recorder::Recorder;
-use telegate::adapter::AdapterConfig;
 use telegate::agent::{OpenAiAgent, OpenAiConfig};
 use telegate::clock::Clock;
-use telegate::engine::Engine;
+use telegate::engine::{Engine, EngineParts};
 use telegate::limits::{Limits, LimitsConfig};
 use telegate::runner::RunnerConfig;
 use telegate::store::Store;
@@ -91,17 +90,14 @@ async fn bench(limits: &str, now: &str) -> Bench {
     )
     .unwrap();
     let limits: LimitsConfig = toml::from_str(limits).unwrap();
-    let engine = Engine::with_store(
-        Arc::new(agent),
-        sent.clone(),
-        telegate::wiring::tables::runner(&store),
-        None,
-        AdapterConfig::default(),
-        RunnerConfig {
+    let engine = Engine::new(EngineParts {
+        store: Some(telegate::wiring::tables::runner(&store)),
+        runner: RunnerConfig {
             limits: Limits::new(limits, clock.clone()).with_zone(new_york()),
             ..RunnerConfig::default()
         },
-    );
+        ..EngineParts::new(Arc::new(agent), sent.clone())
+    });
     Bench {
         llm,
         store,

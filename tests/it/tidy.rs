@@ -299,7 +299,6 @@ const LONG_FN_NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/transport/telegram/inbound.rs", "classify"),
     ("src/transport/telegram/intake.rs", "recover"),
     ("src/transport/telegram/polling.rs", "poll"),
-    ("src/wiring/telegram.rs", "start_with_setup"),
 ];
 
 #[test]

@@ -27,7 +27,7 @@ use serde_json::json;
 use support::recorder::{eventually, Recorder};
 use telegate::adapter::AdapterConfig;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
-use telegate::engine::{AgentSetup, Engine, TerminalSetup};
+use telegate::engine::{AgentSetup, Engine, EngineParts, TerminalSetup};
 use telegate::runner::RunnerConfig;
 use telegate::store::Store;
 use telegate::tools::process::{ProcessId, ProcessOwner, ProcessRecord, Scope};
@@ -188,8 +188,8 @@ async fn concurrent_turns_capture_their_own_session_under_a_global_race() {
         wakeups: Mutex::new(Vec::new()),
     });
     let sent = Recorder::new();
-    let engine = Engine::assemble(
-        AgentSetup {
+    let engine = Engine::new(EngineParts {
+        setup: AgentSetup {
             agent: agent.clone(),
             terminal: Some(TerminalSetup {
                 tool: tool.clone(),
@@ -197,12 +197,14 @@ async fn concurrent_turns_capture_their_own_session_under_a_global_race() {
             }),
             approvals: None,
         },
-        sent.clone(),
-        telegate::wiring::tables::runner(&Store::open_in_memory().unwrap()),
-        None,
-        AdapterConfig::default(),
-        RunnerConfig::default(),
-    );
+        outbound: sent.clone(),
+        store: Some(telegate::wiring::tables::runner(
+            &Store::open_in_memory().unwrap(),
+        )),
+        outcomes: None,
+        adapter: AdapterConfig::default(),
+        runner: RunnerConfig::default(),
+    });
     let a_source = SessionSource::dm(Platform::Telegram, 1);
     let b_source = SessionSource::dm(Platform::Telegram, 2);
     engine

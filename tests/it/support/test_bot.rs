@@ -10,7 +10,7 @@
 //! are the pacing most tests share, added where a test asks for them: a
 //! test without them keeps telegate's defaults. The merged text is parsed
 //! with [`Config::parse`] as `telegate run` parses a file;
-//! [`TestBot::start`] is the only place tests call `TelegramBot::start*`
+//! [`TestBot::start`] is the only place tests call `TelegramBot::start`
 //! (`tidy_tests_start_bots_through_test_bot` keeps it so), and a test that
 //! runs the binary writes [`TestBot::text`] to its config file.
 //!
@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use telegate::agent::Agent;
 use telegate::config::{Config, Purpose};
+use telegate::engine::AgentSetup;
 use telegate::transport::telegram::{StartError, TelegramBot};
 
 use super::fake_bot::FakeBotApi;
@@ -131,10 +132,8 @@ impl TestBot {
     /// Start the bot against the fake.
     pub async fn start(&self) -> Result<TelegramBot, StartError> {
         let config = self.config();
-        match &self.agent {
-            Some(agent) => TelegramBot::start_with_agent(&config, agent.clone()).await,
-            None => TelegramBot::start(&config).await,
-        }
+        let setup = self.agent.clone().map(AgentSetup::without_tools);
+        TelegramBot::start(&config, setup).await
     }
 }
 
