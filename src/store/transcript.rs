@@ -12,6 +12,8 @@
 //!
 //! Contents are user data: this module logs counts and ids, never contents.
 
+use std::sync::{Arc, OnceLock};
+
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, Row, ToSql};
 use serde::{Deserialize, Serialize};
@@ -142,14 +144,25 @@ impl Transcripts {
             Some(_) => &[WriteKind::Transcript, WriteKind::Usage],
             None => &[WriteKind::Transcript],
         };
+        let failed = Arc::new(OnceLock::new());
+        let failed_in = failed.clone();
+        let failing = move |kind: WriteKind| {
+            let failed = failed_in.clone();
+            move |error: StoreError| {
+                let _ = failed.set(kind);
+                error
+            }
+        };
         self.link
-            .write_kinds(kinds, writes, move |conn| {
+            .write_kinds(kinds, failed, writes, move |conn| {
                 let ids = entries
                     .iter()
                     .map(|e| insert_entry(conn, &session_id, e))
-                    .collect::<Result<Vec<_>, _>>()?;
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(failing(WriteKind::Transcript))?;
                 if let Some(turn) = &usage {
-                    super::usage::insert_turn_usage(conn, turn)?;
+                    super::usage::insert_turn_usage(conn, turn)
+                        .map_err(failing(WriteKind::Usage))?;
                 }
                 Ok(ids)
             })

@@ -13,7 +13,7 @@
 //! decide what a writer does about a failure (retry, tell the user): that
 //! stays with the writer.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use rusqlite::Connection;
 
@@ -161,11 +161,13 @@ impl Link {
     }
 
     /// [`Link::write_with_writes`] for work that writes the tables of
-    /// several kinds in one call (a turn's answer and its usage): its
-    /// outcome is reported under each of `kinds`.
+    /// several kinds in one call (a turn's answer and its usage): success
+    /// is reported under each of `kinds`, a failure under the kind the
+    /// work set in `failed` (whose statement failed), else under all.
     pub(super) async fn write_kinds<R, F>(
         &self,
         kinds: &[WriteKind],
+        failed: Arc<OnceLock<WriteKind>>,
         writes: usize,
         f: F,
     ) -> Result<R, StoreError>
@@ -176,7 +178,10 @@ impl Link {
         let result = self
             .call_with_writes(writes, move |conn| changed_by(conn, f))
             .await;
-        self.report_kinds(kinds, result)
+        match (&result, failed.get()) {
+            (Err(_), Some(kind)) => self.report_kinds(&[*kind], result),
+            _ => self.report_kinds(kinds, result),
+        }
     }
 
     fn report<R>(
