@@ -6,7 +6,10 @@
 //! might deliver its update again, which it does for at most a day; after
 //! `[store] inbox_retention_days` (default 7) it is deleted.
 //!
-//! This module owns that one delete. It must never touch rows that are not
+//! The forum-topic claims of messages no longer unfinished go with the
+//! same retention (`topic_creations`).
+//!
+//! This module owns these deletes. It must never touch rows that are not
 //! finished (received, running: they are still to be answered) nor the
 //! transcripts, which are the conversations themselves.
 
@@ -17,8 +20,9 @@ use super::{now_ms, Inbox, StoreError, WriteKind};
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 
 impl Inbox {
-    /// Delete finished inbox rows last updated more than `days` days ago.
-    /// Returns how many were deleted.
+    /// Delete finished inbox rows last updated more than `days` days ago,
+    /// and topic claims as old whose message is finished. Returns how many
+    /// inbox rows were deleted.
     pub async fn prune_inbox(&self, days: u64) -> Result<usize, StoreError> {
         let age = i64::try_from(days)
             .unwrap_or(i64::MAX)
@@ -28,6 +32,17 @@ impl Inbox {
             let deleted = conn.execute(
                 "DELETE FROM inbox
                  WHERE state IN ('answered', 'failed', 'dropped') AND updated_at < ?1",
+                params![cutoff],
+            )?;
+            // A topic claim is needed while its message may be replayed:
+            // as long as the message's inbox row is unfinished.
+            conn.execute(
+                "DELETE FROM topic_creations
+                 WHERE created_at < ?1 AND NOT EXISTS (
+                     SELECT 1 FROM inbox
+                     WHERE inbox.chat_id = topic_creations.chat_id
+                       AND inbox.message_id = topic_creations.message_id
+                       AND inbox.state IN ('received', 'running'))",
                 params![cutoff],
             )?;
             Ok(deleted)

@@ -112,4 +112,25 @@ mod tests {
         // The same message id in another chat is another message.
         assert_eq!(topics.begin_topic(-2, 10).await.unwrap(), TopicClaim::New);
     }
+
+    #[tokio::test]
+    async fn an_old_claim_goes_with_the_inbox_retention() {
+        let store = Store::open_in_memory().unwrap();
+        let topics = store.topic_creations();
+        assert_eq!(topics.begin_topic(-1, 10).await.unwrap(), TopicClaim::New);
+        topics.topic_made(-1, 10, 77).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        store.inbox().prune_inbox(7).await.unwrap();
+        assert_eq!(
+            topics.begin_topic(-1, 10).await.unwrap(),
+            TopicClaim::Made(77),
+            "kept within the retention"
+        );
+        store.inbox().prune_inbox(0).await.unwrap();
+        assert_eq!(
+            topics.begin_topic(-1, 10).await.unwrap(),
+            TopicClaim::New,
+            "pruned after it"
+        );
+    }
 }
