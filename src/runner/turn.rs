@@ -6,7 +6,6 @@
 //! ([`SlotRelease`] also when the turn's future is dropped), so a turn
 //! that is still unwinding never writes into a newer one.
 
-use super::RunnerTables;
 use crate::adapter::DispatchContext;
 use crate::agent::AgentReply;
 use crate::agent::TurnRequest;
@@ -575,9 +574,9 @@ impl Runner {
         session_id: &SessionId,
         meter: &crate::limits::TurnMeter,
     ) -> Option<Charge> {
-        let (store, user) = (self.store()?.clone(), event.source.user_id?);
+        let (usage, user) = (self.store()?.usage.clone(), event.source.user_id?);
         Some(Charge {
-            store,
+            usage,
             meter: meter.clone(),
             turn: Some(crate::store::TurnUsage {
                 user_id: user,
@@ -593,7 +592,7 @@ impl Runner {
 /// Records a turn's usage once it ran: by [`Charge::charge`], or when the
 /// turn's future is dropped first (a stop), by a short task.
 pub(super) struct Charge {
-    store: RunnerTables,
+    usage: crate::store::Usage,
     meter: crate::limits::TurnMeter,
     turn: Option<crate::store::TurnUsage>,
 }
@@ -612,7 +611,7 @@ impl Charge {
 
     pub(super) async fn charge(mut self) {
         if let Some(turn) = self.take() {
-            if let Err(error) = self.store.usage.record_turn_usage(turn).await {
+            if let Err(error) = self.usage.record_turn_usage(turn).await {
                 tracing::error!(%error, "could not record a turn's usage");
             }
         }
@@ -622,10 +621,10 @@ impl Charge {
 impl Drop for Charge {
     fn drop(&mut self) {
         let Some(turn) = self.take() else { return };
-        let store = self.store.clone();
+        let usage = self.usage.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(error) = store.usage.record_turn_usage(turn).await {
+                if let Err(error) = usage.record_turn_usage(turn).await {
                     tracing::error!(%error, "could not record a stopped turn's usage");
                 }
             });
