@@ -19,6 +19,7 @@ use crate::adapter::AdapterConfig;
 use crate::runner::RunnerConfig;
 use crate::vocab::KeyPolicy;
 
+mod bots;
 mod checks;
 mod locate;
 mod sections;
@@ -26,6 +27,7 @@ pub mod zero_config;
 
 use crate::config::sections::MAX_ANSWER_PARTS;
 use crate::config::sections::MAX_INBOX_RETENTION_DAYS;
+pub use bots::{AgentChoice, BotConfig};
 pub use sections::{
     AgentBackend, AgentConfig, Backend, ConsoleConfig, DeliverySettings, EchoConfig, LogConfig,
     LogFormat, SessionsConfig, StoreSettings, TelegramConfig, ToolsConfig, UpdateMode, Updates,
@@ -44,6 +46,18 @@ pub struct Config {
     /// `[telegram]`: the bot and who may use it.
     #[serde(default)]
     pub telegram: TelegramConfig,
+    /// `[[bots]]` as written: several bots in one process, each a table
+    /// with `[telegram]`'s keys (then `[telegram]` holds no bot).
+    #[serde(default, rename = "bots")]
+    pub(crate) bot_tables: Vec<TelegramConfig>,
+    /// `[agents.NAME]`: agents a bot names with `agent = "NAME"`.
+    #[serde(default)]
+    pub(crate) agents: std::collections::BTreeMap<String, AgentConfig>,
+    /// The bots to run, as loaded for `telegate run` (empty for the
+    /// console): `[telegram]` as one bot, or each of `[[bots]]`, each with
+    /// its token and the configuration it runs with ([`BotConfig`]).
+    #[serde(skip)]
+    pub bots: Vec<BotConfig>,
     /// `[sessions]`: busy handling, queues, watchdog.
     #[serde(default)]
     pub sessions: SessionsConfig,
@@ -183,20 +197,54 @@ impl Config {
             located_error(path, text, &crate::secrets::redact(&message, known))
         };
         config
+            .check_bots_alone()
+            .and_then(|()| config.choose_single_agent())
+            .map_err(|message| located(message, &[]))?;
+        config
             .resolve_secrets(&env)
             .map_err(|message| located(message, &[]))?;
         config.source = crate::config::zero_config::ConfigSource::File(path.to_path_buf());
-        let checked = config.validate(path, purpose);
+        // With [[bots]], each bot's table is checked as its own
+        // `[telegram]` (`expand_bots`); the file's `[telegram]` holds none.
+        let checked = config.validate(path, config.shared_purpose(purpose));
         checked.map_err(|error| match error {
             ConfigError::Invalid { message, .. } => located(message, &config.secret_values()),
             other => other,
         })?;
+        if purpose == Purpose::Telegram {
+            config.bots = if config.bot_tables.is_empty() {
+                vec![config
+                    .single_bot()
+                    .map_err(|message| located(message, &config.secret_values()))?]
+            } else {
+                config.expand_bots(path, &env)?
+            };
+        }
         Ok(config)
     }
 
-    /// Validate a configuration built without a file (zero-config).
+    /// What the file's own tables are checked for: a Telegram run's
+    /// `[telegram]` only when it is the bot.
+    fn shared_purpose(&self, purpose: Purpose) -> Purpose {
+        if self.bot_tables.is_empty() {
+            purpose
+        } else {
+            Purpose::Console
+        }
+    }
+
+    /// Validate a configuration built without a file (zero-config): its
+    /// one bot is `[telegram]`.
     pub(crate) fn validate_as(&mut self, path: &Path, purpose: Purpose) -> Result<(), ConfigError> {
-        self.validate(path, purpose)
+        self.validate(path, purpose)?;
+        if purpose == Purpose::Telegram {
+            let bot = self.single_bot().map_err(|message| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message,
+            })?;
+            self.bots = vec![bot];
+        }
+        Ok(())
     }
 
     /// Check every value and build what is derived from several
@@ -442,6 +490,31 @@ impl Config {
 
     /// A short human summary for `check-config` (never shows secrets).
     pub fn summary(&self) -> String {
+        if self.bot_tables.is_empty() {
+            return self.bot_summary();
+        }
+        let bots: Vec<String> = self
+            .bots
+            .iter()
+            .map(|bot| {
+                let config = bot.config(self);
+                let updates = match &config.telegram.updates {
+                    Updates::Polling => "polling".to_string(),
+                    Updates::Webhook(webhook) => format!("webhook {}", webhook.path),
+                };
+                format!(
+                    "  {} (bot {}, {updates}, agent {})",
+                    bot.name,
+                    bot.id,
+                    config.agent.kind().as_str()
+                )
+            })
+            .collect();
+        format!("bots: {}\n{}", bots.len(), bots.join("\n"))
+    }
+
+    /// One bot's summary.
+    fn bot_summary(&self) -> String {
         let t = &self.telegram;
         let access = if t.allow_all_users {
             "everyone".to_string()
@@ -543,17 +616,20 @@ impl Config {
     /// key later takes it from here.
     fn resolve_secrets(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
         use crate::secrets::{
-            SecretSources, API_KEY_CREDENTIAL, SPEECH_KEY_CREDENTIAL, TOKEN_CREDENTIAL,
-            TRANSCRIPTION_KEY_CREDENTIAL, WEBHOOK_SECRET_CREDENTIAL,
+            SecretSources, SPEECH_KEY_CREDENTIAL, TOKEN_CREDENTIAL, TRANSCRIPTION_KEY_CREDENTIAL,
+            WEBHOOK_SECRET_CREDENTIAL,
         };
         let telegram = &mut self.telegram;
+        // With [[bots]] the bots' tables hold the tokens
+        // (`resolve_bot_secrets`); TELEGRAM_BOT_TOKEN names no bot there.
+        let token_env = self.bot_tables.is_empty().then_some(TOKEN_ENV);
         telegram.token = SecretSources {
             key: "telegram.token",
             inline: telegram.token.take(),
             file_key: "telegram.token_file",
             file: telegram.token_file.as_deref(),
             credential: TOKEN_CREDENTIAL,
-            env_var: Some(TOKEN_ENV),
+            env_var: token_env,
         }
         .resolve(env)?;
         if let Some(webhook) = telegram.webhook.as_mut() {
@@ -567,18 +643,7 @@ impl Config {
             }
             .resolve(env)?;
         }
-        if let Some(openai) = self.agent.openai_mut() {
-            let key = SecretSources {
-                key: "agent.openai.api_key_env",
-                inline: None,
-                file_key: "agent.openai.api_key_file",
-                file: openai.api_key_file.as_deref(),
-                credential: API_KEY_CREDENTIAL,
-                env_var: Some(&openai.api_key_env),
-            }
-            .resolve(env)?;
-            openai.set_api_key(key);
-        }
+        self.resolve_agent_secrets(env)?;
         if let Some(transcription) = self.media.transcription.as_mut() {
             transcription.resolved_api_key = SecretSources {
                 key: "media.transcription.api_key_env",
@@ -603,6 +668,27 @@ impl Config {
                 env_var: speech.api_key_env.as_deref(),
             }
             .resolve(env)?;
+        }
+        Ok(())
+    }
+
+    /// The agent's API key (`[agent.openai]`), from its sources.
+    fn resolve_agent_secrets(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), String> {
+        use crate::secrets::{SecretSources, API_KEY_CREDENTIAL};
+        if let Some(openai) = self.agent.openai_mut() {
+            let key = SecretSources {
+                key: "agent.openai.api_key_env",
+                inline: None,
+                file_key: "agent.openai.api_key_file",
+                file: openai.api_key_file.as_deref(),
+                credential: API_KEY_CREDENTIAL,
+                env_var: Some(&openai.api_key_env),
+            }
+            .resolve(env)?;
+            openai.set_api_key(key);
         }
         Ok(())
     }
@@ -662,7 +748,17 @@ impl Config {
             .chain(crate::vocab::ALWAYS_STRIPPED_ENV)
             .map(|name| name.to_string())
             .collect();
-        names.extend(self.agent.secret_env_names().map(str::to_string));
+        // Every agent table's: `[agent]`, `[agents.*]` and the bots' own.
+        let own_agents = self.bot_tables.iter().filter_map(|bot| match &bot.agent {
+            Some(AgentChoice::Own(agent)) => Some(&**agent),
+            _ => None,
+        });
+        for agent in std::iter::once(&self.agent)
+            .chain(self.agents.values())
+            .chain(own_agents)
+        {
+            names.extend(agent.secret_env_names().map(str::to_string));
+        }
         if let Some(name) = self
             .media
             .transcription

@@ -230,6 +230,15 @@ pub enum UpdateMode {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TelegramConfig {
+    /// The bot's name: its label in logs, `/metrics` and `/healthz`, and
+    /// (`[[bots]]` in webhook mode) its webhook path `/<name>`. Required
+    /// in `[[bots]]`; optional in `[telegram]`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Which agent answers this bot: `"NAME"` for `[agents.NAME]`, or its
+    /// own `[bots.agent]` table; absent, `[agent]`.
+    #[serde(default)]
+    pub(crate) agent: Option<super::bots::AgentChoice>,
     /// The bot token (or `token_file`, the systemd credential
     /// `telegram_bot_token`, or `TELEGRAM_BOT_TOKEN`).
     pub token: Option<Secret>,
@@ -335,6 +344,8 @@ fn public_url<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<url::
 impl Default for TelegramConfig {
     fn default() -> Self {
         TelegramConfig {
+            name: None,
+            agent: None,
             token: None,
             token_file: None,
             api_url: default_api_url(),
@@ -509,6 +520,14 @@ impl AgentConfig {
     /// `[agent.command]`, when that is the backend.
     pub fn command(&self) -> Option<&crate::agent::CommandConfig> {
         match &self.backend {
+            AgentBackend::Command(command) => Some(command),
+            _ => None,
+        }
+    }
+
+    /// `[agent.command]` to change, when that is the backend.
+    pub fn command_mut(&mut self) -> Option<&mut crate::agent::CommandConfig> {
+        match &mut self.backend {
             AgentBackend::Command(command) => Some(command),
             _ => None,
         }
