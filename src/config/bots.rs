@@ -17,52 +17,15 @@
 //! webhook path per listener address); it must never connect to anything.
 
 use std::collections::HashSet;
-use std::fmt;
 use std::path::Path;
 
-use serde::de::{MapAccess, Visitor};
-use serde::{Deserialize, Deserializer};
-
-use crate::config::sections::AgentConfig;
+use crate::config::sections::{AgentChoice, AgentConfig};
 use crate::config::{Config, ConfigError, Purpose, TelegramConfig, Updates};
 use crate::secrets::Secret;
 use crate::vocab::BotId;
 
 /// The most bots one process runs (each polls and paces on its own).
 pub(super) const MAX_BOTS: usize = 100;
-
-/// Which agent a bot uses: one of `[agents.NAME]`, or its own table.
-#[derive(Clone, Debug)]
-pub enum AgentChoice {
-    /// `agent = "NAME"`: the shared `[agents.NAME]`.
-    Shared(String),
-    /// `[bots.agent]`: the bot's own agent table.
-    Own(Box<AgentConfig>),
-}
-
-impl<'de> Deserialize<'de> for AgentChoice {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ChoiceVisitor;
-        impl<'de> Visitor<'de> for ChoiceVisitor {
-            type Value = AgentChoice;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("the name of an [agents.NAME] table, or an agent table")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<AgentChoice, E> {
-                Ok(AgentChoice::Shared(name.to_string()))
-            }
-
-            fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<AgentChoice, M::Error> {
-                let table =
-                    AgentConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-                Ok(AgentChoice::Own(Box::new(table)))
-            }
-        }
-        deserializer.deserialize_any(ChoiceVisitor)
-    }
-}
 
 /// One bot this process runs, as loaded.
 #[derive(Clone, Debug)]

@@ -9,7 +9,10 @@
 
 use std::path::Path;
 
-use crate::config::{AgentBackend, Config};
+use crate::config::{
+    AgentBackend, Config, TelegramConfig, UpdateMode, Updates, Webhook, TOKEN_ENV,
+    WEBHOOK_SECRET_ENV,
+};
 use crate::secrets::Secret;
 
 /// The longest any duration setting may be: 7 days. Longer values are
@@ -259,6 +262,75 @@ pub(super) fn check_data_dir(key: &str, dir: &Path) -> Result<(), String> {
             ancestor.display()
         )),
         _ => Ok(()),
+    }
+}
+
+/// A Telegram run's `[telegram]` (or one `[[bots]]` table): a token, a
+/// webhook complete and within Telegram's limits, approvers who can reach
+/// the bot; how updates arrive, built from `mode` and `[telegram.webhook]`.
+pub(super) fn telegram_updates(telegram: &TelegramConfig) -> Result<Updates, String> {
+    if telegram.token.is_none() {
+        return Err(format!(
+            "telegram.token is missing: set it in the file or in the {TOKEN_ENV} environment variable"
+        ));
+    }
+    check_approvers(telegram)?;
+    if telegram.mode == UpdateMode::Polling {
+        return Ok(Updates::Polling);
+    }
+    let Some(webhook) = &telegram.webhook else {
+        return Err(
+            "telegram.mode = \"webhook\" needs a [telegram.webhook] table with listen and public_url"
+                .to_string(),
+        );
+    };
+    if !(1..=100).contains(&webhook.max_connections) {
+        return Err(format!(
+            "telegram.webhook.max_connections {} is out of range: use 1 to 100",
+            webhook.max_connections
+        ));
+    }
+    webhook.limit_settings().validate("telegram.webhook")?;
+    if webhook.connection_limit < usize::from(webhook.max_connections) {
+        return Err(format!(
+            "telegram.webhook.connection_limit {} is below max_connections {}: \
+             Telegram's own connections would be refused",
+            webhook.connection_limit, webhook.max_connections
+        ));
+    }
+    let Some(secret) = webhook.secret_token.clone() else {
+        return Err(format!(
+            "telegram.webhook.secret_token is missing: set it in the file or in {WEBHOOK_SECRET_ENV}"
+        ));
+    };
+    Ok(Updates::Webhook(Box::new(Webhook {
+        listen: webhook.listen,
+        path: match webhook.public_url.path() {
+            "" => "/".to_string(),
+            path => path.to_string(),
+        },
+        public_url: webhook.public_url.clone(),
+        secret,
+        max_connections: webhook.max_connections,
+        limits: webhook.limits(),
+    })))
+}
+
+/// Approvers must be able to reach the bot (unless anyone may).
+fn check_approvers(telegram: &TelegramConfig) -> Result<(), String> {
+    if !telegram.allowed_chats.is_empty() || telegram.allow_all_users {
+        return Ok(());
+    }
+    match telegram
+        .approvers
+        .iter()
+        .find(|a| !telegram.allowed_users.contains(a))
+    {
+        Some(stranger) => Err(format!(
+            "telegram.approvers lists {stranger}, who is not in telegram.allowed_users \
+             and so could never reach the bot to approve anything"
+        )),
+        None => Ok(()),
     }
 }
 

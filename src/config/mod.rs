@@ -27,11 +27,11 @@ pub mod zero_config;
 
 use crate::config::sections::MAX_ANSWER_PARTS;
 use crate::config::sections::MAX_INBOX_RETENTION_DAYS;
-pub use bots::{AgentChoice, BotConfig};
+pub use bots::BotConfig;
 pub use sections::{
-    AgentBackend, AgentConfig, Backend, ConsoleConfig, DeliverySettings, EchoConfig, LogConfig,
-    LogFormat, SessionsConfig, StoreSettings, TelegramConfig, ToolsConfig, UpdateMode, Updates,
-    Webhook, WebhookConfig,
+    AgentBackend, AgentChoice, AgentConfig, Backend, ConsoleConfig, DeliverySettings, EchoConfig,
+    LogConfig, LogFormat, SessionsConfig, StoreSettings, TelegramConfig, ToolsConfig, UpdateMode,
+    Updates, Webhook, WebhookConfig,
 };
 
 /// Environment variable read for the bot token when the file has none.
@@ -256,161 +256,113 @@ impl Config {
         };
         crate::config::checks::check_durations(self).map_err(invalid)?;
         self.check_secret_formats().map_err(invalid)?;
+        self.check_agent().map_err(invalid)?;
+        self.check_sections().map_err(invalid)?;
+        self.check_tools().map_err(invalid)?;
+        self.telegram.updates = match purpose {
+            Purpose::Telegram => {
+                crate::config::checks::telegram_updates(&self.telegram).map_err(invalid)?
+            }
+            Purpose::Console => Updates::Polling,
+        };
+        Ok(())
+    }
+
+    /// The agent's table (and the tables of the backends not chosen):
+    /// their values and the environment they pass on.
+    fn check_agent(&self) -> Result<(), String> {
+        let secret_names = self.secret_env_names();
+        for table in self.agent.tables() {
+            match table {
+                AgentBackend::Command(command) => crate::config::checks::check_pass_env(
+                    "agent.command.pass_env",
+                    &command.pass_env,
+                    &secret_names,
+                )?,
+                AgentBackend::Acp(acp) => crate::config::checks::check_pass_env(
+                    "agent.acp.pass_env",
+                    &acp.pass_env,
+                    &secret_names,
+                )?,
+                AgentBackend::Echo(_) | AgentBackend::Openai(_) => {}
+            }
+        }
+        match &self.agent.backend {
+            AgentBackend::Echo(_) => Ok(()),
+            AgentBackend::Command(command) => command.validate(),
+            AgentBackend::Openai(openai) => openai.validate(),
+            AgentBackend::Acp(acp) => acp.validate(),
+        }
+    }
+
+    /// Delivery, sessions, metrics, store, media, access, limits, schedule
+    /// and log: each table's own values.
+    fn check_sections(&self) -> Result<(), String> {
+        if !(1..=MAX_ANSWER_PARTS).contains(&self.delivery.max_answer_parts) {
+            return Err(format!(
+                "delivery.max_answer_parts must be between 1 and {MAX_ANSWER_PARTS} (it is {})",
+                self.delivery.max_answer_parts
+            ));
+        }
+        if self.sessions.max_pending == 0 {
+            return Err("sessions.max_pending must be at least 1".to_string());
+        }
+        self.metrics.validate()?;
+        if !(1..=MAX_INBOX_RETENTION_DAYS).contains(&self.store.inbox_retention_days) {
+            // Telegram redelivers an unconfirmed update for up to a day; a
+            // row pruned sooner could let a redelivery run twice.
+            return Err(format!(
+                "store.inbox_retention_days must be between 1 and {MAX_INBOX_RETENTION_DAYS} (it is {})",
+                self.store.inbox_retention_days
+            ));
+        }
+        self.media.validate()?;
+        self.access.validate()?;
+        self.limits.validate()?;
+        crate::config::checks::check_data_dir("store.data_dir", &self.store.data_dir)?;
+        self.schedule.validate()?;
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(format!(
+                "log.level {:?} is not a valid filter: {e}",
+                self.log.level
+            ));
+        }
+        Ok(())
+    }
+
+    /// The terminal tool and MCP servers: their values, and that the
+    /// backend can call tools at all.
+    fn check_tools(&self) -> Result<(), String> {
         let secret_names = self.secret_env_names();
         crate::config::checks::check_pass_env(
             "tools.terminal.pass_env",
             &self.tools.terminal.pass_env,
             &secret_names,
-        )
-        .map_err(invalid)?;
-        for command in self.agent.tables().filter_map(|table| match table {
-            AgentBackend::Command(command) => Some(command),
-            _ => None,
-        }) {
-            crate::config::checks::check_pass_env(
-                "agent.command.pass_env",
-                &command.pass_env,
-                &secret_names,
-            )
-            .map_err(invalid)?;
-        }
-        for acp in self.agent.tables().filter_map(|table| match table {
-            AgentBackend::Acp(acp) => Some(acp),
-            _ => None,
-        }) {
-            crate::config::checks::check_pass_env(
-                "agent.acp.pass_env",
-                &acp.pass_env,
-                &secret_names,
-            )
-            .map_err(invalid)?;
-        }
-        if !(1..=MAX_ANSWER_PARTS).contains(&self.delivery.max_answer_parts) {
-            return Err(invalid(format!(
-                "delivery.max_answer_parts must be between 1 and {MAX_ANSWER_PARTS} (it is {})",
-                self.delivery.max_answer_parts
-            )));
-        }
-        if self.sessions.max_pending == 0 {
-            return Err(invalid(
-                "sessions.max_pending must be at least 1".to_string(),
-            ));
-        }
-        match &self.agent.backend {
-            AgentBackend::Echo(_) => {}
-            AgentBackend::Command(command) => command.validate().map_err(invalid)?,
-            AgentBackend::Openai(openai) => openai.validate().map_err(invalid)?,
-            AgentBackend::Acp(acp) => acp.validate().map_err(invalid)?,
-        }
-        self.metrics.validate().map_err(invalid)?;
-        if !(1..=MAX_INBOX_RETENTION_DAYS).contains(&self.store.inbox_retention_days) {
-            // Telegram redelivers an unconfirmed update for up to a day; a
-            // row pruned sooner could let a redelivery run twice.
-            return Err(invalid(format!(
-                "store.inbox_retention_days must be between 1 and {MAX_INBOX_RETENTION_DAYS} (it is {})",
-                self.store.inbox_retention_days
-            )));
-        }
-        self.media.validate().map_err(invalid)?;
-        self.access.validate().map_err(invalid)?;
-        self.limits.validate().map_err(invalid)?;
-        crate::config::checks::check_data_dir("store.data_dir", &self.store.data_dir)
-            .map_err(invalid)?;
-
-        self.schedule.validate().map_err(invalid)?;
+        )?;
         if self.tools.terminal.enabled && self.agent.kind() != Backend::Openai {
-            return Err(invalid(format!(
+            return Err(format!(
                 "tools.terminal.enabled = true needs agent.backend = \"openai\" (the {} backend calls no tools)",
                 self.agent.kind().as_str()
-            )));
+            ));
         }
         // Checked even while disabled, so turning it on never reveals an
         // old typo.
-        self.tools.terminal.validate().map_err(invalid)?;
-        crate::tools::mcp::config::validate_all(&self.tools.mcp).map_err(invalid)?;
+        self.tools.terminal.validate()?;
+        crate::tools::mcp::config::validate_all(&self.tools.mcp)?;
         if !self.tools.mcp.is_empty() && self.agent.kind() != Backend::Openai {
-            return Err(invalid(format!(
+            return Err(format!(
                 "[[tools.mcp]] needs agent.backend = \"openai\" (the {} backend calls no tools; \
                  Claude Code and Codex take MCP servers in their own configuration)",
                 self.agent.kind().as_str()
-            )));
+            ));
         }
         for (index, server) in self.tools.mcp.iter().enumerate() {
             crate::config::checks::check_pass_env(
                 &format!("tools.mcp[{index}].pass_env"),
                 &server.pass_env,
                 &secret_names,
-            )
-            .map_err(invalid)?;
+            )?;
         }
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
-            return Err(invalid(format!(
-                "log.level {:?} is not a valid filter: {e}",
-                self.log.level
-            )));
-        }
-        let mut updates = Updates::Polling;
-        if purpose == Purpose::Telegram {
-            let telegram = &self.telegram;
-            if telegram.token.is_none() {
-                return Err(invalid(format!(
-                    "telegram.token is missing: set it in the file or in the {TOKEN_ENV} environment variable"
-                )));
-            }
-            if telegram.mode == UpdateMode::Webhook {
-                let Some(webhook) = &telegram.webhook else {
-                    return Err(invalid(
-                        "telegram.mode = \"webhook\" needs a [telegram.webhook] table with listen and public_url".to_string(),
-                    ));
-                };
-                if !(1..=100).contains(&webhook.max_connections) {
-                    return Err(invalid(format!(
-                        "telegram.webhook.max_connections {} is out of range: use 1 to 100",
-                        webhook.max_connections
-                    )));
-                }
-                webhook
-                    .limit_settings()
-                    .validate("telegram.webhook")
-                    .map_err(invalid)?;
-                if webhook.connection_limit < usize::from(webhook.max_connections) {
-                    return Err(invalid(format!(
-                        "telegram.webhook.connection_limit {} is below max_connections {}: \
-                         Telegram's own connections would be refused",
-                        webhook.connection_limit, webhook.max_connections
-                    )));
-                }
-                let Some(secret) = webhook.secret_token.clone() else {
-                    return Err(invalid(format!(
-                        "telegram.webhook.secret_token is missing: set it in the file or in {WEBHOOK_SECRET_ENV}"
-                    )));
-                };
-                updates = Updates::Webhook(Box::new(Webhook {
-                    listen: webhook.listen,
-                    path: match webhook.public_url.path() {
-                        "" => "/".to_string(),
-                        path => path.to_string(),
-                    },
-                    public_url: webhook.public_url.clone(),
-                    secret,
-                    max_connections: webhook.max_connections,
-                    limits: webhook.limits(),
-                }));
-            }
-            if telegram.allowed_chats.is_empty() && !telegram.allow_all_users {
-                if let Some(stranger) = telegram
-                    .approvers
-                    .iter()
-                    .find(|a| !telegram.allowed_users.contains(a))
-                {
-                    return Err(invalid(format!(
-                        "telegram.approvers lists {stranger}, who is not in telegram.allowed_users \
-                         and so could never reach the bot to approve anything"
-                    )));
-                }
-            }
-        }
-        self.telegram.updates = updates;
         Ok(())
     }
 

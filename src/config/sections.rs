@@ -238,7 +238,7 @@ pub struct TelegramConfig {
     /// Which agent answers this bot: `"NAME"` for `[agents.NAME]`, or its
     /// own `[bots.agent]` table; absent, `[agent]`.
     #[serde(default)]
-    pub(crate) agent: Option<super::bots::AgentChoice>,
+    pub(crate) agent: Option<AgentChoice>,
     /// The bot token (or `token_file`, the systemd credential
     /// `telegram_bot_token`, or `TELEGRAM_BOT_TOKEN`).
     pub token: Option<Secret>,
@@ -703,4 +703,40 @@ pub(super) fn default_console_chat() -> i64 {
 }
 pub(super) fn default_log_level() -> String {
     "info".to_string()
+}
+
+/// Which agent a bot uses: one of `[agents.NAME]`, or its own table.
+#[derive(Clone, Debug)]
+pub enum AgentChoice {
+    /// `agent = "NAME"`: the shared `[agents.NAME]`.
+    Shared(String),
+    /// `[bots.agent]`: the bot's own agent table.
+    Own(Box<AgentConfig>),
+}
+
+impl<'de> Deserialize<'de> for AgentChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ChoiceVisitor;
+        impl<'de> serde::de::Visitor<'de> for ChoiceVisitor {
+            type Value = AgentChoice;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the name of an [agents.NAME] table, or an agent table")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<AgentChoice, E> {
+                Ok(AgentChoice::Shared(name.to_string()))
+            }
+
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                map: M,
+            ) -> Result<AgentChoice, M::Error> {
+                let table =
+                    AgentConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(AgentChoice::Own(Box::new(table)))
+            }
+        }
+        deserializer.deserialize_any(ChoiceVisitor)
+    }
 }

@@ -288,7 +288,6 @@ const LONG_FN_NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/agent/command/config.rs", "check_values"),
     ("src/agent/command/mod.rs", "run_once"),
     ("src/agent/command/presets.rs", "argv"),
-    ("src/config/mod.rs", "validate"),
     ("src/delivery/telegram.rs", "call_unless_withdrawn"),
     ("src/delivery/voice.rs", "deliver_voice_answer_once"),
     ("src/engine.rs", "forward_tool_events"),
@@ -296,9 +295,6 @@ const LONG_FN_NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/media/prepare.rs", "prepare"),
     ("src/tools/mcp/config.rs", "validate"),
     ("src/tools/process/mod.rs", "spawn"),
-    ("src/transport/telegram/inbound.rs", "classify"),
-    ("src/transport/telegram/intake.rs", "recover"),
-    ("src/transport/telegram/polling.rs", "poll"),
 ];
 
 #[test]

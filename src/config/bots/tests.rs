@@ -210,3 +210,48 @@ fn every_agents_key_variable_is_kept_from_children() {
     let y = config.bots[1].config(&config);
     assert_eq!(y.agent.kind(), Backend::Openai);
 }
+
+#[test]
+fn the_readmes_several_bots_example_loads() {
+    let readme = include_str!("../../../README.md");
+    let section = readme
+        .split("### Several bots")
+        .nth(1)
+        .expect("README has a Several bots section");
+    let block = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the section shows a TOML example");
+    // The files it names are the operator's: their contents inline here.
+    let mut tokens = 0;
+    let text: String = block
+        .lines()
+        .map(|line| {
+            if line.starts_with("token_file") {
+                tokens += 1;
+                format!("token = \"{tokens}00:KEY\"")
+            } else if line.starts_with("secret_token_file") {
+                "secret_token = \"hook-secret\"".to_string()
+            } else if line.starts_with("data_dir") {
+                "in_memory = true".to_string()
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = parse(&text).unwrap_or_else(|error| panic!("{error}\n{text}"));
+    let names: Vec<&str> = config.bots.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["coder", "helper", "notes"]);
+    let helper = config.bots[1].config(&config);
+    match &helper.telegram.updates {
+        Updates::Webhook(webhook) => assert_eq!(webhook.path, "/helper"),
+        Updates::Polling => panic!("helper takes a webhook"),
+    }
+    assert_eq!(
+        config.bots[0].config(&config).agent.kind(),
+        Backend::Command
+    );
+    assert_eq!(config.bots[2].config(&config).agent.kind(), Backend::Echo);
+}

@@ -225,36 +225,11 @@ pub fn classify(message: &Message, policy: &InboundPolicy) -> Inbound {
     let username = policy.bot_username.as_ref();
 
     if !is_allowed(policy, chat_id, user_id) {
-        return match (chat_type, user_id) {
-            (ChatType::Dm, Some(user_id)) => match code_in(text, username) {
-                Some(code) if policy.access.is_some() => Inbound::Redeem {
-                    chat_id,
-                    user_id,
-                    name: from.map(|u| u.full_name()).unwrap_or_default(),
-                    code,
-                },
-                _ => Inbound::Stranger { chat_id, user_id },
-            },
-            _ => Inbound::Ignore("sender not allowed"),
-        };
+        return refused(message, text, chat_type, policy);
     }
-
-    let command = parse_command(text, None);
-    // `/cmd@otherbot` is for another bot, in any chat.
-    if command.is_some() && parse_command(text, Some(username)).is_none() {
-        return Inbound::Ignore("command for another bot");
+    if let Some(ignored) = not_for_this_bot(message, text, chat_type, policy) {
+        return Inbound::Ignore(ignored);
     }
-    if chat_type.is_group() && policy.require_mention {
-        let replied_to_bot = message
-            .reply_to_message()
-            .and_then(|m| m.from.as_ref())
-            .is_some_and(|u| u.id.0 == policy.bot_id);
-        let addressed = command.is_some() || replied_to_bot || mentions(message, text, username);
-        if !addressed {
-            return Inbound::Ignore("group message not addressed to the bot");
-        }
-    }
-
     let text = strip_leading_mention(text, username).to_string();
     let source = SessionSource {
         platform: Platform::Telegram,
@@ -267,6 +242,66 @@ pub fn classify(message: &Message, policy: &InboundPolicy) -> Inbound {
         user_id,
         user_name: from.map(|u| u.full_name()),
     };
+    Inbound::Accept(accepted(message, source, text, unsupported, policy))
+}
+
+/// A message from someone the bot does not serve: a pairing or invite
+/// code redeemed in a private chat, else a stranger told their id once
+/// (private) or ignored (group).
+fn refused(message: &Message, text: &str, chat_type: ChatType, policy: &InboundPolicy) -> Inbound {
+    let from = message.from.as_ref();
+    let chat_id = message.chat.id.0;
+    match (chat_type, from.map(|u| u.id.0)) {
+        (ChatType::Dm, Some(user_id)) => match code_in(text, policy.bot_username.as_ref()) {
+            Some(code) if policy.access.is_some() => Inbound::Redeem {
+                chat_id,
+                user_id,
+                name: from.map(|u| u.full_name()).unwrap_or_default(),
+                code,
+            },
+            _ => Inbound::Stranger { chat_id, user_id },
+        },
+        _ => Inbound::Ignore("sender not allowed"),
+    }
+}
+
+/// Why an allowed sender's message is not this bot's to answer: a command
+/// for another bot, or (groups, `require_mention`) a message that neither
+/// commands, mentions nor replies to it.
+fn not_for_this_bot(
+    message: &Message,
+    text: &str,
+    chat_type: ChatType,
+    policy: &InboundPolicy,
+) -> Option<&'static str> {
+    let username = policy.bot_username.as_ref();
+    let command = parse_command(text, None);
+    // `/cmd@otherbot` is for another bot, in any chat.
+    if command.is_some() && parse_command(text, Some(username)).is_none() {
+        return Some("command for another bot");
+    }
+    if chat_type.is_group() && policy.require_mention {
+        let replied_to_bot = message
+            .reply_to_message()
+            .and_then(|m| m.from.as_ref())
+            .is_some_and(|u| u.id.0 == policy.bot_id);
+        let addressed = command.is_some() || replied_to_bot || mentions(message, text, username);
+        if !addressed {
+            return Some("group message not addressed to the bot");
+        }
+    }
+    None
+}
+
+/// The event an accepted message becomes: its text (media it carries
+/// described, media telegate cannot read said so).
+fn accepted(
+    message: &Message,
+    source: SessionSource,
+    text: String,
+    unsupported: bool,
+    policy: &InboundPolicy,
+) -> MessageEvent {
     let mut event = MessageEvent::text(source, text);
     event.message_id = Some(i64::from(message.id.0));
     event.bot_username = Some(policy.bot_username.clone());
@@ -286,7 +321,7 @@ pub fn classify(message: &Message, policy: &InboundPolicy) -> Inbound {
             event.text
         );
     }
-    Inbound::Accept(event)
+    event
 }
 
 #[cfg(test)]

@@ -51,8 +51,9 @@ use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::reply::Reply;
+use crate::store::InboxEntry;
 use crate::store::{NewUpdate, StoreError};
-use crate::vocab::{InboxState, Origin, SessionSource};
+use crate::vocab::{InboxState, MessageEvent, Origin, SessionSource};
 
 /// What the sender of a message is told when the answer's send was cut
 /// off by a restart (it may or may not have arrived; it is not sent again).
@@ -448,135 +449,156 @@ impl Intake {
         let open = self.store.inbox.open_inbox().await?;
         let mut resumed = 0;
         for entry in open {
-            if let Some(handler) = &self.callbacks {
-                if let Some(stop) = DraftStop::parse(&entry.payload) {
-                    handler.handle_draft_stop(entry.update_id, stop).await;
-                    continue;
-                }
-                if entry.payload.get("callback_query").is_some() {
-                    // Carried out by the dispatcher, like a live press.
-                    let press = entry
-                        .payload
-                        .get("callback_query")
-                        .and_then(parse_guarded::<CallbackQuery>)
-                        .zip(as_update_id(entry.update_id));
-                    match press {
-                        Some((query, id)) => {
-                            tracing::info!(
-                                update_id = entry.update_id,
-                                "carrying out a button press recorded before the restart"
-                            );
-                            let kind = UpdateKind::CallbackQuery(query);
-                            self.feed().send(Update { id, kind }, None);
-                        }
-                        None => self.mark_update(entry.update_id, "not resumable").await,
-                    }
-                    continue;
-                }
-            }
-            if let Some(mut wakeup) = wakeup_from_payload(&entry.payload) {
-                // A background job's result: always delivered (nobody could
-                // "send it again"), exactly once thanks to the outbox.
-                let message_id = entry.message_id.unwrap_or(entry.update_id);
-                if let Ok(Some(reply)) = self.store.outbox.reply_of(entry.chat_id, message_id).await
-                {
-                    if reply.sending {
-                        self.ambiguous(&wakeup.source, message_id).await;
-                        continue;
-                    }
-                    if reply.delivered {
-                        if let Some(media) = &self.media {
-                            media.send_leftover_files(&wakeup.source, message_id).await;
-                        }
-                        self.mark(entry.chat_id, message_id, InboxState::Answered, "")
-                            .await;
-                        continue;
-                    }
-                }
-                wakeup.message_id = Some(message_id);
-                wakeup.origin = Origin::Recovered {
-                    was_running: entry.state == InboxState::Running,
-                };
-                tracing::info!(
-                    update_id = entry.update_id,
-                    "delivering a wakeup recorded before the restart"
-                );
-                resumed += 1;
-                // After what was fed before it (a wakeup has no update to
-                // feed): a chat's events reach the adapter in their order.
-                self.feed().settled().await;
-                self.engine.adapter.handle_message(wakeup).await;
+            if self.recover_control(&entry).await {
                 continue;
             }
-            let update = parse_update(&entry.payload);
-            let verdict = update.as_ref().and_then(|u| match &u.kind {
-                UpdateKind::Message(message) => Some(classify(message, &self.policy)),
-                _ => None,
-            });
-            let (Some(update), Some(Inbound::Accept(mut event))) = (update, verdict) else {
-                if let Some(id) = entry.message_id {
-                    self.mark(entry.chat_id, id, InboxState::Dropped, "not resumable")
-                        .await;
-                }
-                continue;
+            let handed_on = match wakeup_from_payload(&entry.payload) {
+                Some(wakeup) => self.recover_wakeup(&entry, wakeup).await,
+                None => self.recover_message(&entry).await,
             };
-            let message_id = entry.message_id.unwrap_or_default();
-            let recorded = self
-                .store
-                .outbox
-                .reply_of(entry.chat_id, message_id)
-                .await
-                .ok()
-                .flatten();
-            if recorded.as_ref().is_some_and(|reply| reply.delivered) {
-                // Files the turn left to follow its answer may not have gone
-                // out before the restart.
+            resumed += usize::from(handed_on);
+        }
+        Ok(resumed)
+    }
+
+    /// A recorded draft stop or button press, carried out as a live one
+    /// would be: whether the row was one.
+    async fn recover_control(&self, entry: &InboxEntry) -> bool {
+        let Some(handler) = &self.callbacks else {
+            return false;
+        };
+        if let Some(stop) = DraftStop::parse(&entry.payload) {
+            handler.handle_draft_stop(entry.update_id, stop).await;
+            return true;
+        }
+        if entry.payload.get("callback_query").is_some() {
+            // Carried out by the dispatcher, like a live press.
+            let press = entry
+                .payload
+                .get("callback_query")
+                .and_then(parse_guarded::<CallbackQuery>)
+                .zip(as_update_id(entry.update_id));
+            match press {
+                Some((query, id)) => {
+                    tracing::info!(
+                        update_id = entry.update_id,
+                        "carrying out a button press recorded before the restart"
+                    );
+                    let kind = UpdateKind::CallbackQuery(query);
+                    self.feed().send(Update { id, kind }, None);
+                }
+                None => self.mark_update(entry.update_id, "not resumable").await,
+            }
+            return true;
+        }
+        false
+    }
+
+    /// A background job's result recorded before the restart: always
+    /// delivered (nobody could "send it again"), exactly once thanks to the
+    /// outbox. Whether it was handed on.
+    async fn recover_wakeup(&self, entry: &InboxEntry, mut wakeup: MessageEvent) -> bool {
+        let message_id = entry.message_id.unwrap_or(entry.update_id);
+        if let Ok(Some(reply)) = self.store.outbox.reply_of(entry.chat_id, message_id).await {
+            if reply.sending {
+                self.ambiguous(&wakeup.source, message_id).await;
+                return false;
+            }
+            if reply.delivered {
                 if let Some(media) = &self.media {
-                    media.send_leftover_files(&event.source, message_id).await;
+                    media.send_leftover_files(&wakeup.source, message_id).await;
                 }
                 self.mark(entry.chat_id, message_id, InboxState::Answered, "")
                     .await;
-                continue;
+                return false;
             }
-            if recorded.as_ref().is_some_and(|reply| reply.sending) {
-                self.ambiguous(&event.source, message_id).await;
-                continue;
-            }
-            if entry.state == InboxState::Running && !self.resume_interrupted {
-                let notice = Reply::notice(
-                    "⚠️ telegate restarted while working on this message; please send it again.",
-                )
-                .in_reply_to(entry.message_id);
-                let target = ChatTarget::of(&event.source);
-                // A half-streamed preview must not stay behind looking like
-                // the answer: the notice replaces it in place.
-                let preview = recorded.and_then(|reply| reply.reply_ids.first().copied());
-                if let Err(error) = self.delivery.deliver_reply(target, &notice, preview).await {
-                    tracing::warn!(%error, "could not tell a user about a restart");
-                }
-                self.mark(
-                    entry.chat_id,
-                    message_id,
-                    InboxState::Dropped,
-                    "interrupted by a restart",
-                )
-                .await;
-                continue;
-            }
-            tracing::info!(
-                update_id = entry.update_id,
-                state = entry.state.as_str(),
-                "resuming a message after a restart"
-            );
-            resumed += 1;
-            event.origin = Origin::Recovered {
-                was_running: entry.state == InboxState::Running,
-            };
-            // Through the dispatcher like a live message, ahead of every
-            // live one.
-            self.feed().send(update, Some(Inbound::Accept(event)));
         }
-        Ok(resumed)
+        wakeup.message_id = Some(message_id);
+        wakeup.origin = Origin::Recovered {
+            was_running: entry.state == InboxState::Running,
+        };
+        tracing::info!(
+            update_id = entry.update_id,
+            "delivering a wakeup recorded before the restart"
+        );
+        // After what was fed before it (a wakeup has no update to
+        // feed): a chat's events reach the adapter in their order.
+        self.feed().settled().await;
+        self.engine.adapter.handle_message(wakeup).await;
+        true
+    }
+
+    /// A user's message recorded before the restart: fed again, only
+    /// marked (answered, or interrupted when not resumed), or finished as
+    /// an ambiguous send. Whether it was fed again.
+    async fn recover_message(&self, entry: &InboxEntry) -> bool {
+        let update = parse_update(&entry.payload);
+        let verdict = update.as_ref().and_then(|u| match &u.kind {
+            UpdateKind::Message(message) => Some(classify(message, &self.policy)),
+            _ => None,
+        });
+        let (Some(update), Some(Inbound::Accept(mut event))) = (update, verdict) else {
+            if let Some(id) = entry.message_id {
+                self.mark(entry.chat_id, id, InboxState::Dropped, "not resumable")
+                    .await;
+            }
+            return false;
+        };
+        let message_id = entry.message_id.unwrap_or_default();
+        let recorded = self
+            .store
+            .outbox
+            .reply_of(entry.chat_id, message_id)
+            .await
+            .ok()
+            .flatten();
+        if recorded.as_ref().is_some_and(|reply| reply.delivered) {
+            // Files the turn left to follow its answer may not have gone
+            // out before the restart.
+            if let Some(media) = &self.media {
+                media.send_leftover_files(&event.source, message_id).await;
+            }
+            self.mark(entry.chat_id, message_id, InboxState::Answered, "")
+                .await;
+            return false;
+        }
+        if recorded.as_ref().is_some_and(|reply| reply.sending) {
+            self.ambiguous(&event.source, message_id).await;
+            return false;
+        }
+        if entry.state == InboxState::Running && !self.resume_interrupted {
+            let notice = Reply::notice(
+                "⚠️ telegate restarted while working on this message; please send it again.",
+            )
+            .in_reply_to(entry.message_id);
+            let target = ChatTarget::of(&event.source);
+            // A half-streamed preview must not stay behind looking like
+            // the answer: the notice replaces it in place.
+            let preview = recorded.and_then(|reply| reply.reply_ids.first().copied());
+            if let Err(error) = self.delivery.deliver_reply(target, &notice, preview).await {
+                tracing::warn!(%error, "could not tell a user about a restart");
+            }
+            self.mark(
+                entry.chat_id,
+                message_id,
+                InboxState::Dropped,
+                "interrupted by a restart",
+            )
+            .await;
+            return false;
+        }
+        tracing::info!(
+            update_id = entry.update_id,
+            state = entry.state.as_str(),
+            "resuming a message after a restart"
+        );
+        event.origin = Origin::Recovered {
+            was_running: entry.state == InboxState::Running,
+        };
+        // Through the dispatcher like a live message, ahead of every
+        // live one.
+        self.feed().send(update, Some(Inbound::Accept(event)));
+        true
     }
 
     /// An answer whose send the previous process started without

@@ -57,9 +57,7 @@ pub async fn poll(
     token_rejected: CancellationToken,
 ) {
     let mut offset: i32 = 0;
-    let mut failures: u32 = 0;
-    let mut conflicts = ConflictLog::default();
-    let mut unauthorized: u32 = 0;
+    let mut failures = Failures::default();
     loop {
         // Raw JSON: every update is recorded exactly as Telegram sent it.
         let request = super::raw::get_updates(&bot, offset, POLL_TIMEOUT_SECS, &allowed_updates);
@@ -71,73 +69,119 @@ pub async fn poll(
             Ok(updates) => updates,
             Err(error) => {
                 health.set(false);
-                failures += 1;
-                if matches!(error, RequestError::Api(teloxide::ApiError::InvalidToken)) {
-                    unauthorized += 1;
-                    if unauthorized >= UNAUTHORIZED_LIMIT {
-                        tracing::error!(
-                            "the bot token was rejected by Telegram ({unauthorized} times in a row): stopping"
-                        );
-                        token_rejected.cancel();
-                        return;
-                    }
-                } else {
-                    unauthorized = 0;
-                }
-                let wait = backoff(&error, failures);
-                if is_conflict(&error) {
-                    intake.metrics().getupdates_conflicts.inc();
-                    if let Some(since) = conflicts.should_log(tokio::time::Instant::now()) {
-                        tracing::error!(
-                            conflicts_since_last_log = since,
-                            ?wait,
-                            "getUpdates answered 409 Conflict: another process is polling with this bot token \
-                             (a second telegate or another bot program). Only one may poll; stop the other one. \
-                             Backing off; no update is answered twice here."
-                        );
-                    }
-                } else {
-                    tracing::warn!(%error, ?wait, "getUpdates failed; retrying");
-                }
+                let Some(wait) = failures.after(&error, &intake) else {
+                    token_rejected.cancel();
+                    return;
+                };
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(wait) => continue,
                 }
             }
         };
-        failures = 0;
-        unauthorized = 0;
+        failures.reset();
         health.set(true);
-        let mut last = offset;
-        for raw in &updates {
-            match raw
-                .get("update_id")
-                .and_then(serde_json::Value::as_u64)
-                .map(|id| u32::try_from(id).unwrap_or(u32::MAX))
-            {
-                Some(id) => last = last.max(next_offset(id)),
-                None => tracing::warn!("an update without update_id was skipped"),
-            }
-        }
+        let last = batch_offset(&updates, offset);
         // Record the whole batch first (one store call for its messages);
         // confirm it (move the offset) only after that.
-        loop {
-            match intake.take_batch(&updates).await {
-                Ok(()) => break,
-                Err(error) => {
-                    tracing::error!(
-                        updates = updates.len(),
-                        %error,
-                        "could not record a batch of updates; retrying before confirming it"
-                    );
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
+        if !record_batch(&intake, &updates, &stop).await {
+            return;
+        }
+        offset = last;
+    }
+}
+
+/// The failures since the last batch that got through.
+#[derive(Default)]
+struct Failures {
+    /// Failed polls in a row.
+    failures: u32,
+    /// 401 answers in a row.
+    unauthorized: u32,
+    /// When a 409 was last logged (kept across batches).
+    conflicts: ConflictLog,
+}
+
+impl Failures {
+    /// A batch got through (the conflict log keeps its interval).
+    fn reset(&mut self) {
+        self.failures = 0;
+        self.unauthorized = 0;
+    }
+
+    /// Count a failed poll and log it: how long to wait before the next,
+    /// or `None` once the token counts as rejected.
+    fn after(&mut self, error: &RequestError, intake: &Intake) -> Option<Duration> {
+        self.failures += 1;
+        if matches!(error, RequestError::Api(teloxide::ApiError::InvalidToken)) {
+            self.unauthorized += 1;
+            if self.unauthorized >= UNAUTHORIZED_LIMIT {
+                tracing::error!(
+                    "the bot token was rejected by Telegram ({} times in a row): stopping",
+                    self.unauthorized
+                );
+                return None;
+            }
+        } else {
+            self.unauthorized = 0;
+        }
+        let wait = backoff(error, self.failures);
+        if is_conflict(error) {
+            intake.metrics().getupdates_conflicts.inc();
+            if let Some(since) = self.conflicts.should_log(tokio::time::Instant::now()) {
+                tracing::error!(
+                    conflicts_since_last_log = since,
+                    ?wait,
+                    "getUpdates answered 409 Conflict: another process is polling with this bot token \
+                     (a second telegate or another bot program). Only one may poll; stop the other one. \
+                     Backing off; no update is answered twice here."
+                );
+            }
+        } else {
+            tracing::warn!(%error, ?wait, "getUpdates failed; retrying");
+        }
+        Some(wait)
+    }
+}
+
+/// The offset that confirms every update of `updates` (from `offset`).
+fn batch_offset(updates: &[serde_json::Value], offset: i32) -> i32 {
+    let mut last = offset;
+    for raw in updates {
+        match raw
+            .get("update_id")
+            .and_then(serde_json::Value::as_u64)
+            .map(|id| u32::try_from(id).unwrap_or(u32::MAX))
+        {
+            Some(id) => last = last.max(next_offset(id)),
+            None => tracing::warn!("an update without update_id was skipped"),
+        }
+    }
+    last
+}
+
+/// Record the batch, retrying each second until it is written: `false`
+/// when `stop` came first.
+async fn record_batch(
+    intake: &Intake,
+    updates: &[serde_json::Value],
+    stop: &CancellationToken,
+) -> bool {
+    loop {
+        match intake.take_batch(updates).await {
+            Ok(()) => return true,
+            Err(error) => {
+                tracing::error!(
+                    updates = updates.len(),
+                    %error,
+                    "could not record a batch of updates; retrying before confirming it"
+                );
+                tokio::select! {
+                    _ = stop.cancelled() => return false,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
             }
         }
-        offset = last;
     }
 }
 
