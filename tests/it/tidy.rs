@@ -284,7 +284,6 @@ const LONG_FN_ALLOWED: &[(&str, &str, &str)] = &[
 const LONG_FN_NOT_YET_SPLIT: &[(&str, &str)] = &[
     ("src/config/mod.rs", "validate"),
     ("src/main.rs", "main"),
-    ("src/tools/process/mod.rs", "spawn"),
     ("src/transport/telegram/inbound.rs", "classify"),
     ("src/transport/telegram/intake.rs", "recover"),
     ("src/transport/telegram/polling.rs", "poll"),
