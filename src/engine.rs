@@ -22,6 +22,7 @@ use crate::runner::RunnerTables;
 use crate::runner::{Runner, RunnerConfig, RunnerParts, WeakRunner};
 use crate::store::{Processes, RunningProcess, StoreError};
 use crate::tools::approval::ApprovalGate;
+use crate::tools::approval_options::ApprovalOption;
 use crate::tools::childgroups::{kill_previous_run, GroupLedger};
 use crate::tools::wakeup::{OwnerHistory, Wakeup};
 use crate::tools::{TerminalTool, ToolEvent, ToolEventReceiver};
@@ -210,18 +211,7 @@ async fn forward_tool_events(
                 text,
                 options,
             } => {
-                let choices: Vec<(String, String, bool)> = options
-                    .iter()
-                    .map(|o| {
-                        (
-                            o.id.clone(),
-                            format!("{} {}", o.kind.emoji(), o.label),
-                            o.kind.allows(),
-                        )
-                    })
-                    .collect();
-                let prompt =
-                    Reply::notice(text).with_buttons(Button::approval_choices(&ticket, &choices));
+                let prompt = approval_prompt(text, &ticket, &options);
                 if let Err(error) = outbound.deliver(&to, prompt).await {
                     tracing::warn!(chat_id = to.chat_id, %error, "an approval prompt could not be delivered");
                 }
@@ -256,33 +246,56 @@ async fn forward_tool_events(
                     tracing::warn!(process = %wakeup.process.id, "wakeup dropped: the engine is gone");
                     return;
                 };
-                let Some(owner) = wakeup.owner() else {
-                    tracing::error!(process = %wakeup.process.id, "wakeup without an owner; nobody to wake");
-                    continue;
-                };
-                let resolved = match runner.resolve_session(&owner.session_key).await {
-                    Ok(resolved) => resolved,
-                    // The store is failing: the wakeup still runs, against
-                    // the session that started the process if known.
-                    Err(error) => match owner.known_spawn_session() {
-                        Some(spawned) => spawned.clone(),
-                        None => {
-                            tracing::error!(process = %wakeup.process.id, %error, "wakeup dropped: its chat has no session and the store is failing");
-                            continue;
-                        }
-                    },
-                };
-                let history = owner_history(&runner, &wakeup, &resolved).await;
-                let process = wakeup.process.id.clone();
-                match wakeup.into_event_checked(resolved, history) {
-                    Some(event) => {
-                        tracing::info!(%process, session = ?event.session_override, "waking the owner chat");
-                        adapter.wake(event).await;
-                    }
-                    None => tracing::error!(%process, "wakeup without an owner; nobody to wake"),
-                }
+                wake_owner(&adapter, &runner, wakeup).await;
             }
         }
+    }
+}
+
+/// An approval request as a notice with a button per option (its emoji
+/// and label; whether it allows).
+fn approval_prompt(text: String, ticket: &str, options: &[ApprovalOption]) -> Reply {
+    let choices: Vec<(String, String, bool)> = options
+        .iter()
+        .map(|o| {
+            (
+                o.id.clone(),
+                format!("{} {}", o.kind.emoji(), o.label),
+                o.kind.allows(),
+            )
+        })
+        .collect();
+    Reply::notice(text).with_buttons(Button::approval_choices(ticket, &choices))
+}
+
+/// A wakeup as an internal event for its owner's chat, running against the
+/// chat's current session (or, with the store failing, the session that
+/// started the process); dropped, and logged, when it has no owner.
+async fn wake_owner(adapter: &Adapter, runner: &Runner, wakeup: Box<Wakeup>) {
+    let Some(owner) = wakeup.owner() else {
+        tracing::error!(process = %wakeup.process.id, "wakeup without an owner; nobody to wake");
+        return;
+    };
+    let resolved = match runner.resolve_session(&owner.session_key).await {
+        Ok(resolved) => resolved,
+        // The store is failing: the wakeup still runs, against
+        // the session that started the process if known.
+        Err(error) => match owner.known_spawn_session() {
+            Some(spawned) => spawned.clone(),
+            None => {
+                tracing::error!(process = %wakeup.process.id, %error, "wakeup dropped: its chat has no session and the store is failing");
+                return;
+            }
+        },
+    };
+    let history = owner_history(runner, &wakeup, &resolved).await;
+    let process = wakeup.process.id.clone();
+    match wakeup.into_event_checked(resolved, history) {
+        Some(event) => {
+            tracing::info!(%process, session = ?event.session_override, "waking the owner chat");
+            adapter.wake(event).await;
+        }
+        None => tracing::error!(%process, "wakeup without an owner; nobody to wake"),
     }
 }
 

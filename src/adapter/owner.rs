@@ -11,9 +11,12 @@ use crate::adapter::EventOutcome;
 use crate::adapter::SessionGuard;
 use crate::memory::shrink_when_sparse;
 use crate::reply::unsent_line;
+use crate::reply::Outgoing;
 use crate::reply::Reply;
+use crate::reply::Unsent;
 use crate::vocab::MessageEvent;
 use crate::vocab::SessionKey;
+use crate::vocab::SessionSource;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -36,62 +39,13 @@ pub(super) async fn owner_task(
         let source = event.source.clone();
         let message_id = event.message_id;
         inner.note(&source, message_id, EventOutcome::Running);
-        let ctx = DispatchContext {
-            key: key.clone(),
-            interrupt: guard.interrupt().clone(),
-            slot_busy: false,
-            slot_sending: false,
-            queue_depth: inner.state().pending_len(&key),
-            claimed_while_busy: false,
-        };
-        let handled = AssertUnwindSafe(inner.handler.handle(event, ctx)).catch_unwind();
-        let outgoing = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => None,
-            handled = handled => match handled {
-                Ok(outgoing) => outgoing,
-                Err(_) => {
-                    tracing::error!(session_key = %key, "message handler panicked");
-                    Some(internal_error().into())
-                }
-            },
-        };
+        let outgoing = handle_unless_cancelled(&inner, &key, &guard, event, &cancel).await;
         guard.mark_finishing();
         // A reply is only sent while this task still owns the slot: once a
         // command swapped its guard, whatever the turn produced is stale.
         let owns = !cancel.is_cancelled() && inner.state().owns(&key, &guard);
         if owns {
-            // The slot's acknowledgement goes out first (it is already on
-            // its way; this only keeps the order).
-            let notice = inner.state().last_notice.get(&key).cloned();
-            if let Some(notice) = notice {
-                notice.cancelled().await;
-            }
-            // /stop, /new or /reset may end the sending (see
-            // `SessionGuard::stop_sending`); what it left unsent is said
-            // in one line (even though the guard is gone by then) before
-            // the message's outcome is recorded.
-            let sending = guard.sending().clone();
-            let outcome = sending
-                .clone()
-                .scope(inner.deliver(&source, outgoing))
-                .await;
-            sending.finished();
-            let unsent = sending.unsent();
-            // A stop that kept back every part of the answer left it
-            // unanswered, not answered.
-            let outcome = match outcome {
-                EventOutcome::Answered if unsent.parts > 0 && unsent.parts == unsent.of_parts => {
-                    EventOutcome::Dropped("stopped")
-                }
-                other => other,
-            };
-            if let Some(line) = unsent_line(unsent) {
-                inner
-                    .send(&source, Reply::notice(line).in_reply_to(message_id).into())
-                    .await;
-            }
-            inner.note(&source, message_id, outcome);
+            reply_as_owner(&inner, &key, &guard, &source, message_id, outgoing).await;
         } else if !inner.shutting_down() {
             inner.note(&source, message_id, EventOutcome::Dropped("stopped"));
         }
@@ -105,6 +59,83 @@ pub(super) async fn owner_task(
             }
             None => return,
         }
+    }
+}
+
+/// Runs the handler on `event` unless `cancel` fires first (then `None`);
+/// a handler that panicked answers with the internal-error reply.
+async fn handle_unless_cancelled(
+    inner: &AdapterInner,
+    key: &SessionKey,
+    guard: &SessionGuard,
+    event: MessageEvent,
+    cancel: &CancellationToken,
+) -> Option<Outgoing> {
+    let ctx = DispatchContext {
+        key: key.clone(),
+        interrupt: guard.interrupt().clone(),
+        slot_busy: false,
+        slot_sending: false,
+        queue_depth: inner.state().pending_len(key),
+        claimed_while_busy: false,
+    };
+    let handled = AssertUnwindSafe(inner.handler.handle(event, ctx)).catch_unwind();
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        handled = handled => match handled {
+            Ok(outgoing) => outgoing,
+            Err(_) => {
+                tracing::error!(session_key = %key, "message handler panicked");
+                Some(internal_error().into())
+            }
+        },
+    }
+}
+
+/// Sends the reply of the task that still owns the slot: after the slot's
+/// acknowledgement, under the guard's sending stop; says in one line what a
+/// stop left unsent, then records the message's outcome.
+async fn reply_as_owner(
+    inner: &AdapterInner,
+    key: &SessionKey,
+    guard: &SessionGuard,
+    source: &SessionSource,
+    message_id: Option<i64>,
+    outgoing: Option<Outgoing>,
+) {
+    // The slot's acknowledgement goes out first (it is already on
+    // its way; this only keeps the order).
+    let notice = inner.state().last_notice.get(key).cloned();
+    if let Some(notice) = notice {
+        notice.cancelled().await;
+    }
+    // /stop, /new or /reset may end the sending (see
+    // `SessionGuard::stop_sending`); what it left unsent is said
+    // in one line (even though the guard is gone by then) before
+    // the message's outcome is recorded.
+    let sending = guard.sending().clone();
+    let outcome = sending.clone().scope(inner.deliver(source, outgoing)).await;
+    sending.finished();
+    let unsent = sending.unsent();
+    let outcome = outcome_after_stop(outcome, unsent);
+    if let Some(line) = unsent_line(unsent) {
+        inner
+            .send(source, Reply::notice(line).in_reply_to(message_id).into())
+            .await;
+    }
+    inner.note(source, message_id, outcome);
+}
+
+/// A delivered message's outcome given what a stop left unsent: a stop
+/// that kept back every part of the answer left it unanswered, not
+/// answered.
+fn outcome_after_stop(outcome: EventOutcome, unsent: Unsent) -> EventOutcome {
+    match outcome {
+        EventOutcome::Answered if unsent.parts > 0 && unsent.parts == unsent.of_parts => {
+            EventOutcome::Dropped("stopped")
+        }
+        other => other,
     }
 }
 
@@ -166,4 +197,29 @@ pub(super) fn internal_error() -> Reply {
         "⚠️ Something went wrong while handling your message.\n{}",
         crate::vocab::RESET_HINT
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_that_kept_back_every_part_leaves_the_answer_unanswered() {
+        let unsent = |parts, of_parts| Unsent {
+            parts,
+            of_parts,
+            files: 0,
+        };
+        let answered = EventOutcome::Answered;
+        assert_eq!(
+            outcome_after_stop(answered, unsent(3, 3)),
+            EventOutcome::Dropped("stopped")
+        );
+        assert_eq!(outcome_after_stop(answered, unsent(2, 3)), answered);
+        assert_eq!(outcome_after_stop(answered, unsent(0, 0)), answered);
+        assert_eq!(
+            outcome_after_stop(EventOutcome::Failed, unsent(3, 3)),
+            EventOutcome::Failed
+        );
+    }
 }

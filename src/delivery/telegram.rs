@@ -43,6 +43,7 @@
 //! text above debug level.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -59,7 +60,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::api::{post, AttemptError};
 use super::entity::{to_telegram, FormattedText};
-use super::lanes::ChatLanes;
+use super::lanes::{ChatLanes, ChatTurn};
 use super::markdown::render;
 pub use super::ratelimit::Priority;
 use super::ratelimit::{RateLimiter, RateLimits};
@@ -193,6 +194,51 @@ enum Failure {
     NotModified,
     /// Refused for good.
     Permanent(String),
+}
+
+/// What a failed attempt leads to.
+#[derive(Debug)]
+enum NextStep {
+    /// Nothing changed (an edit to the same text): done, with no value.
+    NotModified,
+    /// Telegram asked for this wait (429; the chat is held for it): try
+    /// again, not counted as an attempt.
+    RetryAfter(Duration),
+    /// The entities were refused: send again as plain text, not counted.
+    ResendPlain(String),
+    /// Try again after this backoff.
+    RetryTransient(String, Duration),
+    /// An idempotent request got no answer: try again shortly.
+    RetryAmbiguous(String),
+    /// Stop trying.
+    GiveUp(DeliveryError),
+}
+
+/// The step after `failure`, the `attempts`-th counted failure of a
+/// request sent as plain text or not (pure).
+fn next_step(
+    failure: Failure,
+    plain: bool,
+    attempts: u32,
+    idempotence: Idempotence,
+    max_attempts: u32,
+) -> NextStep {
+    match failure {
+        Failure::NotModified => NextStep::NotModified,
+        Failure::RetryAfter(wait) => NextStep::RetryAfter(wait),
+        Failure::Entities(why) if !plain => NextStep::ResendPlain(why),
+        Failure::Transient(why) if attempts < max_attempts => {
+            NextStep::RetryTransient(why, transient_backoff(attempts))
+        }
+        Failure::Ambiguous(why) if idempotence == Idempotence::Safe && attempts < max_attempts => {
+            NextStep::RetryAmbiguous(why)
+        }
+        Failure::Ambiguous(why) => NextStep::GiveUp(DeliveryError::Ambiguous(why)),
+        Failure::Entities(why) | Failure::Permanent(why) => {
+            NextStep::GiveUp(DeliveryError::Rejected(why))
+        }
+        Failure::Transient(why) => NextStep::GiveUp(DeliveryError::Unavailable(why)),
+    }
 }
 
 fn classify(error: AttemptError) -> Failure {
@@ -386,100 +432,132 @@ impl Delivery {
         let mut plain = false;
         let mut attempts = 0u32;
         loop {
-            let waited = Instant::now();
-            let turn = tokio::select! {
-                biased;
-                _ = &mut withdrawn => return Err(DeliveryError::Withdrawn),
-                turn = self.inner.chat_lanes.turn(target.chat_id, priority) => turn,
-            };
-            let paced = Instant::now();
-            tokio::select! {
-                biased;
-                _ = &mut withdrawn => return Err(DeliveryError::Withdrawn),
-                _ = self.pace(target, priority) => {}
-            }
-            if priority == Priority::Control {
-                let sent = Instant::now();
-                let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-                self.note(|s| {
-                    s.control_sends += 1;
-                    s.control_turn_wait_us += micros(paced - waited);
-                    s.control_pace_wait_us += micros(sent - paced);
-                });
-            }
+            let turn = self
+                .turn_and_pace(target, priority, withdrawn.as_mut())
+                .await?;
             let request = op(plain);
-            let delivery = self.clone();
-            let attempt = tokio::spawn(async move {
-                let result = request.await.map_err(Into::into);
-                if let Err(AttemptError::Request(RequestError::RetryAfter(seconds))) = &result {
-                    delivery.hold_chat(target, seconds.duration());
-                }
-                drop(turn);
-                result
-            });
-            let error: AttemptError = match attempt.await {
-                Ok(Ok(value)) => return Ok(Some(value)),
-                Ok(Err(error)) => error,
-                Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
-                Err(_) => {
-                    return Err(DeliveryError::Unavailable(
-                        "the runtime is shutting down".into(),
-                    ))
-                }
+            let error = match self.attempt(target, turn, request).await? {
+                Ok(value) => return Ok(Some(value)),
+                Err(error) => error,
             };
-            let failure = classify(error);
             attempts += 1;
-            match failure {
-                Failure::NotModified => return Ok(None),
-                Failure::RetryAfter(wait) => {
-                    self.note(|s| {
-                        s.retry_after_hits += 1;
-                        s.retry_after_wait_ms += wait.as_millis() as u64;
-                    });
-                    if wait > self.inner.config.max_retry_wait {
-                        tracing::warn!(
-                            chat_id = target.chat_id,
-                            wait_secs = wait.as_secs(),
-                            "Telegram asked for a long pause; the message will be sent after it"
-                        );
-                    }
+            let max_attempts = self.inner.config.max_attempts;
+            match next_step(classify(error), plain, attempts, idempotence, max_attempts) {
+                NextStep::NotModified => return Ok(None),
+                NextStep::RetryAfter(wait) => {
+                    self.note_retry_after(target, wait);
                     // 429s never count as attempts: the message waits, it is
                     // not dropped.
                     attempts -= 1;
                 }
-                Failure::Entities(why) if !plain => {
+                NextStep::ResendPlain(why) => {
                     tracing::warn!(chat_id = target.chat_id, %why, "entities refused; resending as plain text");
                     self.note(|s| s.plain_fallbacks += 1);
                     plain = true;
                     attempts -= 1;
                 }
-                Failure::Transient(why) if attempts < self.inner.config.max_attempts => {
-                    let backoff = transient_backoff(attempts);
+                NextStep::RetryTransient(why, backoff) => {
                     tracing::debug!(chat_id = target.chat_id, %why, ?backoff, "transient failure; retrying");
                     tokio::time::sleep(backoff).await;
                 }
-                Failure::Ambiguous(why)
-                    if idempotence == Idempotence::Safe
-                        && attempts < self.inner.config.max_attempts =>
-                {
+                NextStep::RetryAmbiguous(why) => {
                     tracing::debug!(chat_id = target.chat_id, %why, "no answer to an idempotent request; retrying");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                Failure::Ambiguous(why) => {
-                    self.note(|s| s.failures += 1);
-                    return Err(DeliveryError::Ambiguous(why));
-                }
-                Failure::Entities(why) | Failure::Permanent(why) => {
-                    self.note(|s| s.failures += 1);
-                    self.note_refusal(target, &why);
-                    return Err(DeliveryError::Rejected(why));
-                }
-                Failure::Transient(why) => {
-                    self.note(|s| s.failures += 1);
-                    return Err(DeliveryError::Unavailable(why));
-                }
+                NextStep::GiveUp(error) => return Err(self.give_up(target, error)),
             }
         }
+    }
+
+    /// The chat's turn, then its pacing, unless `withdrawn` fires first
+    /// (then [`DeliveryError::Withdrawn`]); a control request's waits are
+    /// counted.
+    async fn turn_and_pace(
+        &self,
+        target: ChatTarget,
+        priority: Priority,
+        mut withdrawn: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<ChatTurn, DeliveryError> {
+        let waited = Instant::now();
+        let turn = tokio::select! {
+            biased;
+            _ = withdrawn.as_mut() => return Err(DeliveryError::Withdrawn),
+            turn = self.inner.chat_lanes.turn(target.chat_id, priority) => turn,
+        };
+        let paced = Instant::now();
+        tokio::select! {
+            biased;
+            _ = withdrawn.as_mut() => return Err(DeliveryError::Withdrawn),
+            _ = self.pace(target, priority) => {}
+        }
+        if priority == Priority::Control {
+            let sent = Instant::now();
+            let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+            self.note(|s| {
+                s.control_sends += 1;
+                s.control_turn_wait_us += micros(paced - waited);
+                s.control_pace_wait_us += micros(sent - paced);
+            });
+        }
+        Ok(turn)
+    }
+
+    /// One attempt of `request`, in a task of its own (it runs to its
+    /// answer even if the caller goes away) holding the chat's `turn`; a
+    /// 429 holds the chat for the wait Telegram asked. A panic in it is
+    /// the caller's; a runtime shutting down is `Unavailable`.
+    async fn attempt<T, E, Fut>(
+        &self,
+        target: ChatTarget,
+        turn: ChatTurn,
+        request: Fut,
+    ) -> Result<Result<T, AttemptError>, DeliveryError>
+    where
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Into<AttemptError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let delivery = self.clone();
+        let attempt = tokio::spawn(async move {
+            let result = request.await.map_err(Into::into);
+            if let Err(AttemptError::Request(RequestError::RetryAfter(seconds))) = &result {
+                delivery.hold_chat(target, seconds.duration());
+            }
+            drop(turn);
+            result
+        });
+        match attempt.await {
+            Ok(result) => Ok(result),
+            Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+            Err(_) => Err(DeliveryError::Unavailable(
+                "the runtime is shutting down".into(),
+            )),
+        }
+    }
+
+    /// Counts a 429's wait; a wait beyond `max_retry_wait` is logged.
+    fn note_retry_after(&self, target: ChatTarget, wait: Duration) {
+        self.note(|s| {
+            s.retry_after_hits += 1;
+            s.retry_after_wait_ms += wait.as_millis() as u64;
+        });
+        if wait > self.inner.config.max_retry_wait {
+            tracing::warn!(
+                chat_id = target.chat_id,
+                wait_secs = wait.as_secs(),
+                "Telegram asked for a long pause; the message will be sent after it"
+            );
+        }
+    }
+
+    /// Counts a request given up; a refusal that says the topic is gone is
+    /// reported to the topic watcher.
+    fn give_up(&self, target: ChatTarget, error: DeliveryError) -> DeliveryError {
+        self.note(|s| s.failures += 1);
+        if let DeliveryError::Rejected(why) = &error {
+            self.note_refusal(target, why);
+        }
+        error
     }
 
     /// Send one chunk as a new message in the given lane. Returns its
@@ -754,5 +832,59 @@ pub fn render_chunks(reply: &Reply) -> Vec<FormattedText> {
         vec![FormattedText::plain("(empty reply)")]
     } else {
         chunks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_leads_to_its_step() {
+        use Idempotence::{Safe, Unsafe};
+        let why = || "why".to_string();
+        let step = |failure, plain, attempts, idempotence| {
+            next_step(failure, plain, attempts, idempotence, 3)
+        };
+        assert!(matches!(
+            step(Failure::NotModified, false, 1, Unsafe),
+            NextStep::NotModified
+        ));
+        assert!(matches!(
+            step(Failure::RetryAfter(Duration::from_secs(9)), false, 5, Unsafe),
+            NextStep::RetryAfter(wait) if wait == Duration::from_secs(9)
+        ));
+        assert!(matches!(
+            step(Failure::Entities(why()), false, 1, Unsafe),
+            NextStep::ResendPlain(_)
+        ));
+        assert!(matches!(
+            step(Failure::Entities(why()), true, 1, Unsafe),
+            NextStep::GiveUp(DeliveryError::Rejected(_))
+        ));
+        assert!(matches!(
+            step(Failure::Transient(why()), false, 2, Unsafe),
+            NextStep::RetryTransient(_, backoff) if backoff == transient_backoff(2)
+        ));
+        assert!(matches!(
+            step(Failure::Transient(why()), false, 3, Unsafe),
+            NextStep::GiveUp(DeliveryError::Unavailable(_))
+        ));
+        assert!(matches!(
+            step(Failure::Ambiguous(why()), false, 2, Safe),
+            NextStep::RetryAmbiguous(_)
+        ));
+        assert!(matches!(
+            step(Failure::Ambiguous(why()), false, 1, Unsafe),
+            NextStep::GiveUp(DeliveryError::Ambiguous(_))
+        ));
+        assert!(matches!(
+            step(Failure::Ambiguous(why()), false, 3, Safe),
+            NextStep::GiveUp(DeliveryError::Ambiguous(_))
+        ));
+        assert!(matches!(
+            step(Failure::Permanent(why()), false, 1, Safe),
+            NextStep::GiveUp(DeliveryError::Rejected(_))
+        ));
     }
 }

@@ -85,15 +85,7 @@ pub async fn deliver_voice_answer_once(
         }
     }
     if let Some(preview) = preview {
-        // The chat shows the text already: it becomes the answer, the
-        // voice note follows it.
-        deliver_text_answer_once(delivery, target, &text_only, Some(preview), record).await?;
-        if let Err(error) =
-            send_voice(delivery, target, &audio, None, Some(i64::from(preview))).await
-        {
-            tracing::info!(chat_id = target.chat_id, %error, "the voice note after a shown answer was not sent");
-        }
-        return Ok(());
+        return voice_after_shown_text(delivery, target, &text_only, &audio, preview, record).await;
     }
     let sending = SendingStop::current();
     if sending.as_ref().is_some_and(|s| s.token().is_cancelled()) {
@@ -122,55 +114,87 @@ pub async fn deliver_voice_answer_once(
             let fallback = with_line(reply, VOICE_REFUSED_LINE);
             return deliver_text_answer_once(delivery, target, &fallback, None, record).await;
         }
-        Err(error) => {
-            if matches!(
-                error,
-                DeliveryError::Ambiguous(_) | DeliveryError::Unavailable(_)
-            ) {
-                tell_unconfirmed(delivery, target, reply.reply_to, &error).await;
-            }
-            return Err(error);
-        }
+        Err(error) => return Err(told_if_unconfirmed(delivery, target, reply, error).await),
     };
     let mut ids = vec![voice_id];
     if caption.is_none() {
         // The text follows the voice note, as any answer would go out.
-        let chunks = render_chunks(&text_only);
-        let plan = plan_answer(chunks.len(), delivery.config().max_answer_parts);
-        let stop = sending.as_ref().map(SendingStop::token);
-        let follow = Reply {
-            reply_to: None,
-            ..text_only.clone()
-        };
-        let sent = delivery
-            .deliver_chunks_recorded(target, &follow, &chunks[..plan.messages], None, None, stop)
-            .await;
-        match sent {
-            Ok(text_ids) => {
-                let unsent = plan.messages - text_ids.len();
-                ids.extend(text_ids);
-                if plan.as_file && unsent == 0 && !stop.is_some_and(|s| s.is_cancelled()) {
-                    send_as_file(delivery, target, &follow, plan.messages).await;
-                }
-                if let (Some(sending), true) = (&sending, unsent > 0) {
-                    sending.note_parts(unsent, chunks.len());
-                }
-            }
-            Err(error) => {
-                if matches!(
-                    error,
-                    DeliveryError::Ambiguous(_) | DeliveryError::Unavailable(_)
-                ) {
-                    tell_unconfirmed(delivery, target, reply.reply_to, &error).await;
-                }
-                return Err(error);
-            }
-        }
+        ids.extend(text_after_voice(delivery, target, &text_only, sending.as_ref()).await?);
     }
     if let Some(record) = record {
         record.save(ids, true).await;
     }
     Ok(())
+}
+
+/// The chat shows the text already (preview message `preview`): it
+/// becomes the answer, the voice note follows it (a voice note not sent
+/// is only logged).
+async fn voice_after_shown_text(
+    delivery: &Delivery,
+    target: ChatTarget,
+    text_only: &Reply,
+    audio: &Bytes,
+    preview: i32,
+    record: Option<&ReplyRecord>,
+) -> Result<(), DeliveryError> {
+    deliver_text_answer_once(delivery, target, text_only, Some(preview), record).await?;
+    if let Err(error) = send_voice(delivery, target, audio, None, Some(i64::from(preview))).await {
+        tracing::info!(chat_id = target.chat_id, %error, "the voice note after a shown answer was not sent");
+    }
+    Ok(())
+}
+
+/// The answer's text after its voice note (which had no room for it as a
+/// caption), as any answer's: at most `max_answer_parts` messages, then
+/// `answer.md`; parts a stop kept back are noted. The ids of the messages
+/// sent; a failure the user could not be sure of is told.
+async fn text_after_voice(
+    delivery: &Delivery,
+    target: ChatTarget,
+    text_only: &Reply,
+    sending: Option<&SendingStop>,
+) -> Result<Vec<i32>, DeliveryError> {
+    let chunks = render_chunks(text_only);
+    let plan = plan_answer(chunks.len(), delivery.config().max_answer_parts);
+    let stop = sending.map(SendingStop::token);
+    let follow = Reply {
+        reply_to: None,
+        ..text_only.clone()
+    };
+    let sent = delivery
+        .deliver_chunks_recorded(target, &follow, &chunks[..plan.messages], None, None, stop)
+        .await;
+    match sent {
+        Ok(text_ids) => {
+            let unsent = plan.messages - text_ids.len();
+            if plan.as_file && unsent == 0 && !stop.is_some_and(|s| s.is_cancelled()) {
+                send_as_file(delivery, target, &follow, plan.messages).await;
+            }
+            if let (Some(sending), true) = (sending, unsent > 0) {
+                sending.note_parts(unsent, chunks.len());
+            }
+            Ok(text_ids)
+        }
+        Err(error) => Err(told_if_unconfirmed(delivery, target, text_only, error).await),
+    }
+}
+
+/// `error`, after telling the chat (in reply to `reply`'s message) when
+/// it leaves the answer's arrival unknown or it was not sent.
+async fn told_if_unconfirmed(
+    delivery: &Delivery,
+    target: ChatTarget,
+    reply: &Reply,
+    error: DeliveryError,
+) -> DeliveryError {
+    if matches!(
+        error,
+        DeliveryError::Ambiguous(_) | DeliveryError::Unavailable(_)
+    ) {
+        tell_unconfirmed(delivery, target, reply.reply_to, &error).await;
+    }
+    error
 }
 
 /// The bot for one upload of `size` bytes: the delivery's token and API,

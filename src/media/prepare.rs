@@ -148,21 +148,7 @@ impl MediaStage {
             let shown_name = media.file_name.clone().unwrap_or_else(|| name.clone());
             match media.kind {
                 kind if kind.is_speech() => {
-                    let Some(transcriber) = &self.transcriber else {
-                        return Err(Refusal(NO_TRANSCRIPTION.to_string()));
-                    };
-                    let text = transcriber.transcribe(&path, &name, &mime).await.map_err(
-                        |error| {
-                            tracing::warn!(message_id, %error, "a recording was not transcribed");
-                            Refusal(error.user_text().to_string())
-                        },
-                    )?;
-                    if text.is_empty() {
-                        return Err(Refusal(
-                            "🎤 I could not make out any words in that recording.".to_string(),
-                        ));
-                    }
-                    spoken.push(text);
+                    spoken.push(self.transcribe(&path, &name, &mime, message_id).await?);
                 }
                 MediaKind::Photo => {
                     notes.push(match self.access.shown(&path) {
@@ -192,18 +178,38 @@ impl MediaStage {
                 }
             }
         }
-        let mut shown = Vec::new();
-        match &self.transcriber {
-            Some(t) if t.echo() && !spoken.is_empty() => {
-                shown.push(format!("🎤 {}", spoken.join("\n🎤 ")));
-            }
-            _ => {}
-        }
-        shown.extend(notices);
-        let echo = (!shown.is_empty()).then(|| shown.join("\n"));
+        let echo_spoken = self.transcriber.as_ref().is_some_and(|t| t.echo());
+        let echo = echo_text(echo_spoken, &spoken, notices);
         event.media.spoken = !spoken.is_empty();
         event.text = compose(&caption, &spoken, &notes);
         Ok(Prepared { event, echo })
+    }
+
+    /// The words of the recording at `path`; none (or a failed
+    /// transcription) refuses the message in the user's words.
+    async fn transcribe(
+        &self,
+        path: &Path,
+        name: &str,
+        mime: &str,
+        message_id: i64,
+    ) -> Result<String, Refusal> {
+        let Some(transcriber) = &self.transcriber else {
+            return Err(Refusal(NO_TRANSCRIPTION.to_string()));
+        };
+        let text = transcriber
+            .transcribe(path, name, mime)
+            .await
+            .map_err(|error| {
+                tracing::warn!(message_id, %error, "a recording was not transcribed");
+                Refusal(error.user_text().to_string())
+            })?;
+        if text.is_empty() {
+            return Err(Refusal(
+                "🎤 I could not make out any words in that recording.".to_string(),
+            ));
+        }
+        Ok(text)
     }
 
     /// The photo size to fetch: the largest within the limit.
@@ -295,9 +301,37 @@ fn compose(caption: &str, spoken: &[String], notes: &[String]) -> String {
     parts.join("\n\n")
 }
 
+/// What the chat is shown back while the message is prepared: the
+/// transcripts (when `echo_spoken` and there are any), then the documents'
+/// notices; nothing when both are empty (pure).
+fn echo_text(echo_spoken: bool, spoken: &[String], notices: Vec<String>) -> Option<String> {
+    let mut shown = Vec::new();
+    if echo_spoken && !spoken.is_empty() {
+        shown.push(format!("🎤 {}", spoken.join("\n🎤 ")));
+    }
+    shown.extend(notices);
+    (!shown.is_empty()).then(|| shown.join("\n"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_echo_shows_transcripts_when_asked_then_notices() {
+        let spoken = ["one".to_string(), "two".to_string()];
+        let notice = || vec!["📄 notice".to_string()];
+        assert_eq!(
+            echo_text(true, &spoken, notice()).as_deref(),
+            Some("🎤 one\n🎤 two\n📄 notice")
+        );
+        assert_eq!(
+            echo_text(false, &spoken, notice()).as_deref(),
+            Some("📄 notice")
+        );
+        assert_eq!(echo_text(true, &[], Vec::new()), None);
+        assert_eq!(echo_text(false, &spoken, Vec::new()), None);
+    }
 
     #[test]
     fn a_lone_voice_note_becomes_the_message() {

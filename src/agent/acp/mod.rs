@@ -54,8 +54,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use agent_client_protocol::v1::schema::{
-    CancelNotification, LoadSessionRequest, NewSessionRequest, PromptRequest, PromptResponse,
-    ResumeSessionRequest, StopReason,
+    CancelNotification, ContentBlock, LoadSessionRequest, NewSessionRequest, PromptRequest,
+    PromptResponse, ResumeSessionRequest, StopReason,
 };
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
@@ -338,25 +338,56 @@ impl AcpAgent {
             &process.caps.prompt_capabilities,
         )
         .await;
+        let route = self.route_for(turn, notice);
+        process.routes.insert(&session, route.clone());
+        let response = self
+            .prompt(&mut state, &process, &session, blocks, &route)
+            .await?;
+        let (answer, truncated, cost) = {
+            let view = route.view();
+            (view.answer().to_string(), view.truncated(), view.cost_usd)
+        };
+        self.record_usage(&process, turn, &session, &response, cost)
+            .await;
+        Ok(AgentReply::new(reply_text(
+            notice, &answer, truncated, &response,
+        )))
+    }
+
+    /// Where the turn's updates go: its view (showing `notice` at once, so
+    /// a turn that is interrupted still said it) and its preview.
+    fn route_for(&self, turn: &TurnRequest, notice: Option<&str>) -> Arc<Route> {
         let mut view = TurnView::new(self.config.output_cap_bytes);
         if let Some(notice) = notice {
-            // Shown at once: a turn that is interrupted still said it.
             view.set_notice(notice);
             turn.progress.set_text(&view.render());
         }
-        let route = Arc::new(Route {
+        Arc::new(Route {
             view: Mutex::new(view),
             progress: turn.progress.clone(),
             key: turn.session_key.clone(),
             source: turn.source.clone(),
             ended: CancellationToken::new(),
-        });
-        process.routes.insert(&session, route.clone());
+        })
+    }
+
+    /// One `session/prompt` in `session`, awaited in a task of its own
+    /// under a [`PromptGuard`] (a turn dropped before the answer cancels
+    /// it); ends with the answer, or the protocol error or the process's
+    /// end (once the process has settled).
+    async fn prompt(
+        &self,
+        state: &mut SlotState,
+        process: &Arc<AgentProcess>,
+        session: &str,
+        blocks: Vec<ContentBlock>,
+        route: &Arc<Route>,
+    ) -> Result<PromptResponse, AgentError> {
         let done = CancellationToken::new();
         state.in_flight = Some(done.clone());
         let mut guard = PromptGuard {
             process: process.clone(),
-            session: session.clone(),
+            session: session.to_string(),
             route: route.clone(),
             done: done.clone(),
             grace: self.config.cancel_grace(),
@@ -365,7 +396,7 @@ impl AcpAgent {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let sent = process
             .cx
-            .send_request(PromptRequest::new(session.clone(), blocks));
+            .send_request(PromptRequest::new(session.to_string(), blocks));
         tokio::spawn(async move {
             let answer = sent.block_task().await;
             done.cancel();
@@ -379,31 +410,22 @@ impl AcpAgent {
         };
         guard.finished = true;
         drop(guard);
-        let response = match answer {
-            Some(Ok(response)) => response,
+        match answer {
+            Some(Ok(response)) => Ok(response),
             Some(Err(error)) => {
                 process.settle().await;
-                return Err(protocol_error(
-                    &process,
+                Err(protocol_error(
+                    process,
                     "session/prompt",
                     self.program(),
                     &error,
-                ));
+                ))
             }
             None => {
                 process.settle().await;
-                return Err(ended_error(&process, "session/prompt", self.program()));
+                Err(ended_error(process, "session/prompt", self.program()))
             }
-        };
-        let (answer, truncated, cost) = {
-            let view = route.view();
-            (view.answer().to_string(), view.truncated(), view.cost_usd)
-        };
-        self.record_usage(&process, turn, &session, &response, cost)
-            .await;
-        Ok(AgentReply::new(reply_text(
-            notice, &answer, truncated, &response,
-        )))
+        }
     }
 
     async fn record_usage(

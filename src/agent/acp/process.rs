@@ -366,14 +366,43 @@ impl Launch<'_> {
         };
         let stderr_tail = Arc::new(Mutex::new(String::new()));
         tokio::spawn(drain_stderr(stderr, stderr_tail.clone(), pid));
+        let spawned = Spawned {
+            child,
+            group,
+            recorded,
+            pid,
+            stdin,
+            stdout,
+            stderr_tail,
+        };
+        let process = self.connect(spawned, &program).await?;
+        self.initialize(process, &program).await
+    }
 
+    /// The workdir file access is confined to, when it is offered.
+    fn files(&self) -> Option<PathBuf> {
+        self.workdir.clone().filter(|_| self.config.file_access)
+    }
+
+    /// The connection over the spawned agent's stdio (its handlers on
+    /// this launch's routes and gate) and the supervisor owning the child;
+    /// the process, not yet initialized.
+    async fn connect(&self, spawned: Spawned, program: &str) -> Result<AgentProcess, AgentError> {
+        let Spawned {
+            child,
+            group,
+            recorded,
+            pid,
+            stdin,
+            stdout,
+            stderr_tail,
+        } = spawned;
         let routes = Routes::default();
-        let files = self.workdir.clone().filter(|_| self.config.file_access);
         let handlers = Handlers {
             routes: routes.clone(),
             gate: self.gate.clone(),
             asker: self.config.name(),
-            files: files.clone(),
+            files: self.files(),
         };
         let conn_stop = CancellationToken::new();
         let (cx_tx, cx_rx) = tokio::sync::oneshot::channel();
@@ -415,7 +444,7 @@ impl Launch<'_> {
                 )));
             }
         };
-        let mut process = AgentProcess {
+        Ok(AgentProcess {
             cx,
             caps: AgentCapabilities::default(),
             routes,
@@ -431,10 +460,21 @@ impl Launch<'_> {
             users: AtomicUsize::new(0),
             last_used: Mutex::new(Instant::now()),
             costs: Mutex::new(HashMap::new()),
-        };
+        })
+    }
+
+    /// `initialize` within the start timeout, offering file access when
+    /// there is a workdir for it; an agent that does not answer or speaks
+    /// another ACP version is killed.
+    async fn initialize(
+        &self,
+        mut process: AgentProcess,
+        program: &str,
+    ) -> Result<Arc<AgentProcess>, AgentError> {
+        let files = self.files().is_some();
         let capabilities = ClientCapabilities::new().fs(FileSystemCapabilities::new()
-            .read_text_file(files.is_some())
-            .write_text_file(files.is_some()));
+            .read_text_file(files)
+            .write_text_file(files));
         let request = InitializeRequest::new(ProtocolVersion::V1)
             .client_capabilities(capabilities)
             .client_info(Implementation::new("telegate", env!("CARGO_PKG_VERSION")));
@@ -442,7 +482,7 @@ impl Launch<'_> {
             &process,
             self.config.start_timeout(),
             "initialize",
-            &program,
+            program,
             process.cx.send_request(request).block_task(),
         )
         .await;
@@ -464,7 +504,7 @@ impl Launch<'_> {
             });
         }
         tracing::info!(
-            pid,
+            pid = process.pid,
             agent = ?response.agent_info.as_ref().map(|i| (&i.name, &i.version)),
             load_session = response.agent_capabilities.load_session,
             resume = response.agent_capabilities.session_capabilities.resume.is_some(),
@@ -474,6 +514,19 @@ impl Launch<'_> {
         process.caps = response.agent_capabilities;
         Ok(Arc::new(process))
     }
+}
+
+/// A spawned agent whose connection is not made yet: its child (leader of
+/// `group`, recorded), its pid and stdio (stderr already drained into
+/// `stderr_tail`).
+struct Spawned {
+    child: Child,
+    group: ProcessGroup,
+    recorded: RecordedGroup,
+    pid: u32,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::process::ChildStdout,
+    stderr_tail: Arc<Mutex<String>>,
 }
 
 /// Await an answer of the agent within `limit` (else the process is

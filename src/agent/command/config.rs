@@ -251,6 +251,35 @@ impl CommandConfig {
         if let Some(worktree) = &self.worktree {
             worktree.validate("agent.command")?;
         }
+        self.check_history()?;
+        self.check_no_nul()?;
+        if let Some(preset) = self.preset {
+            if !self.resume_args.is_empty() {
+                return Err(format!(
+                    "agent.command.resume_args is for argv with a JSON protocol; preset = \"{}\" resumes its sessions itself",
+                    preset.as_str()
+                ));
+            }
+            return self.check_preset(preset);
+        }
+        self.check_resume_args()?;
+        if self.permission_prompt {
+            return Err(
+                "agent.command.permission_prompt only applies with preset = \"claude\"".to_string(),
+            );
+        }
+        self.check_no_preset_settings()?;
+        self.check_argv()?;
+        self.check_env()?;
+        if self.output_cap_bytes == 0 {
+            return Err("agent.command.output_cap_bytes must be at least 1".to_string());
+        }
+        Ok(())
+    }
+
+    /// `history`: only for programs without sessions of their own, and not
+    /// with `stdin` when it already writes the message there.
+    fn check_history(&self) -> Result<(), String> {
         if self.history != HistoryMode::None && self.protocol() != Protocol::Text {
             return Err(
                 "agent.command.history is for programs without sessions of their own (protocol = \"text\"); \
@@ -264,6 +293,11 @@ impl CommandConfig {
                     .to_string(),
             );
         }
+        Ok(())
+    }
+
+    /// The preset settings and lists: no empty value, no NUL byte.
+    fn check_no_nul(&self) -> Result<(), String> {
         for (name, value) in [
             ("program", &self.program),
             ("model", &self.model),
@@ -286,21 +320,11 @@ impl CommandConfig {
                 return Err(format!("agent.command.{name} contains a NUL byte"));
             }
         }
-        if let Some(preset) = self.preset {
-            if !self.resume_args.is_empty() {
-                return Err(format!(
-                    "agent.command.resume_args is for argv with a JSON protocol; preset = \"{}\" resumes its sessions itself",
-                    preset.as_str()
-                ));
-            }
-            return self.check_preset(preset);
-        }
-        self.check_resume_args()?;
-        if self.permission_prompt {
-            return Err(
-                "agent.command.permission_prompt only applies with preset = \"claude\"".to_string(),
-            );
-        }
+        Ok(())
+    }
+
+    /// Without a preset, none of the preset's settings may be set.
+    fn check_no_preset_settings(&self) -> Result<(), String> {
         let preset_only = [
             ("program", self.program.is_some()),
             ("model", self.model.is_some()),
@@ -314,6 +338,13 @@ impl CommandConfig {
                  without one, put it in argv"
             ));
         }
+        Ok(())
+    }
+
+    /// `argv`: a program first (no placeholders in it), no NUL byte,
+    /// `{resume}` a whole element with `resume_args`, `{resume_id}` only in
+    /// `resume_args`, no `{message}` inside a shell's script.
+    fn check_argv(&self) -> Result<(), String> {
         let Some(program) = self.argv.first() else {
             return Err(
                 "agent.command.argv is empty: give the program to run, e.g. [\"llm\", \"{message}\"]"
@@ -355,6 +386,11 @@ impl CommandConfig {
                  e.g. [\"sh\", \"-c\", \"llm -- \\\"$1\\\"\", \"sh\", \"{{message}}\"]"
             ));
         }
+        Ok(())
+    }
+
+    /// `env` and `remove_env`: valid names, no NUL byte in a value.
+    fn check_env(&self) -> Result<(), String> {
         for (name, value) in &self.env {
             check_env_name("agent.command.env", name)?;
             if value.contains('\0') {
@@ -365,9 +401,6 @@ impl CommandConfig {
         }
         for name in &self.remove_env {
             check_env_name("agent.command.remove_env", name)?;
-        }
-        if self.output_cap_bytes == 0 {
-            return Err("agent.command.output_cap_bytes must be at least 1".to_string());
         }
         Ok(())
     }

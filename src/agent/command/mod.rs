@@ -65,7 +65,7 @@ pub use protocol::Protocol;
 use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, OnceLock};
 
 use futures::future::BoxFuture;
@@ -73,6 +73,7 @@ use tokio::process::{Child, Command};
 
 use super::{Agent, AgentError, AgentReply, TurnRequest};
 use crate::agent::AgentTables;
+use crate::store::AgentUsage;
 use crate::tools::childgroups::{GroupLedger, RecordedGroup};
 use crate::tools::permission::{PermissionPrompts, TurnPrompt};
 use crate::tools::process::ProcessOwner;
@@ -83,7 +84,7 @@ use history::HistoryFile;
 use native_sessions::AgentSessions;
 use output::StdoutCollector;
 use process::{pump, StderrTail};
-use protocol::{JsonlCollector, OutputCollector};
+use protocol::{JsonlCollector, JsonlOutcome, OutputCollector};
 
 /// The one line a user sees when the agent's session could not be resumed.
 pub const RESUME_LOST_NOTICE: &str =
@@ -482,7 +483,40 @@ impl CommandAgent {
             .map_or_else(RecordedGroup::none, |ledger| {
                 ledger.record(group.id(), "command")
             });
+        let (stdout, stderr, outcome) = self.collect(&mut child, group, launch, turn).await;
+        let status = outcome?;
+        let collector = match stdout {
+            OutputCollector::Text(collector) => {
+                return match status {
+                    status if status.success() => Ok(collector.into_reply()),
+                    status => Err(self.failure(status, &stderr).into()),
+                };
+            }
+            OutputCollector::Jsonl(collector) => collector,
+        };
+        let outcome = collector.into_outcome();
+        let backend = preset.map_or(self.config.protocol().as_str(), Preset::as_str);
+        // Codex reports the thread's running total after a resume, not
+        // the turn's: the difference to its last report is the turn's.
+        let thread = outcome.session.as_deref().or(resume);
+        self.record_usage(turn, backend, outcome.usage, thread)
+            .await;
+        if outcome.skipped > 0 {
+            tracing::info!(skipped = outcome.skipped, "event lines skipped this turn");
+        }
+        self.jsonl_reply(outcome, status, &stderr, resume)
+    }
 
+    /// Feed the launch's stdin to the child and collect its stdout (as its
+    /// protocol says) and stderr tail while it is supervised; the launch
+    /// (its history file) is dropped once the child is done.
+    async fn collect(
+        &self,
+        child: &mut Child,
+        group: ProcessGroup,
+        launch: Launch,
+        turn: &TurnRequest,
+    ) -> (OutputCollector, StderrTail, Result<ExitStatus, AgentError>) {
         let stdin = match (launch.stdin.clone(), child.stdin.take()) {
             (Some(text), Some(pipe)) => Some((pipe, text)),
             _ => None,
@@ -508,7 +542,7 @@ impl CommandAgent {
             &mut stdout,
             &mut stderr,
         );
-        let outcome = self.supervise(&mut child, group, io, turn).await;
+        let outcome = self.supervise(child, group, io, turn).await;
         stdout.finish();
         drop(launch);
         tracing::debug!(
@@ -516,23 +550,20 @@ impl CommandAgent {
             stderr = %stderr.text(),
             "command stderr (tail)"
         );
-        let status = outcome?;
-        let collector = match stdout {
-            OutputCollector::Text(collector) => {
-                return match status {
-                    status if status.success() => Ok(collector.into_reply()),
-                    status => Err(self.failure(status, &stderr).into()),
-                };
-            }
-            OutputCollector::Jsonl(collector) => collector,
-        };
-        let outcome = collector.into_outcome();
-        let backend = preset.map_or(protocol.as_str(), Preset::as_str);
-        // Codex reports the thread's running total after a resume, not
-        // the turn's: the difference to its last report is the turn's.
-        let thread = outcome.session.as_deref().or(resume);
-        match (outcome.usage, thread) {
-            (Some(usage), Some(thread)) if protocol == Protocol::CodexJson => {
+        (stdout, stderr, outcome)
+    }
+
+    /// Record a JSONL turn's usage, if it reported one: Codex's running
+    /// thread total by its `thread`, any other's as the turn's.
+    async fn record_usage(
+        &self,
+        turn: &TurnRequest,
+        backend: &'static str,
+        usage: Option<AgentUsage>,
+        thread: Option<&str>,
+    ) {
+        match (usage, thread) {
+            (Some(usage), Some(thread)) if self.config.protocol() == Protocol::CodexJson => {
                 self.sessions
                     .record_thread_usage(turn.session_id.as_str(), backend, thread, usage)
                     .await;
@@ -544,9 +575,18 @@ impl CommandAgent {
             }
             (None, _) => {}
         }
-        if outcome.skipped > 0 {
-            tracing::info!(skipped = outcome.skipped, "event lines skipped this turn");
-        }
+    }
+
+    /// A JSONL turn's reply: the failure the agent reported or its exit
+    /// status said (a rejected resume when either says the session is
+    /// unknown), else its answer.
+    fn jsonl_reply(
+        &self,
+        outcome: JsonlOutcome,
+        status: ExitStatus,
+        stderr: &StderrTail,
+        resume: Option<&str>,
+    ) -> Result<AgentReply, RunFailure> {
         let rejected = |said: &str| resume.is_some() && presets::says_session_is_unknown(said);
         if let Some(message) = outcome.failure {
             if rejected(&message) || rejected(&stderr.text()) {
@@ -566,7 +606,7 @@ impl CommandAgent {
             if rejected(&stderr.text()) {
                 return Err(RunFailure::ResumeRejected(stderr.text()));
             }
-            return Err(self.failure(status, &stderr).into());
+            return Err(self.failure(status, stderr).into());
         }
         let answer = outcome
             .answer

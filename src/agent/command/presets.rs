@@ -46,78 +46,102 @@ impl Preset {
             .clone()
             .unwrap_or_else(|| self.default_program().to_string());
         let mut argv = vec![program];
-        let mut push = |items: &[&str]| argv.extend(items.iter().map(|s| s.to_string()));
         match self {
-            Preset::Claude => {
-                push(&["-p"]);
-                let mut dirs: Vec<String> = Vec::new();
-                for file in files {
-                    if let Some(dir) = file.path.parent().map(|d| d.display().to_string()) {
-                        if !dirs.contains(&dir) {
-                            dirs.push(dir);
-                        }
-                    }
-                }
-                for dir in &dirs {
-                    push(&["--add-dir", dir]);
-                }
-                push(&[
-                    "--output-format",
-                    "stream-json",
-                    "--verbose",
-                    "--include-partial-messages",
-                ]);
-                if let Some(id) = resume {
-                    push(&["--resume", id]);
-                }
-                if let Some(model) = &config.model {
-                    push(&["--model", model]);
-                }
-                if let Some(mode) = &config.permission_mode {
-                    push(&["--permission-mode", mode]);
-                }
-                // `--mcp-config` takes several values: the
-                // `--permission-prompt-tool` right after it ends them.
-                argv.extend(prompt.iter().cloned());
-                argv.extend(config.extra_args.iter().cloned());
-                if !config.allowed_tools.is_empty() {
-                    argv.push("--allowedTools".to_string());
-                    argv.extend(config.allowed_tools.iter().cloned());
-                }
-            }
-            Preset::Codex => {
-                let images: Vec<String> = files
-                    .iter()
-                    .filter(|f| f.is_image)
-                    .map(|f| f.path.display().to_string())
-                    .collect();
-                push(&["exec"]);
-                if resume.is_none() {
-                    for image in &images {
-                        push(&["--image", image]);
-                    }
-                }
-                push(&["--json", "--skip-git-repo-check"]);
-                if let Some(model) = &config.model {
-                    push(&["--model", model]);
-                }
-                if let Some(mode) = &config.permission_mode {
-                    push(&["--sandbox", mode]);
-                }
-                argv.extend(config.extra_args.iter().cloned());
-                if let Some(id) = resume {
-                    argv.push("resume".to_string());
-                    argv.push(id.to_string());
-                    for image in &images {
-                        argv.push("--image".to_string());
-                        argv.push(image.clone());
-                    }
-                }
-                argv.push("-".to_string());
-            }
+            Preset::Claude => claude_args(&mut argv, config, resume, files, prompt),
+            Preset::Codex => codex_args(&mut argv, config, resume, files),
         }
         argv
     }
+}
+
+/// Claude Code's arguments after the program (see the module docs).
+fn claude_args(
+    argv: &mut Vec<String>,
+    config: &CommandConfig,
+    resume: Option<&str>,
+    files: &[Attachment],
+    prompt: &[String],
+) {
+    let mut push = |items: &[&str]| argv.extend(items.iter().map(|s| s.to_string()));
+    push(&["-p"]);
+    for dir in &directories_of(files) {
+        push(&["--add-dir", dir]);
+    }
+    push(&[
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--include-partial-messages",
+    ]);
+    if let Some(id) = resume {
+        push(&["--resume", id]);
+    }
+    if let Some(model) = &config.model {
+        push(&["--model", model]);
+    }
+    if let Some(mode) = &config.permission_mode {
+        push(&["--permission-mode", mode]);
+    }
+    // `--mcp-config` takes several values: the
+    // `--permission-prompt-tool` right after it ends them.
+    argv.extend(prompt.iter().cloned());
+    argv.extend(config.extra_args.iter().cloned());
+    if !config.allowed_tools.is_empty() {
+        argv.push("--allowedTools".to_string());
+        argv.extend(config.allowed_tools.iter().cloned());
+    }
+}
+
+/// The directories holding `files`, each once, in their order: what
+/// Claude Code is let read with `--add-dir`.
+fn directories_of(files: &[Attachment]) -> Vec<String> {
+    let mut dirs: Vec<String> = Vec::new();
+    for file in files {
+        if let Some(dir) = file.path.parent().map(|d| d.display().to_string()) {
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+    }
+    dirs
+}
+
+/// Codex's arguments after the program (see the module docs).
+fn codex_args(
+    argv: &mut Vec<String>,
+    config: &CommandConfig,
+    resume: Option<&str>,
+    files: &[Attachment],
+) {
+    let mut push = |items: &[&str]| argv.extend(items.iter().map(|s| s.to_string()));
+    let images: Vec<String> = files
+        .iter()
+        .filter(|f| f.is_image)
+        .map(|f| f.path.display().to_string())
+        .collect();
+    push(&["exec"]);
+    if resume.is_none() {
+        for image in &images {
+            push(&["--image", image]);
+        }
+    }
+    push(&["--json", "--skip-git-repo-check"]);
+    if let Some(model) = &config.model {
+        push(&["--model", model]);
+    }
+    if let Some(mode) = &config.permission_mode {
+        push(&["--sandbox", mode]);
+    }
+    argv.extend(config.extra_args.iter().cloned());
+    if let Some(id) = resume {
+        argv.push("resume".to_string());
+        argv.push(id.to_string());
+        for image in &images {
+            argv.push("--image".to_string());
+            argv.push(image.clone());
+        }
+    }
+    argv.push("-".to_string());
 }
 
 /// Does this failure text say the resumed session does not exist (any

@@ -112,7 +112,14 @@ impl McpServerConfig {
     /// Check the values; the error is one line naming the key
     /// (`tools.mcp[i].…`, `i` from 0).
     pub fn validate(&self, index: usize) -> Result<(), String> {
-        let key = |name: &str| format!("tools.mcp[{index}].{name}");
+        self.check_name(index)?;
+        self.check_transport(index)?;
+        self.check_env_and_headers(index)?;
+        self.check_workdir_and_bounds(index)
+    }
+
+    /// `name`: 1 to 32 letters, digits or '-'.
+    fn check_name(&self, index: usize) -> Result<(), String> {
         if self.name.is_empty()
             || self.name.len() > 32
             || !self
@@ -122,10 +129,16 @@ impl McpServerConfig {
         {
             return Err(format!(
                 "{} = {:?}: use 1 to 32 letters, digits or '-' (tools reach the model as <name>__<tool>)",
-                key("name"),
+                key(index, "name"),
                 self.name
             ));
         }
+        Ok(())
+    }
+
+    /// Either `command` (and nothing only a url server takes) or `url`
+    /// (and nothing only a command server takes).
+    fn check_transport(&self, index: usize) -> Result<(), String> {
         match (&self.command, &self.url) {
             (Some(_), Some(_)) => {
                 return Err(format!(
@@ -141,7 +154,7 @@ impl McpServerConfig {
             }
             (Some(command), None) => {
                 if command.trim().is_empty() || command.contains('\0') {
-                    return Err(format!("{} is empty", key("command")));
+                    return Err(format!("{} is empty", key(index, "command")));
                 }
                 if !self.headers.is_empty() || !self.header_files.is_empty() {
                     return Err(format!(
@@ -151,7 +164,7 @@ impl McpServerConfig {
                 }
             }
             (None, Some(url)) => {
-                crate::vocab::check_http_url(&key("url"), url)?;
+                crate::vocab::check_http_url(&key(index, "url"), url)?;
                 if !self.args.is_empty()
                     || !self.env.is_empty()
                     || !self.pass_env.is_empty()
@@ -164,32 +177,46 @@ impl McpServerConfig {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// `env` names and values, header names and values.
+    fn check_env_and_headers(&self, index: usize) -> Result<(), String> {
         for (name, value) in &self.env {
             if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
                 return Err(format!(
                     "{}: {name:?} is not a valid variable (empty, '=' or a NUL byte)",
-                    key("env")
+                    key(index, "env")
                 ));
             }
         }
         for name in self.headers.keys().chain(self.header_files.keys()) {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(format!("{}: {name:?} is not a header name", key("headers")));
+                return Err(format!(
+                    "{}: {name:?} is not a header name",
+                    key(index, "headers")
+                ));
             }
         }
         for (name, value) in &self.headers {
             if http::HeaderValue::from_str(value).is_err() {
                 return Err(format!(
                     "{}: the value of {name:?} is not a valid header value",
-                    key("headers")
+                    key(index, "headers")
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `workdir` a directory; timeouts, the result cap and tool names
+    /// within their bounds.
+    fn check_workdir_and_bounds(&self, index: usize) -> Result<(), String> {
         if let Some(dir) = &self.workdir {
             if !dir.is_dir() {
                 return Err(format!(
                     "{} {} is not a directory",
-                    key("workdir"),
+                    key(index, "workdir"),
                     dir.display()
                 ));
             }
@@ -199,17 +226,17 @@ impl McpServerConfig {
             ("startup_timeout_secs", self.startup_timeout_secs),
         ] {
             if !(1..=86_400).contains(&value) {
-                return Err(format!("{} must be between 1 and 86400", key(name)));
+                return Err(format!("{} must be between 1 and 86400", key(index, name)));
             }
         }
         if !(256..=1024 * 1024).contains(&self.result_cap_bytes) {
             return Err(format!(
                 "{} must be between 256 and 1048576",
-                key("result_cap_bytes")
+                key(index, "result_cap_bytes")
             ));
         }
         if self.allowed_tools.iter().any(|t| t.trim().is_empty()) {
-            return Err(format!("{} has an empty name", key("allowed_tools")));
+            return Err(format!("{} has an empty name", key(index, "allowed_tools")));
         }
         Ok(())
     }
@@ -231,6 +258,11 @@ impl McpServerConfig {
         self.resolved_headers = resolved;
         Ok(())
     }
+}
+
+/// The key of setting `name` of server `index` (`tools.mcp[i].name`).
+fn key(index: usize, name: &str) -> String {
+    format!("tools.mcp[{index}].{name}")
 }
 
 /// Check every server and that their names differ.

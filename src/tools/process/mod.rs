@@ -289,17 +289,7 @@ impl ProcessRegistry {
                 notify_on_complete: true
             }
         );
-        if notify && spec.owner.is_none() {
-            return Err(SpawnError::NoOwnerToNotify);
-        }
-        if spec.command.contains('\0') {
-            return Err(SpawnError::NulByte);
-        }
-        if let Some(dir) = &self.inner.config.workdir {
-            if !dir.is_dir() {
-                return Err(SpawnError::NoWorkdir(dir.display().to_string()));
-            }
-        }
+        self.check_spec(&spec, notify)?;
         // The limit check and the insert happen under one lock, so two
         // concurrent spawns cannot both take the last place. Spawning is a
         // synchronous fork/exec, no await.
@@ -319,14 +309,58 @@ impl ProcessRegistry {
             .map_or_else(RecordedGroup::none, |ledger| {
                 ledger.record(group.id(), "terminal")
             });
-        let id = unique_id(&entries);
+        let entry = self.new_entry(unique_id(&entries), spec, group.id(), notify);
+        entries.push(entry.clone());
+        forget_old_finished(&mut entries, self.inner.config.keep_finished);
+        drop(entries);
+        self.announce(&entry);
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        tokio::spawn(supervise(
+            entry.clone(),
+            child,
+            (group, recorded),
+            stdout,
+            stderr,
+            self.inner.events.clone(),
+            self.inner.config.kill_grace,
+        ));
+        Ok(entry)
+    }
+
+    /// Refuses a spec before anything starts: a wakeup with nobody to
+    /// wake, a NUL byte in the command, a configured workdir that is not a
+    /// directory.
+    fn check_spec(&self, spec: &SpawnSpec, notify: bool) -> Result<(), SpawnError> {
+        if notify && spec.owner.is_none() {
+            return Err(SpawnError::NoOwnerToNotify);
+        }
+        if spec.command.contains('\0') {
+            return Err(SpawnError::NulByte);
+        }
+        if let Some(dir) = &self.inner.config.workdir {
+            if !dir.is_dir() {
+                return Err(SpawnError::NoWorkdir(dir.display().to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The registry's entry of a process just started as the leader of
+    /// `group`: running, its wakeup pending when `notify`.
+    fn new_entry(
+        &self,
+        id: ProcessId,
+        spec: SpawnSpec,
+        group: GroupId,
+        notify: bool,
+    ) -> Arc<Entry> {
         let (exited, _) = watch::channel(false);
-        let entry = Arc::new(Entry {
+        Arc::new(Entry {
             id,
             command: spec.command,
             owner: spec.owner,
             mode: spec.mode,
-            group: group.id(),
+            group,
             started: Instant::now(),
             started_at: SystemTime::now(),
             state: Mutex::new(EntryState {
@@ -341,10 +375,12 @@ impl ProcessRegistry {
             }),
             output: Mutex::new(OutputRing::new(self.inner.config.output_cap_bytes)),
             exited,
-        });
-        entries.push(entry.clone());
-        forget_old_finished(&mut entries, self.inner.config.keep_finished);
-        drop(entries);
+        })
+    }
+
+    /// Logs a started process; a background one with an owner is also
+    /// reported (to be recorded in the store).
+    fn announce(&self, entry: &Entry) {
         tracing::info!(
             process = %entry.id,
             pgid = entry.group.raw(),
@@ -359,17 +395,6 @@ impl ProcessRegistry {
                 command: entry.command.clone(),
             });
         }
-        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-        tokio::spawn(supervise(
-            entry.clone(),
-            child,
-            (group, recorded),
-            stdout,
-            stderr,
-            self.inner.events.clone(),
-            self.inner.config.kill_grace,
-        ));
-        Ok(entry)
     }
 
     fn check_limits(
