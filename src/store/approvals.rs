@@ -64,15 +64,17 @@ impl Approvals {
         ticket: &str,
         prompt: ApprovalPrompt,
     ) -> Result<(), StoreError> {
-        let ticket = ticket.to_owned();
+        let (bot, ticket) = (self.bot(), ticket.to_owned());
         self.write(WriteKind::Approval, move |conn| {
             let now = now_ms();
-            conn.prepare_cached("DELETE FROM approval_prompts WHERE created_at < ?1")?
-                .execute([now - KEEP_PROMPT_MS])?;
+            conn.prepare_cached(
+                "DELETE FROM approval_prompts WHERE bot_id = ?2 AND created_at < ?1",
+            )?
+            .execute(params![now - KEEP_PROMPT_MS, bot])?;
             conn.prepare_cached(
                 "INSERT OR REPLACE INTO approval_prompts
-                     (ticket, chat_id, thread_id, message_id, text, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                     (bot_id, ticket, chat_id, thread_id, message_id, text, created_at)
+                 VALUES (?7, ?1, ?2, ?3, ?4, ?5, ?6)",
             )?
             .execute(params![
                 ticket,
@@ -80,7 +82,8 @@ impl Approvals {
                 prompt.thread_id,
                 prompt.message_id,
                 prompt.text,
-                now
+                now,
+                bot
             ])?;
             Ok(())
         })
@@ -92,14 +95,14 @@ impl Approvals {
         &self,
         ticket: &str,
     ) -> Result<Option<ApprovalPrompt>, StoreError> {
-        let ticket = ticket.to_owned();
+        let (bot, ticket) = (self.bot(), ticket.to_owned());
         self.write(WriteKind::Approval, move |conn| {
             let found = conn
                 .prepare_cached(
                     "SELECT chat_id, thread_id, message_id, text FROM approval_prompts
-                     WHERE ticket = ?1",
+                     WHERE bot_id = ?2 AND ticket = ?1",
                 )?
-                .query_row([&ticket], |r| {
+                .query_row(params![&ticket, bot], |r| {
                     Ok(ApprovalPrompt {
                         chat_id: r.get(0)?,
                         thread_id: r.get(1)?,
@@ -108,8 +111,8 @@ impl Approvals {
                     })
                 })
                 .optional()?;
-            conn.prepare_cached("DELETE FROM approval_prompts WHERE ticket = ?1")?
-                .execute([&ticket])?;
+            conn.prepare_cached("DELETE FROM approval_prompts WHERE bot_id = ?2 AND ticket = ?1")?
+                .execute(params![&ticket, bot])?;
             Ok(found)
         })
         .await
@@ -117,12 +120,13 @@ impl Approvals {
 
     /// Record how a request ended.
     pub async fn record_approval(&self, record: ApprovalRecord) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Approval, move |conn| {
             conn.prepare_cached(
-                "INSERT INTO approval_decisions (ticket, session_key, chat_id, subject, outcome,
-                     option_id, option_label, option_kind, decided_by, decided_by_name,
+                "INSERT INTO approval_decisions (bot_id, ticket, session_key, chat_id, subject,
+                     outcome, option_id, option_label, option_kind, decided_by, decided_by_name,
                      asked_at, decided_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 VALUES (?13, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?
             .execute(params![
                 record.ticket,
@@ -136,7 +140,8 @@ impl Approvals {
                 record.decided_by.and_then(|u| i64::try_from(u).ok()),
                 record.decided_by_name,
                 record.asked_at,
-                record.decided_at
+                record.decided_at,
+                bot
             ])?;
             Ok(())
         })
@@ -148,14 +153,14 @@ impl Approvals {
         &self,
         session_key: &str,
     ) -> Result<Vec<ApprovalRecord>, StoreError> {
-        let session_key = session_key.to_owned();
+        let (bot, session_key) = (self.bot(), session_key.to_owned());
         self.call(move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT ticket, session_key, chat_id, subject, outcome, option_id, option_label,
                         option_kind, decided_by, decided_by_name, asked_at, decided_at
-                 FROM approval_decisions WHERE session_key = ?1 ORDER BY id",
+                 FROM approval_decisions WHERE bot_id = ?2 AND session_key = ?1 ORDER BY id",
             )?;
-            let rows = stmt.query_map([session_key], |r| {
+            let rows = stmt.query_map(params![session_key, bot], |r| {
                 Ok(ApprovalRecord {
                     ticket: r.get(0)?,
                     session_key: r.get(1)?,

@@ -44,14 +44,15 @@ impl ChildGroups {
         &self,
         changes: Vec<ChildGroupChange>,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             for change in &changes {
                 match change {
                     ChildGroupChange::Started(group) => {
                         conn.prepare_cached(
                             "INSERT OR REPLACE INTO child_groups
-                             (pgid, leader_start, session_id, boot_id, what, recorded_at)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                             (bot_id, pgid, leader_start, session_id, boot_id, what, recorded_at)
+                             VALUES (?7, ?1, ?2, ?3, ?4, ?5, ?6)",
                         )?
                         .execute(params![
                             group.pgid,
@@ -59,12 +60,15 @@ impl ChildGroups {
                             group.session_id,
                             group.boot_id,
                             group.what,
-                            now_ms()
+                            now_ms(),
+                            bot
                         ])?;
                     }
                     ChildGroupChange::Ended(pgid) => {
-                        conn.prepare_cached("DELETE FROM child_groups WHERE pgid = ?1")?
-                            .execute([pgid])?;
+                        conn.prepare_cached(
+                            "DELETE FROM child_groups WHERE bot_id = ?2 AND pgid = ?1",
+                        )?
+                        .execute(params![pgid, bot])?;
                     }
                 }
             }
@@ -76,13 +80,14 @@ impl ChildGroups {
     /// Take every recorded group (at start: the previous run's), removing
     /// them.
     pub async fn take_child_groups(&self) -> Result<Vec<ChildGroup>, StoreError> {
-        self.call(|conn| {
+        let bot = self.bot();
+        self.call(move |conn| {
             let groups = {
                 let mut statement = conn.prepare(
                     "SELECT pgid, leader_start, session_id, boot_id, what FROM child_groups
-                     ORDER BY recorded_at",
+                     WHERE bot_id = ?1 ORDER BY recorded_at",
                 )?;
-                let rows = statement.query_map([], |row| {
+                let rows = statement.query_map([bot], |row| {
                     Ok(ChildGroup {
                         pgid: row.get(0)?,
                         leader_start: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
@@ -93,7 +98,7 @@ impl ChildGroups {
                 })?;
                 rows.collect::<Result<Vec<_>, _>>()?
             };
-            conn.execute("DELETE FROM child_groups", [])?;
+            conn.execute("DELETE FROM child_groups WHERE bot_id = ?1", [bot])?;
             Ok(groups)
         })
         .await

@@ -56,13 +56,14 @@ impl FileSends {
         message_id: i64,
         key: String,
     ) -> Result<Option<FileSend>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             let sent_id: Option<i64> = conn
                 .prepare_cached(
                     "SELECT sent_message_id FROM outbox_files
-                     WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3",
+                     WHERE bot_id = ?4 AND chat_id = ?1 AND answering_id = ?2 AND file_key = ?3",
                 )?
-                .query_row(params![chat_id, message_id, key], |row| row.get(0))
+                .query_row(params![chat_id, message_id, key, bot], |row| row.get(0))
                 .optional()?;
             Ok(sent_id.map(|id| match id {
                 SENDING => FileSend::Ambiguous,
@@ -96,15 +97,16 @@ impl FileSends {
         keys: Vec<String>,
     ) -> Result<(), StoreError> {
         // One call: all or nothing (its own savepoint).
+        let bot = self.bot();
         self.call(move |conn| {
             let mut insert = conn.prepare_cached(
                 "INSERT OR IGNORE INTO outbox_files
-                 (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                 (bot_id, chat_id, answering_id, file_key, sent_message_id, sent_at)
+                 VALUES (?6, ?1, ?2, ?3, ?4, ?5)",
             )?;
             let now = now_ms();
             for key in keys {
-                insert.execute(params![chat_id, message_id, key, WITHHELD, now])?;
+                insert.execute(params![chat_id, message_id, key, WITHHELD, now, bot])?;
             }
             Ok(())
         })
@@ -119,13 +121,14 @@ impl FileSends {
         message_id: i64,
         key: String,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::SentFile, move |conn| {
             conn.prepare_cached(
                 "DELETE FROM outbox_files
-                 WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3
+                 WHERE bot_id = ?5 AND chat_id = ?1 AND answering_id = ?2 AND file_key = ?3
                    AND sent_message_id = ?4",
             )?
-            .execute(params![chat_id, message_id, key, SENDING])?;
+            .execute(params![chat_id, message_id, key, SENDING, bot])?;
             Ok(())
         })
         .await
@@ -152,17 +155,18 @@ impl FileSends {
         key: String,
         sent_id: i64,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::SentFile, move |conn| {
             let sql = match mode {
                 WriteRow::UnlessRecorded => {
                     "INSERT OR IGNORE INTO outbox_files
-                     (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)"
+                     (bot_id, chat_id, answering_id, file_key, sent_message_id, sent_at)
+                     VALUES (?6, ?1, ?2, ?3, ?4, ?5)"
                 }
                 WriteRow::Always => {
                     "INSERT OR REPLACE INTO outbox_files
-                     (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)"
+                     (bot_id, chat_id, answering_id, file_key, sent_message_id, sent_at)
+                     VALUES (?6, ?1, ?2, ?3, ?4, ?5)"
                 }
             };
             conn.prepare_cached(sql)?.execute(params![
@@ -170,7 +174,8 @@ impl FileSends {
                 message_id,
                 key,
                 sent_id,
-                now_ms()
+                now_ms(),
+                bot
             ])?;
             Ok(())
         })

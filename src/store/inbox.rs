@@ -67,6 +67,11 @@ pub struct NewUpdate {
     pub reason: Option<String>,
 }
 
+/// Moves a message of the handle's bot on, unless it is finished.
+const SET_MESSAGE_STATE: &str = "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
+     WHERE bot_id = ?6 AND chat_id = ?1 AND message_id = ?2
+       AND state NOT IN ('answered', 'failed', 'dropped')";
+
 impl Inbox {
     /// Record an update. Returns `false` if it was already recorded (a
     /// redelivery), in which case nothing changes.
@@ -97,12 +102,14 @@ impl Inbox {
     /// `getUpdates` batch this way: one store round trip instead of one per
     /// update.
     pub async fn record_updates(&self, rows: Vec<NewUpdate>) -> Result<Vec<bool>, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Inbox, move |conn| {
             let now = now_ms();
             let mut statement = conn.prepare_cached(
                 "INSERT OR IGNORE INTO inbox
-                 (update_id, chat_id, message_id, payload, state, reason, received_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                 (bot_id, update_id, chat_id, message_id, payload, state, reason, received_at,
+                  updated_at)
+                 VALUES (?8, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
             )?;
             rows.into_iter()
                 .map(|row| {
@@ -113,7 +120,8 @@ impl Inbox {
                         row.payload,
                         row.state.as_str(),
                         row.reason,
-                        now
+                        now,
+                        bot
                     ])?;
                     Ok(inserted == 1)
                 })
@@ -131,20 +139,16 @@ impl Inbox {
         state: InboxState,
         reason: Option<String>,
     ) -> Result<bool, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::InboxState, move |conn| {
-            let changed = conn
-                .prepare_cached(
-                    "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
-                 WHERE chat_id = ?1 AND message_id = ?2
-                   AND state NOT IN ('answered', 'failed', 'dropped')",
-                )?
-                .execute(params![
-                    chat_id,
-                    message_id,
-                    state.as_str(),
-                    reason,
-                    now_ms()
-                ])?;
+            let changed = conn.prepare_cached(SET_MESSAGE_STATE)?.execute(params![
+                chat_id,
+                message_id,
+                state.as_str(),
+                reason,
+                now_ms(),
+                bot
+            ])?;
             Ok(changed > 0)
         })
         .await
@@ -158,15 +162,19 @@ impl Inbox {
         &self,
         changes: Vec<(i64, i64, InboxState, Option<String>)>,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::InboxState, move |conn| {
             let now = now_ms();
-            let mut statement = conn.prepare_cached(
-                "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
-                 WHERE chat_id = ?1 AND message_id = ?2
-                   AND state NOT IN ('answered', 'failed', 'dropped')",
-            )?;
+            let mut statement = conn.prepare_cached(SET_MESSAGE_STATE)?;
             for (chat_id, message_id, state, reason) in changes {
-                statement.execute(params![chat_id, message_id, state.as_str(), reason, now])?;
+                statement.execute(params![
+                    chat_id,
+                    message_id,
+                    state.as_str(),
+                    reason,
+                    now,
+                    bot
+                ])?;
             }
             Ok(())
         })
@@ -177,12 +185,14 @@ impl Inbox {
     /// were recorded (journaled wakeups have negative ids, so the id alone
     /// does not give the order).
     pub async fn open_inbox(&self) -> Result<Vec<InboxEntry>, StoreError> {
-        self.call(|conn| {
+        let bot = self.bot();
+        self.call(move |conn| {
             let mut statement = conn.prepare(
                 "SELECT update_id, chat_id, message_id, payload, state, reason FROM inbox
-                 WHERE state IN ('received', 'running') ORDER BY received_at, update_id",
+                 WHERE bot_id = ?1 AND state IN ('received', 'running')
+                 ORDER BY received_at, update_id",
             )?;
-            let rows = statement.query_map([], |row| {
+            let rows = statement.query_map([bot], |row| {
                 Ok((
                     row.get::<_, i64>(0)?,
                     row.get::<_, i64>(1)?,
@@ -211,11 +221,13 @@ impl Inbox {
 
     /// How many inbox rows are in each state.
     pub async fn inbox_counts(&self) -> Result<Vec<(InboxState, u64)>, StoreError> {
-        self.call(|conn| {
+        let bot = self.bot();
+        self.call(move |conn| {
             let mut counts: Vec<(InboxState, u64)> =
                 InboxState::ALL.iter().map(|s| (*s, 0)).collect();
-            let mut statement = conn.prepare("SELECT state, COUNT(*) FROM inbox GROUP BY state")?;
-            let rows = statement.query_map([], |row| {
+            let mut statement =
+                conn.prepare("SELECT state, COUNT(*) FROM inbox WHERE bot_id = ?1 GROUP BY state")?;
+            let rows = statement.query_map([bot], |row| {
                 Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
             })?;
             for row in rows {
@@ -234,8 +246,9 @@ impl Inbox {
 
     /// The inbox row of an update.
     pub async fn inbox_entry(&self, update_id: i64) -> Result<Option<InboxEntry>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
-            let row = conn.prepare_cached("SELECT chat_id, message_id, payload, state, reason FROM inbox WHERE update_id = ?1")?.query_row(params![update_id],
+            let row = conn.prepare_cached("SELECT chat_id, message_id, payload, state, reason FROM inbox WHERE bot_id = ?2 AND update_id = ?1")?.query_row(params![update_id, bot],
                     |row| {
                         Ok((
                             row.get::<_, i64>(0)?,
@@ -274,18 +287,20 @@ impl Outbox {
         message_id: i64,
         reply_ids: Vec<i32>,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write_one(WriteKind::Outbox, move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
             let now = now_ms();
             conn.prepare_cached(
-                "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at, sending_at)
-                 VALUES (?1, ?2, ?3, 'streaming', ?4, ?4)
-                 ON CONFLICT (chat_id, message_id) DO UPDATE
+                "INSERT INTO outbox
+                 (bot_id, chat_id, message_id, reply_ids, state, updated_at, sending_at)
+                 VALUES (?5, ?1, ?2, ?3, 'streaming', ?4, ?4)
+                 ON CONFLICT (bot_id, chat_id, message_id) DO UPDATE
                  SET reply_ids = excluded.reply_ids, updated_at = excluded.updated_at,
                      sending_at = excluded.sending_at
                  WHERE state <> 'delivered'",
             )?
-            .execute(params![chat_id, message_id, ids, now])?;
+            .execute(params![chat_id, message_id, ids, now, bot])?;
             Ok(())
         })
         .await
@@ -300,12 +315,13 @@ impl Outbox {
         reply_ids: Vec<i32>,
         delivered: bool,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write_one(WriteKind::Outbox, move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
             conn.prepare_cached(
-                "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (chat_id, message_id) DO UPDATE
+                "INSERT INTO outbox (bot_id, chat_id, message_id, reply_ids, state, updated_at)
+                 VALUES (?6, ?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (bot_id, chat_id, message_id) DO UPDATE
                  SET reply_ids = excluded.reply_ids, state = excluded.state,
                      updated_at = excluded.updated_at, sending_at = NULL",
             )?
@@ -314,7 +330,8 @@ impl Outbox {
                 message_id,
                 ids,
                 if delivered { "delivered" } else { "streaming" },
-                now_ms()
+                now_ms(),
+                bot
             ])?;
             Ok(())
         })
@@ -327,13 +344,14 @@ impl Outbox {
         chat_id: i64,
         message_id: i64,
     ) -> Result<Option<OutboxEntry>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             let row = conn
                 .prepare_cached(
                     "SELECT reply_ids, state, sending_at FROM outbox
-                     WHERE chat_id = ?1 AND message_id = ?2",
+                     WHERE bot_id = ?3 AND chat_id = ?1 AND message_id = ?2",
                 )?
-                .query_row(params![chat_id, message_id], |row| {
+                .query_row(params![chat_id, message_id, bot], |row| {
                     Ok((
                         row.get::<_, String>(0)?,
                         row.get::<_, String>(1)?,
@@ -370,17 +388,20 @@ pub struct RunningProcess {
 impl Processes {
     /// Record a background process as running.
     pub async fn process_started(&self, process: RunningProcess) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Process, move |conn| {
             conn.prepare_cached(
                 "INSERT OR REPLACE INTO background_processes
-                 (process_id, chat_id, thread_id, command, started_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                 (bot_id, process_id, chat_id, thread_id, command, started_at)
+                 VALUES (?6, ?1, ?2, ?3, ?4, ?5)",
             )?
             .execute(params![
                 process.process_id,
                 process.chat_id,
                 process.thread_id,
                 process.command,
-                now_ms()
+                now_ms(),
+                bot
             ])?;
             Ok(())
         })
@@ -390,9 +411,12 @@ impl Processes {
     /// Forget a background process (it ended and its owner was told, or
     /// will be by its wakeup).
     pub async fn process_ended(&self, process_id: String) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Process, move |conn| {
-            conn.prepare_cached("DELETE FROM background_processes WHERE process_id = ?1")?
-                .execute(params![process_id])?;
+            conn.prepare_cached(
+                "DELETE FROM background_processes WHERE bot_id = ?2 AND process_id = ?1",
+            )?
+            .execute(params![process_id, bot])?;
             Ok(())
         })
         .await
@@ -401,14 +425,15 @@ impl Processes {
     /// Take every process still recorded as running (at start: they died
     /// with the previous process), removing them.
     pub async fn take_lost_processes(&self) -> Result<Vec<RunningProcess>, StoreError> {
-        self.write(WriteKind::Process, |conn| {
+        let bot = self.bot();
+        self.write(WriteKind::Process, move |conn| {
             let tx = conn.savepoint()?;
             let lost = {
                 let mut statement = tx.prepare(
                     "SELECT process_id, chat_id, thread_id, command FROM background_processes
-                     ORDER BY started_at",
+                     WHERE bot_id = ?1 ORDER BY started_at",
                 )?;
-                let rows = statement.query_map([], |row| {
+                let rows = statement.query_map([bot], |row| {
                     Ok(RunningProcess {
                         process_id: row.get(0)?,
                         chat_id: row.get(1)?,
@@ -418,7 +443,7 @@ impl Processes {
                 })?;
                 rows.collect::<Result<Vec<_>, _>>()?
             };
-            tx.execute("DELETE FROM background_processes", [])?;
+            tx.execute("DELETE FROM background_processes WHERE bot_id = ?1", [bot])?;
             tx.commit()?;
             Ok(lost)
         })

@@ -137,6 +137,8 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::vocab::BotId;
+
 pub use agent_sessions::AgentUsage;
 pub use approvals::{ApprovalPrompt, ApprovalRecord};
 pub use batch::StoreStats;
@@ -288,6 +290,9 @@ pub struct Store {
 struct Link {
     tx: mpsc::Sender<Msg>,
     write_health: WriteHealth,
+    /// The bot whose rows this handle reads and writes (every table has a
+    /// `bot_id` column; see [`Store::for_bot`]).
+    bot: BotId,
 }
 
 /// Defines the narrow handles: each a cheap `Clone` newtype around the
@@ -312,6 +317,11 @@ macro_rules! handles {
 
             #[allow(dead_code)]
             impl $name {
+                /// The bot whose rows this handle touches, as stored.
+                fn bot(&self) -> i64 {
+                    self.link.bot.get()
+                }
+
                 async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
                 where
                     R: Send + 'static,
@@ -490,9 +500,23 @@ impl Store {
             link: Link {
                 tx,
                 write_health: WriteHealth::default(),
+                bot: BotId::UNCLAIMED,
             },
             counters,
         })
+    }
+
+    /// The same store (thread, connection, counters), its handles scoped
+    /// to `bot`'s rows: what each of several bots in one process holds.
+    pub fn for_bot(&self, bot: BotId) -> Store {
+        let mut scoped = self.clone();
+        scoped.link.bot = bot;
+        scoped
+    }
+
+    /// The bot this store's handles are scoped to.
+    pub fn bot(&self) -> BotId {
+        self.link.bot
     }
 
     /// Whether writes work, as reported by the writers (see

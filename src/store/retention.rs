@@ -27,23 +27,26 @@ impl Inbox {
         let age = i64::try_from(days)
             .unwrap_or(i64::MAX)
             .saturating_mul(DAY_MS);
+        let bot = self.bot();
         self.write(WriteKind::Retention, move |conn| {
             let cutoff = now_ms().saturating_sub(age);
             let deleted = conn.execute(
                 "DELETE FROM inbox
-                 WHERE state IN ('answered', 'failed', 'dropped') AND updated_at < ?1",
-                params![cutoff],
+                 WHERE bot_id = ?2 AND state IN ('answered', 'failed', 'dropped')
+                   AND updated_at < ?1",
+                params![cutoff, bot],
             )?;
             // A topic claim is needed while its message may be replayed:
             // as long as the message's inbox row is unfinished.
             conn.execute(
                 "DELETE FROM topic_creations
-                 WHERE created_at < ?1 AND NOT EXISTS (
+                 WHERE bot_id = ?2 AND created_at < ?1 AND NOT EXISTS (
                      SELECT 1 FROM inbox
-                     WHERE inbox.chat_id = topic_creations.chat_id
+                     WHERE inbox.bot_id = topic_creations.bot_id
+                       AND inbox.chat_id = topic_creations.chat_id
                        AND inbox.message_id = topic_creations.message_id
                        AND inbox.state IN ('received', 'running'))",
-                params![cutoff],
+                params![cutoff, bot],
             )?;
             Ok(deleted)
         })

@@ -31,21 +31,24 @@ impl TopicCreations {
         chat_id: i64,
         message_id: i64,
     ) -> Result<TopicClaim, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Session, move |conn| {
             let inserted = conn
                 .prepare_cached(
-                    "INSERT OR IGNORE INTO topic_creations (chat_id, message_id, thread_id, created_at)
-                     VALUES (?1, ?2, NULL, ?3)",
+                    "INSERT OR IGNORE INTO topic_creations
+                     (bot_id, chat_id, message_id, thread_id, created_at)
+                     VALUES (?4, ?1, ?2, NULL, ?3)",
                 )?
-                .execute(params![chat_id, message_id, now_ms()])?;
+                .execute(params![chat_id, message_id, now_ms(), bot])?;
             if inserted == 1 {
                 return Ok(TopicClaim::New);
             }
             let thread: Option<Option<i64>> = conn
                 .prepare_cached(
-                    "SELECT thread_id FROM topic_creations WHERE chat_id = ?1 AND message_id = ?2",
+                    "SELECT thread_id FROM topic_creations
+                     WHERE bot_id = ?3 AND chat_id = ?1 AND message_id = ?2",
                 )?
-                .query_row(params![chat_id, message_id], |row| row.get(0))
+                .query_row(params![chat_id, message_id, bot], |row| row.get(0))
                 .optional()?;
             Ok(match thread.flatten().and_then(|t| i32::try_from(t).ok()) {
                 Some(thread) => TopicClaim::Made(thread),
@@ -62,11 +65,13 @@ impl TopicCreations {
         message_id: i64,
         thread_id: i32,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write_one(WriteKind::Session, move |conn| {
             conn.prepare_cached(
-                "UPDATE topic_creations SET thread_id = ?3 WHERE chat_id = ?1 AND message_id = ?2",
+                "UPDATE topic_creations SET thread_id = ?3
+                 WHERE bot_id = ?4 AND chat_id = ?1 AND message_id = ?2",
             )?
-            .execute(params![chat_id, message_id, i64::from(thread_id)])?;
+            .execute(params![chat_id, message_id, i64::from(thread_id), bot])?;
             Ok(())
         })
         .await
@@ -75,11 +80,13 @@ impl TopicCreations {
     /// The creation failed (Telegram refused it): no topic was made, so a
     /// replay may try again.
     pub async fn topic_refused(&self, chat_id: i64, message_id: i64) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write_one(WriteKind::Session, move |conn| {
             conn.prepare_cached(
-                "DELETE FROM topic_creations WHERE chat_id = ?1 AND message_id = ?2 AND thread_id IS NULL",
+                "DELETE FROM topic_creations
+                 WHERE bot_id = ?3 AND chat_id = ?1 AND message_id = ?2 AND thread_id IS NULL",
             )?
-            .execute(params![chat_id, message_id])?;
+            .execute(params![chat_id, message_id, bot])?;
             Ok(())
         })
         .await

@@ -24,15 +24,16 @@ pub struct UndoneExchange {
 impl Transcripts {
     /// The last user message still in the history of `session_id`.
     pub async fn last_user_message(&self, session_id: &str) -> Result<Option<String>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.call(move |conn| {
             Ok(conn
                 .prepare_cached(
                     "SELECT content FROM transcripts
-                     WHERE session_id = ?1 AND role = 'user' AND undone_at IS NULL
+                     WHERE bot_id = ?2 AND session_id = ?1 AND role = 'user'
+                       AND undone_at IS NULL
                      ORDER BY id DESC LIMIT 1",
                 )?
-                .query_row([session_id], |r| r.get::<_, String>(0))
+                .query_row(params![session_id, bot], |r| r.get::<_, String>(0))
                 .optional()?)
         })
         .await
@@ -44,16 +45,17 @@ impl Transcripts {
         &self,
         session_id: &str,
     ) -> Result<Option<UndoneExchange>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.write(WriteKind::Transcript, move |conn| {
             let tx = conn.savepoint()?;
             let last = tx
                 .prepare_cached(
                     "SELECT id, content FROM transcripts
-                     WHERE session_id = ?1 AND role = 'user' AND undone_at IS NULL
+                     WHERE bot_id = ?2 AND session_id = ?1 AND role = 'user'
+                       AND undone_at IS NULL
                      ORDER BY id DESC LIMIT 1",
                 )?
-                .query_row([&session_id], |r| {
+                .query_row(params![&session_id, bot], |r| {
                     Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
                 })
                 .optional()?;
@@ -62,8 +64,8 @@ impl Transcripts {
             };
             let entries = tx.execute(
                 "UPDATE transcripts SET undone_at = ?3
-                 WHERE session_id = ?1 AND id >= ?2 AND undone_at IS NULL",
-                params![session_id, first_id, now_ms()],
+                 WHERE bot_id = ?4 AND session_id = ?1 AND id >= ?2 AND undone_at IS NULL",
+                params![session_id, first_id, now_ms(), bot],
             )?;
             tx.commit()?;
             Ok(Some(UndoneExchange { user_text, entries }))
@@ -74,13 +76,14 @@ impl Transcripts {
     /// How many entries of `session_id` were taken out by /undo or /retry
     /// (they stay in the transcript, marked).
     pub async fn undone_len(&self, session_id: &str) -> Result<usize, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.call(move |conn| {
             let n: i64 = conn
                 .prepare_cached(
-                    "SELECT count(*) FROM transcripts WHERE session_id = ?1 AND undone_at IS NOT NULL",
+                    "SELECT count(*) FROM transcripts
+                     WHERE bot_id = ?2 AND session_id = ?1 AND undone_at IS NOT NULL",
                 )?
-                .query_row([session_id], |r| r.get(0))?;
+                .query_row(params![session_id, bot], |r| r.get(0))?;
             Ok(usize::try_from(n).unwrap_or(0))
         })
         .await

@@ -13,6 +13,7 @@
 //! hold process state beyond the turn identity's task-local and the
 //! generation counter.
 
+mod bot;
 mod button;
 mod child_env;
 mod command;
@@ -27,6 +28,7 @@ mod session;
 mod texts;
 mod url;
 
+pub use bot::BotId;
 pub use button::{
     button_id, callback_data, new_button_id, Button, ButtonAction, JobButton, WorktreeButton,
 };
