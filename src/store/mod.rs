@@ -106,6 +106,7 @@
 //! * Never log message contents at info level or above: transcripts are
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
+mod adoption;
 pub mod agent_sessions;
 pub mod approvals;
 mod batch;

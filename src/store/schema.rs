@@ -776,6 +776,84 @@ mod tests {
         }
     }
 
+    /// `(table, column)` of every unique index on a fresh database.
+    fn unique_keys(conn: &Connection) -> Vec<(String, Vec<String>)> {
+        let mut stmt = conn
+            .prepare(
+                "SELECT m.name, i.name FROM sqlite_schema m, pragma_index_list(m.name) i
+                 WHERE m.type = 'table' AND i.\"unique\" = 1 ORDER BY m.name, i.name",
+            )
+            .unwrap();
+        let indexes: Vec<(String, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        indexes
+            .into_iter()
+            .map(|(table, index)| {
+                let mut stmt = conn
+                    .prepare("SELECT name FROM pragma_index_info(?1) ORDER BY seqno")
+                    .unwrap();
+                let columns = stmt
+                    .query_map([&index], |r| r.get(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect();
+                (table, columns)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_table_but_the_global_ones_carries_a_bot_id() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        let global = ["reserved_ids", "sqlite_sequence", "store_meta"];
+        for table in table_names(&conn) {
+            let has: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM pragma_table_info(?1) WHERE name = 'bot_id'",
+                    [&table],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(has == 1, !global.contains(&table.as_str()), "{table}");
+        }
+    }
+
+    #[test]
+    fn only_ids_unique_everywhere_are_unique_without_the_bot() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        // Session UUIDs and button ids are random; the rest are global by
+        // design (reserved_ids, store_meta).
+        let global = [
+            ("buttons", "id"),
+            ("reserved_ids", "name"),
+            ("session_history", "session_id"),
+            ("sessions", "session_id"),
+            ("store_meta", "name"),
+        ];
+        for (table, columns) in unique_keys(&conn) {
+            if columns.first().map(String::as_str) == Some("bot_id") {
+                continue;
+            }
+            let key = (table.as_str(), columns.join(","));
+            assert!(
+                global.iter().any(|(t, c)| (*t, c.to_string()) == key),
+                "{table} ({}) is unique without its bot",
+                columns.join(", ")
+            );
+        }
+        let fk: i64 = conn
+            .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(fk, 0);
+    }
+
     #[test]
     fn migrating_twice_is_a_no_op() {
         let mut conn = Connection::open_in_memory().unwrap();
