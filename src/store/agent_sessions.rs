@@ -273,6 +273,7 @@ fn usage_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AgentUsage> {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     #[tokio::test]
     async fn resume_ids_and_usage_per_session() {
@@ -362,5 +363,60 @@ mod tests {
         assert_eq!(b.input_tokens, 500);
         let reset = turn_usage(Some(&total(4000, 400)), &total(100, 10));
         assert_eq!(reset.input_tokens, 100);
+    }
+
+    #[tokio::test]
+    async fn agent_sessions_and_usage_are_kept_per_bot() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.agent_sessions()
+            .set_agent_resume_id("s", "claude", Some("c1".into()))
+            .await
+            .unwrap();
+        assert_eq!(b.agent_sessions().agent_resume_id("s").await.unwrap(), None);
+        let total = |input_tokens| AgentUsage {
+            turns: 1,
+            input_tokens,
+            ..AgentUsage::default()
+        };
+        a.agent_sessions()
+            .add_agent_thread_usage("s", "codex", "thread", total(1000))
+            .await
+            .unwrap();
+        // The same thread id reported to another bot is that bot's first.
+        let theirs = b
+            .agent_sessions()
+            .add_agent_thread_usage("s", "codex", "thread", total(1500))
+            .await
+            .unwrap();
+        assert_eq!(theirs.input_tokens, 1500);
+        b.agent_sessions()
+            .add_agent_usage("s", "codex", total(5))
+            .await
+            .unwrap();
+        let usage = |store: &Store| {
+            let sessions = store.agent_sessions();
+            async move { sessions.agent_usage("s").await.unwrap().unwrap() }
+        };
+        assert_eq!(
+            (usage(&a).await.turns, usage(&a).await.input_tokens),
+            (1, 1000)
+        );
+        assert_eq!(
+            (usage(&b).await.turns, usage(&b).await.input_tokens),
+            (2, 1505)
+        );
+        assert_eq!(
+            a.agent_sessions().agent_usage_total().await.unwrap().turns,
+            1
+        );
+        assert_eq!(
+            a.agent_sessions()
+                .agent_resume_id("s")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("c1")
+        );
     }
 }

@@ -188,6 +188,7 @@ impl Approvals {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     #[tokio::test]
     async fn a_prompt_is_found_once() {
@@ -211,5 +212,62 @@ mod tests {
             store.approvals().take_approval_prompt("t1").await.unwrap(),
             None
         );
+    }
+
+    #[tokio::test]
+    async fn prompts_and_decisions_are_kept_per_bot() {
+        let store = Store::open_in_memory().unwrap();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        let prompt = |message_id| ApprovalPrompt {
+            chat_id: -100,
+            thread_id: None,
+            message_id,
+            text: "⚠️ Permission".into(),
+        };
+        a.approvals()
+            .record_approval_prompt("t1", prompt(7))
+            .await
+            .unwrap();
+        b.approvals()
+            .record_approval_prompt("t1", prompt(8))
+            .await
+            .unwrap();
+        assert_eq!(
+            b.approvals().take_approval_prompt("t1").await.unwrap(),
+            Some(prompt(8))
+        );
+        assert_eq!(
+            b.approvals().take_approval_prompt("t1").await.unwrap(),
+            None
+        );
+        assert_eq!(
+            a.approvals().take_approval_prompt("t1").await.unwrap(),
+            Some(prompt(7))
+        );
+        let record = ApprovalRecord {
+            ticket: "t1".into(),
+            session_key: "chat:-100".into(),
+            chat_id: -100,
+            subject: "rm".into(),
+            outcome: "approved".into(),
+            option_id: None,
+            option_label: None,
+            option_kind: None,
+            decided_by: Some(42),
+            decided_by_name: None,
+            asked_at: 1,
+            decided_at: 2,
+        };
+        a.approvals().record_approval(record.clone()).await.unwrap();
+        assert_eq!(
+            a.approvals().approval_records("chat:-100").await.unwrap(),
+            vec![record]
+        );
+        assert!(b
+            .approvals()
+            .approval_records("chat:-100")
+            .await
+            .unwrap()
+            .is_empty());
     }
 }

@@ -187,6 +187,7 @@ impl Inbox {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     fn button(id: &str, row: &str) -> NewButton {
         NewButton {
@@ -245,5 +246,47 @@ mod tests {
             self.expires_at = expires_at;
             self
         }
+    }
+
+    #[tokio::test]
+    async fn a_button_is_read_and_claimed_only_through_its_own_bot() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.buttons()
+            .create_buttons(vec![button("x", "r"), button("y", "r")])
+            .await
+            .unwrap();
+        assert_eq!(b.buttons().button("x").await.unwrap(), None);
+        assert!(!b.buttons().claim_button("x", 10).await.unwrap());
+        assert!(a
+            .buttons()
+            .button("y")
+            .await
+            .unwrap()
+            .unwrap()
+            .used_by
+            .is_none());
+        assert!(a.buttons().claim_button("x", 10).await.unwrap());
+        // A press's inbox state is the pressing bot's update.
+        for bot in [&a, &b] {
+            bot.inbox()
+                .record_update(
+                    10,
+                    1,
+                    None,
+                    serde_json::json!({}),
+                    InboxState::Received,
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+        assert!(a
+            .inbox()
+            .set_update_state(10, InboxState::Answered, None)
+            .await
+            .unwrap());
+        let theirs = b.inbox().inbox_entry(10).await.unwrap().unwrap();
+        assert_eq!(theirs.state, InboxState::Received);
     }
 }

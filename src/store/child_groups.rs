@@ -109,6 +109,7 @@ impl ChildGroups {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     fn group(pgid: i32) -> ChildGroup {
         ChildGroup {
@@ -150,5 +151,33 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
+    }
+
+    #[tokio::test]
+    async fn each_bot_takes_only_its_own_leftover_groups() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.child_groups()
+            .record_child_groups(vec![
+                ChildGroupChange::Started(group(10)),
+                ChildGroupChange::Started(group(11)),
+            ])
+            .await
+            .unwrap();
+        b.child_groups()
+            .record_child_groups(vec![
+                ChildGroupChange::Started(group(10)),
+                ChildGroupChange::Ended(11),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            b.child_groups().take_child_groups().await.unwrap(),
+            vec![group(10)]
+        );
+        assert_eq!(
+            a.child_groups().take_child_groups().await.unwrap(),
+            vec![group(10), group(11)]
+        );
     }
 }

@@ -187,6 +187,7 @@ impl FileSends {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     #[tokio::test]
     async fn sent_files_are_remembered_per_answered_message() {
@@ -301,5 +302,47 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(state("left").await.unwrap(), Some(FileSend::Withheld));
+    }
+
+    #[tokio::test]
+    async fn sent_files_are_remembered_per_bot() {
+        let store = Store::open_in_memory().unwrap();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        a.file_sends()
+            .record_file_sending(1, 10, "f".into())
+            .await
+            .unwrap();
+        a.file_sends()
+            .record_files_withheld(1, 10, vec!["g".into()])
+            .await
+            .unwrap();
+        assert_eq!(
+            b.file_sends().file_send(1, 10, "f".into()).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            b.file_sends().file_send(1, 10, "g".into()).await.unwrap(),
+            None
+        );
+        b.file_sends()
+            .record_file_sending(1, 10, "f".into())
+            .await
+            .unwrap();
+        b.file_sends()
+            .forget_file_send(1, 10, "f".into())
+            .await
+            .unwrap();
+        assert_eq!(
+            a.file_sends().file_send(1, 10, "f".into()).await.unwrap(),
+            Some(FileSend::Ambiguous)
+        );
+        b.file_sends()
+            .record_file_sent(1, 10, "g".into(), 99)
+            .await
+            .unwrap();
+        assert_eq!(
+            a.file_sends().file_send(1, 10, "g".into()).await.unwrap(),
+            Some(FileSend::Withheld)
+        );
     }
 }

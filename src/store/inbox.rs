@@ -455,6 +455,7 @@ impl Processes {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
     use serde_json::json;
 
     fn new_update(update_id: i64, message_id: i64) -> NewUpdate {
@@ -700,6 +701,124 @@ mod tests {
                 delivered: false,
                 sending: true,
             })
+        );
+    }
+
+    /// One store, two bots, as [`Store::for_bot`] hands them out.
+    fn two_bots() -> (Store, Store) {
+        let store = Store::open_in_memory().unwrap();
+        (store.for_bot(BotId(1)), store.for_bot(BotId(2)))
+    }
+
+    #[tokio::test]
+    async fn two_bots_record_the_same_update_id_each_in_its_own_inbox() {
+        let (a, b) = two_bots();
+        let record = |store: &Store, bot: i64| {
+            let inbox = store.inbox();
+            async move {
+                inbox
+                    .record_update(
+                        7,
+                        5,
+                        Some(10),
+                        json!({ "bot": bot }),
+                        InboxState::Received,
+                        None,
+                    )
+                    .await
+                    .unwrap()
+            }
+        };
+        assert!(record(&a, 1).await);
+        assert!(
+            record(&b, 2).await,
+            "not a redelivery: another bot's update"
+        );
+        assert!(!record(&a, 1).await, "a redelivery to the same bot");
+        let entry = b.inbox().inbox_entry(7).await.unwrap().unwrap();
+        assert_eq!(entry.payload, json!({"bot": 2}));
+        // The same message of the same chat moves on for one bot only.
+        assert!(a
+            .inbox()
+            .set_message_state(5, 10, InboxState::Answered, None)
+            .await
+            .unwrap());
+        a.inbox()
+            .set_message_states(vec![(5, 10, InboxState::Running, None)])
+            .await
+            .unwrap();
+        assert!(a.inbox().open_inbox().await.unwrap().is_empty());
+        let open = b.inbox().open_inbox().await.unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].state, InboxState::Received);
+        assert!(a
+            .inbox()
+            .inbox_counts()
+            .await
+            .unwrap()
+            .contains(&(InboxState::Received, 0)));
+        assert!(b
+            .inbox()
+            .inbox_counts()
+            .await
+            .unwrap()
+            .contains(&(InboxState::Received, 1)));
+        // Nor does the unscoped handle see either.
+        let unclaimed = a.for_bot(BotId::UNCLAIMED);
+        assert!(unclaimed.inbox().inbox_entry(7).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn two_bots_keep_their_own_reply_to_the_same_message() {
+        let (a, b) = two_bots();
+        a.outbox().record_send_intent(5, 100, vec![]).await.unwrap();
+        assert_eq!(b.outbox().reply_of(5, 100).await.unwrap(), None);
+        b.outbox()
+            .record_reply(5, 100, vec![9], true)
+            .await
+            .unwrap();
+        let ours = a.outbox().reply_of(5, 100).await.unwrap().unwrap();
+        assert!(ours.sending && !ours.delivered, "{ours:?}");
+        // A's intent never turns B's delivered reply back into an intent.
+        b.outbox()
+            .record_send_intent(5, 100, vec![9])
+            .await
+            .unwrap();
+        a.outbox()
+            .record_reply(5, 100, vec![3], false)
+            .await
+            .unwrap();
+        assert_eq!(
+            b.outbox().reply_of(5, 100).await.unwrap(),
+            Some(OutboxEntry {
+                reply_ids: vec![9],
+                delivered: true,
+                sending: false,
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn each_bot_takes_only_its_own_lost_processes() {
+        let (a, b) = two_bots();
+        let process = |chat_id: i64| RunningProcess {
+            process_id: "p1".to_string(),
+            chat_id,
+            thread_id: None,
+            command: "sleep 100".to_string(),
+        };
+        a.processes().process_started(process(1)).await.unwrap();
+        b.processes().process_started(process(2)).await.unwrap();
+        b.processes().process_ended("p1".to_string()).await.unwrap();
+        assert!(b
+            .processes()
+            .take_lost_processes()
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            a.processes().take_lost_processes().await.unwrap(),
+            vec![process(1)]
         );
     }
 }

@@ -540,6 +540,7 @@ impl Jobs {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
     use crate::vocab::InboxState;
 
     fn job(chat_id: i64, next_run: i64) -> NewJob {
@@ -811,5 +812,77 @@ mod tests {
         // Another chat's job is not this chat's to move.
         let o = s.jobs().job(other).await.unwrap().unwrap();
         assert_eq!((o.job.timezone.as_str(), o.next_run), ("UTC", Some(3000)));
+    }
+
+    #[tokio::test]
+    async fn each_bot_lists_and_fires_only_its_own_jobs() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        // The same chat with each bot: each has its own cap of one.
+        let ours = a.jobs().create_job(job(5, 1000), 1).await.unwrap().unwrap();
+        let theirs = b.jobs().create_job(job(5, 2000), 1).await.unwrap().unwrap();
+        let ids = |jobs: Vec<StoredJob>| jobs.iter().map(|j| j.id).collect::<Vec<_>>();
+        assert_eq!(ids(a.jobs().chat_jobs(5).await.unwrap()), vec![ours]);
+        assert_eq!(
+            ids(b.jobs().due_jobs(9000, 10).await.unwrap()),
+            vec![theirs]
+        );
+        assert_eq!(b.jobs().next_job_due().await.unwrap(), Some(2000));
+        assert_eq!(a.jobs().job(theirs).await.unwrap(), None);
+        assert_eq!(a.jobs().job_count().await.unwrap(), 1);
+        // Another bot's job can be neither fired, paused, failed nor deleted.
+        assert!(a
+            .jobs()
+            .fire_job(firing(theirs, 2000, -10))
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(!a.jobs().set_job_active(theirs, None).await.unwrap());
+        assert_eq!(
+            a.jobs().record_job_outcome(theirs, true, 1).await.unwrap(),
+            None
+        );
+        assert!(!a.jobs().delete_job(theirs).await.unwrap());
+        assert_eq!(
+            b.jobs().job(theirs).await.unwrap().unwrap().state,
+            JobState::Active
+        );
+        // A run is journaled in its own bot's inbox.
+        assert_eq!(
+            a.jobs()
+                .fire_jobs(vec![firing(ours, 1000, -11)])
+                .await
+                .unwrap(),
+            vec![vec![-11]]
+        );
+        assert!(a.inbox().inbox_entry(-11).await.unwrap().is_some());
+        assert!(b.inbox().inbox_entry(-11).await.unwrap().is_none());
+        assert!(b.inbox().open_inbox().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn each_bot_keeps_its_own_time_zone_for_the_same_chat() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        let theirs = b.jobs().create_job(job(5, 2000), 5).await.unwrap().unwrap();
+        a.jobs()
+            .set_chat_timezone(5, "Europe/Berlin".into(), vec![(theirs, Some(7000))])
+            .await
+            .unwrap();
+        b.jobs()
+            .set_chat_timezone(5, "Asia/Tokyo".into(), Vec::new())
+            .await
+            .unwrap();
+        let zone = |s: &Store| {
+            let jobs = s.jobs();
+            async move { jobs.chat_timezone(5).await.unwrap() }
+        };
+        assert_eq!(zone(&a).await.as_deref(), Some("Europe/Berlin"));
+        assert_eq!(zone(&b).await.as_deref(), Some("Asia/Tokyo"));
+        let job = b.jobs().job(theirs).await.unwrap().unwrap();
+        assert_eq!(
+            (job.job.timezone.as_str(), job.next_run),
+            ("UTC", Some(2000))
+        );
     }
 }

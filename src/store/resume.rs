@@ -159,6 +159,7 @@ mod tests {
     use super::*;
     use crate::store::Store;
     use crate::store::TranscriptEntry;
+    use crate::vocab::BotId;
     use serde_json::json;
 
     #[tokio::test]
@@ -240,5 +241,44 @@ mod tests {
             s.sessions().resume_session("k", "never").await.unwrap(),
             Resumed::NotFound
         );
+    }
+
+    #[tokio::test]
+    async fn a_bot_never_resumes_or_lists_another_bots_conversation() {
+        let store = Store::open_in_memory().unwrap();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        let key = "agent:main:telegram:group:-100";
+        a.sessions()
+            .get_or_create_session(key, "sa".into())
+            .await
+            .unwrap();
+        a.transcripts()
+            .append("sa", TranscriptEntry::user("hello"))
+            .await
+            .unwrap();
+        a.sessions()
+            .rotate_session(key, "sa2".into())
+            .await
+            .unwrap();
+        b.sessions()
+            .get_or_create_session(key, "sb".into())
+            .await
+            .unwrap();
+        assert_eq!(
+            b.sessions().resume_session(key, "sa").await.unwrap(),
+            Resumed::NotFound
+        );
+        let theirs = b.sessions().conversations(key, 10).await.unwrap();
+        assert_eq!(theirs.len(), 1);
+        assert_eq!(theirs[0].session_id, "sb");
+        assert_eq!(
+            a.sessions().resume_session(key, "sa").await.unwrap(),
+            Resumed::Resumed
+        );
+        let ours = a.sessions().conversations(key, 10).await.unwrap();
+        assert_eq!(ours.len(), 2);
+        assert_eq!(ours[1].first_message.as_deref(), Some("hello"));
+        let current = b.sessions().current_session(key).await.unwrap();
+        assert_eq!(current.map(|s| s.session_id).as_deref(), Some("sb"));
     }
 }

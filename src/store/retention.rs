@@ -58,6 +58,7 @@ impl Inbox {
 mod tests {
     use crate::store::Store;
     use crate::store::TranscriptEntry;
+    use crate::vocab::BotId;
     use crate::vocab::InboxState;
 
     #[tokio::test]
@@ -103,5 +104,70 @@ mod tests {
             .unwrap();
         assert_eq!(left, vec![4, 5, 6]);
         assert_eq!(store.transcripts().transcript_len("s").await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn pruning_deletes_only_the_handles_bots_rows() {
+        let store = Store::open_in_memory().unwrap();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        for bot in [&a, &b] {
+            bot.inbox()
+                .record_update(
+                    1,
+                    7,
+                    Some(1),
+                    serde_json::json!({}),
+                    InboxState::Answered,
+                    None,
+                )
+                .await
+                .unwrap();
+            bot.topic_creations().begin_topic(7, 1).await.unwrap();
+        }
+        // B's message is unfinished again under A's identical ids: A's
+        // claim must not be kept alive by B's row, nor B's pruned by A.
+        b.inbox()
+            .record_update(
+                2,
+                7,
+                Some(2),
+                serde_json::json!({}),
+                InboxState::Received,
+                None,
+            )
+            .await
+            .unwrap();
+        a.topic_creations().begin_topic(7, 2).await.unwrap();
+        store
+            .call(|c| {
+                c.execute_batch(
+                    "UPDATE inbox SET updated_at = updated_at - 8 * 86400000;
+                     UPDATE topic_creations SET created_at = created_at - 8 * 86400000;",
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(a.inbox().prune_inbox(7).await.unwrap(), 1);
+        assert!(a.inbox().inbox_entry(1).await.unwrap().is_none());
+        assert!(b.inbox().inbox_entry(1).await.unwrap().is_some());
+        let claims = |bot: i64| {
+            let store = store.clone();
+            async move {
+                store
+                    .call(move |c| {
+                        let mut s = c.prepare(
+                            "SELECT message_id FROM topic_creations WHERE bot_id = ?1
+                             ORDER BY message_id",
+                        )?;
+                        let rows = s.query_map([bot], |r| r.get::<_, i64>(0))?;
+                        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+                    })
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(claims(1).await, Vec::<i64>::new());
+        assert_eq!(claims(2).await, vec![1]);
     }
 }

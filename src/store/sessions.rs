@@ -339,6 +339,7 @@ pub(super) fn archive(
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
     use serde_json::json;
 
     fn store() -> Store {
@@ -536,5 +537,47 @@ mod tests {
             .map(|r| (r.session_key.as_str(), r.session_id.as_str()))
             .collect();
         assert_eq!(pairs, [("a", "a1"), ("b", "b2")]);
+    }
+
+    #[tokio::test]
+    async fn two_bots_have_their_own_current_session_for_the_same_key() {
+        let store = store();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        let key = "agent:main:telegram:group:-100";
+        a.sessions()
+            .get_or_create_session(key, "sa".into())
+            .await
+            .unwrap();
+        let theirs = b
+            .sessions()
+            .get_or_create_session(key, "sb".into())
+            .await
+            .unwrap();
+        assert_eq!(theirs.session_id, "sb", "not the other bot's session");
+        a.sessions()
+            .set_override(key, "model", json!("m"))
+            .await
+            .unwrap();
+        assert!(b.sessions().overrides(key).await.unwrap().is_empty());
+        a.sessions()
+            .rotate_session(key, "sa2".into())
+            .await
+            .unwrap();
+        let current = |s: &Store| {
+            let sessions = s.sessions();
+            async move {
+                let record = sessions.current_session(key).await.unwrap();
+                record.map(|r| r.session_id)
+            }
+        };
+        assert_eq!(current(&a).await.as_deref(), Some("sa2"));
+        assert_eq!(current(&b).await.as_deref(), Some("sb"));
+        assert_eq!(b.sessions().session_owner_key("sa").await.unwrap(), None);
+        assert_eq!(b.sessions().session_history(key).await.unwrap().len(), 1);
+        assert_eq!(a.sessions().session_history(key).await.unwrap().len(), 2);
+        let listed = b.sessions().list_sessions().await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(!store.sessions().touch(key).await.unwrap());
+        assert!(store.sessions().list_sessions().await.unwrap().is_empty());
     }
 }

@@ -97,6 +97,7 @@ impl TopicCreations {
 mod tests {
     use super::TopicClaim;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     #[tokio::test]
     async fn a_replayed_message_finds_its_topic_and_an_unanswered_creation_is_unclear() {
@@ -138,6 +139,39 @@ mod tests {
             topics.begin_topic(-1, 10).await.unwrap(),
             TopicClaim::New,
             "pruned after it"
+        );
+    }
+
+    #[tokio::test]
+    async fn two_bots_claim_a_topic_for_the_same_message_each() {
+        let store = Store::open_in_memory().unwrap();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        assert_eq!(
+            a.topic_creations().begin_topic(-1, 10).await.unwrap(),
+            TopicClaim::New
+        );
+        assert_eq!(
+            b.topic_creations().begin_topic(-1, 10).await.unwrap(),
+            TopicClaim::New
+        );
+        b.topic_creations().topic_made(-1, 10, 88).await.unwrap();
+        a.topic_creations().topic_refused(-1, 10).await.unwrap();
+        assert_eq!(
+            a.topic_creations().begin_topic(-1, 10).await.unwrap(),
+            TopicClaim::New
+        );
+        assert_eq!(
+            b.topic_creations().begin_topic(-1, 10).await.unwrap(),
+            TopicClaim::Made(88)
+        );
+        a.topic_creations().topic_made(-1, 10, 77).await.unwrap();
+        assert_eq!(
+            a.topic_creations().begin_topic(-1, 10).await.unwrap(),
+            TopicClaim::Made(77)
+        );
+        assert_eq!(
+            b.topic_creations().begin_topic(-1, 10).await.unwrap(),
+            TopicClaim::Made(88)
         );
     }
 }

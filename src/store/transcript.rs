@@ -359,6 +359,7 @@ impl TranscriptEntry {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
     use serde_json::json;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -765,5 +766,34 @@ mod tests {
         assert_eq!(s.transcripts().transcript_len("s").await.unwrap(), 2);
         let used = s.usage().usage_between(Some(7), 100, 300).await.unwrap();
         assert_eq!(used[&7].turns, 1);
+    }
+
+    #[tokio::test]
+    async fn two_bots_keep_separate_transcripts_under_the_same_session_id() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.transcripts()
+            .append_many(
+                "s",
+                vec![
+                    TranscriptEntry::user("a1"),
+                    TranscriptEntry::assistant("a2"),
+                ],
+            )
+            .await
+            .unwrap();
+        let before = b
+            .transcripts()
+            .load_history_then_append("s", None, vec![TranscriptEntry::user("b1")])
+            .await
+            .unwrap();
+        assert!(before.is_empty(), "another bot's history");
+        assert!(b.transcripts().mark_last_interrupted("s").await.unwrap());
+        let ours = a.transcripts().load_history("s", None).await.unwrap();
+        assert_eq!(contents(&ours), ["a1", "a2"]);
+        assert!(!ours[1].interrupted, "flagged through the other bot");
+        assert_eq!(a.transcripts().transcript_len("s").await.unwrap(), 2);
+        assert_eq!(b.transcripts().transcript_len("s").await.unwrap(), 1);
+        assert_eq!(s.transcripts().transcript_len("s").await.unwrap(), 0);
     }
 }

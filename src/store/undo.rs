@@ -93,6 +93,7 @@ impl Transcripts {
 #[cfg(test)]
 mod tests {
     use crate::store::{Store, TranscriptEntry};
+    use crate::vocab::BotId;
 
     #[tokio::test]
     async fn undo_marks_the_last_exchange_and_keeps_it() {
@@ -146,5 +147,40 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn undo_takes_back_only_the_bots_own_exchange() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        for (bot, text) in [(&a, "from a"), (&b, "from b")] {
+            bot.transcripts()
+                .append_many(
+                    "s",
+                    vec![
+                        TranscriptEntry::user(text),
+                        TranscriptEntry::assistant("ok"),
+                    ],
+                )
+                .await
+                .unwrap();
+        }
+        let undone = a.transcripts().undo_last_exchange("s").await.unwrap();
+        assert_eq!(
+            undone.map(|u| (u.user_text, u.entries)),
+            Some(("from a".into(), 2))
+        );
+        assert_eq!(a.transcripts().undone_len("s").await.unwrap(), 2);
+        assert_eq!(b.transcripts().undone_len("s").await.unwrap(), 0);
+        assert_eq!(b.transcripts().transcript_len("s").await.unwrap(), 2);
+        assert_eq!(
+            b.transcripts()
+                .last_user_message("s")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("from b")
+        );
+        assert_eq!(a.transcripts().last_user_message("s").await.unwrap(), None);
     }
 }

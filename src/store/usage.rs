@@ -170,6 +170,7 @@ pub(super) fn insert_turn_usage(
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     fn turn(user_id: u64, at_ms: i64, tokens: u64, cost: f64) -> TurnUsage {
         TurnUsage {
@@ -238,5 +239,46 @@ mod tests {
             Some("on")
         );
         assert!(s.usage().set_voice_setting(2, "loud").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn usage_and_settings_are_kept_per_bot() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.usage()
+            .record_turn_usage(turn(42, 100, 10, 0.5))
+            .await
+            .unwrap();
+        b.usage()
+            .record_turn_usage(turn(42, 200, 20, 1.0))
+            .await
+            .unwrap();
+        b.transcripts()
+            .append_many_charging(
+                "s",
+                vec![crate::store::TranscriptEntry::user("hi")],
+                Some(turn(42, 300, 30, 1.0)),
+            )
+            .await
+            .unwrap();
+        let sums = |store: &Store| {
+            let usage = store.usage();
+            async move { usage.usage_between(Some(42), 0, 1000).await.unwrap() }
+        };
+        assert_eq!(sums(&a).await[&42].input_tokens, 10);
+        assert_eq!(sums(&b).await[&42].input_tokens, 50);
+        assert_eq!(a.usage().turn_times_since(42, 0).await.unwrap(), vec![100]);
+        assert_eq!(b.usage().last_turns().await.unwrap()[&42], 300);
+        a.usage().set_voice_setting(42, "on").await.unwrap();
+        b.usage().set_voice_setting(42, "auto").await.unwrap();
+        assert_eq!(
+            a.usage().voice_setting(42).await.unwrap().as_deref(),
+            Some("on")
+        );
+        assert_eq!(
+            b.usage().voice_setting(42).await.unwrap().as_deref(),
+            Some("auto")
+        );
+        assert!(s.usage().last_turns().await.unwrap().is_empty());
     }
 }

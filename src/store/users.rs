@@ -427,6 +427,7 @@ impl Users {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     const LIMITS: GuessLimits = GuessLimits {
         per_user: 3,
@@ -615,5 +616,64 @@ mod tests {
             s.users().redeem_code(attempt(3, "i2", 4)).await.unwrap(),
             Redeemed::Wrong { .. }
         ));
+    }
+
+    #[tokio::test]
+    async fn each_bot_has_its_own_members_codes_and_owner() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.users()
+            .create_code(code("h", CodeKind::Pairing, Role::Owner, 0))
+            .await
+            .unwrap();
+        // A's code is no code at all for B, and B's wrong try is B's.
+        assert_eq!(
+            b.users().redeem_code(attempt(42, "h", 1)).await.unwrap(),
+            Redeemed::Wrong { tries_left: 2 }
+        );
+        assert_eq!(
+            a.users().redeem_code(attempt(42, "h", 1)).await.unwrap(),
+            Redeemed::Joined(Role::Owner, CodeKind::Pairing)
+        );
+        assert_eq!(b.users().owner().await.unwrap(), None);
+        // The same code hash, and another owner, for B.
+        b.users()
+            .create_code(code("h", CodeKind::Pairing, Role::Owner, 2))
+            .await
+            .unwrap();
+        assert_eq!(
+            b.users().redeem_code(attempt(43, "h", 3)).await.unwrap(),
+            Redeemed::Joined(Role::Owner, CodeKind::Pairing)
+        );
+        assert_eq!(a.users().owner().await.unwrap(), Some(42));
+        assert_eq!(b.users().owner().await.unwrap(), Some(43));
+        let ids = |members: Vec<Member>| members.iter().map(|m| m.user_id).collect::<Vec<_>>();
+        assert_eq!(ids(a.users().members().await.unwrap()), vec![42]);
+        assert_eq!(
+            b.users().set_member_role(42, Role::Admin).await.unwrap(),
+            None
+        );
+        assert_eq!(b.users().remove_member(42).await.unwrap(), None);
+        assert_eq!(ids(a.users().members().await.unwrap()), vec![42]);
+        // The `telegate pair` path reads and writes one bot's rows too.
+        let owners = s
+            .call(|conn| Ok((select_owner(conn, BotId(1))?, select_owner(conn, BotId(3))?)))
+            .await
+            .unwrap();
+        assert_eq!(owners, (Some(42), None));
+        s.call(|conn| {
+            insert_code(
+                conn,
+                BotId(3),
+                &code("p", CodeKind::Pairing, Role::Owner, 4),
+            )
+        })
+        .await
+        .unwrap();
+        let c = s.for_bot(BotId(3));
+        assert_eq!(
+            c.users().redeem_code(attempt(44, "p", 5)).await.unwrap(),
+            Redeemed::Joined(Role::Owner, CodeKind::Pairing)
+        );
     }
 }
