@@ -7,6 +7,8 @@
 //! id) start the agent afresh by construction, and a restart of telegate
 //! finds the id again.
 //!
+//! Rows are the handle's bot's (`bot_id` leads their keys).
+//!
 //! This module never decides when to resume; it only remembers.
 
 use rusqlite::{params, OptionalExtension};

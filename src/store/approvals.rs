@@ -5,6 +5,8 @@
 //! Written once per request by the gate (`tools::approval_gate`), read by
 //! the operator and the tests; and the message that shows each request,
 //! so its ending can be shown there. This module never decides anything.
+//!
+//! Prompts (by ticket) and decisions are the handle's bot's (`bot_id`).
 
 use rusqlite::{params, OptionalExtension};
 

@@ -9,6 +9,8 @@
 //! update id: the same press replayed after a restart still wins, any other
 //! loses.
 //!
+//! A button is read and claimed only through the bot that stored it.
+//!
 //! This module logs ids only.
 
 use rusqlite::{params, OptionalExtension};

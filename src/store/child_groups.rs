@@ -6,6 +6,9 @@
 //! processes: the next start reads every row, kills the groups that are
 //! verifiably still those recorded, and forgets them all.
 //!
+//! Each bot records and takes only its own groups (`bot_id`), so a bot's
+//! start never kills another running bot's children.
+//!
 //! This module stores the rows only; it never signals anything.
 
 use rusqlite::params;

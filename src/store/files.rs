@@ -2,6 +2,8 @@
 //! per file per answered message, so a turn replayed after a restart does
 //! not send a file twice, nor one a stop left unsent. Keys are chosen by
 //! [`crate::media::outbox`].
+//!
+//! Rows are the handle's bot's (`bot_id` leads the key).
 
 use rusqlite::{params, OptionalExtension};
 

@@ -12,6 +12,9 @@
 //! restart that finds the intent without an outcome knows the send is
 //! ambiguous and never repeats it.
 //!
+//! Every row is one bot's (`bot_id`): an update id, a chat's message and a
+//! background process id are looked up only among the handle's bot's rows.
+//!
 //! Contents are user data: this module logs ids and states, never text.
 
 use rusqlite::{params, OptionalExtension};

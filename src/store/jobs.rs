@@ -20,6 +20,10 @@
 //! * The number of jobs a chat holds is checked in the transaction that
 //!   inserts one ([`Jobs::create_job`]).
 //!
+//! Jobs, their runs' inbox rows and time zones are the handle's bot's:
+//! the scheduler of one bot lists, fires and changes only its own jobs
+//! (job ids are global, the look-up by id is scoped all the same).
+//!
 //! Every write goes through [`Jobs::write`] ([`WriteKind::Job`]). Job texts
 //! are user data: this module logs ids only.
 

@@ -28,7 +28,20 @@
 //! * **Health and upkeep** (`write_health`, `integrity`,
 //!   `retention`): write failures per kind, the start-up integrity check,
 //!   pruning of old inbox rows.
-//! * **The schema** ([`schema`]): versioned, forward-only migrations.
+//! * **The schema** ([`schema`]): versioned, forward-only migrations, and
+//!   the one-off adoption of a pre-bot database's rows (`adoption`).
+//!
+//! # Several bots
+//!
+//! Every row carries its bot (`bot_id`, [`BotId`]) and every handle is
+//! scoped to one: [`Store::for_bot`] gives the same store (one thread, one
+//! connection) whose handles read and write only that bot's rows, so two
+//! bots in one group never see each other's updates, sessions or team.
+//! [`Store::open`] and its siblings give [`BotId::UNCLAIMED`] (0). Rows of
+//! a database from before several bots are 0 until the first bot calls
+//! [`Store::adopt_unclaimed_rows`] (`adoption`). Only the reserved turn
+//! generations ([`generations`]) and the schema's own bookkeeping are
+//! global.
 //!
 //! # How it runs, and why
 //!

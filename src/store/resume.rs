@@ -10,6 +10,8 @@
 //! among them its title) all come back with the id. The session being left
 //! is archived exactly as `/new` archives it.
 //!
+//! Only the handle's bot's sessions can be listed or resumed.
+//!
 //! This module never shows message contents in logs.
 
 use rusqlite::{params, OptionalExtension};

@@ -9,6 +9,8 @@
 //! The forum-topic claims of messages no longer unfinished go with the
 //! same retention (`topic_creations`).
 //!
+//! It prunes only the handle's bot's rows.
+//!
 //! This module owns these deletes. It must never touch rows that are not
 //! finished (received, running: they are still to be answered) nor the
 //! transcripts, which are the conversations themselves.

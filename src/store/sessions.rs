@@ -16,6 +16,9 @@
 //! Per-session settings (`overrides`, e.g. `{"model": "..."}`) belong to the
 //! session, not the key, so rotation clears them; the old values are kept
 //! in the history row.
+//!
+//! Keys and ids are looked up among the handle's bot's rows only (`bot_id`):
+//! two bots in one group have the same key and never each other's session.
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};

@@ -7,6 +7,8 @@
 //! and completed with its answer: a row still empty at replay means the
 //! request may have made a topic whose id was never recorded, which the
 //! caller tells the user instead of trying again. Owns only this table.
+//!
+//! Claims are per bot (`bot_id` leads the key).
 
 use rusqlite::{params, OptionalExtension};
 

@@ -10,6 +10,8 @@
 //! is still recorded, with `interrupted` set, so the agent can be told the
 //! user did not see the whole thing.
 //!
+//! Every entry is one bot's (`bot_id`); a bot reads only its own.
+//!
 //! Contents are user data: this module logs counts and ids, never contents.
 
 use std::sync::{Arc, OnceLock};

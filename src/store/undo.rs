@@ -5,6 +5,8 @@
 //! the agent or counted in /status. An exchange is the last user message
 //! and everything recorded after it (tool calls, results, the answer).
 //!
+//! Only the handle's bot's entries are marked or counted.
+//!
 //! Contents are user data: this module logs nothing.
 
 use rusqlite::{params, OptionalExtension};

@@ -8,6 +8,8 @@
 //! decision ([`crate::limits`]), so a change of time zone never rewrites
 //! history.
 //!
+//! Usage and settings are per bot (`bot_id`).
+//!
 //! Also the per-user settings (`/voice`). This module never decides what
 //! a limit is.
 

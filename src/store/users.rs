@@ -10,6 +10,9 @@
 //! or not at all, so a crash mid-pairing leaves either no owner or exactly
 //! one (the unique index on the owner row makes two impossible anyway).
 //!
+//! Members, codes and wrong tries are per bot (`bot_id`): each bot has its
+//! own team and its own owner; `telegate pair`'s path takes the bot too.
+//!
 //! This module never logs a code or its hash, and never decides who may
 //! create or redeem one: that is [`crate::access`].
 
