@@ -214,7 +214,10 @@ fn pair(config: &Config) -> ExitCode {
         eprintln!("error: store.in_memory = true: there is no database to pair through");
         return ExitCode::from(2);
     }
-    match telegate::access::pairing::pair_in(&config.store.data_dir, &config.access) {
+    // The store's one bot until several are configured (the first bot
+    // adopts its rows; then this passes that bot's id).
+    let bot = telegate::vocab::BotId::UNCLAIMED;
+    match telegate::access::pairing::pair_in(&config.store.data_dir, &config.access, bot) {
         Ok(code) => {
             println!(
                 "{}",

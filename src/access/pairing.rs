@@ -16,6 +16,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::{codes, Access, AccessConfig, AccessError};
 use crate::store::users::{insert_code, select_owner, CodeKind, NewCode, Role};
+use crate::vocab::BotId;
 
 /// The lines telling the operator how to pair (stderr and the log).
 pub fn pairing_text(code: &str, minutes: u64) -> String {
@@ -70,9 +71,10 @@ pub enum PairError {
     },
 }
 
-/// `telegate pair`: a fresh pairing code in the database of `data_dir`
-/// (the running bot's, or one that will run), returned to be printed.
-pub fn pair_in(data_dir: &Path, settings: &AccessConfig) -> Result<String, PairError> {
+/// `telegate pair`: a fresh pairing code for `bot` in the database of
+/// `data_dir` (the running bot's, or one that will run), returned to be
+/// printed.
+pub fn pair_in(data_dir: &Path, settings: &AccessConfig, bot: BotId) -> Result<String, PairError> {
     let path = data_dir.join("telegate.db");
     let metadata = std::fs::metadata(&path).map_err(|_| PairError::NoDatabase(path.clone()))?;
     check_owner(&path, &metadata)?;
@@ -101,7 +103,7 @@ pub fn pair_in(data_dir: &Path, settings: &AccessConfig) -> Result<String, PairE
         path: path.clone(),
         detail: e.to_string(),
     };
-    if let Some(owner) = select_owner(&conn).map_err(store_failed)? {
+    if let Some(owner) = select_owner(&conn, bot).map_err(store_failed)? {
         return Err(PairError::HasOwner(owner));
     }
     let code = codes::generate().ok_or(PairError::NoRandomness)?;
@@ -109,6 +111,7 @@ pub fn pair_in(data_dir: &Path, settings: &AccessConfig) -> Result<String, PairE
     let lifetime = i64::try_from(settings.pairing_code_minutes * 60_000).unwrap_or(i64::MAX);
     insert_code(
         &conn,
+        bot,
         &NewCode {
             hash: codes::hash(&code),
             kind: CodeKind::Pairing,
@@ -148,7 +151,7 @@ mod tests {
     async fn a_code_written_by_pair_works_in_the_running_store() {
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(
-            pair_in(dir.path(), &AccessConfig::default()),
+            pair_in(dir.path(), &AccessConfig::default(), BotId::UNCLAIMED),
             Err(PairError::NoDatabase(_))
         ));
         let store = Store::open_async(dir.path().join("telegate.db"))
@@ -158,7 +161,7 @@ mod tests {
         access.load().await.unwrap();
         let code = tokio::task::spawn_blocking({
             let dir = dir.path().to_path_buf();
-            move || pair_in(&dir, &AccessConfig::default())
+            move || pair_in(&dir, &AccessConfig::default(), BotId::UNCLAIMED)
         })
         .await
         .unwrap()
@@ -168,7 +171,7 @@ mod tests {
         assert!(matches!(joined, Redeemed::Joined(Role::Owner, _)));
         let again = tokio::task::spawn_blocking({
             let dir = dir.path().to_path_buf();
-            move || pair_in(&dir, &AccessConfig::default())
+            move || pair_in(&dir, &AccessConfig::default(), BotId::UNCLAIMED)
         })
         .await
         .unwrap();

@@ -7,6 +7,8 @@
 //! id) start the agent afresh by construction, and a restart of telegate
 //! finds the id again.
 //!
+//! Rows are the handle's bot's (`bot_id` leads their keys).
+//!
 //! This module never decides when to resume; it only remembers.
 
 use rusqlite::{params, OptionalExtension};
@@ -50,13 +52,14 @@ fn to_u64(n: i64) -> u64 {
 impl AgentSessions {
     /// The agent session that `session_id`'s next turn resumes, if any.
     pub async fn agent_resume_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.call(move |conn| {
             Ok(conn
                 .prepare_cached(
-                    "SELECT agent_session_id FROM agent_sessions WHERE session_id = ?1",
+                    "SELECT agent_session_id FROM agent_sessions
+                     WHERE bot_id = ?2 AND session_id = ?1",
                 )?
-                .query_row([session_id], |r| r.get::<_, Option<String>>(0))
+                .query_row(params![session_id, bot], |r| r.get::<_, Option<String>>(0))
                 .optional()?
                 .flatten())
         })
@@ -70,17 +73,24 @@ impl AgentSessions {
         backend: &str,
         agent_session_id: Option<String>,
     ) -> Result<(), StoreError> {
-        let (session_id, backend) = (session_id.to_owned(), backend.to_owned());
+        let (bot, session_id, backend) = (self.bot(), session_id.to_owned(), backend.to_owned());
         self.write(WriteKind::AgentSession, move |conn| {
             conn.prepare_cached(
-                "INSERT INTO agent_sessions (session_id, backend, agent_session_id, updated_at)
-                 VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (session_id) DO UPDATE SET
+                "INSERT INTO agent_sessions
+                     (bot_id, session_id, backend, agent_session_id, updated_at)
+                 VALUES (?5, ?1, ?2, ?3, ?4)
+                 ON CONFLICT (bot_id, session_id) DO UPDATE SET
                      backend = excluded.backend,
                      agent_session_id = excluded.agent_session_id,
                      updated_at = excluded.updated_at",
             )?
-            .execute(params![session_id, backend, agent_session_id, now_ms()])?;
+            .execute(params![
+                session_id,
+                backend,
+                agent_session_id,
+                now_ms(),
+                bot
+            ])?;
             Ok(())
         })
         .await
@@ -93,9 +103,9 @@ impl AgentSessions {
         backend: &str,
         usage: AgentUsage,
     ) -> Result<(), StoreError> {
-        let (session_id, backend) = (session_id.to_owned(), backend.to_owned());
+        let (bot, session_id, backend) = (self.bot(), session_id.to_owned(), backend.to_owned());
         self.write(WriteKind::AgentSession, move |conn| {
-            add_usage_row(conn, &session_id, &backend, &usage)
+            add_usage_row(conn, bot, &session_id, &backend, &usage)
         })
         .await
     }
@@ -112,7 +122,8 @@ impl AgentSessions {
         thread_id: &str,
         thread_total: AgentUsage,
     ) -> Result<AgentUsage, StoreError> {
-        let (session_id, backend, thread_id) = (
+        let (bot, session_id, backend, thread_id) = (
+            self.bot(),
             session_id.to_owned(),
             backend.to_owned(),
             thread_id.to_owned(),
@@ -121,9 +132,9 @@ impl AgentSessions {
             let previous = conn
                 .prepare_cached(
                     "SELECT input_tokens, cached_input_tokens, output_tokens
-                     FROM agent_thread_usage WHERE thread_id = ?1",
+                     FROM agent_thread_usage WHERE bot_id = ?2 AND thread_id = ?1",
                 )?
-                .query_row([&thread_id], |r| {
+                .query_row(params![&thread_id, bot], |r| {
                     Ok(AgentUsage {
                         turns: 0,
                         input_tokens: to_u64(r.get(0)?),
@@ -135,10 +146,10 @@ impl AgentSessions {
                 .optional()?;
             let turn = turn_usage(previous.as_ref(), &thread_total);
             conn.prepare_cached(
-                "INSERT INTO agent_thread_usage (thread_id, backend, input_tokens,
+                "INSERT INTO agent_thread_usage (bot_id, thread_id, backend, input_tokens,
                      cached_input_tokens, output_tokens, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                 ON CONFLICT (thread_id) DO UPDATE SET
+                 VALUES (?7, ?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (bot_id, thread_id) DO UPDATE SET
                      input_tokens = excluded.input_tokens,
                      cached_input_tokens = excluded.cached_input_tokens,
                      output_tokens = excluded.output_tokens,
@@ -150,9 +161,10 @@ impl AgentSessions {
                 to_i64(thread_total.input_tokens),
                 to_i64(thread_total.cached_input_tokens),
                 to_i64(thread_total.output_tokens),
-                now_ms()
+                now_ms(),
+                bot
             ])?;
-            add_usage_row(conn, &session_id, &backend, &turn)?;
+            add_usage_row(conn, bot, &session_id, &backend, &turn)?;
             Ok(turn)
         })
         .await
@@ -160,11 +172,13 @@ impl AgentSessions {
 
     /// The usage recorded for `session_id` (`None`: nothing recorded).
     pub async fn agent_usage(&self, session_id: &str) -> Result<Option<AgentUsage>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.call(move |conn| {
             Ok(conn
-                .prepare_cached(&format!("{SELECT_USAGE} WHERE session_id = ?1"))?
-                .query_row([session_id], usage_row)
+                .prepare_cached(&format!(
+                    "{SELECT_USAGE} WHERE bot_id = ?2 AND session_id = ?1"
+                ))?
+                .query_row(params![session_id, bot], usage_row)
                 .optional()?
                 .filter(|u| u.turns > 0))
         })
@@ -173,15 +187,16 @@ impl AgentSessions {
 
     /// The usage of every session together.
     pub async fn agent_usage_total(&self) -> Result<AgentUsage, StoreError> {
-        self.call(|conn| {
+        let bot = self.bot();
+        self.call(move |conn| {
             Ok(conn
                 .prepare_cached(
                     "SELECT coalesce(sum(turns), 0), coalesce(sum(input_tokens), 0),
                             coalesce(sum(cached_input_tokens), 0), coalesce(sum(output_tokens), 0),
                             coalesce(sum(cost_usd), 0.0)
-                     FROM agent_sessions",
+                     FROM agent_sessions WHERE bot_id = ?1",
                 )?
-                .query_row([], usage_row)?)
+                .query_row([bot], usage_row)?)
         })
         .await
     }
@@ -209,18 +224,19 @@ pub fn turn_usage(previous: Option<&AgentUsage>, now: &AgentUsage) -> AgentUsage
     }
 }
 
-/// Add `usage` to the row of `session_id`.
+/// Add `usage` to the row of `bot`'s `session_id`.
 fn add_usage_row(
     conn: &rusqlite::Connection,
+    bot: i64,
     session_id: &str,
     backend: &str,
     usage: &AgentUsage,
 ) -> Result<(), StoreError> {
     conn.prepare_cached(
-        "INSERT INTO agent_sessions (session_id, backend, turns, input_tokens,
+        "INSERT INTO agent_sessions (bot_id, session_id, backend, turns, input_tokens,
              cached_input_tokens, output_tokens, cost_usd, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-         ON CONFLICT (session_id) DO UPDATE SET
+         VALUES (?9, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (bot_id, session_id) DO UPDATE SET
              turns = turns + excluded.turns,
              input_tokens = input_tokens + excluded.input_tokens,
              cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens,
@@ -236,7 +252,8 @@ fn add_usage_row(
         to_i64(usage.cached_input_tokens),
         to_i64(usage.output_tokens),
         usage.cost_usd,
-        now_ms()
+        now_ms(),
+        bot
     ])?;
     Ok(())
 }
@@ -258,6 +275,7 @@ fn usage_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AgentUsage> {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     #[tokio::test]
     async fn resume_ids_and_usage_per_session() {
@@ -347,5 +365,60 @@ mod tests {
         assert_eq!(b.input_tokens, 500);
         let reset = turn_usage(Some(&total(4000, 400)), &total(100, 10));
         assert_eq!(reset.input_tokens, 100);
+    }
+
+    #[tokio::test]
+    async fn agent_sessions_and_usage_are_kept_per_bot() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.agent_sessions()
+            .set_agent_resume_id("s", "claude", Some("c1".into()))
+            .await
+            .unwrap();
+        assert_eq!(b.agent_sessions().agent_resume_id("s").await.unwrap(), None);
+        let total = |input_tokens| AgentUsage {
+            turns: 1,
+            input_tokens,
+            ..AgentUsage::default()
+        };
+        a.agent_sessions()
+            .add_agent_thread_usage("s", "codex", "thread", total(1000))
+            .await
+            .unwrap();
+        // The same thread id reported to another bot is that bot's first.
+        let theirs = b
+            .agent_sessions()
+            .add_agent_thread_usage("s", "codex", "thread", total(1500))
+            .await
+            .unwrap();
+        assert_eq!(theirs.input_tokens, 1500);
+        b.agent_sessions()
+            .add_agent_usage("s", "codex", total(5))
+            .await
+            .unwrap();
+        let usage = |store: &Store| {
+            let sessions = store.agent_sessions();
+            async move { sessions.agent_usage("s").await.unwrap().unwrap() }
+        };
+        assert_eq!(
+            (usage(&a).await.turns, usage(&a).await.input_tokens),
+            (1, 1000)
+        );
+        assert_eq!(
+            (usage(&b).await.turns, usage(&b).await.input_tokens),
+            (2, 1505)
+        );
+        assert_eq!(
+            a.agent_sessions().agent_usage_total().await.unwrap().turns,
+            1
+        );
+        assert_eq!(
+            a.agent_sessions()
+                .agent_resume_id("s")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("c1")
+        );
     }
 }

@@ -5,6 +5,8 @@
 //! Written once per request by the gate (`tools::approval_gate`), read by
 //! the operator and the tests; and the message that shows each request,
 //! so its ending can be shown there. This module never decides anything.
+//!
+//! Prompts (by ticket) and decisions are the handle's bot's (`bot_id`).
 
 use rusqlite::{params, OptionalExtension};
 
@@ -64,15 +66,17 @@ impl Approvals {
         ticket: &str,
         prompt: ApprovalPrompt,
     ) -> Result<(), StoreError> {
-        let ticket = ticket.to_owned();
+        let (bot, ticket) = (self.bot(), ticket.to_owned());
         self.write(WriteKind::Approval, move |conn| {
             let now = now_ms();
-            conn.prepare_cached("DELETE FROM approval_prompts WHERE created_at < ?1")?
-                .execute([now - KEEP_PROMPT_MS])?;
+            conn.prepare_cached(
+                "DELETE FROM approval_prompts WHERE bot_id = ?2 AND created_at < ?1",
+            )?
+            .execute(params![now - KEEP_PROMPT_MS, bot])?;
             conn.prepare_cached(
                 "INSERT OR REPLACE INTO approval_prompts
-                     (ticket, chat_id, thread_id, message_id, text, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                     (bot_id, ticket, chat_id, thread_id, message_id, text, created_at)
+                 VALUES (?7, ?1, ?2, ?3, ?4, ?5, ?6)",
             )?
             .execute(params![
                 ticket,
@@ -80,7 +84,8 @@ impl Approvals {
                 prompt.thread_id,
                 prompt.message_id,
                 prompt.text,
-                now
+                now,
+                bot
             ])?;
             Ok(())
         })
@@ -92,14 +97,14 @@ impl Approvals {
         &self,
         ticket: &str,
     ) -> Result<Option<ApprovalPrompt>, StoreError> {
-        let ticket = ticket.to_owned();
+        let (bot, ticket) = (self.bot(), ticket.to_owned());
         self.write(WriteKind::Approval, move |conn| {
             let found = conn
                 .prepare_cached(
                     "SELECT chat_id, thread_id, message_id, text FROM approval_prompts
-                     WHERE ticket = ?1",
+                     WHERE bot_id = ?2 AND ticket = ?1",
                 )?
-                .query_row([&ticket], |r| {
+                .query_row(params![&ticket, bot], |r| {
                     Ok(ApprovalPrompt {
                         chat_id: r.get(0)?,
                         thread_id: r.get(1)?,
@@ -108,8 +113,8 @@ impl Approvals {
                     })
                 })
                 .optional()?;
-            conn.prepare_cached("DELETE FROM approval_prompts WHERE ticket = ?1")?
-                .execute([&ticket])?;
+            conn.prepare_cached("DELETE FROM approval_prompts WHERE bot_id = ?2 AND ticket = ?1")?
+                .execute(params![&ticket, bot])?;
             Ok(found)
         })
         .await
@@ -117,12 +122,13 @@ impl Approvals {
 
     /// Record how a request ended.
     pub async fn record_approval(&self, record: ApprovalRecord) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Approval, move |conn| {
             conn.prepare_cached(
-                "INSERT INTO approval_decisions (ticket, session_key, chat_id, subject, outcome,
-                     option_id, option_label, option_kind, decided_by, decided_by_name,
+                "INSERT INTO approval_decisions (bot_id, ticket, session_key, chat_id, subject,
+                     outcome, option_id, option_label, option_kind, decided_by, decided_by_name,
                      asked_at, decided_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 VALUES (?13, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?
             .execute(params![
                 record.ticket,
@@ -136,7 +142,8 @@ impl Approvals {
                 record.decided_by.and_then(|u| i64::try_from(u).ok()),
                 record.decided_by_name,
                 record.asked_at,
-                record.decided_at
+                record.decided_at,
+                bot
             ])?;
             Ok(())
         })
@@ -148,14 +155,14 @@ impl Approvals {
         &self,
         session_key: &str,
     ) -> Result<Vec<ApprovalRecord>, StoreError> {
-        let session_key = session_key.to_owned();
+        let (bot, session_key) = (self.bot(), session_key.to_owned());
         self.call(move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT ticket, session_key, chat_id, subject, outcome, option_id, option_label,
                         option_kind, decided_by, decided_by_name, asked_at, decided_at
-                 FROM approval_decisions WHERE session_key = ?1 ORDER BY id",
+                 FROM approval_decisions WHERE bot_id = ?2 AND session_key = ?1 ORDER BY id",
             )?;
-            let rows = stmt.query_map([session_key], |r| {
+            let rows = stmt.query_map(params![session_key, bot], |r| {
                 Ok(ApprovalRecord {
                     ticket: r.get(0)?,
                     session_key: r.get(1)?,
@@ -183,6 +190,7 @@ impl Approvals {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     #[tokio::test]
     async fn a_prompt_is_found_once() {
@@ -206,5 +214,62 @@ mod tests {
             store.approvals().take_approval_prompt("t1").await.unwrap(),
             None
         );
+    }
+
+    #[tokio::test]
+    async fn prompts_and_decisions_are_kept_per_bot() {
+        let store = Store::open_in_memory().unwrap();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        let prompt = |message_id| ApprovalPrompt {
+            chat_id: -100,
+            thread_id: None,
+            message_id,
+            text: "⚠️ Permission".into(),
+        };
+        a.approvals()
+            .record_approval_prompt("t1", prompt(7))
+            .await
+            .unwrap();
+        b.approvals()
+            .record_approval_prompt("t1", prompt(8))
+            .await
+            .unwrap();
+        assert_eq!(
+            b.approvals().take_approval_prompt("t1").await.unwrap(),
+            Some(prompt(8))
+        );
+        assert_eq!(
+            b.approvals().take_approval_prompt("t1").await.unwrap(),
+            None
+        );
+        assert_eq!(
+            a.approvals().take_approval_prompt("t1").await.unwrap(),
+            Some(prompt(7))
+        );
+        let record = ApprovalRecord {
+            ticket: "t1".into(),
+            session_key: "chat:-100".into(),
+            chat_id: -100,
+            subject: "rm".into(),
+            outcome: "approved".into(),
+            option_id: None,
+            option_label: None,
+            option_kind: None,
+            decided_by: Some(42),
+            decided_by_name: None,
+            asked_at: 1,
+            decided_at: 2,
+        };
+        a.approvals().record_approval(record.clone()).await.unwrap();
+        assert_eq!(
+            a.approvals().approval_records("chat:-100").await.unwrap(),
+            vec![record]
+        );
+        assert!(b
+            .approvals()
+            .approval_records("chat:-100")
+            .await
+            .unwrap()
+            .is_empty());
     }
 }

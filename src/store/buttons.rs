@@ -9,6 +9,8 @@
 //! update id: the same press replayed after a restart still wins, any other
 //! loses.
 //!
+//! A button is read and claimed only through the bot that stored it.
+//!
 //! This module logs ids only.
 
 use rusqlite::{params, OptionalExtension};
@@ -54,18 +56,19 @@ const KEEP_EXPIRED_MS: i64 = 24 * 3600 * 1000;
 impl Buttons {
     /// Remember `buttons` (and forget buttons long expired).
     pub async fn create_buttons(&self, buttons: Vec<NewButton>) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Button, move |conn| {
             let tx = conn.savepoint()?;
             let now = now_ms();
             tx.execute(
-                "DELETE FROM buttons WHERE expires_at < ?1",
-                [now - KEEP_EXPIRED_MS],
+                "DELETE FROM buttons WHERE bot_id = ?2 AND expires_at < ?1",
+                params![now - KEEP_EXPIRED_MS, bot],
             )?;
             for b in &buttons {
                 tx.execute(
-                    "INSERT INTO buttons (id, row_id, chat_id, chat_type, thread_id, owner_id,
-                         owner_name, action, created_at, expires_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                    "INSERT INTO buttons (bot_id, id, row_id, chat_id, chat_type, thread_id,
+                         owner_id, owner_name, action, created_at, expires_at)
+                     VALUES (?11, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                     params![
                         b.id,
                         b.row_id,
@@ -76,7 +79,8 @@ impl Buttons {
                         b.owner_name,
                         b.action.to_string(),
                         now,
-                        b.expires_at
+                        b.expires_at,
+                        bot
                     ],
                 )?;
             }
@@ -88,15 +92,15 @@ impl Buttons {
 
     /// The button with `id`, if it is known.
     pub async fn button(&self, id: &str) -> Result<Option<StoredButton>, StoreError> {
-        let id = id.to_owned();
+        let (bot, id) = (self.bot(), id.to_owned());
         self.call(move |conn| {
             let row = conn
                 .prepare_cached(
                     "SELECT id, row_id, chat_id, chat_type, thread_id, owner_id, owner_name,
                             action, expires_at, used_by
-                     FROM buttons WHERE id = ?1",
+                     FROM buttons WHERE bot_id = ?2 AND id = ?1",
                 )?
-                .query_row([id], |r| {
+                .query_row(params![id, bot], |r| {
                     Ok((
                         NewButton {
                             id: r.get(0)?,
@@ -131,18 +135,21 @@ impl Buttons {
     /// `update_id`. True if this press holds it: it was unused, or this
     /// very press used it before (a replay after a restart).
     pub async fn claim_button(&self, id: &str, update_id: i64) -> Result<bool, StoreError> {
-        let id = id.to_owned();
+        let (bot, id) = (self.bot(), id.to_owned());
         self.write(WriteKind::Button, move |conn| {
             let tx = conn.savepoint()?;
             tx.execute(
                 "UPDATE buttons SET used_by = ?2, used_at = ?3
-                 WHERE row_id = (SELECT row_id FROM buttons WHERE id = ?1) AND used_by IS NULL",
-                params![id, update_id, now_ms()],
+                 WHERE bot_id = ?4 AND used_by IS NULL
+                   AND row_id = (SELECT row_id FROM buttons WHERE bot_id = ?4 AND id = ?1)",
+                params![id, update_id, now_ms(), bot],
             )?;
             let used_by: Option<i64> = tx
-                .query_row("SELECT used_by FROM buttons WHERE id = ?1", [&id], |r| {
-                    r.get(0)
-                })
+                .query_row(
+                    "SELECT used_by FROM buttons WHERE bot_id = ?2 AND id = ?1",
+                    params![&id, bot],
+                    |r| r.get(0),
+                )
                 .optional()?
                 .flatten();
             tx.commit()?;
@@ -163,13 +170,15 @@ impl Inbox {
         state: InboxState,
         reason: Option<String>,
     ) -> Result<bool, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::InboxState, move |conn| {
             let changed = conn
                 .prepare_cached(
                     "UPDATE inbox SET state = ?2, reason = ?3, updated_at = ?4
-                 WHERE update_id = ?1 AND state NOT IN ('answered', 'failed', 'dropped')",
+                 WHERE bot_id = ?5 AND update_id = ?1
+                   AND state NOT IN ('answered', 'failed', 'dropped')",
                 )?
-                .execute(params![update_id, state.as_str(), reason, now_ms()])?;
+                .execute(params![update_id, state.as_str(), reason, now_ms(), bot])?;
             Ok(changed > 0)
         })
         .await
@@ -180,6 +189,7 @@ impl Inbox {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     fn button(id: &str, row: &str) -> NewButton {
         NewButton {
@@ -238,5 +248,47 @@ mod tests {
             self.expires_at = expires_at;
             self
         }
+    }
+
+    #[tokio::test]
+    async fn a_button_is_read_and_claimed_only_through_its_own_bot() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.buttons()
+            .create_buttons(vec![button("x", "r"), button("y", "r")])
+            .await
+            .unwrap();
+        assert_eq!(b.buttons().button("x").await.unwrap(), None);
+        assert!(!b.buttons().claim_button("x", 10).await.unwrap());
+        assert!(a
+            .buttons()
+            .button("y")
+            .await
+            .unwrap()
+            .unwrap()
+            .used_by
+            .is_none());
+        assert!(a.buttons().claim_button("x", 10).await.unwrap());
+        // A press's inbox state is the pressing bot's update.
+        for bot in [&a, &b] {
+            bot.inbox()
+                .record_update(
+                    10,
+                    1,
+                    None,
+                    serde_json::json!({}),
+                    InboxState::Received,
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+        assert!(a
+            .inbox()
+            .set_update_state(10, InboxState::Answered, None)
+            .await
+            .unwrap());
+        let theirs = b.inbox().inbox_entry(10).await.unwrap().unwrap();
+        assert_eq!(theirs.state, InboxState::Received);
     }
 }

@@ -6,6 +6,9 @@
 //! processes: the next start reads every row, kills the groups that are
 //! verifiably still those recorded, and forgets them all.
 //!
+//! Each bot records and takes only its own groups (`bot_id`), so a bot's
+//! start never kills another running bot's children.
+//!
 //! This module stores the rows only; it never signals anything.
 
 use rusqlite::params;
@@ -44,14 +47,15 @@ impl ChildGroups {
         &self,
         changes: Vec<ChildGroupChange>,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             for change in &changes {
                 match change {
                     ChildGroupChange::Started(group) => {
                         conn.prepare_cached(
                             "INSERT OR REPLACE INTO child_groups
-                             (pgid, leader_start, session_id, boot_id, what, recorded_at)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                             (bot_id, pgid, leader_start, session_id, boot_id, what, recorded_at)
+                             VALUES (?7, ?1, ?2, ?3, ?4, ?5, ?6)",
                         )?
                         .execute(params![
                             group.pgid,
@@ -59,12 +63,15 @@ impl ChildGroups {
                             group.session_id,
                             group.boot_id,
                             group.what,
-                            now_ms()
+                            now_ms(),
+                            bot
                         ])?;
                     }
                     ChildGroupChange::Ended(pgid) => {
-                        conn.prepare_cached("DELETE FROM child_groups WHERE pgid = ?1")?
-                            .execute([pgid])?;
+                        conn.prepare_cached(
+                            "DELETE FROM child_groups WHERE bot_id = ?2 AND pgid = ?1",
+                        )?
+                        .execute(params![pgid, bot])?;
                     }
                 }
             }
@@ -76,13 +83,14 @@ impl ChildGroups {
     /// Take every recorded group (at start: the previous run's), removing
     /// them.
     pub async fn take_child_groups(&self) -> Result<Vec<ChildGroup>, StoreError> {
-        self.call(|conn| {
+        let bot = self.bot();
+        self.call(move |conn| {
             let groups = {
                 let mut statement = conn.prepare(
                     "SELECT pgid, leader_start, session_id, boot_id, what FROM child_groups
-                     ORDER BY recorded_at",
+                     WHERE bot_id = ?1 ORDER BY recorded_at",
                 )?;
-                let rows = statement.query_map([], |row| {
+                let rows = statement.query_map([bot], |row| {
                     Ok(ChildGroup {
                         pgid: row.get(0)?,
                         leader_start: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
@@ -93,7 +101,7 @@ impl ChildGroups {
                 })?;
                 rows.collect::<Result<Vec<_>, _>>()?
             };
-            conn.execute("DELETE FROM child_groups", [])?;
+            conn.execute("DELETE FROM child_groups WHERE bot_id = ?1", [bot])?;
             Ok(groups)
         })
         .await
@@ -104,6 +112,7 @@ impl ChildGroups {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     fn group(pgid: i32) -> ChildGroup {
         ChildGroup {
@@ -145,5 +154,33 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
+    }
+
+    #[tokio::test]
+    async fn each_bot_takes_only_its_own_leftover_groups() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.child_groups()
+            .record_child_groups(vec![
+                ChildGroupChange::Started(group(10)),
+                ChildGroupChange::Started(group(11)),
+            ])
+            .await
+            .unwrap();
+        b.child_groups()
+            .record_child_groups(vec![
+                ChildGroupChange::Started(group(10)),
+                ChildGroupChange::Ended(11),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            b.child_groups().take_child_groups().await.unwrap(),
+            vec![group(10)]
+        );
+        assert_eq!(
+            a.child_groups().take_child_groups().await.unwrap(),
+            vec![group(10), group(11)]
+        );
     }
 }

@@ -2,6 +2,8 @@
 //! per file per answered message, so a turn replayed after a restart does
 //! not send a file twice, nor one a stop left unsent. Keys are chosen by
 //! [`crate::media::outbox`].
+//!
+//! Rows are the handle's bot's (`bot_id` leads the key).
 
 use rusqlite::{params, OptionalExtension};
 
@@ -56,13 +58,14 @@ impl FileSends {
         message_id: i64,
         key: String,
     ) -> Result<Option<FileSend>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             let sent_id: Option<i64> = conn
                 .prepare_cached(
                     "SELECT sent_message_id FROM outbox_files
-                     WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3",
+                     WHERE bot_id = ?4 AND chat_id = ?1 AND answering_id = ?2 AND file_key = ?3",
                 )?
-                .query_row(params![chat_id, message_id, key], |row| row.get(0))
+                .query_row(params![chat_id, message_id, key, bot], |row| row.get(0))
                 .optional()?;
             Ok(sent_id.map(|id| match id {
                 SENDING => FileSend::Ambiguous,
@@ -96,15 +99,16 @@ impl FileSends {
         keys: Vec<String>,
     ) -> Result<(), StoreError> {
         // One call: all or nothing (its own savepoint).
+        let bot = self.bot();
         self.call(move |conn| {
             let mut insert = conn.prepare_cached(
                 "INSERT OR IGNORE INTO outbox_files
-                 (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                 (bot_id, chat_id, answering_id, file_key, sent_message_id, sent_at)
+                 VALUES (?6, ?1, ?2, ?3, ?4, ?5)",
             )?;
             let now = now_ms();
             for key in keys {
-                insert.execute(params![chat_id, message_id, key, WITHHELD, now])?;
+                insert.execute(params![chat_id, message_id, key, WITHHELD, now, bot])?;
             }
             Ok(())
         })
@@ -119,13 +123,14 @@ impl FileSends {
         message_id: i64,
         key: String,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::SentFile, move |conn| {
             conn.prepare_cached(
                 "DELETE FROM outbox_files
-                 WHERE chat_id = ?1 AND answering_id = ?2 AND file_key = ?3
+                 WHERE bot_id = ?5 AND chat_id = ?1 AND answering_id = ?2 AND file_key = ?3
                    AND sent_message_id = ?4",
             )?
-            .execute(params![chat_id, message_id, key, SENDING])?;
+            .execute(params![chat_id, message_id, key, SENDING, bot])?;
             Ok(())
         })
         .await
@@ -152,17 +157,18 @@ impl FileSends {
         key: String,
         sent_id: i64,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::SentFile, move |conn| {
             let sql = match mode {
                 WriteRow::UnlessRecorded => {
                     "INSERT OR IGNORE INTO outbox_files
-                     (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)"
+                     (bot_id, chat_id, answering_id, file_key, sent_message_id, sent_at)
+                     VALUES (?6, ?1, ?2, ?3, ?4, ?5)"
                 }
                 WriteRow::Always => {
                     "INSERT OR REPLACE INTO outbox_files
-                     (chat_id, answering_id, file_key, sent_message_id, sent_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)"
+                     (bot_id, chat_id, answering_id, file_key, sent_message_id, sent_at)
+                     VALUES (?6, ?1, ?2, ?3, ?4, ?5)"
                 }
             };
             conn.prepare_cached(sql)?.execute(params![
@@ -170,7 +176,8 @@ impl FileSends {
                 message_id,
                 key,
                 sent_id,
-                now_ms()
+                now_ms(),
+                bot
             ])?;
             Ok(())
         })
@@ -182,6 +189,7 @@ impl FileSends {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     #[tokio::test]
     async fn sent_files_are_remembered_per_answered_message() {
@@ -296,5 +304,47 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(state("left").await.unwrap(), Some(FileSend::Withheld));
+    }
+
+    #[tokio::test]
+    async fn sent_files_are_remembered_per_bot() {
+        let store = Store::open_in_memory().unwrap();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        a.file_sends()
+            .record_file_sending(1, 10, "f".into())
+            .await
+            .unwrap();
+        a.file_sends()
+            .record_files_withheld(1, 10, vec!["g".into()])
+            .await
+            .unwrap();
+        assert_eq!(
+            b.file_sends().file_send(1, 10, "f".into()).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            b.file_sends().file_send(1, 10, "g".into()).await.unwrap(),
+            None
+        );
+        b.file_sends()
+            .record_file_sending(1, 10, "f".into())
+            .await
+            .unwrap();
+        b.file_sends()
+            .forget_file_send(1, 10, "f".into())
+            .await
+            .unwrap();
+        assert_eq!(
+            a.file_sends().file_send(1, 10, "f".into()).await.unwrap(),
+            Some(FileSend::Ambiguous)
+        );
+        b.file_sends()
+            .record_file_sent(1, 10, "g".into(), 99)
+            .await
+            .unwrap();
+        assert_eq!(
+            a.file_sends().file_send(1, 10, "g".into()).await.unwrap(),
+            Some(FileSend::Withheld)
+        );
     }
 }

@@ -48,6 +48,8 @@ impl Generations {
         from: u64,
         len: u64,
     ) -> Result<RangeInclusive<u64>, StoreError> {
+        // Not scoped to the handle's bot: turn generations are unique
+        // process-wide, whichever bot's turn takes one.
         self.call(move |conn| {
             let mark: Option<i64> = conn
                 .prepare_cached("SELECT upto FROM reserved_ids WHERE name = ?1")?

@@ -12,6 +12,9 @@
 //! restart that finds the intent without an outcome knows the send is
 //! ambiguous and never repeats it.
 //!
+//! Every row is one bot's (`bot_id`): an update id, a chat's message and a
+//! background process id are looked up only among the handle's bot's rows.
+//!
 //! Contents are user data: this module logs ids and states, never text.
 
 use rusqlite::{params, OptionalExtension};
@@ -67,6 +70,11 @@ pub struct NewUpdate {
     pub reason: Option<String>,
 }
 
+/// Moves a message of the handle's bot on, unless it is finished.
+const SET_MESSAGE_STATE: &str = "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
+     WHERE bot_id = ?6 AND chat_id = ?1 AND message_id = ?2
+       AND state NOT IN ('answered', 'failed', 'dropped')";
+
 impl Inbox {
     /// Record an update. Returns `false` if it was already recorded (a
     /// redelivery), in which case nothing changes.
@@ -97,12 +105,14 @@ impl Inbox {
     /// `getUpdates` batch this way: one store round trip instead of one per
     /// update.
     pub async fn record_updates(&self, rows: Vec<NewUpdate>) -> Result<Vec<bool>, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Inbox, move |conn| {
             let now = now_ms();
             let mut statement = conn.prepare_cached(
                 "INSERT OR IGNORE INTO inbox
-                 (update_id, chat_id, message_id, payload, state, reason, received_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                 (bot_id, update_id, chat_id, message_id, payload, state, reason, received_at,
+                  updated_at)
+                 VALUES (?8, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
             )?;
             rows.into_iter()
                 .map(|row| {
@@ -113,7 +123,8 @@ impl Inbox {
                         row.payload,
                         row.state.as_str(),
                         row.reason,
-                        now
+                        now,
+                        bot
                     ])?;
                     Ok(inserted == 1)
                 })
@@ -131,20 +142,16 @@ impl Inbox {
         state: InboxState,
         reason: Option<String>,
     ) -> Result<bool, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::InboxState, move |conn| {
-            let changed = conn
-                .prepare_cached(
-                    "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
-                 WHERE chat_id = ?1 AND message_id = ?2
-                   AND state NOT IN ('answered', 'failed', 'dropped')",
-                )?
-                .execute(params![
-                    chat_id,
-                    message_id,
-                    state.as_str(),
-                    reason,
-                    now_ms()
-                ])?;
+            let changed = conn.prepare_cached(SET_MESSAGE_STATE)?.execute(params![
+                chat_id,
+                message_id,
+                state.as_str(),
+                reason,
+                now_ms(),
+                bot
+            ])?;
             Ok(changed > 0)
         })
         .await
@@ -158,15 +165,19 @@ impl Inbox {
         &self,
         changes: Vec<(i64, i64, InboxState, Option<String>)>,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::InboxState, move |conn| {
             let now = now_ms();
-            let mut statement = conn.prepare_cached(
-                "UPDATE inbox SET state = ?3, reason = ?4, updated_at = ?5
-                 WHERE chat_id = ?1 AND message_id = ?2
-                   AND state NOT IN ('answered', 'failed', 'dropped')",
-            )?;
+            let mut statement = conn.prepare_cached(SET_MESSAGE_STATE)?;
             for (chat_id, message_id, state, reason) in changes {
-                statement.execute(params![chat_id, message_id, state.as_str(), reason, now])?;
+                statement.execute(params![
+                    chat_id,
+                    message_id,
+                    state.as_str(),
+                    reason,
+                    now,
+                    bot
+                ])?;
             }
             Ok(())
         })
@@ -177,12 +188,14 @@ impl Inbox {
     /// were recorded (journaled wakeups have negative ids, so the id alone
     /// does not give the order).
     pub async fn open_inbox(&self) -> Result<Vec<InboxEntry>, StoreError> {
-        self.call(|conn| {
+        let bot = self.bot();
+        self.call(move |conn| {
             let mut statement = conn.prepare(
                 "SELECT update_id, chat_id, message_id, payload, state, reason FROM inbox
-                 WHERE state IN ('received', 'running') ORDER BY received_at, update_id",
+                 WHERE bot_id = ?1 AND state IN ('received', 'running')
+                 ORDER BY received_at, update_id",
             )?;
-            let rows = statement.query_map([], |row| {
+            let rows = statement.query_map([bot], |row| {
                 Ok((
                     row.get::<_, i64>(0)?,
                     row.get::<_, i64>(1)?,
@@ -211,11 +224,13 @@ impl Inbox {
 
     /// How many inbox rows are in each state.
     pub async fn inbox_counts(&self) -> Result<Vec<(InboxState, u64)>, StoreError> {
-        self.call(|conn| {
+        let bot = self.bot();
+        self.call(move |conn| {
             let mut counts: Vec<(InboxState, u64)> =
                 InboxState::ALL.iter().map(|s| (*s, 0)).collect();
-            let mut statement = conn.prepare("SELECT state, COUNT(*) FROM inbox GROUP BY state")?;
-            let rows = statement.query_map([], |row| {
+            let mut statement =
+                conn.prepare("SELECT state, COUNT(*) FROM inbox WHERE bot_id = ?1 GROUP BY state")?;
+            let rows = statement.query_map([bot], |row| {
                 Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
             })?;
             for row in rows {
@@ -234,8 +249,9 @@ impl Inbox {
 
     /// The inbox row of an update.
     pub async fn inbox_entry(&self, update_id: i64) -> Result<Option<InboxEntry>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
-            let row = conn.prepare_cached("SELECT chat_id, message_id, payload, state, reason FROM inbox WHERE update_id = ?1")?.query_row(params![update_id],
+            let row = conn.prepare_cached("SELECT chat_id, message_id, payload, state, reason FROM inbox WHERE bot_id = ?2 AND update_id = ?1")?.query_row(params![update_id, bot],
                     |row| {
                         Ok((
                             row.get::<_, i64>(0)?,
@@ -274,18 +290,20 @@ impl Outbox {
         message_id: i64,
         reply_ids: Vec<i32>,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write_one(WriteKind::Outbox, move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
             let now = now_ms();
             conn.prepare_cached(
-                "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at, sending_at)
-                 VALUES (?1, ?2, ?3, 'streaming', ?4, ?4)
-                 ON CONFLICT (chat_id, message_id) DO UPDATE
+                "INSERT INTO outbox
+                 (bot_id, chat_id, message_id, reply_ids, state, updated_at, sending_at)
+                 VALUES (?5, ?1, ?2, ?3, 'streaming', ?4, ?4)
+                 ON CONFLICT (bot_id, chat_id, message_id) DO UPDATE
                  SET reply_ids = excluded.reply_ids, updated_at = excluded.updated_at,
                      sending_at = excluded.sending_at
                  WHERE state <> 'delivered'",
             )?
-            .execute(params![chat_id, message_id, ids, now])?;
+            .execute(params![chat_id, message_id, ids, now, bot])?;
             Ok(())
         })
         .await
@@ -300,12 +318,13 @@ impl Outbox {
         reply_ids: Vec<i32>,
         delivered: bool,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write_one(WriteKind::Outbox, move |conn| {
             let ids = serde_json::to_string(&reply_ids)?;
             conn.prepare_cached(
-                "INSERT INTO outbox (chat_id, message_id, reply_ids, state, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (chat_id, message_id) DO UPDATE
+                "INSERT INTO outbox (bot_id, chat_id, message_id, reply_ids, state, updated_at)
+                 VALUES (?6, ?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (bot_id, chat_id, message_id) DO UPDATE
                  SET reply_ids = excluded.reply_ids, state = excluded.state,
                      updated_at = excluded.updated_at, sending_at = NULL",
             )?
@@ -314,7 +333,8 @@ impl Outbox {
                 message_id,
                 ids,
                 if delivered { "delivered" } else { "streaming" },
-                now_ms()
+                now_ms(),
+                bot
             ])?;
             Ok(())
         })
@@ -327,13 +347,14 @@ impl Outbox {
         chat_id: i64,
         message_id: i64,
     ) -> Result<Option<OutboxEntry>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             let row = conn
                 .prepare_cached(
                     "SELECT reply_ids, state, sending_at FROM outbox
-                     WHERE chat_id = ?1 AND message_id = ?2",
+                     WHERE bot_id = ?3 AND chat_id = ?1 AND message_id = ?2",
                 )?
-                .query_row(params![chat_id, message_id], |row| {
+                .query_row(params![chat_id, message_id, bot], |row| {
                     Ok((
                         row.get::<_, String>(0)?,
                         row.get::<_, String>(1)?,
@@ -370,17 +391,20 @@ pub struct RunningProcess {
 impl Processes {
     /// Record a background process as running.
     pub async fn process_started(&self, process: RunningProcess) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Process, move |conn| {
             conn.prepare_cached(
                 "INSERT OR REPLACE INTO background_processes
-                 (process_id, chat_id, thread_id, command, started_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                 (bot_id, process_id, chat_id, thread_id, command, started_at)
+                 VALUES (?6, ?1, ?2, ?3, ?4, ?5)",
             )?
             .execute(params![
                 process.process_id,
                 process.chat_id,
                 process.thread_id,
                 process.command,
-                now_ms()
+                now_ms(),
+                bot
             ])?;
             Ok(())
         })
@@ -390,9 +414,12 @@ impl Processes {
     /// Forget a background process (it ended and its owner was told, or
     /// will be by its wakeup).
     pub async fn process_ended(&self, process_id: String) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Process, move |conn| {
-            conn.prepare_cached("DELETE FROM background_processes WHERE process_id = ?1")?
-                .execute(params![process_id])?;
+            conn.prepare_cached(
+                "DELETE FROM background_processes WHERE bot_id = ?2 AND process_id = ?1",
+            )?
+            .execute(params![process_id, bot])?;
             Ok(())
         })
         .await
@@ -401,14 +428,15 @@ impl Processes {
     /// Take every process still recorded as running (at start: they died
     /// with the previous process), removing them.
     pub async fn take_lost_processes(&self) -> Result<Vec<RunningProcess>, StoreError> {
-        self.write(WriteKind::Process, |conn| {
+        let bot = self.bot();
+        self.write(WriteKind::Process, move |conn| {
             let tx = conn.savepoint()?;
             let lost = {
                 let mut statement = tx.prepare(
                     "SELECT process_id, chat_id, thread_id, command FROM background_processes
-                     ORDER BY started_at",
+                     WHERE bot_id = ?1 ORDER BY started_at",
                 )?;
-                let rows = statement.query_map([], |row| {
+                let rows = statement.query_map([bot], |row| {
                     Ok(RunningProcess {
                         process_id: row.get(0)?,
                         chat_id: row.get(1)?,
@@ -418,7 +446,7 @@ impl Processes {
                 })?;
                 rows.collect::<Result<Vec<_>, _>>()?
             };
-            tx.execute("DELETE FROM background_processes", [])?;
+            tx.execute("DELETE FROM background_processes WHERE bot_id = ?1", [bot])?;
             tx.commit()?;
             Ok(lost)
         })
@@ -430,6 +458,7 @@ impl Processes {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
     use serde_json::json;
 
     fn new_update(update_id: i64, message_id: i64) -> NewUpdate {
@@ -675,6 +704,124 @@ mod tests {
                 delivered: false,
                 sending: true,
             })
+        );
+    }
+
+    /// One store, two bots, as [`Store::for_bot`] hands them out.
+    fn two_bots() -> (Store, Store) {
+        let store = Store::open_in_memory().unwrap();
+        (store.for_bot(BotId(1)), store.for_bot(BotId(2)))
+    }
+
+    #[tokio::test]
+    async fn two_bots_record_the_same_update_id_each_in_its_own_inbox() {
+        let (a, b) = two_bots();
+        let record = |store: &Store, bot: i64| {
+            let inbox = store.inbox();
+            async move {
+                inbox
+                    .record_update(
+                        7,
+                        5,
+                        Some(10),
+                        json!({ "bot": bot }),
+                        InboxState::Received,
+                        None,
+                    )
+                    .await
+                    .unwrap()
+            }
+        };
+        assert!(record(&a, 1).await);
+        assert!(
+            record(&b, 2).await,
+            "not a redelivery: another bot's update"
+        );
+        assert!(!record(&a, 1).await, "a redelivery to the same bot");
+        let entry = b.inbox().inbox_entry(7).await.unwrap().unwrap();
+        assert_eq!(entry.payload, json!({"bot": 2}));
+        // The same message of the same chat moves on for one bot only.
+        assert!(a
+            .inbox()
+            .set_message_state(5, 10, InboxState::Answered, None)
+            .await
+            .unwrap());
+        a.inbox()
+            .set_message_states(vec![(5, 10, InboxState::Running, None)])
+            .await
+            .unwrap();
+        assert!(a.inbox().open_inbox().await.unwrap().is_empty());
+        let open = b.inbox().open_inbox().await.unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].state, InboxState::Received);
+        assert!(a
+            .inbox()
+            .inbox_counts()
+            .await
+            .unwrap()
+            .contains(&(InboxState::Received, 0)));
+        assert!(b
+            .inbox()
+            .inbox_counts()
+            .await
+            .unwrap()
+            .contains(&(InboxState::Received, 1)));
+        // Nor does the unscoped handle see either.
+        let unclaimed = a.for_bot(BotId::UNCLAIMED);
+        assert!(unclaimed.inbox().inbox_entry(7).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn two_bots_keep_their_own_reply_to_the_same_message() {
+        let (a, b) = two_bots();
+        a.outbox().record_send_intent(5, 100, vec![]).await.unwrap();
+        assert_eq!(b.outbox().reply_of(5, 100).await.unwrap(), None);
+        b.outbox()
+            .record_reply(5, 100, vec![9], true)
+            .await
+            .unwrap();
+        let ours = a.outbox().reply_of(5, 100).await.unwrap().unwrap();
+        assert!(ours.sending && !ours.delivered, "{ours:?}");
+        // A's intent never turns B's delivered reply back into an intent.
+        b.outbox()
+            .record_send_intent(5, 100, vec![9])
+            .await
+            .unwrap();
+        a.outbox()
+            .record_reply(5, 100, vec![3], false)
+            .await
+            .unwrap();
+        assert_eq!(
+            b.outbox().reply_of(5, 100).await.unwrap(),
+            Some(OutboxEntry {
+                reply_ids: vec![9],
+                delivered: true,
+                sending: false,
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn each_bot_takes_only_its_own_lost_processes() {
+        let (a, b) = two_bots();
+        let process = |chat_id: i64| RunningProcess {
+            process_id: "p1".to_string(),
+            chat_id,
+            thread_id: None,
+            command: "sleep 100".to_string(),
+        };
+        a.processes().process_started(process(1)).await.unwrap();
+        b.processes().process_started(process(2)).await.unwrap();
+        b.processes().process_ended("p1".to_string()).await.unwrap();
+        assert!(b
+            .processes()
+            .take_lost_processes()
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            a.processes().take_lost_processes().await.unwrap(),
+            vec![process(1)]
         );
     }
 }

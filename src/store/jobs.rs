@@ -20,6 +20,10 @@
 //! * The number of jobs a chat holds is checked in the transaction that
 //!   inserts one ([`Jobs::create_job`]).
 //!
+//! Jobs, their runs' inbox rows and time zones are the handle's bot's:
+//! the scheduler of one bot lists, fires and changes only its own jobs
+//! (job ids are global, the look-up by id is scoped all the same).
+//!
 //! Every write goes through [`Jobs::write`] ([`WriteKind::Job`]). Job texts
 //! are user data: this module logs ids only.
 
@@ -194,7 +198,13 @@ fn select_jobs(
     Ok(jobs)
 }
 
-fn fire_one(conn: &Connection, firing: &JobFiring, now: i64) -> Result<Vec<i64>, StoreError> {
+/// Fires one of `bot`'s jobs: its runs are journaled in `bot`'s inbox.
+fn fire_one(
+    conn: &Connection,
+    bot: i64,
+    firing: &JobFiring,
+    now: i64,
+) -> Result<Vec<i64>, StoreError> {
     let state = if firing.next_run.is_some() {
         "active"
     } else {
@@ -203,7 +213,7 @@ fn fire_one(conn: &Connection, firing: &JobFiring, now: i64) -> Result<Vec<i64>,
     let moved = conn
         .prepare_cached(
             "UPDATE jobs SET next_run = ?3, last_fired = ?4, state = ?5, updated_at = ?6
-             WHERE id = ?1 AND state = 'active' AND next_run = ?2",
+             WHERE bot_id = ?7 AND id = ?1 AND state = 'active' AND next_run = ?2",
         )?
         .execute(params![
             firing.job_id,
@@ -211,14 +221,15 @@ fn fire_one(conn: &Connection, firing: &JobFiring, now: i64) -> Result<Vec<i64>,
             firing.next_run,
             firing.last_fired,
             state,
-            now
+            now,
+            bot
         ])?;
     if moved == 0 {
         return Ok(Vec::new());
     }
     let (chat_id, key): (i64, String) = conn.query_row(
-        "SELECT chat_id, session_key FROM jobs WHERE id = ?1",
-        [firing.job_id],
+        "SELECT chat_id, session_key FROM jobs WHERE bot_id = ?2 AND id = ?1",
+        params![firing.job_id, bot],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
     let mut journaled = Vec::with_capacity(firing.runs.len());
@@ -226,10 +237,16 @@ fn fire_one(conn: &Connection, firing: &JobFiring, now: i64) -> Result<Vec<i64>,
         let inserted = conn
             .prepare_cached(
                 "INSERT OR IGNORE INTO inbox
-                 (update_id, chat_id, message_id, payload, state, received_at, updated_at)
-                 VALUES (?1, ?2, ?1, ?3, 'received', ?4, ?4)",
+                 (bot_id, update_id, chat_id, message_id, payload, state, received_at, updated_at)
+                 VALUES (?5, ?1, ?2, ?1, ?3, 'received', ?4, ?4)",
             )?
-            .execute(params![run.run_id, chat_id, run.payload.to_string(), now])?;
+            .execute(params![
+                run.run_id,
+                chat_id,
+                run.payload.to_string(),
+                now,
+                bot
+            ])?;
         if inserted == 0 {
             // Journaled before (the same run): never a second turn.
             continue;
@@ -237,9 +254,9 @@ fn fire_one(conn: &Connection, firing: &JobFiring, now: i64) -> Result<Vec<i64>,
         if let Some(session) = &run.fresh_session {
             conn.execute(
                 "INSERT INTO session_history
-                 (session_id, session_key, created_at, last_active_at, rotated_at)
-                 VALUES (?1, ?2, ?3, ?3, ?3)",
-                params![session, key, now],
+                 (bot_id, session_id, session_key, created_at, last_active_at, rotated_at)
+                 VALUES (?4, ?1, ?2, ?3, ?3, ?3)",
+                params![session, key, now, bot],
             )?;
         }
         journaled.push(run.run_id);
@@ -255,26 +272,28 @@ impl Jobs {
         job: NewJob,
         max_per_chat: usize,
     ) -> Result<Option<i64>, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Job, move |conn| {
             let tx = conn.savepoint()?;
             let now = now_ms();
             tx.execute(
-                "DELETE FROM jobs WHERE state = 'done' AND updated_at < ?1",
-                [now - KEEP_DONE_MS],
+                "DELETE FROM jobs WHERE bot_id = ?2 AND state = 'done' AND updated_at < ?1",
+                params![now - KEEP_DONE_MS, bot],
             )?;
             let held: i64 = tx.query_row(
-                "SELECT COUNT(*) FROM jobs WHERE chat_id = ?1 AND state IN ('active', 'paused')",
-                [job.chat_id],
+                "SELECT COUNT(*) FROM jobs
+                 WHERE bot_id = ?2 AND chat_id = ?1 AND state IN ('active', 'paused')",
+                params![job.chat_id, bot],
                 |r| r.get(0),
             )?;
             if usize::try_from(held).unwrap_or(usize::MAX) >= max_per_chat {
                 return Ok(None);
             }
             tx.execute(
-                "INSERT INTO jobs (chat_id, chat_type, thread_id, session_key, creator_id,
-                     creator_name, schedule, label, timezone, action, state, next_run,
-                     created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'active', ?11, ?12, ?12)",
+                "INSERT INTO jobs (bot_id, chat_id, chat_type, thread_id, session_key,
+                     creator_id, creator_name, schedule, label, timezone, action, state,
+                     next_run, created_at, updated_at)
+                 VALUES (?13, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'active', ?11, ?12, ?12)",
                 params![
                     job.chat_id,
                     job.chat_type,
@@ -287,7 +306,8 @@ impl Jobs {
                     job.timezone,
                     job.action.to_string(),
                     job.next_run,
-                    now
+                    now,
+                    bot
                 ],
             )?;
             let id = tx.last_insert_rowid();
@@ -299,17 +319,21 @@ impl Jobs {
 
     /// The job with `id`, whatever its state.
     pub async fn job(&self, id: i64) -> Result<Option<StoredJob>, StoreError> {
-        self.call(move |conn| Ok(select_jobs(conn, "id = ?1", [id])?.pop()))
-            .await
+        let bot = self.bot();
+        self.call(move |conn| {
+            Ok(select_jobs(conn, "bot_id = ?2 AND id = ?1", params![id, bot])?.pop())
+        })
+        .await
     }
 
     /// The active and paused jobs of `chat_id`, oldest first.
     pub async fn chat_jobs(&self, chat_id: i64) -> Result<Vec<StoredJob>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             select_jobs(
                 conn,
-                "chat_id = ?1 AND state IN ('active', 'paused') ORDER BY id",
-                [chat_id],
+                "bot_id = ?2 AND chat_id = ?1 AND state IN ('active', 'paused') ORDER BY id",
+                params![chat_id, bot],
             )
         })
         .await
@@ -318,13 +342,14 @@ impl Jobs {
     /// When the earliest active job is due (unix ms), if any job is active.
     /// One lookup in the `jobs_due` index, however many jobs there are.
     pub async fn next_job_due(&self) -> Result<Option<i64>, StoreError> {
-        self.call(|conn| {
+        let bot = self.bot();
+        self.call(move |conn| {
             Ok(conn
                 .prepare_cached(
-                    "SELECT next_run FROM jobs WHERE state = 'active'
+                    "SELECT next_run FROM jobs WHERE bot_id = ?1 AND state = 'active'
                      ORDER BY next_run LIMIT 1",
                 )?
-                .query_row([], |r| r.get::<_, i64>(0))
+                .query_row([bot], |r| r.get::<_, i64>(0))
                 .optional()?)
         })
         .await
@@ -332,12 +357,12 @@ impl Jobs {
 
     /// Active jobs due at `now` (unix ms), earliest first, at most `limit`.
     pub async fn due_jobs(&self, now: i64, limit: usize) -> Result<Vec<StoredJob>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (bot, limit) = (self.bot(), i64::try_from(limit).unwrap_or(i64::MAX));
         self.call(move |conn| {
             select_jobs(
                 conn,
-                "state = 'active' AND next_run <= ?1 ORDER BY next_run LIMIT ?2",
-                params![now, limit],
+                "bot_id = ?3 AND state = 'active' AND next_run <= ?1 ORDER BY next_run LIMIT ?2",
+                params![now, limit, bot],
             )
         })
         .await
@@ -355,12 +380,13 @@ impl Jobs {
     /// [`Jobs::fire_job`] for several jobs in one transaction (all or
     /// none): the runs journaled for each, in order.
     pub async fn fire_jobs(&self, firings: Vec<JobFiring>) -> Result<Vec<Vec<i64>>, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Job, move |conn| {
             let tx = conn.savepoint()?;
             let now = now_ms();
             let mut fired = Vec::with_capacity(firings.len());
             for firing in &firings {
-                fired.push(fire_one(&tx, firing, now)?);
+                fired.push(fire_one(&tx, bot, firing, now)?);
             }
             tx.commit()?;
             Ok(fired)
@@ -372,6 +398,7 @@ impl Jobs {
     /// `next_run` (its failures forgotten). False if the job is gone or
     /// done.
     pub async fn set_job_active(&self, id: i64, next_run: Option<i64>) -> Result<bool, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Job, move |conn| {
             let state = if next_run.is_some() {
                 "active"
@@ -380,8 +407,8 @@ impl Jobs {
             };
             let changed = conn.execute(
                 "UPDATE jobs SET state = ?2, next_run = ?3, failures = 0, updated_at = ?4
-                 WHERE id = ?1 AND state IN ('active', 'paused')",
-                params![id, state, next_run, now_ms()],
+                 WHERE bot_id = ?5 AND id = ?1 AND state IN ('active', 'paused')",
+                params![id, state, next_run, now_ms(), bot],
             )?;
             Ok(changed > 0)
         })
@@ -391,8 +418,12 @@ impl Jobs {
     /// Delete job `id`. False if there was none. Runs already journaled
     /// stay in the inbox (their turn finds the job gone and does nothing).
     pub async fn delete_job(&self, id: i64) -> Result<bool, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Job, move |conn| {
-            Ok(conn.execute("DELETE FROM jobs WHERE id = ?1", [id])? > 0)
+            Ok(conn.execute(
+                "DELETE FROM jobs WHERE bot_id = ?2 AND id = ?1",
+                params![id, bot],
+            )? > 0)
         })
         .await
     }
@@ -406,13 +437,14 @@ impl Jobs {
         failed: bool,
         max_failures: u32,
     ) -> Result<Option<JobOutcome>, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Job, move |conn| {
             let tx = conn.savepoint()?;
             let now = now_ms();
             let Some((failures, state)): Option<(i64, String)> = tx
                 .query_row(
-                    "SELECT failures, state FROM jobs WHERE id = ?1",
-                    [id],
+                    "SELECT failures, state FROM jobs WHERE bot_id = ?2 AND id = ?1",
+                    params![id, bot],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?
@@ -428,13 +460,13 @@ impl Jobs {
             };
             let pause = failed && failures >= max_failures && state == "active";
             tx.execute(
-                "UPDATE jobs SET failures = ?2, updated_at = ?3 WHERE id = ?1",
-                params![id, failures, now],
+                "UPDATE jobs SET failures = ?2, updated_at = ?3 WHERE bot_id = ?4 AND id = ?1",
+                params![id, failures, now, bot],
             )?;
             if pause {
                 tx.execute(
-                    "UPDATE jobs SET state = 'paused', next_run = NULL WHERE id = ?1",
-                    [id],
+                    "UPDATE jobs SET state = 'paused', next_run = NULL WHERE bot_id = ?2 AND id = ?1",
+                    params![id, bot],
                 )?;
             }
             tx.commit()?;
@@ -448,10 +480,13 @@ impl Jobs {
 
     /// The time zone `chat_id` chose with `/timezone`, if any.
     pub async fn chat_timezone(&self, chat_id: i64) -> Result<Option<String>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             Ok(conn
-                .prepare_cached("SELECT timezone FROM chat_timezones WHERE chat_id = ?1")?
-                .query_row([chat_id], |r| r.get(0))
+                .prepare_cached(
+                    "SELECT timezone FROM chat_timezones WHERE bot_id = ?2 AND chat_id = ?1",
+                )?
+                .query_row(params![chat_id, bot], |r| r.get(0))
                 .optional()?)
         })
         .await
@@ -466,20 +501,23 @@ impl Jobs {
         timezone: String,
         retimed: Vec<(i64, Option<i64>)>,
     ) -> Result<(), StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Job, move |conn| {
             let tx = conn.savepoint()?;
             let now = now_ms();
             tx.execute(
-                "INSERT INTO chat_timezones (chat_id, timezone, updated_at) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (chat_id) DO UPDATE SET timezone = ?2, updated_at = ?3",
-                params![chat_id, timezone, now],
+                "INSERT INTO chat_timezones (bot_id, chat_id, timezone, updated_at)
+                 VALUES (?4, ?1, ?2, ?3)
+                 ON CONFLICT (bot_id, chat_id) DO UPDATE SET timezone = ?2, updated_at = ?3",
+                params![chat_id, timezone, now, bot],
             )?;
             for (id, next_run) in retimed {
                 tx.execute(
                     "UPDATE jobs SET timezone = ?3, updated_at = ?4,
                          next_run = CASE WHEN state = 'active' THEN coalesce(?2, next_run) END
-                     WHERE id = ?1 AND chat_id = ?5 AND state IN ('active', 'paused')",
-                    params![id, next_run, timezone, now, chat_id],
+                     WHERE bot_id = ?6 AND id = ?1 AND chat_id = ?5
+                       AND state IN ('active', 'paused')",
+                    params![id, next_run, timezone, now, chat_id, bot],
                 )?;
             }
             tx.commit()?;
@@ -490,8 +528,12 @@ impl Jobs {
 
     /// Jobs stored, in every state (for the benchmark and diagnostics).
     pub async fn job_count(&self) -> Result<u64, StoreError> {
-        self.call(|conn| {
-            let n: i64 = conn.query_row("SELECT COUNT(*) FROM jobs", [], |r| r.get(0))?;
+        let bot = self.bot();
+        self.call(move |conn| {
+            let n: i64 =
+                conn.query_row("SELECT COUNT(*) FROM jobs WHERE bot_id = ?1", [bot], |r| {
+                    r.get(0)
+                })?;
             Ok(u64::try_from(n).unwrap_or(0))
         })
         .await
@@ -502,6 +544,7 @@ impl Jobs {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
     use crate::vocab::InboxState;
 
     fn job(chat_id: i64, next_run: i64) -> NewJob {
@@ -773,5 +816,77 @@ mod tests {
         // Another chat's job is not this chat's to move.
         let o = s.jobs().job(other).await.unwrap().unwrap();
         assert_eq!((o.job.timezone.as_str(), o.next_run), ("UTC", Some(3000)));
+    }
+
+    #[tokio::test]
+    async fn each_bot_lists_and_fires_only_its_own_jobs() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        // The same chat with each bot: each has its own cap of one.
+        let ours = a.jobs().create_job(job(5, 1000), 1).await.unwrap().unwrap();
+        let theirs = b.jobs().create_job(job(5, 2000), 1).await.unwrap().unwrap();
+        let ids = |jobs: Vec<StoredJob>| jobs.iter().map(|j| j.id).collect::<Vec<_>>();
+        assert_eq!(ids(a.jobs().chat_jobs(5).await.unwrap()), vec![ours]);
+        assert_eq!(
+            ids(b.jobs().due_jobs(9000, 10).await.unwrap()),
+            vec![theirs]
+        );
+        assert_eq!(b.jobs().next_job_due().await.unwrap(), Some(2000));
+        assert_eq!(a.jobs().job(theirs).await.unwrap(), None);
+        assert_eq!(a.jobs().job_count().await.unwrap(), 1);
+        // Another bot's job can be neither fired, paused, failed nor deleted.
+        assert!(a
+            .jobs()
+            .fire_job(firing(theirs, 2000, -10))
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(!a.jobs().set_job_active(theirs, None).await.unwrap());
+        assert_eq!(
+            a.jobs().record_job_outcome(theirs, true, 1).await.unwrap(),
+            None
+        );
+        assert!(!a.jobs().delete_job(theirs).await.unwrap());
+        assert_eq!(
+            b.jobs().job(theirs).await.unwrap().unwrap().state,
+            JobState::Active
+        );
+        // A run is journaled in its own bot's inbox.
+        assert_eq!(
+            a.jobs()
+                .fire_jobs(vec![firing(ours, 1000, -11)])
+                .await
+                .unwrap(),
+            vec![vec![-11]]
+        );
+        assert!(a.inbox().inbox_entry(-11).await.unwrap().is_some());
+        assert!(b.inbox().inbox_entry(-11).await.unwrap().is_none());
+        assert!(b.inbox().open_inbox().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn each_bot_keeps_its_own_time_zone_for_the_same_chat() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        let theirs = b.jobs().create_job(job(5, 2000), 5).await.unwrap().unwrap();
+        a.jobs()
+            .set_chat_timezone(5, "Europe/Berlin".into(), vec![(theirs, Some(7000))])
+            .await
+            .unwrap();
+        b.jobs()
+            .set_chat_timezone(5, "Asia/Tokyo".into(), Vec::new())
+            .await
+            .unwrap();
+        let zone = |s: &Store| {
+            let jobs = s.jobs();
+            async move { jobs.chat_timezone(5).await.unwrap() }
+        };
+        assert_eq!(zone(&a).await.as_deref(), Some("Europe/Berlin"));
+        assert_eq!(zone(&b).await.as_deref(), Some("Asia/Tokyo"));
+        let job = b.jobs().job(theirs).await.unwrap().unwrap();
+        assert_eq!(
+            (job.job.timezone.as_str(), job.next_run),
+            ("UTC", Some(2000))
+        );
     }
 }

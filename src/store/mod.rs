@@ -28,7 +28,20 @@
 //! * **Health and upkeep** (`write_health`, `integrity`,
 //!   `retention`): write failures per kind, the start-up integrity check,
 //!   pruning of old inbox rows.
-//! * **The schema** ([`schema`]): versioned, forward-only migrations.
+//! * **The schema** ([`schema`]): versioned, forward-only migrations, and
+//!   the one-off adoption of a pre-bot database's rows (`adoption`).
+//!
+//! # Several bots
+//!
+//! Every row carries its bot (`bot_id`, [`BotId`]) and every handle is
+//! scoped to one: [`Store::for_bot`] gives the same store (one thread, one
+//! connection) whose handles read and write only that bot's rows, so two
+//! bots in one group never see each other's updates, sessions or team.
+//! [`Store::open`] and its siblings give [`BotId::UNCLAIMED`] (0). Rows of
+//! a database from before several bots are 0 until the first bot calls
+//! [`Store::adopt_unclaimed_rows`] (`adoption`). Only the reserved turn
+//! generations ([`generations`]) and the schema's own bookkeeping are
+//! global.
 //!
 //! # How it runs, and why
 //!
@@ -106,6 +119,7 @@
 //! * Never log message contents at info level or above: transcripts are
 //!   users' private conversations. Logs carry keys, ids and counts only.
 
+mod adoption;
 pub mod agent_sessions;
 pub mod approvals;
 mod batch;
@@ -136,6 +150,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
+
+use crate::vocab::BotId;
 
 pub use agent_sessions::AgentUsage;
 pub use approvals::{ApprovalPrompt, ApprovalRecord};
@@ -288,6 +304,9 @@ pub struct Store {
 struct Link {
     tx: mpsc::Sender<Msg>,
     write_health: WriteHealth,
+    /// The bot whose rows this handle reads and writes (every table has a
+    /// `bot_id` column; see [`Store::for_bot`]).
+    bot: BotId,
 }
 
 /// Defines the narrow handles: each a cheap `Clone` newtype around the
@@ -312,6 +331,11 @@ macro_rules! handles {
 
             #[allow(dead_code)]
             impl $name {
+                /// The bot whose rows this handle touches, as stored.
+                fn bot(&self) -> i64 {
+                    self.link.bot.get()
+                }
+
                 async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
                 where
                     R: Send + 'static,
@@ -490,9 +514,23 @@ impl Store {
             link: Link {
                 tx,
                 write_health: WriteHealth::default(),
+                bot: BotId::UNCLAIMED,
             },
             counters,
         })
+    }
+
+    /// The same store (thread, connection, counters), its handles scoped
+    /// to `bot`'s rows: what each of several bots in one process holds.
+    pub fn for_bot(&self, bot: BotId) -> Store {
+        let mut scoped = self.clone();
+        scoped.link.bot = bot;
+        scoped
+    }
+
+    /// The bot this store's handles are scoped to.
+    pub fn bot(&self) -> BotId {
+        self.link.bot
     }
 
     /// Whether writes work, as reported by the writers (see

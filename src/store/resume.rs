@@ -10,6 +10,8 @@
 //! among them its title) all come back with the id. The session being left
 //! is archived exactly as `/new` archives it.
 //!
+//! Only the handle's bot's sessions can be listed or resumed.
+//!
 //! This module never shows message contents in logs.
 
 use rusqlite::{params, OptionalExtension};
@@ -63,7 +65,7 @@ impl Sessions {
         key: &str,
         limit: usize,
     ) -> Result<Vec<Conversation>, StoreError> {
-        let key = key.to_owned();
+        let (bot, key) = (self.bot(), key.to_owned());
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.call(move |conn| {
             let mut stmt = conn.prepare_cached(
@@ -72,19 +74,19 @@ impl Sessions {
                         s.session_id IS NOT NULL,
                         coalesce(s.overrides, h.overrides),
                         (SELECT content FROM transcripts t
-                          WHERE t.session_id = h.session_id AND t.role = 'user'
-                            AND t.name IS NULL
+                          WHERE t.bot_id = h.bot_id AND t.session_id = h.session_id
+                            AND t.role = 'user' AND t.name IS NULL
                           ORDER BY t.id LIMIT 1),
                         (SELECT count(*) FROM transcripts t
-                          WHERE t.session_id = h.session_id AND t.role = 'user'
-                            AND t.name IS NULL AND t.undone_at IS NULL)
+                          WHERE t.bot_id = h.bot_id AND t.session_id = h.session_id
+                            AND t.role = 'user' AND t.name IS NULL AND t.undone_at IS NULL)
                  FROM session_history h
-                 LEFT JOIN sessions s ON s.session_id = h.session_id
-                 WHERE h.session_key = ?1
+                 LEFT JOIN sessions s ON s.bot_id = h.bot_id AND s.session_id = h.session_id
+                 WHERE h.bot_id = ?3 AND h.session_key = ?1
                  ORDER BY h.created_at DESC, h.rowid DESC
                  LIMIT ?2",
             )?;
-            let rows = stmt.query_map(params![key, limit], |r| {
+            let rows = stmt.query_map(params![key, limit, bot], |r| {
                 Ok(Conversation {
                     session_id: r.get(0)?,
                     created_at_ms: r.get(1)?,
@@ -103,35 +105,36 @@ impl Sessions {
     /// Make `session_id`, an earlier session of `key`, its current session
     /// again; the current one is archived (as by a rotation).
     pub async fn resume_session(&self, key: &str, session_id: &str) -> Result<Resumed, StoreError> {
-        let (key, session_id) = (key.to_owned(), session_id.to_owned());
+        let (bot, key, session_id) = (self.bot(), key.to_owned(), session_id.to_owned());
         self.write(WriteKind::Session, move |conn| {
             let tx = conn.savepoint()?;
             let old: Option<(String, i64, Option<String>)> = tx
                 .prepare_cached(
                     "SELECT session_key, created_at, overrides FROM session_history
-                     WHERE session_id = ?1",
+                     WHERE bot_id = ?2 AND session_id = ?1",
                 )?
-                .query_row([&session_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .query_row(params![&session_id, bot], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                 .optional()?;
             let Some((owner, created_at, overrides)) = old.filter(|(owner, ..)| *owner == key)
             else {
                 return Ok(Resumed::NotFound);
             };
             let now = now_ms();
-            if let Some(current) = select_current(&tx, &owner)? {
+            if let Some(current) = select_current(&tx, bot, &owner)? {
                 if current.session_id == session_id {
                     return Ok(Resumed::AlreadyCurrent);
                 }
-                archive(&tx, &current, now)?;
+                archive(&tx, bot, &current, now)?;
             }
             tx.execute(
-                "UPDATE session_history SET rotated_at = NULL WHERE session_id = ?1",
-                [&session_id],
+                "UPDATE session_history SET rotated_at = NULL WHERE bot_id = ?2 AND session_id = ?1",
+                params![&session_id, bot],
             )?;
             tx.execute(
-                "INSERT INTO sessions (session_key, session_id, created_at, last_active_at, overrides)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (session_key) DO UPDATE SET
+                "INSERT INTO sessions
+                 (bot_id, session_key, session_id, created_at, last_active_at, overrides)
+                 VALUES (?6, ?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (bot_id, session_key) DO UPDATE SET
                      session_id = excluded.session_id,
                      created_at = excluded.created_at,
                      last_active_at = excluded.last_active_at,
@@ -141,7 +144,8 @@ impl Sessions {
                     session_id,
                     created_at,
                     now,
-                    overrides.unwrap_or_else(|| "{}".to_string())
+                    overrides.unwrap_or_else(|| "{}".to_string()),
+                    bot
                 ],
             )?;
             tx.commit()?;
@@ -157,6 +161,7 @@ mod tests {
     use super::*;
     use crate::store::Store;
     use crate::store::TranscriptEntry;
+    use crate::vocab::BotId;
     use serde_json::json;
 
     #[tokio::test]
@@ -238,5 +243,44 @@ mod tests {
             s.sessions().resume_session("k", "never").await.unwrap(),
             Resumed::NotFound
         );
+    }
+
+    #[tokio::test]
+    async fn a_bot_never_resumes_or_lists_another_bots_conversation() {
+        let store = Store::open_in_memory().unwrap();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        let key = "agent:main:telegram:group:-100";
+        a.sessions()
+            .get_or_create_session(key, "sa".into())
+            .await
+            .unwrap();
+        a.transcripts()
+            .append("sa", TranscriptEntry::user("hello"))
+            .await
+            .unwrap();
+        a.sessions()
+            .rotate_session(key, "sa2".into())
+            .await
+            .unwrap();
+        b.sessions()
+            .get_or_create_session(key, "sb".into())
+            .await
+            .unwrap();
+        assert_eq!(
+            b.sessions().resume_session(key, "sa").await.unwrap(),
+            Resumed::NotFound
+        );
+        let theirs = b.sessions().conversations(key, 10).await.unwrap();
+        assert_eq!(theirs.len(), 1);
+        assert_eq!(theirs[0].session_id, "sb");
+        assert_eq!(
+            a.sessions().resume_session(key, "sa").await.unwrap(),
+            Resumed::Resumed
+        );
+        let ours = a.sessions().conversations(key, 10).await.unwrap();
+        assert_eq!(ours.len(), 2);
+        assert_eq!(ours[1].first_message.as_deref(), Some("hello"));
+        let current = b.sessions().current_session(key).await.unwrap();
+        assert_eq!(current.map(|s| s.session_id).as_deref(), Some("sb"));
     }
 }

@@ -416,6 +416,266 @@ CREATE TABLE topic_creations (
 ) STRICT;
 ";
 
+/// Version 14: every row carries its bot (`bot_id`, `getMe`'s id), so
+/// several bots share one store: two bots in one group have the same chat
+/// and message ids, and a private chat's id is the user's with any bot.
+///
+/// * Tables keyed by something not unique across bots are rebuilt with the
+///   bot first in their key and no default, so a write that forgets its
+///   bot fails: Telegram's ids (an update, a chat's message, a chat, a
+///   user), and ids telegate makes unique only within one bot or one
+///   process (background process ids are a counter, approval tickets six
+///   hex digits, process group ids the OS's, an agent's thread id, a code's
+///   hash), and the agent's session per telegate session (upserted: a
+///   conflict must never update another bot's row).
+/// * The rest are keyed by ids unique everywhere (session UUIDs, button
+///   ids, job ids, row ids); they gain the column (default 0) and their
+///   indexes lead with it where a bot lists its own.
+/// * `reserved_ids` stays global: generations are unique across bots.
+/// * `store_meta`: facts about the database itself; the adoption below is
+///   remembered there.
+///
+/// Rows already there get 0 ([`crate::vocab::BotId::UNCLAIMED`]); the
+/// first configured bot adopts them at start
+/// ([`super::Store::adopt_unclaimed_rows`]).
+const V14_BOT_IDS: &str = "
+CREATE TABLE store_meta (
+    name  TEXT PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE inbox_v14 (
+    bot_id      INTEGER NOT NULL,
+    update_id   INTEGER NOT NULL,
+    chat_id     INTEGER NOT NULL,
+    message_id  INTEGER,
+    payload     TEXT NOT NULL CHECK (json_valid(payload)),
+    state       TEXT NOT NULL
+                CHECK (state IN ('received', 'running', 'answered', 'failed', 'dropped')),
+    reason      TEXT,
+    received_at INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL,
+    PRIMARY KEY (bot_id, update_id)
+) STRICT;
+INSERT INTO inbox_v14
+    SELECT 0, update_id, chat_id, message_id, payload, state, reason, received_at, updated_at
+    FROM inbox;
+DROP TABLE inbox;
+ALTER TABLE inbox_v14 RENAME TO inbox;
+CREATE INDEX inbox_by_message ON inbox (bot_id, chat_id, message_id);
+CREATE INDEX inbox_open ON inbox (bot_id, state) WHERE state IN ('received', 'running');
+
+CREATE TABLE outbox_v14 (
+    bot_id      INTEGER NOT NULL,
+    chat_id     INTEGER NOT NULL,
+    message_id  INTEGER NOT NULL,
+    reply_ids   TEXT NOT NULL CHECK (json_valid(reply_ids)),
+    state       TEXT NOT NULL CHECK (state IN ('streaming', 'delivered')),
+    updated_at  INTEGER NOT NULL,
+    sending_at  INTEGER,
+    PRIMARY KEY (bot_id, chat_id, message_id)
+) STRICT;
+INSERT INTO outbox_v14
+    SELECT 0, chat_id, message_id, reply_ids, state, updated_at, sending_at FROM outbox;
+DROP TABLE outbox;
+ALTER TABLE outbox_v14 RENAME TO outbox;
+
+CREATE TABLE sessions_v14 (
+    bot_id         INTEGER NOT NULL,
+    session_key    TEXT NOT NULL,
+    session_id     TEXT NOT NULL UNIQUE REFERENCES session_history (session_id),
+    created_at     INTEGER NOT NULL,
+    last_active_at INTEGER NOT NULL,
+    overrides      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(overrides)),
+    PRIMARY KEY (bot_id, session_key)
+) STRICT;
+INSERT INTO sessions_v14
+    SELECT 0, session_key, session_id, created_at, last_active_at, overrides FROM sessions;
+DROP TABLE sessions;
+ALTER TABLE sessions_v14 RENAME TO sessions;
+ALTER TABLE session_history ADD COLUMN bot_id INTEGER NOT NULL DEFAULT 0;
+DROP INDEX session_history_by_key;
+CREATE INDEX session_history_by_key ON session_history (bot_id, session_key, created_at);
+
+CREATE TABLE outbox_files_v14 (
+    bot_id          INTEGER NOT NULL,
+    chat_id         INTEGER NOT NULL,
+    answering_id    INTEGER NOT NULL,
+    file_key        TEXT NOT NULL,
+    sent_message_id INTEGER NOT NULL,
+    sent_at         INTEGER NOT NULL,
+    PRIMARY KEY (bot_id, chat_id, answering_id, file_key)
+) STRICT;
+INSERT INTO outbox_files_v14
+    SELECT 0, chat_id, answering_id, file_key, sent_message_id, sent_at FROM outbox_files;
+DROP TABLE outbox_files;
+ALTER TABLE outbox_files_v14 RENAME TO outbox_files;
+
+CREATE TABLE chat_timezones_v14 (
+    bot_id     INTEGER NOT NULL,
+    chat_id    INTEGER NOT NULL,
+    timezone   TEXT NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (bot_id, chat_id)
+) STRICT;
+INSERT INTO chat_timezones_v14 SELECT 0, chat_id, timezone, updated_at FROM chat_timezones;
+DROP TABLE chat_timezones;
+ALTER TABLE chat_timezones_v14 RENAME TO chat_timezones;
+
+CREATE TABLE members_v14 (
+    bot_id    INTEGER NOT NULL,
+    user_id   INTEGER NOT NULL,
+    role      TEXT NOT NULL CHECK (role IN ('owner', 'admin', 'user')),
+    name      TEXT,
+    added_by  INTEGER,
+    added_at  INTEGER NOT NULL,
+    via       TEXT NOT NULL CHECK (via IN ('pairing', 'invite')),
+    PRIMARY KEY (bot_id, user_id)
+) STRICT;
+INSERT INTO members_v14 SELECT 0, user_id, role, name, added_by, added_at, via FROM members;
+DROP TABLE members;
+ALTER TABLE members_v14 RENAME TO members;
+CREATE UNIQUE INDEX members_one_owner ON members (bot_id, role) WHERE role = 'owner';
+
+CREATE TABLE user_settings_v14 (
+    bot_id  INTEGER NOT NULL,
+    user_id INTEGER NOT NULL,
+    voice   TEXT NOT NULL DEFAULT 'off' CHECK (voice IN ('on', 'off', 'auto')),
+    PRIMARY KEY (bot_id, user_id)
+) STRICT;
+INSERT INTO user_settings_v14 SELECT 0, user_id, voice FROM user_settings;
+DROP TABLE user_settings;
+ALTER TABLE user_settings_v14 RENAME TO user_settings;
+
+CREATE TABLE topic_creations_v14 (
+    bot_id     INTEGER NOT NULL,
+    chat_id    INTEGER NOT NULL,
+    message_id INTEGER NOT NULL,
+    thread_id  INTEGER,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (bot_id, chat_id, message_id)
+) STRICT;
+INSERT INTO topic_creations_v14 SELECT 0, chat_id, message_id, thread_id, created_at
+    FROM topic_creations;
+DROP TABLE topic_creations;
+ALTER TABLE topic_creations_v14 RENAME TO topic_creations;
+
+CREATE TABLE background_processes_v14 (
+    bot_id      INTEGER NOT NULL,
+    process_id  TEXT NOT NULL,
+    chat_id     INTEGER NOT NULL,
+    thread_id   INTEGER,
+    command     TEXT NOT NULL,
+    started_at  INTEGER NOT NULL,
+    PRIMARY KEY (bot_id, process_id)
+) STRICT;
+INSERT INTO background_processes_v14
+    SELECT 0, process_id, chat_id, thread_id, command, started_at FROM background_processes;
+DROP TABLE background_processes;
+ALTER TABLE background_processes_v14 RENAME TO background_processes;
+
+CREATE TABLE child_groups_v14 (
+    bot_id       INTEGER NOT NULL,
+    pgid         INTEGER NOT NULL,
+    leader_start INTEGER NOT NULL,
+    session_id   INTEGER NOT NULL,
+    boot_id      TEXT NOT NULL,
+    what         TEXT NOT NULL,
+    recorded_at  INTEGER NOT NULL,
+    PRIMARY KEY (bot_id, pgid)
+) STRICT;
+INSERT INTO child_groups_v14
+    SELECT 0, pgid, leader_start, session_id, boot_id, what, recorded_at FROM child_groups;
+DROP TABLE child_groups;
+ALTER TABLE child_groups_v14 RENAME TO child_groups;
+
+CREATE TABLE agent_sessions_v14 (
+    bot_id              INTEGER NOT NULL,
+    session_id          TEXT NOT NULL,
+    backend             TEXT NOT NULL,
+    agent_session_id    TEXT,
+    turns               INTEGER NOT NULL DEFAULT 0,
+    input_tokens        INTEGER NOT NULL DEFAULT 0,
+    cached_input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens       INTEGER NOT NULL DEFAULT 0,
+    cost_usd            REAL NOT NULL DEFAULT 0,
+    updated_at          INTEGER NOT NULL,
+    PRIMARY KEY (bot_id, session_id)
+) STRICT;
+INSERT INTO agent_sessions_v14
+    SELECT 0, session_id, backend, agent_session_id, turns, input_tokens, cached_input_tokens,
+           output_tokens, cost_usd, updated_at
+    FROM agent_sessions;
+DROP TABLE agent_sessions;
+ALTER TABLE agent_sessions_v14 RENAME TO agent_sessions;
+
+CREATE TABLE agent_thread_usage_v14 (
+    bot_id              INTEGER NOT NULL,
+    thread_id           TEXT NOT NULL,
+    backend             TEXT NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    cached_input_tokens INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL,
+    PRIMARY KEY (bot_id, thread_id)
+) STRICT;
+INSERT INTO agent_thread_usage_v14
+    SELECT 0, thread_id, backend, input_tokens, cached_input_tokens, output_tokens, updated_at
+    FROM agent_thread_usage;
+DROP TABLE agent_thread_usage;
+ALTER TABLE agent_thread_usage_v14 RENAME TO agent_thread_usage;
+
+CREATE TABLE approval_prompts_v14 (
+    bot_id     INTEGER NOT NULL,
+    ticket     TEXT NOT NULL,
+    chat_id    INTEGER NOT NULL,
+    thread_id  INTEGER,
+    message_id INTEGER NOT NULL,
+    text       TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (bot_id, ticket)
+) STRICT;
+INSERT INTO approval_prompts_v14
+    SELECT 0, ticket, chat_id, thread_id, message_id, text, created_at FROM approval_prompts;
+DROP TABLE approval_prompts;
+ALTER TABLE approval_prompts_v14 RENAME TO approval_prompts;
+ALTER TABLE approval_decisions ADD COLUMN bot_id INTEGER NOT NULL DEFAULT 0;
+DROP INDEX approval_decisions_by_slot;
+CREATE INDEX approval_decisions_by_slot ON approval_decisions (bot_id, session_key, id);
+
+CREATE TABLE access_codes_v14 (
+    bot_id     INTEGER NOT NULL,
+    code_hash  TEXT NOT NULL,
+    kind       TEXT NOT NULL CHECK (kind IN ('pairing', 'invite')),
+    role       TEXT NOT NULL CHECK (role IN ('owner', 'admin', 'user')),
+    created_by INTEGER,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    used_by    INTEGER,
+    used_at    INTEGER,
+    PRIMARY KEY (bot_id, code_hash)
+) STRICT;
+INSERT INTO access_codes_v14
+    SELECT 0, code_hash, kind, role, created_by, created_at, expires_at, used_by, used_at
+    FROM access_codes;
+DROP TABLE access_codes;
+ALTER TABLE access_codes_v14 RENAME TO access_codes;
+ALTER TABLE access_attempts ADD COLUMN bot_id INTEGER NOT NULL DEFAULT 0;
+DROP INDEX access_attempts_by_user;
+CREATE INDEX access_attempts_by_user ON access_attempts (bot_id, user_id, at);
+
+ALTER TABLE transcripts ADD COLUMN bot_id INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE buttons ADD COLUMN bot_id INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE usage_turns ADD COLUMN bot_id INTEGER NOT NULL DEFAULT 0;
+DROP INDEX usage_turns_by_user;
+CREATE INDEX usage_turns_by_user ON usage_turns (bot_id, user_id, at);
+ALTER TABLE jobs ADD COLUMN bot_id INTEGER NOT NULL DEFAULT 0;
+DROP INDEX jobs_due;
+CREATE INDEX jobs_due ON jobs (bot_id, next_run) WHERE state = 'active';
+DROP INDEX jobs_by_chat;
+CREATE INDEX jobs_by_chat ON jobs (bot_id, chat_id, id);
+";
+
 /// The schema history, oldest first. Append only; see the module docs.
 pub const MIGRATIONS: &[Migration] = &[
     Migration::new("sessions and transcripts", V1_SESSIONS),
@@ -437,6 +697,7 @@ pub const MIGRATIONS: &[Migration] = &[
     ),
     Migration::new("approval decisions and prompts", V12_APPROVAL_DECISIONS),
     Migration::new("forum topics made for messages", V13_TOPIC_CREATIONS),
+    Migration::new("the bot of every row", V14_BOT_IDS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 
@@ -513,6 +774,84 @@ mod tests {
                 "missing table {t}: {tables:?}"
             );
         }
+    }
+
+    /// `(table, column)` of every unique index on a fresh database.
+    fn unique_keys(conn: &Connection) -> Vec<(String, Vec<String>)> {
+        let mut stmt = conn
+            .prepare(
+                "SELECT m.name, i.name FROM sqlite_schema m, pragma_index_list(m.name) i
+                 WHERE m.type = 'table' AND i.\"unique\" = 1 ORDER BY m.name, i.name",
+            )
+            .unwrap();
+        let indexes: Vec<(String, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        indexes
+            .into_iter()
+            .map(|(table, index)| {
+                let mut stmt = conn
+                    .prepare("SELECT name FROM pragma_index_info(?1) ORDER BY seqno")
+                    .unwrap();
+                let columns = stmt
+                    .query_map([&index], |r| r.get(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect();
+                (table, columns)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_table_but_the_global_ones_carries_a_bot_id() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        let global = ["reserved_ids", "sqlite_sequence", "store_meta"];
+        for table in table_names(&conn) {
+            let has: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM pragma_table_info(?1) WHERE name = 'bot_id'",
+                    [&table],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(has == 1, !global.contains(&table.as_str()), "{table}");
+        }
+    }
+
+    #[test]
+    fn only_ids_unique_everywhere_are_unique_without_the_bot() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        // Session UUIDs and button ids are random; the rest are global by
+        // design (reserved_ids, store_meta).
+        let global = [
+            ("buttons", "id"),
+            ("reserved_ids", "name"),
+            ("session_history", "session_id"),
+            ("sessions", "session_id"),
+            ("store_meta", "name"),
+        ];
+        for (table, columns) in unique_keys(&conn) {
+            if columns.first().map(String::as_str) == Some("bot_id") {
+                continue;
+            }
+            let key = (table.as_str(), columns.join(","));
+            assert!(
+                global.iter().any(|(t, c)| (*t, c.to_string()) == key),
+                "{table} ({}) is unique without its bot",
+                columns.join(", ")
+            );
+        }
+        let fk: i64 = conn
+            .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(fk, 0);
     }
 
     #[test]

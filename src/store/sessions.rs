@@ -16,6 +16,9 @@
 //! Per-session settings (`overrides`, e.g. `{"model": "..."}`) belong to the
 //! session, not the key, so rotation clears them; the old values are kept
 //! in the history row.
+//!
+//! Keys and ids are looked up among the handle's bot's rows only (`bot_id`):
+//! two bots in one group have the same key and never each other's session.
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
@@ -59,8 +62,8 @@ pub struct SessionHistoryEntry {
 impl Sessions {
     /// The current session of `key`, if it has one.
     pub async fn current_session(&self, key: &str) -> Result<Option<SessionRecord>, StoreError> {
-        let key = key.to_owned();
-        self.call(move |conn| select_current(conn, &key)).await
+        let (bot, key) = (self.bot(), key.to_owned());
+        self.call(move |conn| select_current(conn, bot, &key)).await
     }
 
     /// The current session of `key`, creating it with id `new_id` if the key
@@ -70,13 +73,13 @@ impl Sessions {
         key: &str,
         new_id: String,
     ) -> Result<SessionRecord, StoreError> {
-        let key = key.to_owned();
+        let (bot, key) = (self.bot(), key.to_owned());
         self.write(WriteKind::Session, move |conn| {
             let tx = conn.savepoint()?;
-            if let Some(existing) = select_current(&tx, &key)? {
+            if let Some(existing) = select_current(&tx, bot, &key)? {
                 return Ok(existing);
             }
-            let created = insert_session(&tx, &key, new_id, now_ms())?;
+            let created = insert_session(&tx, bot, &key, new_id, now_ms())?;
             tx.commit()?;
             tracing::debug!(key, session_id = created.session_id, "session created");
             Ok(created)
@@ -95,15 +98,15 @@ impl Sessions {
         key: &str,
         new_id: String,
     ) -> Result<(Option<SessionRecord>, SessionRecord), StoreError> {
-        let key = key.to_owned();
+        let (bot, key) = (self.bot(), key.to_owned());
         self.write(WriteKind::Session, move |conn| {
             let tx = conn.savepoint()?;
             let now = now_ms();
-            let old = select_current(&tx, &key)?;
+            let old = select_current(&tx, bot, &key)?;
             if let Some(old) = &old {
-                archive(&tx, old, now)?;
+                archive(&tx, bot, old, now)?;
             }
-            let new = insert_session(&tx, &key, new_id, now)?;
+            let new = insert_session(&tx, bot, &key, new_id, now)?;
             tx.commit()?;
             tracing::debug!(
                 key,
@@ -119,14 +122,14 @@ impl Sessions {
     /// Marks the current session of `key` as used now. Returns `false` if
     /// the key has no session.
     pub async fn touch(&self, key: &str) -> Result<bool, StoreError> {
-        let key = key.to_owned();
+        let (bot, key) = (self.bot(), key.to_owned());
         self.write(WriteKind::Session, move |conn| {
             let changed = conn
                 .prepare_cached(
                     "UPDATE sessions SET last_active_at = max(last_active_at, ?2)
-                     WHERE session_key = ?1",
+                     WHERE bot_id = ?3 AND session_key = ?1",
                 )?
-                .execute(params![key, now_ms()])?;
+                .execute(params![key, now_ms(), bot])?;
             Ok(changed > 0)
         })
         .await
@@ -142,10 +145,10 @@ impl Sessions {
         name: &str,
         value: Value,
     ) -> Result<(), StoreError> {
-        let (key, name) = (key.to_owned(), name.to_owned());
+        let (bot, key, name) = (self.bot(), key.to_owned(), name.to_owned());
         self.write(WriteKind::Session, move |conn| {
             let tx = conn.savepoint()?;
-            let mut overrides = select_current(&tx, &key)?
+            let mut overrides = select_current(&tx, bot, &key)?
                 .ok_or_else(|| StoreError::NoSuchSession { key: key.clone() })?
                 .overrides;
             if value.is_null() {
@@ -154,8 +157,8 @@ impl Sessions {
                 overrides.insert(name, value);
             }
             tx.execute(
-                "UPDATE sessions SET overrides = ?2 WHERE session_key = ?1",
-                params![key, serde_json::to_string(&overrides)?],
+                "UPDATE sessions SET overrides = ?2 WHERE bot_id = ?3 AND session_key = ?1",
+                params![key, serde_json::to_string(&overrides)?, bot],
             )?;
             tx.commit()?;
             Ok(())
@@ -166,9 +169,9 @@ impl Sessions {
     /// The per-session settings of the current session of `key`; empty if
     /// there are none or the key has no session.
     pub async fn overrides(&self, key: &str) -> Result<Overrides, StoreError> {
-        let key = key.to_owned();
+        let (bot, key) = (self.bot(), key.to_owned());
         self.call(move |conn| {
-            Ok(select_current(conn, &key)?
+            Ok(select_current(conn, bot, &key)?
                 .map(|s| s.overrides)
                 .unwrap_or_default())
         })
@@ -178,11 +181,13 @@ impl Sessions {
     /// The key that `session_id` belongs to, or belonged to before it was
     /// rotated away; `None` for an id this store never issued.
     pub async fn session_owner_key(&self, session_id: &str) -> Result<Option<String>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.call(move |conn| {
             Ok(conn
-                .prepare_cached("SELECT session_key FROM session_history WHERE session_id = ?1")?
-                .query_row([session_id], |r| r.get(0))
+                .prepare_cached(
+                    "SELECT session_key FROM session_history WHERE bot_id = ?2 AND session_id = ?1",
+                )?
+                .query_row(params![session_id, bot], |r| r.get(0))
                 .optional()?)
         })
         .await
@@ -190,17 +195,17 @@ impl Sessions {
 
     /// Every session `key` has had, oldest first (the current one last).
     pub async fn session_history(&self, key: &str) -> Result<Vec<SessionHistoryEntry>, StoreError> {
-        let key = key.to_owned();
+        let (bot, key) = (self.bot(), key.to_owned());
         self.call(move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT h.session_id, h.session_key, h.created_at,
                         coalesce(s.last_active_at, h.last_active_at), h.rotated_at
                  FROM session_history h
-                 LEFT JOIN sessions s ON s.session_id = h.session_id
-                 WHERE h.session_key = ?1
+                 LEFT JOIN sessions s ON s.bot_id = h.bot_id AND s.session_id = h.session_id
+                 WHERE h.bot_id = ?2 AND h.session_key = ?1
                  ORDER BY h.created_at, h.rowid",
             )?;
-            let rows = stmt.query_map([key], |r| {
+            let rows = stmt.query_map(params![key, bot], |r| {
                 Ok(SessionHistoryEntry {
                     session_id: r.get(0)?,
                     session_key: r.get(1)?,
@@ -216,10 +221,11 @@ impl Sessions {
 
     /// All current sessions, ordered by key: what to resume after a restart.
     pub async fn list_sessions(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        self.call(|conn| {
+        let bot = self.bot();
+        self.call(move |conn| {
             let mut stmt = conn.prepare_cached(SELECT_ALL)?;
             let raw = stmt
-                .query_map([], RawSession::from_row)?
+                .query_map([bot], RawSession::from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
             raw.into_iter().map(RawSession::into_record).collect()
         })
@@ -228,9 +234,9 @@ impl Sessions {
 }
 
 const SELECT_CURRENT: &str = "SELECT session_key, session_id, created_at, last_active_at, overrides
-     FROM sessions WHERE session_key = ?1";
+     FROM sessions WHERE bot_id = ?1 AND session_key = ?2";
 const SELECT_ALL: &str = "SELECT session_key, session_id, created_at, last_active_at, overrides
-     FROM sessions ORDER BY session_key";
+     FROM sessions WHERE bot_id = ?1 ORDER BY session_key";
 
 /// A `sessions` row before its JSON column is decoded (decoding can fail
 /// with a serde error, which a rusqlite row closure cannot return).
@@ -264,13 +270,15 @@ impl RawSession {
     }
 }
 
+/// The current session of `bot`'s `key`.
 pub(super) fn select_current(
     conn: &Connection,
+    bot: i64,
     key: &str,
 ) -> Result<Option<SessionRecord>, StoreError> {
     let raw = conn
         .prepare_cached(SELECT_CURRENT)?
-        .query_row([key], RawSession::from_row)
+        .query_row(params![bot, key], RawSession::from_row)
         .optional()?;
     raw.map(RawSession::into_record).transpose()
 }
@@ -279,25 +287,27 @@ pub(super) fn select_current(
 /// session (replacing any current row; callers archive it first).
 fn insert_session(
     conn: &Connection,
+    bot: i64,
     key: &str,
     id: String,
     now: i64,
 ) -> Result<SessionRecord, StoreError> {
     conn.prepare_cached(
-        "INSERT INTO session_history (session_id, session_key, created_at, last_active_at)
-         VALUES (?1, ?2, ?3, ?3)",
+        "INSERT INTO session_history (bot_id, session_id, session_key, created_at, last_active_at)
+         VALUES (?4, ?1, ?2, ?3, ?3)",
     )?
-    .execute(params![id, key, now])?;
+    .execute(params![id, key, now, bot])?;
     conn.prepare_cached(
-        "INSERT INTO sessions (session_key, session_id, created_at, last_active_at, overrides)
-         VALUES (?1, ?2, ?3, ?3, '{}')
-         ON CONFLICT (session_key) DO UPDATE SET
+        "INSERT INTO sessions
+         (bot_id, session_key, session_id, created_at, last_active_at, overrides)
+         VALUES (?4, ?1, ?2, ?3, ?3, '{}')
+         ON CONFLICT (bot_id, session_key) DO UPDATE SET
              session_id = excluded.session_id,
              created_at = excluded.created_at,
              last_active_at = excluded.last_active_at,
              overrides = excluded.overrides",
     )?
-    .execute(params![key, id, now])?;
+    .execute(params![key, id, now, bot])?;
     Ok(SessionRecord {
         session_key: key.to_owned(),
         session_id: id,
@@ -308,16 +318,22 @@ fn insert_session(
 }
 
 /// Freezes the final state of a session that is being rotated away.
-pub(super) fn archive(conn: &Connection, old: &SessionRecord, now: i64) -> Result<(), StoreError> {
+pub(super) fn archive(
+    conn: &Connection,
+    bot: i64,
+    old: &SessionRecord,
+    now: i64,
+) -> Result<(), StoreError> {
     conn.prepare_cached(
         "UPDATE session_history SET rotated_at = ?2, last_active_at = ?3, overrides = ?4
-         WHERE session_id = ?1",
+         WHERE bot_id = ?5 AND session_id = ?1",
     )?
     .execute(params![
         old.session_id,
         now,
         old.last_active_at_ms,
-        serde_json::to_string(&old.overrides)?
+        serde_json::to_string(&old.overrides)?,
+        bot
     ])?;
     Ok(())
 }
@@ -326,6 +342,7 @@ pub(super) fn archive(conn: &Connection, old: &SessionRecord, now: i64) -> Resul
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
     use serde_json::json;
 
     fn store() -> Store {
@@ -523,5 +540,47 @@ mod tests {
             .map(|r| (r.session_key.as_str(), r.session_id.as_str()))
             .collect();
         assert_eq!(pairs, [("a", "a1"), ("b", "b2")]);
+    }
+
+    #[tokio::test]
+    async fn two_bots_have_their_own_current_session_for_the_same_key() {
+        let store = store();
+        let (a, b) = (store.for_bot(BotId(1)), store.for_bot(BotId(2)));
+        let key = "agent:main:telegram:group:-100";
+        a.sessions()
+            .get_or_create_session(key, "sa".into())
+            .await
+            .unwrap();
+        let theirs = b
+            .sessions()
+            .get_or_create_session(key, "sb".into())
+            .await
+            .unwrap();
+        assert_eq!(theirs.session_id, "sb", "not the other bot's session");
+        a.sessions()
+            .set_override(key, "model", json!("m"))
+            .await
+            .unwrap();
+        assert!(b.sessions().overrides(key).await.unwrap().is_empty());
+        a.sessions()
+            .rotate_session(key, "sa2".into())
+            .await
+            .unwrap();
+        let current = |s: &Store| {
+            let sessions = s.sessions();
+            async move {
+                let record = sessions.current_session(key).await.unwrap();
+                record.map(|r| r.session_id)
+            }
+        };
+        assert_eq!(current(&a).await.as_deref(), Some("sa2"));
+        assert_eq!(current(&b).await.as_deref(), Some("sb"));
+        assert_eq!(b.sessions().session_owner_key("sa").await.unwrap(), None);
+        assert_eq!(b.sessions().session_history(key).await.unwrap().len(), 1);
+        assert_eq!(a.sessions().session_history(key).await.unwrap().len(), 2);
+        let listed = b.sessions().list_sessions().await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(!store.sessions().touch(key).await.unwrap());
+        assert!(store.sessions().list_sessions().await.unwrap().is_empty());
     }
 }

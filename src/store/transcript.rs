@@ -10,6 +10,8 @@
 //! is still recorded, with `interrupted` set, so the agent can be told the
 //! user did not see the whole thing.
 //!
+//! Every entry is one bot's (`bot_id`); a bot reads only its own.
+//!
 //! Contents are user data: this module logs counts and ids, never contents.
 
 use std::sync::{Arc, OnceLock};
@@ -102,9 +104,9 @@ impl Transcripts {
         session_id: &str,
         entry: TranscriptEntry,
     ) -> Result<i64, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.write(WriteKind::Transcript, move |conn| {
-            insert_entry(conn, &session_id, &entry)
+            insert_entry(conn, bot, &session_id, &entry)
         })
         .await
     }
@@ -116,13 +118,13 @@ impl Transcripts {
         session_id: &str,
         entries: Vec<TranscriptEntry>,
     ) -> Result<Vec<i64>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         // A call is all-or-nothing already (its own savepoint; one entry is
         // one statement and needs none).
         self.write_with_writes(WriteKind::Transcript, entries.len(), move |conn| {
             entries
                 .iter()
-                .map(|e| insert_entry(conn, &session_id, e))
+                .map(|e| insert_entry(conn, bot, &session_id, e))
                 .collect::<Result<Vec<_>, _>>()
         })
         .await
@@ -138,7 +140,7 @@ impl Transcripts {
         entries: Vec<TranscriptEntry>,
         usage: Option<TurnUsage>,
     ) -> Result<Vec<i64>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         let writes = entries.len() + usize::from(usage.is_some());
         let kinds: &[WriteKind] = match usage {
             Some(_) => &[WriteKind::Transcript, WriteKind::Usage],
@@ -157,11 +159,11 @@ impl Transcripts {
             .write_kinds(kinds, failed, writes, move |conn| {
                 let ids = entries
                     .iter()
-                    .map(|e| insert_entry(conn, &session_id, e))
+                    .map(|e| insert_entry(conn, bot, &session_id, e))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(failing(WriteKind::Transcript))?;
                 if let Some(turn) = &usage {
-                    super::usage::insert_turn_usage(conn, turn)
+                    super::usage::insert_turn_usage(conn, bot, turn)
                         .map_err(failing(WriteKind::Usage))?;
                 }
                 Ok(ids)
@@ -179,12 +181,12 @@ impl Transcripts {
         max_entries: Option<usize>,
         entries: Vec<TranscriptEntry>,
     ) -> Result<Vec<TranscriptEntry>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         // A read, then (usually) one insert: then no savepoint is needed.
         self.write_with_writes(WriteKind::Transcript, entries.len(), move |conn| {
-            let history = select_last(conn, &session_id, max_entries)?;
+            let history = select_last(conn, bot, &session_id, max_entries)?;
             for entry in &entries {
-                insert_entry(conn, &session_id, entry)?;
+                insert_entry(conn, bot, &session_id, entry)?;
             }
             Ok(history)
         })
@@ -198,20 +200,21 @@ impl Transcripts {
         session_id: &str,
         max_entries: Option<usize>,
     ) -> Result<Vec<TranscriptEntry>, StoreError> {
-        let session_id = session_id.to_owned();
-        self.call(move |conn| select_last(conn, &session_id, max_entries))
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
+        self.call(move |conn| select_last(conn, bot, &session_id, max_entries))
             .await
     }
 
     /// How many entries the transcript of `session_id` has.
     pub async fn transcript_len(&self, session_id: &str) -> Result<usize, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.call(move |conn| {
             let n: i64 = conn
                 .prepare_cached(
-                    "SELECT count(*) FROM transcripts WHERE session_id = ?1 AND undone_at IS NULL",
+                    "SELECT count(*) FROM transcripts
+                     WHERE bot_id = ?2 AND session_id = ?1 AND undone_at IS NULL",
                 )?
-                .query_row([session_id], |r| r.get(0))?;
+                .query_row(params![session_id, bot], |r| r.get(0))?;
             Ok(usize::try_from(n).unwrap_or(0))
         })
         .await
@@ -220,22 +223,25 @@ impl Transcripts {
     /// Flags the last entry of `session_id` as interrupted (cut short).
     /// Returns `false` if the transcript is empty.
     pub async fn mark_last_interrupted(&self, session_id: &str) -> Result<bool, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.write(WriteKind::Transcript, move |conn| {
             let changed = conn
                 .prepare_cached(
                     "UPDATE transcripts SET interrupted = 1
-                     WHERE id = (SELECT max(id) FROM transcripts WHERE session_id = ?1)",
+                     WHERE id = (SELECT max(id) FROM transcripts
+                                 WHERE bot_id = ?2 AND session_id = ?1)",
                 )?
-                .execute([session_id])?;
+                .execute(params![session_id, bot])?;
             Ok(changed > 0)
         })
         .await
     }
 }
 
+/// Appends `e` to `bot`'s transcript of `session_id`.
 fn insert_entry(
     conn: &Connection,
+    bot: i64,
     session_id: &str,
     e: &TranscriptEntry,
 ) -> Result<i64, StoreError> {
@@ -246,8 +252,9 @@ fn insert_entry(
         .transpose()?;
     conn.prepare_cached(
         "INSERT INTO transcripts
-             (session_id, role, content, tool_calls, tool_call_id, name, interrupted, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+             (bot_id, session_id, role, content, tool_calls, tool_call_id, name, interrupted,
+              created_at)
+         VALUES (?9, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
         session_id,
@@ -257,7 +264,8 @@ fn insert_entry(
         e.tool_call_id,
         e.name,
         e.interrupted,
-        e.created_at_ms
+        e.created_at_ms,
+        bot
     ])?;
     Ok(conn.last_insert_rowid())
 }
@@ -265,6 +273,7 @@ fn insert_entry(
 /// The last `max` entries (all when `None`), oldest first.
 fn select_last(
     conn: &Connection,
+    bot: i64,
     session_id: &str,
     max: Option<usize>,
 ) -> Result<Vec<TranscriptEntry>, StoreError> {
@@ -272,16 +281,16 @@ fn select_last(
     let limit = max.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
     let mut stmt = conn.prepare_cached(SELECT_LAST)?;
     let raw = stmt
-        .query_map(params![session_id, limit], RawEntry::from_row)?
+        .query_map(params![session_id, limit, bot], RawEntry::from_row)?
         .collect::<Result<Vec<_>, _>>()?;
     // Fetched newest first so LIMIT keeps the most recent; hand back oldest first.
     raw.into_iter().rev().map(RawEntry::into_entry).collect()
 }
 
-/// The newest `?2` entries of session `?1` that were not undone.
+/// The newest `?2` entries of bot `?3`'s session `?1` that were not undone.
 const SELECT_LAST: &str =
     "SELECT role, content, tool_calls, tool_call_id, name, interrupted, created_at
-     FROM transcripts WHERE session_id = ?1 AND undone_at IS NULL
+     FROM transcripts WHERE session_id = ?1 AND bot_id = ?3 AND undone_at IS NULL
      ORDER BY id DESC LIMIT ?2";
 
 /// A `transcripts` row before its JSON column is decoded.
@@ -352,6 +361,7 @@ impl TranscriptEntry {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
     use serde_json::json;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -412,7 +422,7 @@ mod tests {
         let reprepared = s
             .call(|conn| {
                 for session in ["a", "b", "c", "a"] {
-                    let history = select_last(conn, session, Some(50))?;
+                    let history = select_last(conn, 0, session, Some(50))?;
                     assert_eq!(contents(&history), [session]);
                 }
                 let stmt = conn.prepare_cached(SELECT_LAST)?;
@@ -758,5 +768,34 @@ mod tests {
         assert_eq!(s.transcripts().transcript_len("s").await.unwrap(), 2);
         let used = s.usage().usage_between(Some(7), 100, 300).await.unwrap();
         assert_eq!(used[&7].turns, 1);
+    }
+
+    #[tokio::test]
+    async fn two_bots_keep_separate_transcripts_under_the_same_session_id() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.transcripts()
+            .append_many(
+                "s",
+                vec![
+                    TranscriptEntry::user("a1"),
+                    TranscriptEntry::assistant("a2"),
+                ],
+            )
+            .await
+            .unwrap();
+        let before = b
+            .transcripts()
+            .load_history_then_append("s", None, vec![TranscriptEntry::user("b1")])
+            .await
+            .unwrap();
+        assert!(before.is_empty(), "another bot's history");
+        assert!(b.transcripts().mark_last_interrupted("s").await.unwrap());
+        let ours = a.transcripts().load_history("s", None).await.unwrap();
+        assert_eq!(contents(&ours), ["a1", "a2"]);
+        assert!(!ours[1].interrupted, "flagged through the other bot");
+        assert_eq!(a.transcripts().transcript_len("s").await.unwrap(), 2);
+        assert_eq!(b.transcripts().transcript_len("s").await.unwrap(), 1);
+        assert_eq!(s.transcripts().transcript_len("s").await.unwrap(), 0);
     }
 }

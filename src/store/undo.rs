@@ -5,6 +5,8 @@
 //! the agent or counted in /status. An exchange is the last user message
 //! and everything recorded after it (tool calls, results, the answer).
 //!
+//! Only the handle's bot's entries are marked or counted.
+//!
 //! Contents are user data: this module logs nothing.
 
 use rusqlite::{params, OptionalExtension};
@@ -24,15 +26,16 @@ pub struct UndoneExchange {
 impl Transcripts {
     /// The last user message still in the history of `session_id`.
     pub async fn last_user_message(&self, session_id: &str) -> Result<Option<String>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.call(move |conn| {
             Ok(conn
                 .prepare_cached(
                     "SELECT content FROM transcripts
-                     WHERE session_id = ?1 AND role = 'user' AND undone_at IS NULL
+                     WHERE bot_id = ?2 AND session_id = ?1 AND role = 'user'
+                       AND undone_at IS NULL
                      ORDER BY id DESC LIMIT 1",
                 )?
-                .query_row([session_id], |r| r.get::<_, String>(0))
+                .query_row(params![session_id, bot], |r| r.get::<_, String>(0))
                 .optional()?)
         })
         .await
@@ -44,16 +47,17 @@ impl Transcripts {
         &self,
         session_id: &str,
     ) -> Result<Option<UndoneExchange>, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.write(WriteKind::Transcript, move |conn| {
             let tx = conn.savepoint()?;
             let last = tx
                 .prepare_cached(
                     "SELECT id, content FROM transcripts
-                     WHERE session_id = ?1 AND role = 'user' AND undone_at IS NULL
+                     WHERE bot_id = ?2 AND session_id = ?1 AND role = 'user'
+                       AND undone_at IS NULL
                      ORDER BY id DESC LIMIT 1",
                 )?
-                .query_row([&session_id], |r| {
+                .query_row(params![&session_id, bot], |r| {
                     Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
                 })
                 .optional()?;
@@ -62,8 +66,8 @@ impl Transcripts {
             };
             let entries = tx.execute(
                 "UPDATE transcripts SET undone_at = ?3
-                 WHERE session_id = ?1 AND id >= ?2 AND undone_at IS NULL",
-                params![session_id, first_id, now_ms()],
+                 WHERE bot_id = ?4 AND session_id = ?1 AND id >= ?2 AND undone_at IS NULL",
+                params![session_id, first_id, now_ms(), bot],
             )?;
             tx.commit()?;
             Ok(Some(UndoneExchange { user_text, entries }))
@@ -74,13 +78,14 @@ impl Transcripts {
     /// How many entries of `session_id` were taken out by /undo or /retry
     /// (they stay in the transcript, marked).
     pub async fn undone_len(&self, session_id: &str) -> Result<usize, StoreError> {
-        let session_id = session_id.to_owned();
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.call(move |conn| {
             let n: i64 = conn
                 .prepare_cached(
-                    "SELECT count(*) FROM transcripts WHERE session_id = ?1 AND undone_at IS NOT NULL",
+                    "SELECT count(*) FROM transcripts
+                     WHERE bot_id = ?2 AND session_id = ?1 AND undone_at IS NOT NULL",
                 )?
-                .query_row([session_id], |r| r.get(0))?;
+                .query_row(params![session_id, bot], |r| r.get(0))?;
             Ok(usize::try_from(n).unwrap_or(0))
         })
         .await
@@ -90,6 +95,7 @@ impl Transcripts {
 #[cfg(test)]
 mod tests {
     use crate::store::{Store, TranscriptEntry};
+    use crate::vocab::BotId;
 
     #[tokio::test]
     async fn undo_marks_the_last_exchange_and_keeps_it() {
@@ -143,5 +149,40 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn undo_takes_back_only_the_bots_own_exchange() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        for (bot, text) in [(&a, "from a"), (&b, "from b")] {
+            bot.transcripts()
+                .append_many(
+                    "s",
+                    vec![
+                        TranscriptEntry::user(text),
+                        TranscriptEntry::assistant("ok"),
+                    ],
+                )
+                .await
+                .unwrap();
+        }
+        let undone = a.transcripts().undo_last_exchange("s").await.unwrap();
+        assert_eq!(
+            undone.map(|u| (u.user_text, u.entries)),
+            Some(("from a".into(), 2))
+        );
+        assert_eq!(a.transcripts().undone_len("s").await.unwrap(), 2);
+        assert_eq!(b.transcripts().undone_len("s").await.unwrap(), 0);
+        assert_eq!(b.transcripts().transcript_len("s").await.unwrap(), 2);
+        assert_eq!(
+            b.transcripts()
+                .last_user_message("s")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("from b")
+        );
+        assert_eq!(a.transcripts().last_user_message("s").await.unwrap(), None);
     }
 }

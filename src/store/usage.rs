@@ -8,6 +8,8 @@
 //! decision ([`crate::limits`]), so a change of time zone never rewrites
 //! history.
 //!
+//! Usage and settings are per bot (`bot_id`).
+//!
 //! Also the per-user settings (`/voice`). This module never decides what
 //! a limit is.
 
@@ -43,8 +45,11 @@ fn to_u64(n: i64) -> u64 {
 impl Usage {
     /// Record one turn's usage.
     pub async fn record_turn_usage(&self, turn: TurnUsage) -> Result<(), StoreError> {
-        self.write_one(WriteKind::Usage, move |conn| insert_turn_usage(conn, &turn))
-            .await
+        let bot = self.bot();
+        self.write_one(WriteKind::Usage, move |conn| {
+            insert_turn_usage(conn, bot, &turn)
+        })
+        .await
     }
 
     /// The usage of each user (or of `user` only) in `[from_ms, to_ms)`:
@@ -55,15 +60,16 @@ impl Usage {
         from_ms: i64,
         to_ms: i64,
     ) -> Result<HashMap<u64, AgentUsage>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT user_id, count(*), sum(input_tokens), sum(cached_input_tokens),
                         sum(output_tokens), sum(cost_usd)
                  FROM usage_turns
-                 WHERE at >= ?1 AND at < ?2 AND (?3 IS NULL OR user_id = ?3)
+                 WHERE bot_id = ?4 AND at >= ?1 AND at < ?2 AND (?3 IS NULL OR user_id = ?3)
                  GROUP BY user_id",
             )?;
-            let rows = stmt.query_map(params![from_ms, to_ms, user.map(to_i64)], |r| {
+            let rows = stmt.query_map(params![from_ms, to_ms, user.map(to_i64), bot], |r| {
                 Ok((
                     to_u64(r.get(0)?),
                     AgentUsage {
@@ -82,11 +88,13 @@ impl Usage {
 
     /// When `user` started turns since `since_ms` (unix ms, oldest first).
     pub async fn turn_times_since(&self, user: u64, since_ms: i64) -> Result<Vec<i64>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             let mut stmt = conn.prepare_cached(
-                "SELECT at FROM usage_turns WHERE user_id = ?1 AND at > ?2 ORDER BY at",
+                "SELECT at FROM usage_turns
+                 WHERE bot_id = ?3 AND user_id = ?1 AND at > ?2 ORDER BY at",
             )?;
-            let rows = stmt.query_map(params![to_i64(user), since_ms], |r| r.get(0))?;
+            let rows = stmt.query_map(params![to_i64(user), since_ms, bot], |r| r.get(0))?;
             Ok(rows.collect::<Result<Vec<i64>, _>>()?)
         })
         .await
@@ -94,10 +102,12 @@ impl Usage {
 
     /// When each user last started a turn (unix ms).
     pub async fn last_turns(&self) -> Result<HashMap<u64, i64>, StoreError> {
-        self.call(|conn| {
-            let mut stmt =
-                conn.prepare_cached("SELECT user_id, max(at) FROM usage_turns GROUP BY user_id")?;
-            let rows = stmt.query_map([], |r| Ok((to_u64(r.get(0)?), r.get::<_, i64>(1)?)))?;
+        let bot = self.bot();
+        self.call(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT user_id, max(at) FROM usage_turns WHERE bot_id = ?1 GROUP BY user_id",
+            )?;
+            let rows = stmt.query_map([bot], |r| Ok((to_u64(r.get(0)?), r.get::<_, i64>(1)?)))?;
             Ok(rows.collect::<Result<HashMap<_, _>, _>>()?)
         })
         .await
@@ -105,10 +115,13 @@ impl Usage {
 
     /// `user`'s `/voice` setting, if they chose one.
     pub async fn voice_setting(&self, user: u64) -> Result<Option<String>, StoreError> {
+        let bot = self.bot();
         self.call(move |conn| {
             Ok(conn
-                .prepare_cached("SELECT voice FROM user_settings WHERE user_id = ?1")?
-                .query_row([to_i64(user)], |r| r.get(0))
+                .prepare_cached(
+                    "SELECT voice FROM user_settings WHERE bot_id = ?2 AND user_id = ?1",
+                )?
+                .query_row(params![to_i64(user), bot], |r| r.get(0))
                 .optional()?)
         })
         .await
@@ -116,26 +129,30 @@ impl Usage {
 
     /// Set `user`'s `/voice` setting (`on`, `off` or `auto`).
     pub async fn set_voice_setting(&self, user: u64, mode: &str) -> Result<(), StoreError> {
-        let mode = mode.to_owned();
+        let (bot, mode) = (self.bot(), mode.to_owned());
         self.write_one(WriteKind::Usage, move |conn| {
             conn.prepare_cached(
-                "INSERT INTO user_settings (user_id, voice) VALUES (?1, ?2)
-                 ON CONFLICT (user_id) DO UPDATE SET voice = excluded.voice",
+                "INSERT INTO user_settings (bot_id, user_id, voice) VALUES (?3, ?1, ?2)
+                 ON CONFLICT (bot_id, user_id) DO UPDATE SET voice = excluded.voice",
             )?
-            .execute(params![to_i64(user), mode])?;
+            .execute(params![to_i64(user), mode, bot])?;
             Ok(())
         })
         .await
     }
 }
 
-/// One turn's row in `usage_turns` (one statement).
-pub(super) fn insert_turn_usage(conn: &Connection, turn: &TurnUsage) -> Result<(), StoreError> {
+/// One turn's row in `usage_turns`, `bot`'s (one statement).
+pub(super) fn insert_turn_usage(
+    conn: &Connection,
+    bot: i64,
+    turn: &TurnUsage,
+) -> Result<(), StoreError> {
     let u = &turn.usage;
     conn.prepare_cached(
-        "INSERT INTO usage_turns (user_id, chat_id, session_id, at, input_tokens,
+        "INSERT INTO usage_turns (bot_id, user_id, chat_id, session_id, at, input_tokens,
              cached_input_tokens, output_tokens, cost_usd)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+         VALUES (?9, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
         to_i64(turn.user_id),
@@ -145,7 +162,8 @@ pub(super) fn insert_turn_usage(conn: &Connection, turn: &TurnUsage) -> Result<(
         to_i64(u.input_tokens),
         to_i64(u.cached_input_tokens),
         to_i64(u.output_tokens),
-        u.cost_usd
+        u.cost_usd,
+        bot
     ])?;
     Ok(())
 }
@@ -154,6 +172,7 @@ pub(super) fn insert_turn_usage(conn: &Connection, turn: &TurnUsage) -> Result<(
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     fn turn(user_id: u64, at_ms: i64, tokens: u64, cost: f64) -> TurnUsage {
         TurnUsage {
@@ -222,5 +241,46 @@ mod tests {
             Some("on")
         );
         assert!(s.usage().set_voice_setting(2, "loud").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn usage_and_settings_are_kept_per_bot() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.usage()
+            .record_turn_usage(turn(42, 100, 10, 0.5))
+            .await
+            .unwrap();
+        b.usage()
+            .record_turn_usage(turn(42, 200, 20, 1.0))
+            .await
+            .unwrap();
+        b.transcripts()
+            .append_many_charging(
+                "s",
+                vec![crate::store::TranscriptEntry::user("hi")],
+                Some(turn(42, 300, 30, 1.0)),
+            )
+            .await
+            .unwrap();
+        let sums = |store: &Store| {
+            let usage = store.usage();
+            async move { usage.usage_between(Some(42), 0, 1000).await.unwrap() }
+        };
+        assert_eq!(sums(&a).await[&42].input_tokens, 10);
+        assert_eq!(sums(&b).await[&42].input_tokens, 50);
+        assert_eq!(a.usage().turn_times_since(42, 0).await.unwrap(), vec![100]);
+        assert_eq!(b.usage().last_turns().await.unwrap()[&42], 300);
+        a.usage().set_voice_setting(42, "on").await.unwrap();
+        b.usage().set_voice_setting(42, "auto").await.unwrap();
+        assert_eq!(
+            a.usage().voice_setting(42).await.unwrap().as_deref(),
+            Some("on")
+        );
+        assert_eq!(
+            b.usage().voice_setting(42).await.unwrap().as_deref(),
+            Some("auto")
+        );
+        assert!(s.usage().last_turns().await.unwrap().is_empty());
     }
 }

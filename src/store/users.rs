@@ -10,6 +10,9 @@
 //! or not at all, so a crash mid-pairing leaves either no owner or exactly
 //! one (the unique index on the owner row makes two impossible anyway).
 //!
+//! Members, codes and wrong tries are per bot (`bot_id`): each bot has its
+//! own team and its own owner; `telegate pair`'s path takes the bot too.
+//!
 //! This module never logs a code or its hash, and never decides who may
 //! create or redeem one: that is [`crate::access`].
 
@@ -17,6 +20,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use subtle::ConstantTimeEq;
 
 use super::{StoreError, Users, WriteKind};
+use crate::vocab::BotId;
 
 /// What a member may do (see [`crate::access::roles`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -154,14 +158,18 @@ fn role_of(name: &str) -> Role {
     Role::parse(name).unwrap_or(Role::User)
 }
 
-/// Remember `code` on `conn` (also used by `telegate pair`, which writes
-/// into a running bot's database through a connection of its own).
-pub fn insert_code(conn: &Connection, code: &NewCode) -> Result<(), StoreError> {
-    conn.prepare_cached("DELETE FROM access_codes WHERE expires_at < ?1 AND used_by IS NULL")?
-        .execute([code.now_ms])?;
+/// Remember `code` as `bot`'s on `conn` (also used by `telegate pair`,
+/// which writes into a running bot's database through a connection of its
+/// own).
+pub fn insert_code(conn: &Connection, bot: BotId, code: &NewCode) -> Result<(), StoreError> {
     conn.prepare_cached(
-        "INSERT INTO access_codes (code_hash, kind, role, created_by, created_at, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "DELETE FROM access_codes WHERE bot_id = ?2 AND expires_at < ?1 AND used_by IS NULL",
+    )?
+    .execute(params![code.now_ms, bot.get()])?;
+    conn.prepare_cached(
+        "INSERT INTO access_codes
+         (bot_id, code_hash, kind, role, created_by, created_at, expires_at)
+         VALUES (?7, ?1, ?2, ?3, ?4, ?5, ?6)",
     )?
     .execute(params![
         code.hash,
@@ -169,24 +177,27 @@ pub fn insert_code(conn: &Connection, code: &NewCode) -> Result<(), StoreError> 
         code.role.as_str(),
         code.created_by.map(to_i64),
         code.now_ms,
-        code.expires_at_ms
+        code.expires_at_ms,
+        bot.get()
     ])?;
     Ok(())
 }
 
-/// The owner's user id, on `conn`.
-pub fn select_owner(conn: &Connection) -> Result<Option<u64>, StoreError> {
+/// `bot`'s owner's user id, on `conn`.
+pub fn select_owner(conn: &Connection, bot: BotId) -> Result<Option<u64>, StoreError> {
     Ok(conn
-        .prepare_cached("SELECT user_id FROM members WHERE role = 'owner'")?
-        .query_row([], |r| r.get::<_, i64>(0))
+        .prepare_cached("SELECT user_id FROM members WHERE bot_id = ?1 AND role = 'owner'")?
+        .query_row([bot.get()], |r| r.get::<_, i64>(0))
         .optional()?
         .map(to_u64))
 }
 
-fn select_member(conn: &Connection, user_id: u64) -> Result<Option<Member>, StoreError> {
+fn select_member(conn: &Connection, bot: i64, user_id: u64) -> Result<Option<Member>, StoreError> {
     Ok(conn
-        .prepare_cached(&format!("{SELECT_MEMBERS} WHERE user_id = ?1"))?
-        .query_row([to_i64(user_id)], member_row)
+        .prepare_cached(&format!(
+            "{SELECT_MEMBERS} WHERE bot_id = ?2 AND user_id = ?1"
+        ))?
+        .query_row(params![to_i64(user_id), bot], member_row)
         .optional()?)
 }
 
@@ -205,15 +216,20 @@ fn member_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Member> {
 /// A live code found: its hash, kind, role and creator.
 type FoundCode = (String, CodeKind, Role, Option<u64>);
 
-/// The live (unused, unexpired) code whose hash is `hash`, compared in
-/// constant time against every live code.
-fn find_code(conn: &Connection, hash: &str, now_ms: i64) -> Result<Option<FoundCode>, StoreError> {
+/// `bot`'s live (unused, unexpired) code whose hash is `hash`, compared in
+/// constant time against every live code of `bot`.
+fn find_code(
+    conn: &Connection,
+    bot: i64,
+    hash: &str,
+    now_ms: i64,
+) -> Result<Option<FoundCode>, StoreError> {
     let mut stmt = conn.prepare_cached(
         "SELECT code_hash, kind, role, created_by FROM access_codes
-         WHERE used_by IS NULL AND expires_at > ?1",
+         WHERE bot_id = ?2 AND used_by IS NULL AND expires_at > ?1",
     )?;
     let rows = stmt
-        .query_map([now_ms], |r| {
+        .query_map(params![now_ms, bot], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
@@ -237,41 +253,52 @@ fn find_code(conn: &Connection, hash: &str, now_ms: i64) -> Result<Option<FoundC
     Ok(found)
 }
 
-fn count_attempts(conn: &Connection, user: Option<u64>, since: i64) -> Result<u32, StoreError> {
+/// `bot`'s wrong tries since `since` (of `user`, or of everyone).
+fn count_attempts(
+    conn: &Connection,
+    bot: i64,
+    user: Option<u64>,
+    since: i64,
+) -> Result<u32, StoreError> {
     let n: i64 = match user {
         Some(user) => conn
-            .prepare_cached("SELECT count(*) FROM access_attempts WHERE user_id = ?1 AND at > ?2")?
-            .query_row(params![to_i64(user), since], |r| r.get(0))?,
+            .prepare_cached(
+                "SELECT count(*) FROM access_attempts WHERE bot_id = ?3 AND user_id = ?1 AND at > ?2",
+            )?
+            .query_row(params![to_i64(user), since, bot], |r| r.get(0))?,
         None => conn
-            .prepare_cached("SELECT count(*) FROM access_attempts WHERE at > ?1")?
-            .query_row([since], |r| r.get(0))?,
+            .prepare_cached("SELECT count(*) FROM access_attempts WHERE bot_id = ?2 AND at > ?1")?
+            .query_row(params![since, bot], |r| r.get(0))?,
     };
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
-/// Redeem on `conn` (inside the caller's savepoint).
-fn redeem(conn: &Connection, attempt: &Attempt) -> Result<Redeemed, StoreError> {
+/// Redeem a code of `bot` on `conn` (inside the caller's savepoint).
+fn redeem(conn: &Connection, bot: BotId, attempt: &Attempt) -> Result<Redeemed, StoreError> {
     let limits = attempt.limits;
     let since = attempt.now_ms - limits.window_ms;
-    conn.prepare_cached("DELETE FROM access_attempts WHERE at <= ?1")?
-        .execute([since])?;
-    if let Some(member) = select_member(conn, attempt.user_id)? {
+    let id = bot.get();
+    conn.prepare_cached("DELETE FROM access_attempts WHERE bot_id = ?2 AND at <= ?1")?
+        .execute(params![since, id])?;
+    if let Some(member) = select_member(conn, id, attempt.user_id)? {
         return Ok(Redeemed::AlreadyMember(member.role));
     }
-    let tried = count_attempts(conn, Some(attempt.user_id), since)?;
+    let tried = count_attempts(conn, id, Some(attempt.user_id), since)?;
     if tried >= limits.per_user {
         return Ok(Redeemed::Silenced);
     }
-    if count_attempts(conn, None, since)? >= limits.global {
+    if count_attempts(conn, id, None, since)? >= limits.global {
         return Ok(Redeemed::Busy);
     }
-    let owner = select_owner(conn)?;
-    let found = find_code(conn, &attempt.hash, attempt.now_ms)?
+    let owner = select_owner(conn, bot)?;
+    let found = find_code(conn, id, &attempt.hash, attempt.now_ms)?
         // A pairing code is void once the bot has an owner.
         .filter(|(_, kind, _, _)| !(*kind == CodeKind::Pairing && owner.is_some()));
     let Some((hash, kind, role, created_by)) = found else {
-        conn.prepare_cached("INSERT INTO access_attempts (user_id, at) VALUES (?1, ?2)")?
-            .execute(params![to_i64(attempt.user_id), attempt.now_ms])?;
+        conn.prepare_cached(
+            "INSERT INTO access_attempts (bot_id, user_id, at) VALUES (?3, ?1, ?2)",
+        )?
+        .execute(params![to_i64(attempt.user_id), attempt.now_ms, id])?;
         return Ok(Redeemed::Wrong {
             tries_left: limits.per_user.saturating_sub(tried + 1),
         });
@@ -282,8 +309,8 @@ fn redeem(conn: &Connection, attempt: &Attempt) -> Result<Redeemed, StoreError> 
         role
     };
     conn.prepare_cached(
-        "INSERT INTO members (user_id, role, name, added_by, added_at, via)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO members (bot_id, user_id, role, name, added_by, added_at, via)
+         VALUES (?7, ?1, ?2, ?3, ?4, ?5, ?6)",
     )?
     .execute(params![
         to_i64(attempt.user_id),
@@ -291,14 +318,19 @@ fn redeem(conn: &Connection, attempt: &Attempt) -> Result<Redeemed, StoreError> 
         attempt.name,
         created_by.map(to_i64),
         attempt.now_ms,
-        kind.as_str()
+        kind.as_str(),
+        id
     ])?;
-    conn.prepare_cached("UPDATE access_codes SET used_by = ?2, used_at = ?3 WHERE code_hash = ?1")?
-        .execute(params![hash, to_i64(attempt.user_id), attempt.now_ms])?;
+    conn.prepare_cached(
+        "UPDATE access_codes SET used_by = ?2, used_at = ?3 WHERE bot_id = ?4 AND code_hash = ?1",
+    )?
+    .execute(params![hash, to_i64(attempt.user_id), attempt.now_ms, id])?;
     if kind == CodeKind::Pairing {
         // Pairing is over: no other pairing code may make a second owner.
-        conn.prepare_cached("DELETE FROM access_codes WHERE kind = 'pairing' AND used_by IS NULL")?
-            .execute([])?;
+        conn.prepare_cached(
+            "DELETE FROM access_codes WHERE bot_id = ?1 AND kind = 'pairing' AND used_by IS NULL",
+        )?
+        .execute([id])?;
     }
     Ok(Redeemed::Joined(role, kind))
 }
@@ -306,9 +338,12 @@ fn redeem(conn: &Connection, attempt: &Attempt) -> Result<Redeemed, StoreError> 
 impl Users {
     /// Every member, by user id.
     pub async fn members(&self) -> Result<Vec<Member>, StoreError> {
-        self.call(|conn| {
-            let mut stmt = conn.prepare_cached(&format!("{SELECT_MEMBERS} ORDER BY user_id"))?;
-            let rows = stmt.query_map([], member_row)?;
+        let bot = self.bot();
+        self.call(move |conn| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "{SELECT_MEMBERS} WHERE bot_id = ?1 ORDER BY user_id"
+            ))?;
+            let rows = stmt.query_map([bot], member_row)?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
         .await
@@ -316,14 +351,16 @@ impl Users {
 
     /// The owner, if the bot was paired.
     pub async fn owner(&self) -> Result<Option<u64>, StoreError> {
-        self.call(|conn| select_owner(conn)).await
+        let bot = self.link.bot;
+        self.call(move |conn| select_owner(conn, bot)).await
     }
 
     /// Remember a pairing code or an invite (by its hash).
     pub async fn create_code(&self, code: NewCode) -> Result<(), StoreError> {
+        let bot = self.link.bot;
         self.write(WriteKind::Access, move |conn| {
             let tx = conn.savepoint()?;
-            insert_code(&tx, &code)?;
+            insert_code(&tx, bot, &code)?;
             tx.commit()?;
             Ok(())
         })
@@ -332,9 +369,10 @@ impl Users {
 
     /// Redeem a code (see the module docs): one call, all or nothing.
     pub async fn redeem_code(&self, attempt: Attempt) -> Result<Redeemed, StoreError> {
+        let bot = self.link.bot;
         self.write(WriteKind::Access, move |conn| {
             let tx = conn.savepoint()?;
-            let redeemed = redeem(&tx, &attempt)?;
+            let redeemed = redeem(&tx, bot, &attempt)?;
             tx.commit()?;
             Ok(redeemed)
         })
@@ -348,13 +386,16 @@ impl Users {
         user_id: u64,
         role: Role,
     ) -> Result<Option<Member>, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Access, move |conn| {
-            let Some(before) = select_member(conn, user_id)? else {
+            let Some(before) = select_member(conn, bot, user_id)? else {
                 return Ok(None);
             };
             if before.role != Role::Owner && role != Role::Owner {
-                conn.prepare_cached("UPDATE members SET role = ?2 WHERE user_id = ?1")?
-                    .execute(params![to_i64(user_id), role.as_str()])?;
+                conn.prepare_cached(
+                    "UPDATE members SET role = ?2 WHERE bot_id = ?3 AND user_id = ?1",
+                )?
+                .execute(params![to_i64(user_id), role.as_str(), bot])?;
             }
             Ok(Some(before))
         })
@@ -364,15 +405,19 @@ impl Users {
     /// Remove member `user_id` (and the invites they made that nobody used
     /// yet); the member removed, if there was one.
     pub async fn remove_member(&self, user_id: u64) -> Result<Option<Member>, StoreError> {
+        let bot = self.bot();
         self.write(WriteKind::Access, move |conn| {
             let tx = conn.savepoint()?;
-            let Some(before) = select_member(&tx, user_id)? else {
+            let Some(before) = select_member(&tx, bot, user_id)? else {
                 return Ok(None);
             };
-            tx.execute("DELETE FROM members WHERE user_id = ?1", [to_i64(user_id)])?;
             tx.execute(
-                "DELETE FROM access_codes WHERE created_by = ?1 AND used_by IS NULL",
-                [to_i64(user_id)],
+                "DELETE FROM members WHERE bot_id = ?2 AND user_id = ?1",
+                params![to_i64(user_id), bot],
+            )?;
+            tx.execute(
+                "DELETE FROM access_codes WHERE bot_id = ?2 AND created_by = ?1 AND used_by IS NULL",
+                params![to_i64(user_id), bot],
             )?;
             tx.commit()?;
             Ok(Some(before))
@@ -385,6 +430,7 @@ impl Users {
 mod tests {
     use super::*;
     use crate::store::Store;
+    use crate::vocab::BotId;
 
     const LIMITS: GuessLimits = GuessLimits {
         per_user: 3,
@@ -573,5 +619,64 @@ mod tests {
             s.users().redeem_code(attempt(3, "i2", 4)).await.unwrap(),
             Redeemed::Wrong { .. }
         ));
+    }
+
+    #[tokio::test]
+    async fn each_bot_has_its_own_members_codes_and_owner() {
+        let s = Store::open_in_memory().unwrap();
+        let (a, b) = (s.for_bot(BotId(1)), s.for_bot(BotId(2)));
+        a.users()
+            .create_code(code("h", CodeKind::Pairing, Role::Owner, 0))
+            .await
+            .unwrap();
+        // A's code is no code at all for B, and B's wrong try is B's.
+        assert_eq!(
+            b.users().redeem_code(attempt(42, "h", 1)).await.unwrap(),
+            Redeemed::Wrong { tries_left: 2 }
+        );
+        assert_eq!(
+            a.users().redeem_code(attempt(42, "h", 1)).await.unwrap(),
+            Redeemed::Joined(Role::Owner, CodeKind::Pairing)
+        );
+        assert_eq!(b.users().owner().await.unwrap(), None);
+        // The same code hash, and another owner, for B.
+        b.users()
+            .create_code(code("h", CodeKind::Pairing, Role::Owner, 2))
+            .await
+            .unwrap();
+        assert_eq!(
+            b.users().redeem_code(attempt(43, "h", 3)).await.unwrap(),
+            Redeemed::Joined(Role::Owner, CodeKind::Pairing)
+        );
+        assert_eq!(a.users().owner().await.unwrap(), Some(42));
+        assert_eq!(b.users().owner().await.unwrap(), Some(43));
+        let ids = |members: Vec<Member>| members.iter().map(|m| m.user_id).collect::<Vec<_>>();
+        assert_eq!(ids(a.users().members().await.unwrap()), vec![42]);
+        assert_eq!(
+            b.users().set_member_role(42, Role::Admin).await.unwrap(),
+            None
+        );
+        assert_eq!(b.users().remove_member(42).await.unwrap(), None);
+        assert_eq!(ids(a.users().members().await.unwrap()), vec![42]);
+        // The `telegate pair` path reads and writes one bot's rows too.
+        let owners = s
+            .call(|conn| Ok((select_owner(conn, BotId(1))?, select_owner(conn, BotId(3))?)))
+            .await
+            .unwrap();
+        assert_eq!(owners, (Some(42), None));
+        s.call(|conn| {
+            insert_code(
+                conn,
+                BotId(3),
+                &code("p", CodeKind::Pairing, Role::Owner, 4),
+            )
+        })
+        .await
+        .unwrap();
+        let c = s.for_bot(BotId(3));
+        assert_eq!(
+            c.users().redeem_code(attempt(44, "p", 5)).await.unwrap(),
+            Redeemed::Joined(Role::Owner, CodeKind::Pairing)
+        );
     }
 }
