@@ -145,6 +145,26 @@ impl HealthCheck for StaticHealth {
 /// A health check computed by a synchronous closure; see [`health_fn`].
 pub struct FnHealth<F>(F);
 
+/// Several named checks as one: each component reported as
+/// `<name>.<component>` (several bots' `/healthz`).
+pub struct NamedHealth(pub Vec<(String, Arc<dyn HealthCheck>)>);
+
+impl HealthCheck for NamedHealth {
+    fn check(&self) -> BoxFuture<'_, HealthReport> {
+        Box::pin(async move {
+            let mut report = HealthReport::new();
+            for (name, check) in &self.0 {
+                for (component, state) in check.check().await.components {
+                    report
+                        .components
+                        .push((format!("{name}.{component}"), state));
+                }
+            }
+            report
+        })
+    }
+}
+
 /// A [`HealthCheck`] from a closure, e.g.
 /// `health_fn(move || HealthReport::new().ok("updates"))`.
 pub fn health_fn<F>(check: F) -> FnHealth<F>
@@ -167,14 +187,33 @@ where
 /// The listener's shared state and routes.
 #[derive(Clone)]
 pub struct HealthServer {
-    metrics: Metrics,
+    metrics: Exposition,
     health: Arc<dyn HealthCheck>,
+}
+
+/// What `/metrics` renders: one registry, or several bots' labelled.
+#[derive(Clone)]
+enum Exposition {
+    One(Metrics),
+    PerBot(Arc<Vec<(String, Metrics)>>),
 }
 
 impl HealthServer {
     /// Serve `metrics` and `health`.
     pub fn new(metrics: Metrics, health: Arc<dyn HealthCheck>) -> Self {
-        HealthServer { metrics, health }
+        HealthServer {
+            metrics: Exposition::One(metrics),
+            health,
+        }
+    }
+
+    /// Serve several bots: each one's metrics with a `bot` label
+    /// ([`crate::metrics::render_labelled`]), and `health`.
+    pub fn per_bot(bots: Vec<(String, Metrics)>, health: Arc<dyn HealthCheck>) -> Self {
+        HealthServer {
+            metrics: Exposition::PerBot(Arc::new(bots)),
+            health,
+        }
     }
 
     /// The routes: `GET /healthz`, `GET /metrics`, 404 for anything else.
@@ -223,7 +262,10 @@ async fn healthz(State(server): State<HealthServer>) -> Response {
 }
 
 async fn metrics(State(server): State<HealthServer>) -> Response {
-    let text = server.metrics.render_prometheus();
+    let text = match &server.metrics {
+        Exposition::One(metrics) => metrics.render_prometheus(),
+        Exposition::PerBot(bots) => crate::metrics::render_labelled(bots),
+    };
     let headers = [
         (header::CONTENT_TYPE, METRICS_CONTENT_TYPE),
         (header::CACHE_CONTROL, "no-store"),

@@ -3,7 +3,7 @@
 //!
 //! This is the edge where errors become `anyhow` and exit codes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -63,6 +63,9 @@ enum Command {
         /// else built-in defaults plus the environment).
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Which bot (its `name`), when several run on the data directory.
+        #[arg(long)]
+        bot: Option<String>,
     },
     /// Write a commented example configuration (never over an existing file).
     Init {
@@ -92,24 +95,9 @@ fn main() -> ExitCode {
         Command::Run { config, .. } | Command::CheckConfig { config } => {
             (config, Purpose::Telegram)
         }
-        Command::Console { config } | Command::Pair { config } => (config, Purpose::Console),
+        Command::Console { config } | Command::Pair { config, .. } => (config, Purpose::Console),
         Command::PermissionHelper { socket } => return permission_helper(socket.clone()),
-        Command::Init { config } => {
-            return match zero_config::init(config) {
-                Ok(()) => {
-                    println!(
-                        "wrote {}: edit it, then `telegate run --config {}`",
-                        config.display(),
-                        config.display()
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("error: {error}");
-                    ExitCode::from(2)
-                }
-            };
-        }
+        Command::Init { config } => return init(config),
     };
     let config = match zero_config::load(path.as_deref(), purpose) {
         Ok(config) => config,
@@ -118,25 +106,77 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Command::Pair { .. } = cli.command {
-        return pair(&config);
+    match &cli.command {
+        Command::Pair { bot, .. } => return pair(&config, bot.as_deref()),
+        Command::CheckConfig { .. } => return check_config(&config),
+        _ => {}
     }
-    if let Command::CheckConfig { .. } = cli.command {
-        println!(
-            "{}: OK\n{}",
-            match &config.source {
-                zero_config::ConfigSource::File(path) => path.display().to_string(),
-                zero_config::ConfigSource::Environment => "(environment)".to_string(),
-            },
-            config.summary()
-        );
-        return ExitCode::SUCCESS;
+    harden_and_log(&config);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Console { .. } => telegate::wiring::console::run(&config).await,
+            Command::Run { standby, .. } => telegate::wiring::run::run_with(&config, standby).await,
+            Command::CheckConfig { .. }
+            | Command::Init { .. }
+            | Command::Pair { .. }
+            | Command::PermissionHelper { .. } => Ok(()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", error_chain(&error));
+            ExitCode::FAILURE
+        }
     }
-    // Before any thread exists: secrets out of the environment block, no
-    // dumping, no capabilities that reach into our memory (see secrets.rs).
+}
+
+/// `telegate init`: the commented example, never over an existing file.
+fn init(config: &Path) -> ExitCode {
+    match zero_config::init(config) {
+        Ok(()) => {
+            println!(
+                "wrote {}: edit it, then `telegate run --config {}`",
+                config.display(),
+                config.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `telegate check-config`: where the configuration came from and what it
+/// says.
+fn check_config(config: &Config) -> ExitCode {
+    println!(
+        "{}: OK\n{}",
+        match &config.source {
+            zero_config::ConfigSource::File(path) => path.display().to_string(),
+            zero_config::ConfigSource::Environment => "(environment)".to_string(),
+        },
+        config.summary()
+    );
+    ExitCode::SUCCESS
+}
+
+/// Before any thread exists: secrets out of the environment block, no
+/// dumping, no capabilities that reach into our memory (see secrets.rs);
+/// then logging, and the open-files limit raised.
+fn harden_and_log(config: &Config) {
     let hardening = telegate::secrets::harden_process(&config.secret_env_names());
-    init_logging(&config);
-    tracing::info!("{}", config.source.describe(&config));
+    init_logging(config);
+    tracing::info!("{}", config.source.describe(config));
     if !hardening.undumpable || !hardening.problems.is_empty() {
         tracing::warn!(
             undumpable = hardening.undumpable,
@@ -154,32 +194,6 @@ fn main() -> ExitCode {
             "open files soft limit set to the hard limit"
         ),
         Err(error) => tracing::warn!(%error, "could not raise the open files limit"),
-    }
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Console { .. } => telegate::wiring::console::run(&config).await,
-            Command::Run { standby, .. } => {
-                telegate::wiring::telegram::run_with(&config, standby).await
-            }
-            Command::CheckConfig { .. }
-            | Command::Init { .. }
-            | Command::Pair { .. }
-            | Command::PermissionHelper { .. } => Ok(()),
-        }
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {}", error_chain(&error));
-            ExitCode::FAILURE
-        }
     }
 }
 
@@ -209,14 +223,11 @@ fn permission_helper(socket: PathBuf) -> ExitCode {
 /// `telegate pair`: a fresh pairing code written into the data
 /// directory's database (next to a running bot, without its lock), shown
 /// on stdout.
-fn pair(config: &Config) -> ExitCode {
+fn pair(config: &Config, bot: Option<&str>) -> ExitCode {
     if config.store.in_memory {
         eprintln!("error: store.in_memory = true: there is no database to pair through");
         return ExitCode::from(2);
     }
-    // The store's one bot until several are configured (the first bot
-    // adopts its rows; then this passes that bot's id).
-    let bot = telegate::vocab::BotId::UNCLAIMED;
     match telegate::access::pairing::pair_in(&config.store.data_dir, &config.access, bot) {
         Ok(code) => {
             println!(

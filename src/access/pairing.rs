@@ -58,6 +58,20 @@ pub enum PairError {
     /// Pairing is over.
     #[error("this bot already has an owner (user {0}); they can /invite people from the chat")]
     HasOwner(u64),
+    /// `--bot NAME` names no bot of this database.
+    #[error("no bot named {wanted:?} has run on this data directory (there are: {known})")]
+    UnknownBot {
+        /// The name asked for.
+        wanted: String,
+        /// The names known.
+        known: String,
+    },
+    /// Several bots share the database and none was named.
+    #[error("several bots run on this data directory ({known}): name one with --bot NAME")]
+    WhichBot {
+        /// The names known.
+        known: String,
+    },
     /// No randomness.
     #[error("the system random generator failed")]
     NoRandomness,
@@ -71,10 +85,40 @@ pub enum PairError {
     },
 }
 
-/// `telegate pair`: a fresh pairing code for `bot` in the database of
-/// `data_dir` (the running bot's, or one that will run), returned to be
-/// printed.
-pub fn pair_in(data_dir: &Path, settings: &AccessConfig, bot: BotId) -> Result<String, PairError> {
+/// Which bot `telegate pair` writes its code for: the one named, else the
+/// only bot the database knows (none yet: the rows of no bot, which the
+/// first bot to start takes).
+pub fn choose_bot(known: &[(BotId, String)], wanted: Option<&str>) -> Result<BotId, PairError> {
+    let names = || {
+        known
+            .iter()
+            .map(|(_, name)| name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match (wanted, known) {
+        (Some(wanted), _) => known
+            .iter()
+            .find(|(_, name)| name == wanted)
+            .map(|(id, _)| *id)
+            .ok_or_else(|| PairError::UnknownBot {
+                wanted: wanted.to_string(),
+                known: names(),
+            }),
+        (None, []) => Ok(BotId::UNCLAIMED),
+        (None, [(id, _)]) => Ok(*id),
+        (None, _) => Err(PairError::WhichBot { known: names() }),
+    }
+}
+
+/// `telegate pair [--bot NAME]`: a fresh pairing code for the bot
+/// [`choose_bot`] picks, in the database of `data_dir` (the running
+/// bot's, or one that will run), returned to be printed.
+pub fn pair_in(
+    data_dir: &Path,
+    settings: &AccessConfig,
+    wanted: Option<&str>,
+) -> Result<String, PairError> {
     let path = data_dir.join("telegate.db");
     let metadata = std::fs::metadata(&path).map_err(|_| PairError::NoDatabase(path.clone()))?;
     check_owner(&path, &metadata)?;
@@ -103,6 +147,10 @@ pub fn pair_in(data_dir: &Path, settings: &AccessConfig, bot: BotId) -> Result<S
         path: path.clone(),
         detail: e.to_string(),
     };
+    let bot = choose_bot(
+        &crate::store::bots::known_bots(&conn).map_err(store_failed)?,
+        wanted,
+    )?;
     if let Some(owner) = select_owner(&conn, bot).map_err(store_failed)? {
         return Err(PairError::HasOwner(owner));
     }
@@ -151,32 +199,60 @@ mod tests {
     async fn a_code_written_by_pair_works_in_the_running_store() {
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(
-            pair_in(dir.path(), &AccessConfig::default(), BotId::UNCLAIMED),
+            pair_in(dir.path(), &AccessConfig::default(), None),
             Err(PairError::NoDatabase(_))
         ));
-        let store = Store::open_async(dir.path().join("telegate.db"))
+        let opened = Store::open_async(dir.path().join("telegate.db"))
             .await
             .unwrap();
+        // The running bot recorded itself: pair finds it without a name.
+        let store = opened.for_bot(BotId(7));
+        store.record_bot("main", "main_bot").await.unwrap();
         let access = Access::new(AccessSetup::default(), Some(store.users()));
         access.load().await.unwrap();
-        let code = tokio::task::spawn_blocking({
+        let pair = |wanted: Option<&'static str>| {
             let dir = dir.path().to_path_buf();
-            move || pair_in(&dir, &AccessConfig::default(), BotId::UNCLAIMED)
-        })
-        .await
-        .unwrap()
-        .unwrap();
+            tokio::task::spawn_blocking(move || pair_in(&dir, &AccessConfig::default(), wanted))
+        };
+        let code = pair(None).await.unwrap().unwrap();
         assert_eq!(codes::normalize(&code).as_deref(), Some(code.as_str()));
         let joined = access.redeem(5, None, &code).await.unwrap();
         assert!(matches!(joined, Redeemed::Joined(Role::Owner, _)));
-        let again = tokio::task::spawn_blocking({
-            let dir = dir.path().to_path_buf();
-            move || pair_in(&dir, &AccessConfig::default(), BotId::UNCLAIMED)
-        })
-        .await
-        .unwrap();
+        let again = pair(Some("main")).await.unwrap();
         assert!(matches!(again, Err(PairError::HasOwner(5))));
-        store.close().await.unwrap();
+        // A second bot: pair must be told which, and pairs that one.
+        let other = opened.for_bot(BotId(8));
+        other.record_bot("side", "side_bot").await.unwrap();
+        assert!(matches!(
+            pair(None).await.unwrap(),
+            Err(PairError::WhichBot { .. })
+        ));
+        let code = pair(Some("side")).await.unwrap().unwrap();
+        let access = Access::new(AccessSetup::default(), Some(other.users()));
+        access.load().await.unwrap();
+        let joined = access.redeem(6, None, &code).await.unwrap();
+        assert!(matches!(joined, Redeemed::Joined(Role::Owner, _)));
+        opened.close().await.unwrap();
+    }
+
+    #[test]
+    fn pair_picks_the_named_or_the_only_bot() {
+        let one = [(BotId(7), "main".to_string())];
+        let two = [
+            (BotId(7), "main".to_string()),
+            (BotId(8), "side".to_string()),
+        ];
+        assert_eq!(choose_bot(&[], None).unwrap(), BotId::UNCLAIMED);
+        assert_eq!(choose_bot(&one, None).unwrap(), BotId(7));
+        assert_eq!(choose_bot(&two, Some("side")).unwrap(), BotId(8));
+        assert!(matches!(
+            choose_bot(&two, None),
+            Err(PairError::WhichBot { known }) if known == "main, side"
+        ));
+        assert!(matches!(
+            choose_bot(&one, Some("nope")),
+            Err(PairError::UnknownBot { .. })
+        ));
     }
 
     #[test]

@@ -36,6 +36,10 @@ use serde::Deserialize;
 
 use crate::listener::{LimitSettings, ListenerLimits};
 
+mod labelled;
+
+pub use labelled::render_labelled;
+
 /// Prefix of every metric name.
 #[cfg(test)]
 const PREFIX: &str = "telegate_";

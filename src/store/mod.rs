@@ -123,6 +123,7 @@ mod adoption;
 pub mod agent_sessions;
 pub mod approvals;
 mod batch;
+pub mod bots;
 pub mod buttons;
 pub mod child_groups;
 mod files;

@@ -676,6 +676,18 @@ DROP INDEX jobs_by_chat;
 CREATE INDEX jobs_by_chat ON jobs (bot_id, chat_id, id);
 ";
 
+/// Version 15: the bots that used this store, each under the name and
+/// username it last started with (`bots::record_bot`), so `telegate pair
+/// --bot NAME` finds a bot's id offline, without its token.
+const V15_BOTS: &str = "
+CREATE TABLE bots (
+    bot_id     INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    username   TEXT NOT NULL,
+    started_at INTEGER NOT NULL
+) STRICT;
+";
+
 /// The schema history, oldest first. Append only; see the module docs.
 pub const MIGRATIONS: &[Migration] = &[
     Migration::new("sessions and transcripts", V1_SESSIONS),
@@ -698,6 +710,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new("approval decisions and prompts", V12_APPROVAL_DECISIONS),
     Migration::new("forum topics made for messages", V13_TOPIC_CREATIONS),
     Migration::new("the bot of every row", V14_BOT_IDS),
+    Migration::new("the bots of this store", V15_BOTS),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 

@@ -1,16 +1,15 @@
 //! The Telegram bot from the configuration, built one way:
-//! [`TelegramBot::start`] = `connect` (who we are, the store, a leftover
-//! webhook removed, side by side) → `wire` (access, delivery, the inbox
-//! writer, media, jobs, topics, the engine, the intake and its callbacks)
-//! → `serve` (gone topics, recovery, the scheduler, `/healthz` and
-//! `/metrics`, the sweeps, then updates); and `telegate run` with its
-//! instance lock and signals.
+//! [`TelegramBot::start_bot`] = `connect` (who we are, the store, a
+//! leftover webhook removed, side by side) → `wire` (access, delivery, the
+//! inbox writer, media, jobs, topics, the engine, the intake and its
+//! callbacks) → `serve` (gone topics, recovery, the scheduler, `/healthz`
+//! and `/metrics`, the sweeps, then updates), alone or as one of a
+//! fleet's bots ([`Shared`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use teloxide::requests::Requester;
 use teloxide::types::Me;
 use teloxide::Bot;
@@ -19,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::{Access, AccessSetup};
 use crate::adapter::AdapterConfig;
-use crate::config::{AgentBackend, Config, Updates};
+use crate::config::{AgentBackend, BotConfig, Config, Updates};
 use crate::delivery::{Delivery, TelegramOutbound};
 use crate::engine::{report_lost_processes, AgentSetup, Engine, EngineParts};
 use crate::media::album::AlbumAliases;
@@ -35,36 +34,76 @@ use crate::transport::telegram::inbox_writer::InboxWriter;
 use crate::transport::telegram::intake::Intake;
 use crate::transport::telegram::media::{IntakeMedia, ScratchMediaDir};
 use crate::transport::telegram::topics::{end_gone_topics, TopicOutcomes, Topics};
+use crate::transport::telegram::webhook::WebhookHub;
 use crate::transport::telegram::{
     callback, collect_gauges, polling, prune_inbox_regularly, refresh_inbox_gauges, registration,
     sync_commands, webhook, StartError, TelegramBot,
 };
+use crate::vocab::BotId;
 use crate::wiring::engine::{build_agent_setup, open_store};
 use crate::wiring::tables;
 
 /// Starting the bot the configuration describes (the bot itself knows
 /// nothing of the configuration).
 impl TelegramBot {
-    /// The one way a Telegram bot starts (`telegate run`, every test and
-    /// bench): `connect`, `wire`, `serve`. It answers with `setup`,
-    /// or with the configured agent backend and its tools when `None`
-    /// ([`build_agent_setup`]).
+    /// The file's one bot, alone in its process (tests and benches; `telegate
+    /// run` starts a [`crate::wiring::Fleet`], which does this for one bot).
     pub async fn start(
         config: &Config,
         setup: Option<AgentSetup>,
     ) -> Result<TelegramBot, StartError> {
+        let [bot] = config.bots.as_slice() else {
+            return Err(StartError::Config(format!(
+                "TelegramBot::start runs one bot; the file has {} (a Fleet runs several)",
+                config.bots.len()
+            )));
+        };
+        TelegramBot::start_bot(config, bot, setup, &Shared::Alone).await
+    }
+
+    /// The one way a Telegram bot starts: `connect`, `wire`, `serve`, with
+    /// what it shares with the other bots of its process. It answers with
+    /// `setup`, or with the configured agent backend and its tools when
+    /// `None` ([`build_agent_setup`]).
+    pub async fn start_bot(
+        file: &Config,
+        bot: &BotConfig,
+        setup: Option<AgentSetup>,
+        shared: &Shared,
+    ) -> Result<TelegramBot, StartError> {
+        let config = bot.config(file);
         let setup = match setup {
             Some(setup) => setup,
             None => build_agent_setup(config).map_err(StartError::Config)?,
         };
-        let connected = connect(config).await?;
+        let connected = connect(config, bot, shared).await?;
         let wired = wire(config, connected, setup).await?;
-        serve(config, wired).await
+        serve(config, wired, bot, shared).await
     }
 }
 
+/// What a bot shares with the other bots of its process.
+#[derive(Clone, Debug)]
+pub enum Shared {
+    /// Nothing: the bot opens (and closes) its own store, and serves its
+    /// own webhook and `/healthz` + `/metrics` listeners.
+    Alone,
+    /// One of several bots ([`crate::wiring::Fleet`]): the process's store
+    /// (the bot takes its own rows), the webhook listeners (the bot adds
+    /// its path), and one `/healthz` + `/metrics` listener the fleet serves.
+    InFleet {
+        /// The store, opened once for every bot.
+        store: Store,
+        /// The webhook listeners, bound once per address.
+        webhooks: WebhookHub,
+        /// Whether this bot takes the rows of a database from before
+        /// several bots (the first configured bot does).
+        first: bool,
+    },
+}
+
 /// What start-up learns from outside before anything is built: the bot
-/// (who we are) and the open store.
+/// (who we are) and the open store, its handles on this bot's rows.
 struct Connected {
     bot: Bot,
     me: Me,
@@ -75,13 +114,13 @@ struct Connected {
 /// left behind, which would make getUpdates fail with 409. The three are
 /// independent and overlap; the first error in that order is the one
 /// reported.
-async fn connect(config: &Config) -> Result<Connected, StartError> {
+async fn connect(
+    config: &Config,
+    identity: &BotConfig,
+    shared: &Shared,
+) -> Result<Connected, StartError> {
     let telegram = &config.telegram;
-    let token = telegram
-        .token
-        .as_ref()
-        .ok_or_else(|| StartError::Config("telegram.token is missing".into()))?;
-    let bot = Bot::new(token.expose()).set_api_url(telegram.api_url.clone());
+    let bot = Bot::new(identity.token.expose()).set_api_url(telegram.api_url.clone());
     let leftover_webhook = async {
         match telegram.updates {
             Updates::Polling => registration::remove_leftover_webhook(&bot)
@@ -90,16 +129,39 @@ async fn connect(config: &Config) -> Result<Connected, StartError> {
             Updates::Webhook(_) => Ok(()),
         }
     };
-    let (me, store, leftover_webhook) = tokio::join!(
-        async { bot.get_me().await },
-        open_store(&config.store),
-        leftover_webhook
-    );
+    let store = async {
+        match shared {
+            Shared::Alone => open_store(&config.store).await,
+            Shared::InFleet { store, .. } => Ok(store.clone()),
+        }
+    };
+    let (me, store, leftover_webhook) =
+        tokio::join!(async { bot.get_me().await }, store, leftover_webhook);
     let me = me?;
-    tracing::info!(username = %me.username(), "connected to Telegram");
+    tracing::info!(bot = %identity.name, username = %me.username(), "connected to Telegram");
     let store = store?;
     leftover_webhook?;
+    let store = store.for_bot(own_id(identity, &me));
+    if matches!(shared, Shared::Alone | Shared::InFleet { first: true, .. }) {
+        let adopted = store.adopt_unclaimed_rows(store.bot()).await?;
+        if adopted > 0 {
+            tracing::info!(bot = %identity.name, adopted, "the rows kept before several bots are this bot's");
+        }
+    }
+    // `telegate pair --bot NAME` finds the bot by this.
+    store.record_bot(&identity.name, me.username()).await?;
     Ok(Connected { bot, me, store })
+}
+
+/// The id the bot's rows are kept under: `getMe`'s (which Telegram makes
+/// the token's number; a Bot API that says otherwise is believed, and
+/// logged).
+fn own_id(identity: &BotConfig, me: &Me) -> BotId {
+    let id = i64::try_from(me.id.0).map_or(identity.id, BotId);
+    if id != identity.id {
+        tracing::warn!(bot = %identity.name, token_id = %identity.id, get_me_id = %id, "getMe answers another id than the token's");
+    }
+    id
 }
 
 /// Every component of the bot, built from the configuration, waiting for
@@ -309,7 +371,12 @@ fn inbound_policy(config: &Config, me: &Me, access: Access) -> InboundPolicy {
 /// Run what [`wire`] built: the gone-topics watch, recovery of what the
 /// last run left unfinished, then the scheduler, `/healthz` and
 /// `/metrics`, the sweeps, and updates taken.
-async fn serve(config: &Config, wired: Wired) -> Result<TelegramBot, StartError> {
+async fn serve(
+    config: &Config,
+    wired: Wired,
+    identity: &BotConfig,
+    shared: &Shared,
+) -> Result<TelegramBot, StartError> {
     let Wired {
         bot,
         store,
@@ -337,27 +404,20 @@ async fn serve(config: &Config, wired: Wired) -> Result<TelegramBot, StartError>
     if let Some(jobs) = &jobs {
         start_scheduler(jobs.clone(), &engine, &metrics, stop_intake.clone());
     }
-    let updates_health = UpdatesHealth::default();
-    let health = BotHealth {
-        updates: updates_health.clone(),
-        store: store.health(),
-        scheduler: jobs.as_ref().map(crate::schedule::Jobs::health),
+    let (updates_health, health) = bot_health(&store, jobs.as_ref());
+    let metrics_addr = match shared {
+        Shared::Alone => serve_metrics(config, &metrics, health.clone(), &stop_intake).await?,
+        // The fleet serves every bot's on one listener.
+        Shared::InFleet { .. } => None,
     };
-    let metrics_addr = serve_metrics(config, &metrics, health, &stop_intake).await?;
-    refresh_inbox_gauges(metrics.clone(), store.inbox(), stop_intake.clone());
-    if let Some(worktrees) = engine.runner.worktrees() {
-        crate::transport::telegram::sweep_worktrees_regularly(
-            worktrees,
-            store.sessions(),
-            delivery.clone(),
-            owner.and_then(|o| i64::try_from(o).ok()),
-            stop_intake.clone(),
-        );
-    }
-    prune_inbox_regularly(
-        store.inbox(),
-        config.store.inbox_retention_days,
-        stop_intake.clone(),
+    start_upkeep(
+        config,
+        &engine,
+        &store,
+        &delivery,
+        &metrics,
+        owner,
+        &stop_intake,
     );
     let token_rejected = CancellationToken::new();
     let updates = TakeUpdates {
@@ -366,9 +426,14 @@ async fn serve(config: &Config, wired: Wired) -> Result<TelegramBot, StartError>
         health: updates_health,
         stop: &stop_intake,
         token_rejected: &token_rejected,
+        shared,
     };
     let (intake_task, webhook_addr) = take_updates(config, updates).await?;
     Ok(TelegramBot {
+        name: identity.name.clone(),
+        id: store.bot(),
+        health,
+        owns_store: matches!(shared, Shared::Alone),
         engine,
         delivery,
         store,
@@ -383,6 +448,49 @@ async fn serve(config: &Config, wired: Wired) -> Result<TelegramBot, StartError>
         token_rejected,
         _scratch_media: scratch_media,
     })
+}
+
+/// What `/healthz` reports for the bot, and the update source's part of
+/// it (set by polling).
+fn bot_health(
+    store: &Store,
+    jobs: Option<&crate::schedule::Jobs>,
+) -> (UpdatesHealth, Arc<BotHealth>) {
+    let updates = UpdatesHealth::default();
+    let health = Arc::new(BotHealth {
+        updates: updates.clone(),
+        store: store.health(),
+        scheduler: jobs.map(crate::schedule::Jobs::health),
+    });
+    (updates, health)
+}
+
+/// The bot's regular upkeep until `stop`: the inbox gauges, the
+/// worktree sweep (its owner told of kept work) and inbox pruning.
+fn start_upkeep(
+    config: &Config,
+    engine: &Engine,
+    store: &Store,
+    delivery: &Delivery,
+    metrics: &Metrics,
+    owner: Option<u64>,
+    stop: &CancellationToken,
+) {
+    refresh_inbox_gauges(metrics.clone(), store.inbox(), stop.clone());
+    if let Some(worktrees) = engine.runner.worktrees() {
+        crate::transport::telegram::sweep_worktrees_regularly(
+            worktrees,
+            store.sessions(),
+            delivery.clone(),
+            owner.and_then(|o| i64::try_from(o).ok()),
+            stop.clone(),
+        );
+    }
+    prune_inbox_regularly(
+        store.inbox(),
+        config.store.inbox_retention_days,
+        stop.clone(),
+    );
 }
 
 /// Resume the messages the last run left unfinished, and tell the owners
@@ -411,13 +519,13 @@ async fn recover(intake: &Intake, store: &Store, delivery: &Delivery) -> Result<
 async fn serve_metrics(
     config: &Config,
     metrics: &Metrics,
-    health: BotHealth,
+    health: Arc<BotHealth>,
     stop: &CancellationToken,
 ) -> Result<Option<SocketAddr>, StartError> {
     let Some(listen) = config.metrics.listen else {
         return Ok(None);
     };
-    let server = crate::http::HealthServer::new(metrics.clone(), Arc::new(health));
+    let server = crate::http::HealthServer::new(metrics.clone(), health);
     let limits = config.metrics.limits();
     let (bound, _task) = crate::http::serve(listen, limits, server, stop.clone())
         .await
@@ -433,6 +541,9 @@ struct TakeUpdates<'a> {
     health: UpdatesHealth,
     stop: &'a CancellationToken,
     token_rejected: &'a CancellationToken,
+    /// A fleet's bot takes a path on the fleet's webhook listeners; one
+    /// alone, a listener of its own.
+    shared: &'a Shared,
 }
 
 /// Take updates by polling or through the webhook (registered with
@@ -447,6 +558,7 @@ async fn take_updates(
         health,
         stop,
         token_rejected,
+        shared,
     } = updates;
     // One list for both ways of receiving updates (and for "the webhook is
     // already registered").
@@ -471,9 +583,14 @@ async fn take_updates(
                 path: &webhook.path,
                 limits: webhook.limits,
             };
-            let (bound, task) = webhook::serve(at, webhook.secret.clone(), intake, stop.clone())
-                .await
-                .map_err(|e| StartError::Webhook(e.to_string()))?;
+            let (bound, task) = match shared {
+                Shared::Alone => webhook::serve(at, webhook.secret.clone(), intake, stop.clone())
+                    .await
+                    .map_err(|e| StartError::Webhook(e.to_string()))?,
+                Shared::InFleet { webhooks: hub, .. } => hub
+                    .route(at, webhook.secret.clone(), intake, stop.clone())
+                    .map_err(StartError::Webhook)?,
+            };
             let wanted = registration::WantedWebhook {
                 url: &webhook.public_url,
                 secret: &webhook.secret,
@@ -603,134 +720,4 @@ fn build_media(
         files: files.clone(),
     };
     Ok((media, files, scratch))
-}
-
-/// `telegate run`: start the bot and serve until SIGINT or SIGTERM.
-///
-/// The signal handlers are installed before anything starts and stay
-/// installed: a signal that arrives while the bot starts (recovery and
-/// polling may already be running) leads to the same clean shutdown once
-/// the start is done, instead of the default action killing the process;
-/// and a second signal is never missed, whenever it comes.
-pub async fn run(config: &Config) -> anyhow::Result<()> {
-    run_with(config, false).await
-}
-
-/// `telegate run [--standby]`: like [`run`]; first takes the data
-/// directory's lock ([`crate::instance_lock`]): fails at once naming the
-/// holder, or with `standby` waits until the holder exits.
-pub async fn run_with(config: &Config, standby: bool) -> anyhow::Result<()> {
-    use crate::instance_lock::{InstanceLock, LockError};
-    let stop = watch_signals();
-    let _lock = if config.store.in_memory {
-        None
-    } else if standby {
-        match InstanceLock::acquire_standby(&config.store.data_dir, &stop).await {
-            Ok(lock) => Some(lock),
-            Err(LockError::Cancelled) => return Ok(()),
-            Err(error) => return Err(error.into()),
-        }
-    } else {
-        Some(InstanceLock::acquire(&config.store.data_dir)?)
-    };
-    let bot = TelegramBot::start(config, None)
-        .await
-        .context("the bot could not start")?;
-    crate::systemd::ready();
-    let watchdog = crate::systemd::spawn_watchdog(bot.store.health(), stop.clone());
-    let token_rejected = bot.token_rejected.clone();
-    tokio::select! {
-        () = stop.cancelled() => {}
-        () = token_rejected.cancelled() => {}
-    }
-    crate::systemd::stopping();
-    if let Some(watchdog) = watchdog {
-        // It ends on `stop`; after a rejected token `stop` never comes.
-        watchdog.abort();
-    }
-    bot.shutdown().await;
-    if token_rejected.is_cancelled() {
-        anyhow::bail!(
-            "the bot token was rejected by Telegram (401 Unauthorized, {} times in a row): \
-             it was revoked or is wrong; get the current one from @BotFather",
-            polling::UNAUTHORIZED_LIMIT
-        );
-    }
-    tracing::info!("stopped cleanly");
-    Ok(())
-}
-
-/// Listen for SIGINT and SIGTERM from now on: the first cancels the
-/// returned token, a second exits the process at once (code 130).
-fn watch_signals() -> CancellationToken {
-    let stop = CancellationToken::new();
-    let mut signals = Signals::listen();
-    let first = stop.clone();
-    tokio::spawn(async move {
-        signals.recv().await;
-        tracing::info!("shutting down (send the signal again to exit at once)");
-        first.cancel();
-        signals.recv().await;
-        // SQLite's write-ahead log keeps the database consistent; what
-        // was not finished is resumed on the next start.
-        tracing::warn!("second signal: exiting at once");
-        std::process::exit(130)
-    });
-    stop
-}
-
-/// SIGINT and SIGTERM, registered once. (A listener registered anew after
-/// each signal would miss a signal arriving in between.)
-struct Signals {
-    #[cfg(unix)]
-    interrupt: Option<tokio::signal::unix::Signal>,
-    #[cfg(unix)]
-    terminate: Option<tokio::signal::unix::Signal>,
-}
-
-impl Signals {
-    fn listen() -> Signals {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let listen = |kind: SignalKind, name: &str| match signal(kind) {
-                Ok(listener) => Some(listener),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot listen for {name}");
-                    None
-                }
-            };
-            Signals {
-                interrupt: listen(SignalKind::interrupt(), "SIGINT"),
-                terminate: listen(SignalKind::terminate(), "SIGTERM"),
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            Signals {}
-        }
-    }
-
-    async fn recv(&mut self) {
-        #[cfg(unix)]
-        {
-            async fn next(listener: &mut Option<tokio::signal::unix::Signal>) {
-                let received = match listener {
-                    Some(listener) => listener.recv().await.is_some(),
-                    None => false,
-                };
-                if !received {
-                    std::future::pending::<()>().await;
-                }
-            }
-            tokio::select! {
-                () = next(&mut self.interrupt) => {}
-                () = next(&mut self.terminate) => {}
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

@@ -220,7 +220,8 @@ async fn stop_ends_an_answer_sent_in_parts_and_the_rest_is_never_sent() {
         .expect("the first part quotes the message");
     let store = Store::open_async(settings.config().store.database_path())
         .await
-        .unwrap();
+        .unwrap()
+        .for_bot(telegate::vocab::BotId(fake.config().bot_id));
     let entry = store
         .outbox()
         .reply_of(USER, answered)

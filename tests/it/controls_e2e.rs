@@ -263,7 +263,10 @@ async fn store_in(fake: &FakeBotApi, dir: &Path) -> Store {
     .config()
     .store
     .database_path();
-    Store::open_async(path).await.expect("the store opens")
+    Store::open_async(path)
+        .await
+        .expect("the store opens")
+        .for_bot(telegate::vocab::BotId(fake.config().bot_id))
 }
 
 /// Wait until the private chat of USER has no task running or queued (an

@@ -155,9 +155,12 @@ impl Deployment {
     async fn open_store(&self) -> Store {
         let config =
             Config::load(&self.config, Purpose::Telegram).expect("the test configuration is valid");
+        // The rows of the fake's bot (the bot `getMe` answers for).
+        let bot = config.bots.first().expect("one bot").id;
         Store::open_async(config.store.database_path())
             .await
             .expect("the store opens after the process is gone")
+            .for_bot(bot)
     }
 }
 

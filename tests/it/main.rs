@@ -51,6 +51,7 @@ mod schedule_engine;
 mod sd_notify;
 mod secrets_e2e;
 mod session_split_brain;
+mod several_bots;
 mod store_integrity;
 mod teams_access;
 mod teams_budgets;

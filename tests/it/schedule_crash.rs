@@ -72,9 +72,12 @@ impl Deployment {
 
     async fn open_store(&self) -> Store {
         let config = Config::load(&self.config, Purpose::Telegram).unwrap();
+        // The rows of the fake's bot (the bot `getMe` answers for).
+        let bot = config.bots.first().expect("one bot").id;
         Store::open_async(config.store.database_path())
             .await
             .unwrap()
+            .for_bot(bot)
     }
 }
 

@@ -78,10 +78,27 @@ pub enum StartError {
     /// The session store could not be opened.
     #[error("cannot open the session store: {0}")]
     Store(#[from] crate::store::StoreError),
+    /// One of several bots could not start.
+    #[error("bot {name}: {source}")]
+    Bot {
+        /// The bot's name.
+        name: String,
+        /// Why.
+        source: Box<StartError>,
+    },
 }
 
 /// A running bot: its engine, and how to stop it.
 pub struct TelegramBot {
+    /// Its name (logs, `/metrics`, `/healthz`).
+    pub name: String,
+    /// Its id (`getMe`'s): the key of its rows in the store.
+    pub id: crate::vocab::BotId,
+    /// What `/healthz` reports for it.
+    pub health: std::sync::Arc<health::BotHealth>,
+    /// Whether the store is this bot's own (closed at its shutdown) or the
+    /// fleet's (closed by the fleet once every bot stopped).
+    pub(crate) owns_store: bool,
     /// The session engine behind the bot.
     pub engine: Engine,
     /// The delivery engine (stats).
@@ -151,8 +168,10 @@ impl TelegramBot {
         self.inbox_writer.flush().await;
         self.engine.runner.shutdown_agent().await;
         drop(self.engine);
-        if let Err(error) = self.store.close().await {
-            tracing::warn!(%error, "the store did not close cleanly");
+        if self.owns_store {
+            if let Err(error) = self.store.close().await {
+                tracing::warn!(%error, "the store did not close cleanly");
+            }
         }
     }
 }

@@ -11,11 +11,18 @@
 //! longer than [`MAX_UPDATE_BYTES`] gets 413, one that does not arrive in
 //! time 408 (the connection cap and the read deadlines are
 //! [`crate::listener`]'s, shared with the metrics listener).
+//!
+//! Several bots of one process share a listener per address
+//! ([`WebhookHub`]): each bot's path leads to its own secret and intake, so
+//! a post with one bot's secret on another bot's path is refused like any
+//! wrong secret, and an unknown path is 404.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::routing::post;
 use axum::Router;
 use serde_json::Value;
@@ -59,6 +66,10 @@ fn has_secret(headers: &HeaderMap, secret: &Secret) -> bool {
 }
 
 async fn receive(State(state): State<WebhookState>, request: Request) -> StatusCode {
+    receive_for(&state, request).await
+}
+
+async fn receive_for(state: &WebhookState, request: Request) -> StatusCode {
     // The head first: the body of a request without the secret is never
     // read (answering drops it, and hyper closes the connection).
     if !has_secret(request.headers(), &state.secret) {
@@ -116,6 +127,99 @@ pub async fn serve(
     let (tcp, bound) = listener::bind(at.listen).await?;
     let task = listener::serve(tcp, app, at.limits, "webhook", stop);
     Ok((bound, task))
+}
+
+/// The paths of one shared listener: each bot's secret and intake.
+type Routes = Arc<RwLock<HashMap<String, WebhookState>>>;
+
+/// The webhook listeners of a process running several bots: bound once
+/// per address before the bots start, each bot adding its path
+/// ([`WebhookHub::route`]) and taking it away when it stops.
+#[derive(Clone, Default)]
+pub struct WebhookHub {
+    listeners: Arc<HashMap<SocketAddr, (SocketAddr, Routes)>>,
+}
+
+impl std::fmt::Debug for WebhookHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookHub")
+            .field("listeners", &self.listeners.len())
+            .finish()
+    }
+}
+
+impl WebhookHub {
+    /// Bind each address (with the connection cap and deadlines given
+    /// for it), serving until `stop`: the hub, and the listeners' tasks.
+    pub async fn bind(
+        addresses: &[(SocketAddr, ListenerLimits)],
+        stop: CancellationToken,
+    ) -> std::io::Result<(WebhookHub, Vec<JoinHandle<()>>)> {
+        let mut listeners = HashMap::new();
+        let mut tasks = Vec::new();
+        for (listen, limits) in addresses {
+            if listeners.contains_key(listen) {
+                continue;
+            }
+            let routes: Routes = Arc::default();
+            let app = Router::new()
+                .fallback(receive_routed)
+                .with_state(routes.clone());
+            let (tcp, bound) = listener::bind(*listen).await?;
+            tasks.push(listener::serve(tcp, app, *limits, "webhook", stop.clone()));
+            listeners.insert(*listen, (bound, routes));
+        }
+        let hub = WebhookHub {
+            listeners: Arc::new(listeners),
+        };
+        Ok((hub, tasks))
+    }
+
+    /// Take `at.path` on the listener bound for `at.listen` until `stop`:
+    /// where it listens, and a task that ends once the path is given up.
+    pub fn route(
+        &self,
+        at: WebhookListen<'_>,
+        secret: Secret,
+        intake: Intake,
+        stop: CancellationToken,
+    ) -> Result<(SocketAddr, JoinHandle<()>), String> {
+        let Some((bound, routes)) = self.listeners.get(&at.listen) else {
+            return Err(format!("no webhook listener was bound on {}", at.listen));
+        };
+        let path = at.path.to_string();
+        {
+            let mut table = routes.write().unwrap_or_else(PoisonError::into_inner);
+            if table.contains_key(&path) {
+                return Err(format!("the webhook path {path} on {} is taken", at.listen));
+            }
+            table.insert(path.clone(), WebhookState { intake, secret });
+        }
+        let routes = routes.clone();
+        let task = tokio::spawn(async move {
+            stop.cancelled().await;
+            routes
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&path);
+        });
+        Ok((*bound, task))
+    }
+}
+
+/// A shared listener's request: to the bot whose path it names (404 for
+/// none, 405 for anything but a POST), then as on a bot's own listener.
+async fn receive_routed(State(routes): State<Routes>, request: Request) -> StatusCode {
+    let state = routes
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(request.uri().path())
+        .cloned();
+    match state {
+        None => StatusCode::NOT_FOUND,
+        Some(_) if request.method() != Method::POST => StatusCode::METHOD_NOT_ALLOWED,
+        Some(state) => receive_for(&state, request).await,
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ use telegate::agent::Agent;
 use telegate::config::{Config, Purpose};
 use telegate::engine::AgentSetup;
 use telegate::transport::telegram::{StartError, TelegramBot};
+use telegate::wiring::fleet::Fleet;
 
 use super::fake_bot::FakeBotApi;
 
@@ -65,6 +66,47 @@ impl TestBot {
         }
     }
 
+    /// Several bots in one process, one per fake: `[[bots]]` tables named
+    /// `b0`, `b1`, … with each fake's token and `api_url` (the base has no
+    /// `[telegram]`; [`TestBot::users`] and [`TestBot::approvers`] set
+    /// every bot's). Started with [`TestBot::start_fleet`].
+    pub fn bots(fakes: &[&FakeBotApi]) -> TestBot {
+        let bots: toml::value::Array = fakes
+            .iter()
+            .enumerate()
+            .map(|(index, fake)| {
+                let mut bot = toml::Table::new();
+                bot.insert("name".into(), format!("b{index}").into());
+                bot.insert("token".into(), fake.token().into());
+                bot.insert("api_url".into(), fake.url().to_string().into());
+                bot.into()
+            })
+            .collect();
+        let mut base = toml::Table::new();
+        base.insert("bots".into(), bots.into());
+        TestBot {
+            base,
+            fragments: Vec::new(),
+            agent: None,
+            adjust: Vec::new(),
+        }
+    }
+
+    /// More settings for the `index`th of [`TestBot::bots`]: a TOML
+    /// fragment deep-merged into its `[[bots]]` table.
+    pub fn bot_toml(mut self, index: usize, fragment: impl fmt::Display) -> TestBot {
+        let fragment = fragment.to_string();
+        let table = toml::from_str::<toml::Table>(&fragment)
+            .unwrap_or_else(|error| panic!("test TOML fragment {fragment:?}: {error}"));
+        let bot = self.base["bots"]
+            .as_array_mut()
+            .and_then(|bots| bots.get_mut(index))
+            .and_then(toml::Value::as_table_mut)
+            .expect("TestBot::bot_toml needs TestBot::bots");
+        merge(bot, table);
+        self
+    }
+
     /// `[telegram] allowed_users`.
     pub fn users(self, ids: &[i64]) -> TestBot {
         self.telegram_ids("allowed_users", ids)
@@ -77,10 +119,18 @@ impl TestBot {
 
     fn telegram_ids(mut self, key: &str, ids: &[i64]) -> TestBot {
         let ids: toml::value::Array = ids.iter().map(|&id| id.into()).collect();
-        let telegram = self.base["telegram"]
-            .as_table_mut()
-            .expect("the base's [telegram] is a table");
-        telegram.insert(key.into(), ids.into());
+        let tables: Vec<&mut toml::Table> = match self.base.get_mut("telegram") {
+            Some(telegram) => telegram.as_table_mut().into_iter().collect(),
+            None => self.base["bots"]
+                .as_array_mut()
+                .expect("the base has [telegram] or [[bots]]")
+                .iter_mut()
+                .filter_map(toml::Value::as_table_mut)
+                .collect(),
+        };
+        for table in tables {
+            table.insert(key.into(), ids.clone().into());
+        }
         self
     }
 
@@ -134,6 +184,17 @@ impl TestBot {
         let config = self.config();
         let setup = self.agent.clone().map(AgentSetup::without_tools);
         TelegramBot::start(&config, setup).await
+    }
+}
+
+impl TestBot {
+    /// Start every bot of the configuration as `telegate run` does (one
+    /// alone, several sharing the store and listeners), each with the
+    /// test's agent when it gives one.
+    pub async fn start_fleet(&self) -> Result<Fleet, StartError> {
+        let config = self.config();
+        let agent = self.agent.clone();
+        Fleet::start(&config, |_| agent.clone().map(AgentSetup::without_tools)).await
     }
 }
 
