@@ -43,7 +43,7 @@ pub use inbox::InboxState;
 pub use media::{Attachment, EventMedia, FileCandidate, MediaKind, MediaRef};
 pub use message::{ChatMessage, Role};
 pub use progress::{Progress, ProgressWatch, TurnEnd};
-pub use route::{route, slot_in_topic, KeyPolicy, Route, RouteInput, TopicsMode};
+pub use route::{route, slot_in_topic, KeyPolicy, Route, RouteInput, Slot, TopicsMode};
 pub use session::{ChatType, Platform, SessionKey, SessionSource};
 pub use texts::RESET_HINT;
 pub use url::check_http_url;

@@ -5,15 +5,19 @@
 //! id, forum topic, sender, whether the message sits in a forum's General
 //! topic or starts a conversation with /new) and the [`KeyPolicy`] (group
 //! sessions per user or shared, [`TopicsMode`]), and answers a
-//! [`Route`]: a slot's [`SessionKey`], or "create a topic first" (topics
-//! `auto`). [`SessionKey::for_source`] is this function for a message
-//! already placed, so no other place decides a slot. A bot id can join
-//! [`RouteInput`] as one more field when one process serves several bots.
+//! [`Route`]: a [`Slot`] (the bot, and the conversation's [`SessionKey`]
+//! within it), or "create a topic first" (topics `auto`).
+//! [`SessionKey::for_source`] is this function's key for a message already
+//! placed, so no other place decides a slot. The bot comes first: one
+//! process may serve several bots, and two bots in the same group never
+//! share a slot (each bot's slots live in its own engine, its rows under
+//! its id in the store).
 //!
 //! Pure: no I/O, no state.
 
 use serde::Deserialize;
 
+use super::bot::BotId;
 use super::command::KnownCommand;
 use super::event::MessageEvent;
 use super::session::{ChatType, Platform, SessionKey, SessionSource};
@@ -84,11 +88,20 @@ pub struct RouteInput {
     pub starts_conversation: bool,
 }
 
+/// A session slot: the bot, and the conversation's key within it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// The bot the message was written to.
+    pub bot: BotId,
+    /// The conversation within that bot.
+    pub key: SessionKey,
+}
+
 /// Where a message goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Route {
     /// Run it in this slot.
-    Slot(SessionKey),
+    Slot(Slot),
     /// Topics `auto`: create a forum topic, then route the message again
     /// as written in it.
     CreateTopic,
@@ -130,8 +143,8 @@ impl SessionKey {
     }
 }
 
-/// The slot of one message (see the module docs).
-pub fn route(input: &RouteInput, policy: KeyPolicy) -> Route {
+/// The slot of one message written to `bot` (see the module docs).
+pub fn route(bot: BotId, input: &RouteInput, policy: KeyPolicy) -> Route {
     let forum_message = input.chat_type == ChatType::Supergroup
         && (input.in_general_topic || input.thread_id.is_some());
     if policy.topics == TopicsMode::Auto
@@ -140,7 +153,10 @@ pub fn route(input: &RouteInput, policy: KeyPolicy) -> Route {
     {
         return Route::CreateTopic;
     }
-    Route::Slot(slot_key(input, policy))
+    Route::Slot(Slot {
+        bot,
+        key: slot_key(input, policy),
+    })
 }
 
 /// Whether `key` is a slot of the topic `thread` of `source`'s chat (a
@@ -191,10 +207,11 @@ fn slot_key(input: &RouteInput, policy: KeyPolicy) -> SessionKey {
 
 #[cfg(test)]
 mod tests {
-    use super::{route, KeyPolicy, Route, RouteInput, TopicsMode};
-    use crate::vocab::{ChatType, Platform, SessionKey, SessionSource};
+    use super::{route, KeyPolicy, Route, RouteInput, Slot, TopicsMode};
+    use crate::vocab::{BotId, ChatType, Platform, SessionKey, SessionSource};
 
     const USER: u64 = 42;
+    const BOT: BotId = BotId(777);
 
     fn input(chat_type: ChatType, chat_id: i64, thread: Option<i32>) -> RouteInput {
         RouteInput {
@@ -216,7 +233,10 @@ mod tests {
     }
 
     fn slot(key: &str) -> Route {
-        Route::Slot(SessionKey::from_raw(key))
+        Route::Slot(Slot {
+            bot: BOT,
+            key: SessionKey::from_raw(key),
+        })
     }
 
     /// Every case of issue 27's item 4: (what, input, policy, route).
@@ -401,8 +421,53 @@ mod tests {
             ),
         ];
         for (what, input, policy, expected) in cases {
-            assert_eq!(route(&input, policy), expected, "{what}");
+            assert_eq!(route(BOT, &input, policy), expected, "{what}");
         }
+    }
+
+    /// Two bots in the same group (one process serving both): the same
+    /// chat, topic and sender are two slots, each bot's own, whatever the
+    /// group and topic modes.
+    #[test]
+    fn two_bots_in_the_same_group_never_share_a_slot() {
+        use ChatType::{Group, Supergroup};
+        use TopicsMode::{Auto, Off, PerTopic};
+        let (one, two) = (BotId(1), BotId(2));
+        for (input, policy) in [
+            (input(Group, -100, None), policy(false, PerTopic)),
+            (input(Group, -100, None), policy(true, Off)),
+            (input(Supergroup, -1001, Some(7)), policy(false, Auto)),
+            (input(Supergroup, -1001, Some(7)), policy(true, PerTopic)),
+        ] {
+            let (Route::Slot(a), Route::Slot(b)) =
+                (route(one, &input, policy), route(two, &input, policy))
+            else {
+                panic!("a placed message has a slot");
+            };
+            assert_eq!((a.bot, b.bot), (one, two));
+            assert_eq!(a.key, b.key, "the key is the conversation within its bot");
+            assert_ne!(a, b);
+        }
+        // "Create a topic first" is each bot's own answer too.
+        let general = RouteInput {
+            in_general_topic: true,
+            ..input(Supergroup, -1001, None)
+        };
+        assert_eq!(
+            route(one, &general, policy(false, Auto)),
+            Route::CreateTopic
+        );
+        assert_eq!(
+            route(two, &general, policy(false, Off)),
+            slot_of(two, "agent:main:telegram:supergroup:-1001")
+        );
+    }
+
+    fn slot_of(bot: BotId, key: &str) -> Route {
+        Route::Slot(Slot {
+            bot,
+            key: SessionKey::from_raw(key),
+        })
     }
 
     #[test]
@@ -416,7 +481,10 @@ mod tests {
         let key = SessionKey::for_source(&source, KeyPolicy::default());
         assert_eq!(key.as_str(), "agent:main:telegram:supergroup:-1001:7:42");
         let input = RouteInput::placed(&source);
-        assert_eq!(route(&input, KeyPolicy::default()), Route::Slot(key));
+        assert_eq!(
+            route(BOT, &input, KeyPolicy::default()),
+            Route::Slot(Slot { bot: BOT, key })
+        );
     }
 
     #[test]

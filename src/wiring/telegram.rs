@@ -260,6 +260,7 @@ async fn build_services(
     .map_err(StartError::Config)?;
     let jobs = build_jobs(config, store, &metrics, Arc::new(access.clone()))?;
     let topics = Topics::new(
+        store.bot(),
         config.adapter_config().key_policy,
         delivery.clone(),
         Arc::new(TelegramOutbound::new(

@@ -37,8 +37,9 @@ use crate::reply::DeliveryError;
 use crate::reply::{Outbound, Reply};
 use crate::store::{TopicClaim, TopicCreations};
 use crate::vocab::{
-    route, slot_in_topic, Button, ButtonAction, ChatType, JobButton, KeyPolicy, KnownCommand,
-    MessageEvent, MessageKind, Platform, Route, RouteInput, SessionSource, TopicsMode,
+    route, slot_in_topic, BotId, Button, ButtonAction, ChatType, JobButton, KeyPolicy,
+    KnownCommand, MessageEvent, MessageKind, Platform, Route, RouteInput, SessionSource,
+    TopicsMode,
 };
 
 /// Telegram's limit on a topic's name (1-128 characters).
@@ -111,6 +112,8 @@ struct Naming {
 
 /// The forum topics of one bot.
 pub struct Topics {
+    /// The bot the topics are made by (the first coordinate of a slot).
+    bot: BotId,
     policy: KeyPolicy,
     delivery: Delivery,
     /// Replies with buttons (a closed topic's jobs).
@@ -124,12 +127,14 @@ pub struct Topics {
 impl Topics {
     /// Topics under `policy` (its `topics` mode), created through `delivery`.
     pub fn new(
+        bot: BotId,
         policy: KeyPolicy,
         delivery: Delivery,
         outbound: Arc<dyn Outbound>,
         creations: TopicCreations,
     ) -> Arc<Topics> {
         Arc::new(Topics {
+            bot,
             policy,
             delivery,
             outbound,
@@ -149,7 +154,7 @@ impl Topics {
         if self.policy.topics != TopicsMode::Auto || event.internal {
             return event;
         }
-        if route(&RouteInput::arrived(&event), self.policy) != Route::CreateTopic {
+        if route(self.bot, &RouteInput::arrived(&event), self.policy) != Route::CreateTopic {
             self.note_first_message(&event);
             return event;
         }
