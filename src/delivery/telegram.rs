@@ -55,6 +55,7 @@ use teloxide::types::{
     ChatAction, ChatId, InlineKeyboardMarkup, MessageId, ReplyParameters, ThreadId,
 };
 use teloxide::{ApiError, Bot, RequestError};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -93,6 +94,15 @@ pub struct DeliveryConfig {
     /// them as a Markdown file (`[delivery] max_answer_parts`).
     pub max_answer_parts: usize,
 }
+
+/// At most this many of a bot's normal requests are in flight at once
+/// (control requests, one per chat at most, are not counted, so a /stop's
+/// answer never waits behind them). Without a cap, a bot answering a burst
+/// of chats with pacing turned off opened one connection per chat (80 per
+/// bot, 8,000 descriptors for 50 bots in `cargo bench --bench bots`):
+/// memory, descriptors and connection set-up grew with the burst, and
+/// each in-flight request beyond a few dozen only waits at Telegram.
+pub const MAX_IN_FLIGHT: usize = 16;
 
 /// The longest wait between two attempts of a transient failure.
 pub const MAX_BACKOFF: Duration = Duration::from_millis(200 * (1 << 7));
@@ -142,6 +152,8 @@ struct DeliveryInner {
     /// Told of every forum topic a request found closed or deleted
     /// ([`Delivery::watch_gone_topics`]).
     gone_topics: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(i64, i32)>>>,
+    /// [`MAX_IN_FLIGHT`] permits for normal requests.
+    in_flight: Arc<Semaphore>,
 }
 
 /// The delivery engine (cheap to clone).
@@ -274,6 +286,7 @@ impl Delivery {
                 config,
                 chat_lanes: Arc::default(),
                 gone_topics: Mutex::new(None),
+                in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             }),
         }
     }
@@ -477,7 +490,7 @@ impl Delivery {
         target: ChatTarget,
         priority: Priority,
         mut withdrawn: Pin<&mut impl Future<Output = ()>>,
-    ) -> Result<ChatTurn, DeliveryError> {
+    ) -> Result<(ChatTurn, Option<OwnedSemaphorePermit>), DeliveryError> {
         let waited = Instant::now();
         let turn = tokio::select! {
             biased;
@@ -490,6 +503,14 @@ impl Delivery {
             _ = withdrawn.as_mut() => return Err(DeliveryError::Withdrawn),
             _ = self.pace(target, priority) => {}
         }
+        let permit = match priority {
+            Priority::Control => None,
+            Priority::Normal => tokio::select! {
+                biased;
+                _ = withdrawn.as_mut() => return Err(DeliveryError::Withdrawn),
+                permit = Arc::clone(&self.inner.in_flight).acquire_owned() => permit.ok(),
+            },
+        };
         if priority == Priority::Control {
             let sent = Instant::now();
             let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
@@ -499,17 +520,18 @@ impl Delivery {
                 s.control_pace_wait_us += micros(sent - paced);
             });
         }
-        Ok(turn)
+        Ok((turn, permit))
     }
 
     /// One attempt of `request`, in a task of its own (it runs to its
-    /// answer even if the caller goes away) holding the chat's `turn`; a
-    /// 429 holds the chat for the wait Telegram asked. A panic in it is
+    /// answer even if the caller goes away) holding the chat's `turn` and
+    /// its in-flight permit; a 429 holds the chat for the wait Telegram
+    /// asked. A panic in it is
     /// the caller's; a runtime shutting down is `Unavailable`.
     async fn attempt<T, E, Fut>(
         &self,
         target: ChatTarget,
-        turn: ChatTurn,
+        turn: (ChatTurn, Option<OwnedSemaphorePermit>),
         request: Fut,
     ) -> Result<Result<T, AttemptError>, DeliveryError>
     where

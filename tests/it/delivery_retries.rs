@@ -7,7 +7,8 @@
 //! was sent) and a connection closed after the request was read (it may
 //! have been). Against the fake Bot API: a send answered 500, one that
 //! hangs, one answered with garbage, and the probe that says when Telegram
-//! answers again.
+//! answers again. And the cap on a bot's requests in flight, which a control
+//! request goes past.
 
 use crate::support;
 
@@ -18,7 +19,9 @@ use std::time::Duration;
 use support::fake_bot::{Failure, FakeBotApi};
 use telegate::delivery::api::AttemptError;
 use telegate::delivery::render;
-use telegate::delivery::telegram::{transient_backoff, Idempotence, Priority, MAX_BACKOFF};
+use telegate::delivery::telegram::{
+    transient_backoff, Idempotence, Priority, MAX_BACKOFF, MAX_IN_FLIGHT,
+};
 use telegate::delivery::{ChatTarget, Delivery, DeliveryConfig, RateLimits};
 use telegate::reply::{DeliveryError, Reply};
 use teloxide::types::Seconds;
@@ -614,4 +617,81 @@ async fn waiting_for_telegram_ends_with_the_first_answer_of_the_api() {
         .await
         .expect("an API error ends the wait");
     assert_eq!(fake.calls_to("getMe").len(), 5);
+}
+
+/// What the held requests of [`in_flight_is_capped_and_control_goes_past`]
+/// saw: how many ran at once, at most, and whether the control one ran.
+#[derive(Default)]
+struct Held {
+    now: AtomicU32,
+    most: AtomicU32,
+    control_ran: std::sync::atomic::AtomicBool,
+}
+
+#[tokio::test]
+async fn in_flight_is_capped_and_control_goes_past() {
+    let delivery = delivery(1);
+    let held = Arc::new(Held::default());
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let sends = (0..(MAX_IN_FLIGHT as i64 + 24)).map(|chat| {
+        let (delivery, held, release) = (delivery.clone(), held.clone(), release.clone());
+        tokio::spawn(async move {
+            let target = ChatTarget {
+                chat_id: 100 + chat,
+                ..CHAT
+            };
+            delivery
+                .call_with(target, Idempotence::Unsafe, Priority::Normal, move |_| {
+                    let (held, release) = (held.clone(), release.clone());
+                    async move {
+                        let now = held.now.fetch_add(1, Ordering::SeqCst) + 1;
+                        held.most.fetch_max(now, Ordering::SeqCst);
+                        let _permit = release.acquire().await;
+                        held.now.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<u32, RequestError>(1)
+                    }
+                })
+                .await
+        })
+    });
+    let sends: Vec<_> = sends.collect();
+    let started = std::time::Instant::now();
+    while held.now.load(Ordering::SeqCst) < MAX_IN_FLIGHT as u32 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the sends never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        held.most.load(Ordering::SeqCst),
+        MAX_IN_FLIGHT as u32,
+        "no more than the cap is in flight"
+    );
+    // A control request (a /stop's answer) is not behind the held ones.
+    let control = {
+        let held = held.clone();
+        delivery.call_with(CHAT, Idempotence::Unsafe, Priority::Control, move |_| {
+            let held = held.clone();
+            async move {
+                held.control_ran.store(true, Ordering::SeqCst);
+                Ok::<u32, RequestError>(2)
+            }
+        })
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(5), control)
+        .await
+        .expect("the control request is not held behind the cap");
+    assert_eq!(answer.expect("sent"), Some(2));
+    assert!(held.control_ran.load(Ordering::SeqCst));
+    release.add_permits(1000);
+    for send in sends {
+        let answer = tokio::time::timeout(Duration::from_secs(10), send)
+            .await
+            .expect("every held send finishes once released")
+            .expect("no panic");
+        assert_eq!(answer.expect("sent"), Some(1));
+    }
+    assert_eq!(held.most.load(Ordering::SeqCst), MAX_IN_FLIGHT as u32);
 }

@@ -242,6 +242,12 @@ impl FakeBotApi {
         self.shared.lock().calls.iter().filter(|c| pred(c)).count()
     }
 
+    /// How many calls were recorded so far (a mark for
+    /// [`FakeBotApi::count_answered_calls_since`]), without copying them.
+    pub fn calls_len(&self) -> usize {
+        self.shared.lock().calls.len()
+    }
+
     /// Counts answered calls matching `pred` incrementally (a waiter then
     /// does not scan every call again after each new one): the calls at the
     /// indices in `pending` (still unanswered at the last look) and those
