@@ -5,7 +5,7 @@
 //! Everything is measured on the binary cargo built for this bench, and
 //! the profile it was built with is printed beside each figure:
 //! `cargo bench --bench footprint` measures the bench profile (the
-//! `release` settings: parallel codegen, thin local LTO, symbols kept);
+//! `release` settings: parallel codegen, thin LTO, symbols kept);
 //! `cargo bench --bench footprint --profile dist` measures what ships
 //! (whole-program LTO, one codegen unit, stripped). Prints figures and
 //! targets; asserts nothing (these machines are noisy).
