@@ -14,10 +14,14 @@
 //! 100 trials each; then the same again with a turn already streaming in
 //! another chat (its preview edited once a second meanwhile).
 //!
-//! Trials run one after another, each in one of a few chats spaced out so
-//! no trial waits for its chat's own pacing from the trial before (the
+//! Trials run one after another, each in one of a few dozen chats in turn
+//! so no trial waits for its chat's own pacing from the trial before (the
 //! previous message's answer is long out): the delay measured is the one a
-//! user sees typing a message a few seconds after the last answer.
+//! user sees typing a message a few seconds after the last answer. A trial
+//! ends at its first text; its answer follows at the chat's pacing (about
+//! a second later), and every chat's answer is checked at the end of the
+//! series (a missing one counts as lost). Waiting for each answer in turn
+//! made a run take ten minutes.
 //! telegate's CPU per trial (its runtime and store threads) is printed
 //! beside it. Target: p99 ≤ 50 ms. Asserts nothing about time.
 
@@ -42,11 +46,12 @@ use telegate::transport::telegram::TelegramBot;
 
 const TRIALS: usize = 100;
 /// Chats the trials rotate over: each trial's chat last spoke a few
-/// seconds before (well past the 1 s per-chat pacing), a group at most
-/// a few times a minute (within its 20 per minute).
-const DM_CHATS: i64 = 20;
+/// seconds before (its previous answer, sent about a second after its
+/// first text at the chat's pacing, long out), a group at most a few times
+/// a minute (within its 20 per minute).
+const DM_CHATS: i64 = 40;
 const GROUP_CHATS: i64 = 50;
-/// Between two trials: the previous answer's last request has settled.
+/// Between two trials (a trial ends at its first text).
 const GAP: Duration = Duration::from_millis(60);
 const TARGET_P99: Duration = Duration::from_millis(50);
 const FIRST_TEXT: &str = "Sure thing";
@@ -142,38 +147,55 @@ impl Chat {
     }
 }
 
-fn answered(calls: &[RecordedCall], chat: i64, after: u64) -> bool {
-    calls.iter().any(|c| {
-        c.seq >= after
-            && c.chat_id() == Some(chat)
-            && matches!(c.method.as_str(), "sendMessage" | "editMessageText")
-            && c.text().is_some_and(|t| t.contains("done."))
-            && c.outcome.is_ok()
-    })
+fn answered(call: &RecordedCall, chat: i64, after: u64) -> bool {
+    call.seq >= after
+        && call.chat_id() == Some(chat)
+        && matches!(call.method.as_str(), "sendMessage" | "editMessageText")
+        && call.text().is_some_and(|t| t.contains("done."))
+        && call.outcome.is_ok()
 }
 
+/// The `seq` the next recorded call gets (calls are numbered from 0).
 fn next_seq(fake: &FakeBotApi) -> u64 {
-    fake.calls().last().map_or(0, |c| c.seq + 1)
+    fake.calls_len() as u64
 }
 
-/// One trial: a message, the first preview, the answer. The latency from
-/// the update handed out to the first preview, if both were seen.
+/// One trial: a message, then its first request showing model text. The
+/// latency from the update handed out to that request, if both were seen.
+/// The answer is not waited for here (it follows about a second later, at
+/// the chat's pacing): [`series`] checks every answer at its end.
 async fn trial(fake: &FakeBotApi, kind: Chat, chat: i64) -> Option<Duration> {
     let after = next_seq(fake);
     let id = kind.push(fake, chat, "hello there");
-    let done = fake
-        .wait_for(
-            |calls| answered(calls, chat, after),
-            Duration::from_secs(30),
-        )
-        .await;
+    let shown =
+        |fake: &FakeBotApi| fake.count_calls(|c| c.seq >= after && kind.shows_text(c, chat)) > 0;
+    if !fake.wait_until(shown, Duration::from_secs(30)).await {
+        return None;
+    }
     let handed_out = fake.handed_out_at(id)?;
     let shown = fake
-        .calls()
+        .calls_to("sendMessageDraft")
+        .into_iter()
+        .chain(fake.calls_to("sendMessage"))
+        .filter(|c| c.seq >= after && kind.shows_text(c, chat))
+        .map(|c| c.at)
+        .min()?;
+    Some(shown.saturating_duration_since(handed_out))
+}
+
+/// Waits until every chat in `chats` has its answer (sent after `after`);
+/// returns how many never got one.
+async fn unanswered(fake: &FakeBotApi, chats: &[i64], after: u64) -> usize {
+    let all = |fake: &FakeBotApi| {
+        chats
+            .iter()
+            .all(|&chat| fake.count_calls(|c| answered(c, chat, after)) > 0)
+    };
+    fake.wait_until(all, Duration::from_secs(60)).await;
+    chats
         .iter()
-        .find(|c| c.seq >= after && kind.shows_text(c, chat))
-        .map(|c| c.at)?;
-    done.then(|| shown.saturating_duration_since(handed_out))
+        .filter(|&&chat| fake.count_calls(|c| answered(c, chat, after)) == 0)
+        .count()
 }
 
 struct Series {
@@ -185,22 +207,29 @@ struct Series {
 async fn series(fake: &FakeBotApi, kind: Chat, round: i64) -> Series {
     // Every chat of the rotation known first (its session made), so the
     // trials measure a message in an ongoing conversation.
-    for n in 0..kind.rotation() {
-        let chat = kind.id(round * 1000 + n);
-        trial(fake, kind, chat).await;
+    let chats: Vec<i64> = (0..kind.rotation())
+        .map(|n| kind.id(round * 1000 + n))
+        .collect();
+    let after = next_seq(fake);
+    for &chat in &chats {
+        kind.push(fake, chat, "hello there");
     }
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    unanswered(fake, &chats, after).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     let cpu_before = ThreadCpu::now();
+    let after = next_seq(fake);
     let mut latencies = Vec::with_capacity(TRIALS);
     let mut lost = 0;
     for t in 0..TRIALS {
-        let chat = kind.id(round * 1000 + t as i64 % kind.rotation());
+        let chat = chats[t % chats.len()];
         match trial(fake, kind, chat).await {
             Some(latency) => latencies.push(latency),
             None => lost += 1,
         }
         tokio::time::sleep(GAP).await;
     }
+    // Every trial's answer came too (each chat's last one at least).
+    lost += unanswered(fake, &chats, after).await;
     let telegate_cpu = ThreadCpu::now().since(&cpu_before).telegate();
     latencies.sort();
     Series {

@@ -35,6 +35,7 @@ use teloxide::requests::{JsonRequest, Payload, Request};
 use teloxide::types::{MessageEntity, True};
 
 use super::entity::{to_telegram, FormattedText};
+use super::ratelimit::Priority;
 use super::telegram::{ChatTarget, Delivery, Idempotence};
 use crate::reply::DeliveryError;
 use crate::vocab::{ChatType, SessionSource};
@@ -140,16 +141,18 @@ impl Payload for SendMessageDraft {
     const NAME: &'static str = "sendMessageDraft";
 }
 
-/// Show `chunk` as draft `draft_id` (non-zero) in the chat of `target`.
+/// Show `chunk` as draft `draft_id` (non-zero) in the chat of `target`
+/// (`priority`: [`Priority::FirstText`] for a turn's first draft).
 pub async fn send_draft(
     delivery: &Delivery,
     target: ChatTarget,
     draft_id: i64,
     chunk: &FormattedText,
+    priority: Priority,
 ) -> Result<(), DeliveryError> {
     let entities = to_telegram(&chunk.entities);
     delivery
-        .call(target, Idempotence::Safe, |plain| {
+        .call_with(target, Idempotence::Safe, priority, |plain| {
             JsonRequest::new(
                 delivery.bot().clone(),
                 SendMessageDraft {

@@ -54,7 +54,7 @@ impl ChatLanes {
                 let (tx, rx) = oneshot::channel();
                 match priority {
                     Priority::Control => lane.control.push_back(tx),
-                    Priority::Normal => lane.normal.push_back(tx),
+                    Priority::Normal | Priority::FirstText => lane.normal.push_back(tx),
                 }
                 rx
             };

@@ -380,12 +380,17 @@ impl PreviewLoop {
             return ControlFlow::Continue(());
         };
         let target = self.target;
+        let priority = if self.drafted {
+            Priority::Normal
+        } else {
+            Priority::FirstText
+        };
         // A draft waiting for its turn when the turn is stopped
         // is dropped, like an edit.
         let result = tokio::select! {
             biased;
             _ = self.halt.cancelled() => return ControlFlow::Break(()),
-            result = send_draft(&self.delivery, target, stream.id, formatted) => result,
+            result = send_draft(&self.delivery, target, stream.id, formatted, priority) => result,
         };
         match result {
             Ok(()) => {
@@ -426,7 +431,7 @@ impl PreviewLoop {
                     target,
                     formatted,
                     None,
-                    Priority::Normal,
+                    Priority::FirstText,
                     withdraw,
                     markup,
                 )

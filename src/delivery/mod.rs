@@ -35,6 +35,7 @@ pub mod draft;
 pub mod entity;
 pub mod files;
 pub mod final_answer;
+mod global_window;
 pub mod keyboard;
 mod lanes;
 pub mod live;

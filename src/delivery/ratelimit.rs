@@ -29,10 +29,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::time::{Duration, Instant};
 
+use super::global_window::{SendWindow, MAX_COUNTED_PER_SECOND, WINDOW as GLOBAL_WINDOW};
+
 /// The window over which the group limit counts messages.
 const GROUP_WINDOW: Duration = Duration::from_secs(60);
-/// The window over which the global limit counts messages.
-const GLOBAL_WINDOW: Duration = Duration::from_secs(1);
 /// Upper bound for `per_chat_interval`, so that time arithmetic can never
 /// overflow however the limits are configured.
 const MAX_CHAT_INTERVAL: Duration = Duration::from_secs(3600);
@@ -55,6 +55,11 @@ pub enum Priority {
     /// Everything else that must be delivered: paced one per
     /// `per_chat_interval`, always leaving a token for a control reply.
     Normal,
+    /// A turn's first visible text (its first draft or preview): paced in
+    /// its chat as [`Priority::Normal`], but without the global spacing,
+    /// like a control reply (how soon the answer starts moving is what a
+    /// user feels first; another chat's stream must not sit in front).
+    FirstText,
 }
 
 /// Telegram's flood limits, as the limiter should respect them.
@@ -172,6 +177,10 @@ pub struct RateLimiter {
     global_bursts: BTreeMap<Instant, Instant>,
     /// Nothing at all before this instant (after a global 429).
     global_blocked_until: Option<Instant>,
+    /// Every send of the last second and after, counted, so that a control
+    /// reply can go without the spacing (`None` if the global limit is off
+    /// or above [`MAX_COUNTED_PER_SECOND`]: control replies are spaced too).
+    window: Option<SendWindow>,
     reservations_since_prune: usize,
     /// Reservations to make before the next automatic prune: as many as
     /// chats were left by the last one (at least a minimum), fixed at that
@@ -198,6 +207,9 @@ impl RateLimiter {
             chats: HashMap::new(),
             global_bursts: BTreeMap::new(),
             global_blocked_until: None,
+            window: (1..=MAX_COUNTED_PER_SECOND)
+                .contains(&limits.global_per_second)
+                .then(SendWindow::default),
             reservations_since_prune: 0,
             reservations_between_prunes: MIN_RESERVATIONS_BETWEEN_PRUNES,
         }
@@ -219,8 +231,11 @@ impl RateLimiter {
 
     /// [`reserve`](Self::reserve) for a request of the given priority: a
     /// control reply may go before `per_chat_interval` has passed, using
-    /// the token ordinary sends leave in the chat's burst bucket. Group,
-    /// global and `retry_after` limits apply to every priority.
+    /// the token ordinary sends leave in the chat's burst bucket, and
+    /// without the global spacing, as soon as every one-second window
+    /// around it has room (it never queues behind other chats' spaced
+    /// sends). Group, global and `retry_after` limits apply to every
+    /// priority.
     pub fn reserve_with(
         &mut self,
         chat: i64,
@@ -234,8 +249,13 @@ impl RateLimiter {
         if let Some(blocked_until) = self.global_blocked_until {
             send_at = send_at.max(blocked_until);
         }
-        send_at = self.earliest_global_slot(send_at);
-        self.book_global(send_at);
+        let most = self.limits.global_per_second;
+        let unspaced = priority != Priority::Normal && self.window.is_some();
+        send_at = match &self.window {
+            Some(window) if unspaced => window.earliest_with_room(send_at, most),
+            _ => self.earliest_spaced_slot(send_at),
+        };
+        self.book_global(send_at, unspaced);
         self.book_chat(chat, is_group, send_at);
         send_at
     }
@@ -271,10 +291,10 @@ impl RateLimiter {
                 }
             }
         }
-        if self.earliest_global_slot(now) != now {
+        if self.earliest_spaced_slot(now) != now {
             return false;
         }
-        self.book_global(now);
+        self.book_global(now, false);
         let state = self.chats.entry(chat).or_default();
         state.take_token(now, interval);
         if is_group && group_limit > 0 {
@@ -345,9 +365,9 @@ impl RateLimiter {
         let mut earliest = now;
         let need = match priority {
             Priority::Control => 1.0,
-            Priority::Normal => 2.0,
+            Priority::Normal | Priority::FirstText => 2.0,
         };
-        if priority == Priority::Normal {
+        if priority != Priority::Control {
             if let Some(last_send) = state.last_send {
                 earliest = earliest.max(after(last_send, interval));
             }
@@ -365,6 +385,24 @@ impl RateLimiter {
             }
         }
         earliest
+    }
+
+    /// The earliest instant at or after `earliest` for a send that keeps
+    /// the global spacing: one spacing away from every booked send and,
+    /// within a second of an unspaced send, in windows with room.
+    fn earliest_spaced_slot(&self, earliest: Instant) -> Instant {
+        let mut slot = self.earliest_global_slot(earliest);
+        if let Some(window) = &self.window {
+            let most = self.limits.global_per_second;
+            while window.unspaced_near(slot) {
+                let roomy = window.earliest_with_room(slot, most);
+                if roomy == slot {
+                    break;
+                }
+                slot = self.earliest_global_slot(roomy);
+            }
+        }
+        slot
     }
 
     /// The earliest instant at or after `earliest` that is at least one
@@ -389,8 +427,12 @@ impl RateLimiter {
     }
 
     /// Adds a send at `send_at` to the burst calendar, merging bursts that
-    /// it brings within two spacings of each other.
-    fn book_global(&mut self, send_at: Instant) {
+    /// it brings within two spacings of each other, and to the counted
+    /// window (`unspaced`: booked without the spacing).
+    fn book_global(&mut self, send_at: Instant, unspaced: bool) {
+        if let Some(window) = &mut self.window {
+            window.book(send_at, unspaced);
+        }
         let Some(spacing) = self.global_spacing else {
             return;
         };
@@ -432,6 +474,9 @@ impl RateLimiter {
     /// Drops bursts that ended at least a spacing before `now`: no send at
     /// or after `now` can be too close to them. Amortised O(1).
     fn forget_past_bursts(&mut self, now: Instant) {
+        if let Some(window) = &mut self.window {
+            window.forget_before(now);
+        }
         let Some(spacing) = self.global_spacing else {
             return;
         };
@@ -548,6 +593,65 @@ mod tests {
     }
 
     #[test]
+    fn a_control_reply_goes_past_spaced_sends_within_the_window() {
+        let now = Instant::now();
+        let mut limiter = RateLimiter::default();
+        for chat in 0..10 {
+            limiter.reserve(chat, false, now);
+        }
+        // Ten ordinary sends spaced over 300 ms: a control reply to another
+        // chat does not queue behind them.
+        assert_eq!(limiter.reserve_with(99, false, now, Priority::Control), now);
+        // The next ordinary send keeps its spacing after the ten.
+        let next = limiter.reserve(50, false, now);
+        assert!(next >= now + ms(333), "{:?}", next - now);
+    }
+
+    #[test]
+    fn a_first_text_skips_the_spacing_but_not_its_chats_pacing() {
+        let now = Instant::now();
+        let mut limiter = RateLimiter::default();
+        let times: Vec<Instant> = (0..10)
+            .map(|chat| limiter.reserve(chat, false, now))
+            .collect();
+        assert_eq!(
+            limiter.reserve_with(99, false, now, Priority::FirstText),
+            now
+        );
+        // In its own chat it is an ordinary send: an interval after the last.
+        assert_eq!(
+            limiter.reserve_with(3, false, now, Priority::FirstText),
+            times[3] + Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn a_control_reply_waits_for_a_full_window() {
+        let now = Instant::now();
+        let mut limiter = RateLimiter::default();
+        let times: Vec<Instant> = (0..30)
+            .map(|chat| limiter.reserve(chat, false, now))
+            .collect();
+        assert!(times[29] < now + Duration::from_secs(1));
+        // Thirty in [now, now + 1 s): the reply goes when the first leaves.
+        assert_eq!(
+            limiter.reserve_with(99, false, now, Priority::Control),
+            now + Duration::from_secs(1)
+        );
+        // An ordinary send near the unspaced one counts it too.
+        let later = limiter.reserve(98, false, now + Duration::from_secs(1));
+        let in_window = times
+            .iter()
+            .chain([now + Duration::from_secs(1)].iter())
+            .filter(|t| **t + Duration::from_secs(1) > later)
+            .count();
+        assert!(
+            in_window < 30,
+            "{in_window} sends in the window before {later:?}"
+        );
+    }
+
+    #[test]
     fn retry_after_holds_back_only_that_chat() {
         let now = Instant::now();
         let until = now + Duration::from_secs(30);
@@ -643,6 +747,12 @@ mod tests {
         Reserve {
             chat: i64,
             advance: Duration,
+            priority: Priority,
+        },
+        /// A typing action: booked only if it needs no wait.
+        TryNow {
+            chat: i64,
+            advance: Duration,
         },
         RetryAfter {
             chat: Option<i64>,
@@ -657,8 +767,12 @@ mod tests {
     fn operation() -> impl Strategy<Value = Operation> {
         let advance = prop_oneof![Just(0u64), 0u64..50, 0u64..1_500, 0u64..70_000].prop_map(ms);
         prop_oneof![
-            12 => (0i64..6, advance.clone())
-                .prop_map(|(chat, advance)| Operation::Reserve { chat, advance }),
+            10 => (0i64..6, advance.clone())
+                .prop_map(|(chat, advance)| Operation::Reserve { chat, advance, priority: Priority::Normal }),
+            3 => (0i64..6, advance.clone(), prop::sample::select(vec![Priority::Control, Priority::FirstText]))
+                .prop_map(|(chat, advance, priority)| Operation::Reserve { chat, advance, priority }),
+            2 => (0i64..6, advance.clone())
+                .prop_map(|(chat, advance)| Operation::TryNow { chat, advance }),
             1 => (prop::option::of(0i64..6), advance.clone(), (0u64..5_000).prop_map(ms))
                 .prop_map(|(chat, advance, wait)| Operation::RetryAfter { chat, advance, wait }),
             1 => advance.prop_map(|advance| Operation::Prune { advance }),
@@ -694,14 +808,26 @@ mod tests {
             let mut now = Instant::now();
             let mut chat_blocks: HashMap<i64, Instant> = HashMap::new();
             let mut global_block: Option<Instant> = None;
-            let mut per_chat: HashMap<i64, Vec<Instant>> = HashMap::new();
+            // Per chat: each booking, and whether it was an ordinary one
+            // (`Some(true)`), a control reply or a typing action (`None`).
+            let mut per_chat: HashMap<i64, Vec<(Instant, Option<bool>)>> = HashMap::new();
             let mut all = Vec::new();
             for (index, operation) in operations.into_iter().enumerate() {
                 match operation {
-                    Operation::Reserve { chat, advance } => {
+                    Operation::TryNow { chat, advance } => {
+                        now += advance;
+                        if limiter.try_reserve_now(chat, chat % 2 == 0, now) {
+                            if let Some(&until) = chat_blocks.get(&chat) {
+                                prop_assert!(now >= until);
+                            }
+                            all.push(now);
+                            per_chat.entry(chat).or_default().push((now, None));
+                        }
+                    }
+                    Operation::Reserve { chat, advance, priority } => {
                         now += advance;
                         let is_group = chat % 2 == 0;
-                        let send_at = limiter.reserve(chat, is_group, now);
+                        let send_at = limiter.reserve_with(chat, is_group, now, priority);
                         prop_assert!(send_at >= now);
                         if let Some(&until) = chat_blocks.get(&chat) {
                             prop_assert!(send_at >= until);
@@ -709,7 +835,10 @@ mod tests {
                         if let Some(until) = global_block {
                             prop_assert!(send_at >= until);
                         }
-                        per_chat.entry(chat).or_default().push(send_at);
+                        per_chat
+                            .entry(chat)
+                            .or_default()
+                            .push((send_at, Some(priority != Priority::Control)));
                         all.push(send_at);
                     }
                     Operation::RetryAfter { chat, advance, wait } => {
@@ -732,13 +861,20 @@ mod tests {
                 }
             }
             let interval = limiter.limits().per_chat_interval;
-            for (chat, times) in &per_chat {
-                // Booked in order of reservation, each an interval apart.
-                for pair in times.windows(2) {
-                    prop_assert!(pair[1] >= pair[0] + interval, "chat {chat}: {pair:?}");
+            for (chat, bookings) in &per_chat {
+                // An ordinary send is an interval after the send booked
+                // before it (a control reply may come sooner; a typing
+                // action moves nothing).
+                let sends: Vec<_> = bookings.iter().filter(|b| b.1.is_some()).collect();
+                for pair in sends.windows(2) {
+                    if pair[1].1 == Some(true) {
+                        prop_assert!(pair[1].0 >= pair[0].0 + interval, "chat {chat}: {pair:?}");
+                    }
                 }
                 if chat % 2 == 0 {
-                    prop_assert!(!exceeds(times, limits.group_per_minute, GROUP_WINDOW));
+                    let mut times: Vec<Instant> = bookings.iter().map(|b| b.0).collect();
+                    times.sort();
+                    prop_assert!(!exceeds(&times, limits.group_per_minute, GROUP_WINDOW));
                 }
             }
             all.sort();

@@ -505,7 +505,7 @@ impl Delivery {
         }
         let permit = match priority {
             Priority::Control => None,
-            Priority::Normal => tokio::select! {
+            Priority::Normal | Priority::FirstText => tokio::select! {
                 biased;
                 _ = withdrawn.as_mut() => return Err(DeliveryError::Withdrawn),
                 permit = Arc::clone(&self.inner.in_flight).acquire_owned() => permit.ok(),
