@@ -181,9 +181,10 @@ async fn pipeline(fake: FakeBotApi) {
     );
     let turns = got.max(1) as f64;
     println!(
-        "  store per turn: {:.1} calls, {:.2} commits ({:.1} calls per commit), {:.0} us of store-thread time; \
-         store thread busy {:.0}% of the run",
+        "  store per turn: {:.1} calls (and {:.1} writes carried by them), {:.2} commits ({:.1} calls per commit), \
+         {:.0} us of store-thread time; store thread busy {:.0}% of the run",
         store.calls as f64 / turns,
+        store.carried as f64 / turns,
         store.commits as f64 / turns,
         store.calls as f64 / store.commits.max(1) as f64,
         store.busy.as_secs_f64() * 1e6 / turns,
@@ -239,6 +240,13 @@ async fn pipeline(fake: FakeBotApi) {
         "calls",
         Better::Lower,
         Some(TARGET_STORE_CALLS),
+    );
+    figure(
+        "pipeline/store_carried_writes_per_turn",
+        store.carried as f64 / turns,
+        "writes",
+        Better::Lower,
+        None,
     );
     figure(
         "pipeline/store_commits_per_turn",

@@ -117,7 +117,7 @@ pub async fn deliver_text_answer_once(
     // Delivered as far as it will ever be: what a stop left out is not
     // sent later either.
     if let Some(record) = record {
-        record.save(ids, true).await;
+        record.save(ids, true);
     }
     Ok(())
 }

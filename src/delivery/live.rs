@@ -500,7 +500,7 @@ impl PreviewLoop {
                     shown.button = self.markup.is_some();
                 }
                 if let Some(record) = &self.record {
-                    record.save(vec![id], false).await;
+                    record.save(vec![id], false);
                 }
             }
             Ok(None) => {
@@ -517,7 +517,7 @@ impl PreviewLoop {
                 // still goes out as a new message, so the intent
                 // is cleared (a partial preview may stay behind).
                 if let (true, Some(record)) = (sending_preview, &self.record) {
-                    record.save(Vec::new(), false).await;
+                    record.save(Vec::new(), false);
                 }
                 if matches!(error, DeliveryError::Withdrawn) {
                     return ControlFlow::Break(());

@@ -95,19 +95,19 @@ impl ReplyRecord {
         }
     }
 
-    /// Record the reply's messages (`delivered` once the final text is out).
-    pub async fn save(&self, ids: Vec<i32>, delivered: bool) {
+    /// Record the reply's messages (`delivered` once the final text is
+    /// out). Nobody waits for this write: it is carried by the store's next
+    /// batch (before any later call, such as the next intent), and memory
+    /// answers this process's reads meanwhile. A crash before it commits
+    /// leaves the intent, which recovery treats as "maybe sent" and tells
+    /// the user, as for a crash just before this call.
+    pub fn save(&self, ids: Vec<i32>, delivered: bool) {
         *self.lock() = Some(Some(OutboxEntry {
             reply_ids: ids.clone(),
             delivered,
             sending: false,
         }));
-        if let Err(error) = self
-            .outbox
-            .record_reply(self.chat_id, self.message_id, ids, delivered)
-            .await
-        {
-            tracing::warn!(chat_id = self.chat_id, %error, "could not record a reply in the outbox");
-        }
+        self.outbox
+            .record_reply_later(self.chat_id, self.message_id, ids, delivered);
     }
 }

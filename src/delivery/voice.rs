@@ -93,7 +93,7 @@ pub async fn deliver_voice_answer_once(
             sending.note_parts(1, 1);
         }
         if let Some(record) = record {
-            record.save(Vec::new(), true).await;
+            record.save(Vec::new(), true);
         }
         return Ok(());
     }
@@ -109,7 +109,7 @@ pub async fn deliver_voice_answer_once(
             // Nothing went out: the answer is sent as text instead.
             tracing::info!(chat_id = target.chat_id, %why, "Telegram refused the voice note; answering in text");
             if let Some(record) = record {
-                record.save(Vec::new(), false).await;
+                record.save(Vec::new(), false);
             }
             let fallback = with_line(reply, VOICE_REFUSED_LINE);
             return deliver_text_answer_once(delivery, target, &fallback, None, record).await;
@@ -122,7 +122,7 @@ pub async fn deliver_voice_answer_once(
         ids.extend(text_after_voice(delivery, target, &text_only, sending.as_ref()).await?);
     }
     if let Some(record) = record {
-        record.save(ids, true).await;
+        record.save(ids, true);
     }
     Ok(())
 }

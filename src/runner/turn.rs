@@ -381,8 +381,14 @@ impl Runner {
                 .map(TranscriptEntry::from_message)
                 .collect()
         };
-        self.record_charging(session_id, entries, after.charge)
-            .await;
+        // Not waited for: the answer's send intent (or the next turn's
+        // history read) is the next store call and commits it first.
+        if let Some(store) = &self.inner.store {
+            let usage = after.charge.and_then(Charge::into_usage);
+            store
+                .transcripts
+                .append_many_charging_later(session_id.as_str(), entries, usage);
+        }
         // Spoken first (the voice note carries the text), as asked.
         if let Some(speaker) = after.speaker {
             live = super::voice::spoken_answer(

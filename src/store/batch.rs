@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 use rusqlite::{ffi, Connection};
 use tokio::sync::{mpsc, oneshot};
 
+use super::carried::Carried;
+pub(super) use super::job::Job;
 use super::StoreError;
 
 /// At most this many calls share one transaction (bounds how long a batch
@@ -54,22 +56,11 @@ const ROLLBACK_TO: &str = "ROLLBACK TO telegate_call; RELEASE telegate_call";
 pub(super) enum Msg {
     /// Run this call.
     Job(Box<dyn Job>),
+    /// Run the deferred writes waiting on the carried list
+    /// ([`super::carried`]); sent when the first one is put on it.
+    Flush,
     /// Stop accepting work, checkpoint, close, then report.
     Shutdown(oneshot::Sender<Result<(), StoreError>>),
-}
-
-/// One call's work, run on the store thread, answered after its commit.
-pub(super) trait Job: Send {
-    /// Runs the work; true if its writes are to be kept (it succeeded).
-    fn run(&mut self, conn: &mut Connection) -> bool;
-    /// Tells the caller how the call ended. `lost` says why its writes are
-    /// not durable (the batch did not commit, or the call never ran); `None`
-    /// means they are committed (or the call failed on its own and its own
-    /// error is reported).
-    fn answer(self: Box<Self>, lost: Option<&rusqlite::Error>);
-    /// Whether it runs inside a savepoint of its own (false for
-    /// [`Call::one_write`]).
-    fn needs_savepoint(&self) -> bool;
 }
 
 /// What a caller receives: the closure's result, or the panic it raised.
@@ -171,6 +162,7 @@ fn ended_by_a_job() -> rusqlite::Error {
 #[derive(Debug, Default)]
 pub(super) struct Counters {
     calls: AtomicU64,
+    carried: AtomicU64,
     commits: AtomicU64,
     busy_ns: AtomicU64,
 }
@@ -179,6 +171,7 @@ impl Counters {
     pub(super) fn snapshot(&self) -> StoreStats {
         StoreStats {
             calls: self.calls.load(Ordering::Relaxed),
+            carried: self.carried.load(Ordering::Relaxed),
             commits: self.commits.load(Ordering::Relaxed),
             busy: Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
         }
@@ -189,8 +182,12 @@ impl Counters {
 /// [`super::Store::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
-    /// Calls run (every typed method is one call).
+    /// Calls run (every typed method that waits for its result is one
+    /// call).
     pub calls: u64,
+    /// Deferred writes run, carried by batches instead of calls of their
+    /// own ([`super::carried`]).
+    pub carried: u64,
     /// Transactions committed (one per batch of calls).
     pub commits: u64,
     /// Time the store thread spent running calls and committing (not
@@ -203,6 +200,7 @@ impl StoreStats {
     pub fn since(&self, earlier: &StoreStats) -> StoreStats {
         StoreStats {
             calls: self.calls.saturating_sub(earlier.calls),
+            carried: self.carried.saturating_sub(earlier.carried),
             commits: self.commits.saturating_sub(earlier.commits),
             busy: self.busy.saturating_sub(earlier.busy),
         }
@@ -210,24 +208,46 @@ impl StoreStats {
 }
 
 /// The store thread's loop: run batches of jobs in order until shut down
-/// or until every [`super::Store`] handle is gone. Returns the shutdown
-/// request's reply channel, if one came.
+/// or until every [`super::Store`] handle is gone, each batch led by the
+/// deferred writes waiting on `carried`. Returns the shutdown request's
+/// reply channel, if one came.
 pub(super) fn serve(
     conn: &mut Connection,
     mut rx: mpsc::Receiver<Msg>,
+    carried: &Carried,
     counters: &Arc<Counters>,
 ) -> Option<oneshot::Sender<Result<(), StoreError>>> {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     loop {
         let mut shutdown = None;
-        match rx.blocking_recv() {
-            None => return None,
-            Some(Msg::Shutdown(reply)) => return Some(reply),
+        // Deferred writes left over (more than a batch's worth) go on
+        // without waiting for a message.
+        let first = if carried.is_empty() {
+            rx.blocking_recv()
+        } else {
+            match rx.try_recv() {
+                Ok(msg) => Some(msg),
+                Err(mpsc::error::TryRecvError::Empty) => Some(Msg::Flush),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+            }
+        };
+        match first {
+            // The writes nobody waited for still go in before closing.
+            None => {
+                drain_carried(conn, carried, counters);
+                return None;
+            }
+            Some(Msg::Shutdown(reply)) => {
+                drain_carried(conn, carried, counters);
+                return Some(reply);
+            }
             Some(Msg::Job(job)) => batch.push(job),
+            Some(Msg::Flush) => {}
         }
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(Msg::Job(job)) => batch.push(job),
+                Ok(Msg::Flush) => {}
                 Ok(Msg::Shutdown(reply)) => {
                     shutdown = Some(reply);
                     break;
@@ -236,20 +256,46 @@ pub(super) fn serve(
                 Err(_) => break,
             }
         }
-        let started = Instant::now();
-        counters
-            .calls
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        run_batch(conn, batch.drain(..), counters);
-        let busy = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        counters.busy_ns.fetch_add(busy, Ordering::Relaxed);
+        run_carried(conn, carried, std::mem::take(&mut batch), counters);
         if shutdown.is_some() {
+            drain_carried(conn, carried, counters);
             // Jobs still queued were sent after the shutdown; dropping them
             // drops their reply channels, which their callers see as
             // `Closed`.
             return shutdown;
         }
     }
+}
+
+/// Runs every deferred write still on `carried` (before closing).
+fn drain_carried(conn: &mut Connection, carried: &Carried, counters: &Counters) {
+    while !carried.is_empty() {
+        run_carried(conn, carried, Vec::new(), counters);
+    }
+}
+
+/// Runs the deferred writes on `carried` (at most [`MAX_BATCH`]), then
+/// `calls`, as one batch, counting both and the time taken.
+fn run_carried(
+    conn: &mut Connection,
+    carried: &Carried,
+    calls: Vec<Box<dyn Job>>,
+    counters: &Counters,
+) {
+    let deferred = carried.take(MAX_BATCH);
+    if deferred.is_empty() && calls.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    counters
+        .calls
+        .fetch_add(calls.len() as u64, Ordering::Relaxed);
+    counters
+        .carried
+        .fetch_add(deferred.len() as u64, Ordering::Relaxed);
+    run_batch(conn, deferred.into_iter().chain(calls), counters);
+    let busy = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    counters.busy_ns.fetch_add(busy, Ordering::Relaxed);
 }
 
 /// Runs `jobs` in as few transactions as possible and answers them all,
@@ -693,11 +739,13 @@ mod tests {
     fn stats_subtract() {
         let later = StoreStats {
             calls: 10,
+            carried: 7,
             commits: 3,
             busy: Duration::from_millis(5),
         };
         let earlier = StoreStats {
             calls: 4,
+            carried: 2,
             commits: 1,
             busy: Duration::from_millis(2),
         };
@@ -705,6 +753,7 @@ mod tests {
             later.since(&earlier),
             StoreStats {
                 calls: 6,
+                carried: 5,
                 commits: 2,
                 busy: Duration::from_millis(3)
             }

@@ -17,7 +17,7 @@
 //!
 //! Contents are user data: this module logs ids and states, never text.
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
 use super::{now_ms, Inbox, Outbox, Processes, StoreError, WriteKind};
@@ -184,6 +184,43 @@ impl Inbox {
         .await
     }
 
+    /// [`Inbox::set_message_states`] without waiting: carried by the
+    /// store's next batch (`store::carried`), before any call made after
+    /// it ([`Inbox::settle`] waits for it). A failure shows in `/healthz`
+    /// and the log.
+    pub fn set_message_states_later(&self, changes: Vec<(i64, i64, InboxState, Option<String>)>) {
+        let bot = self.bot();
+        let writes = changes.len();
+        let what = "message states";
+        self.defer(
+            &[WriteKind::InboxState],
+            Default::default(),
+            what,
+            writes,
+            move |conn| {
+                let now = now_ms();
+                let mut statement = conn.prepare_cached(SET_MESSAGE_STATE)?;
+                for (chat_id, message_id, state, reason) in changes {
+                    statement.execute(params![
+                        chat_id,
+                        message_id,
+                        state.as_str(),
+                        reason,
+                        now,
+                        bot
+                    ])?;
+                }
+                Ok(())
+            },
+        );
+    }
+
+    /// Returns once every write deferred before it (the `*_later`
+    /// methods) has been committed or has failed.
+    pub async fn settle(&self) -> Result<(), StoreError> {
+        self.call(|_| Ok(())).await
+    }
+
     /// Messages not finished yet (received or running), in the order they
     /// were recorded (journaled wakeups have negative ids, so the id alone
     /// does not give the order).
@@ -320,25 +357,29 @@ impl Outbox {
     ) -> Result<(), StoreError> {
         let bot = self.bot();
         self.write_one(WriteKind::Outbox, move |conn| {
-            let ids = serde_json::to_string(&reply_ids)?;
-            conn.prepare_cached(
-                "INSERT INTO outbox (bot_id, chat_id, message_id, reply_ids, state, updated_at)
-                 VALUES (?6, ?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (bot_id, chat_id, message_id) DO UPDATE
-                 SET reply_ids = excluded.reply_ids, state = excluded.state,
-                     updated_at = excluded.updated_at, sending_at = NULL",
-            )?
-            .execute(params![
-                chat_id,
-                message_id,
-                ids,
-                if delivered { "delivered" } else { "streaming" },
-                now_ms(),
-                bot
-            ])?;
-            Ok(())
+            upsert_reply(conn, bot, chat_id, message_id, &reply_ids, delivered)
         })
         .await
+    }
+
+    /// [`Outbox::record_reply`] without waiting: carried by the store's
+    /// next batch (`store::carried`), before any call made after it. A
+    /// failure shows in `/healthz` and the log.
+    pub fn record_reply_later(
+        &self,
+        chat_id: i64,
+        message_id: i64,
+        reply_ids: Vec<i32>,
+        delivered: bool,
+    ) {
+        let bot = self.bot();
+        self.defer(
+            &[WriteKind::Outbox],
+            Default::default(),
+            "a reply in the outbox",
+            1,
+            move |conn| upsert_reply(conn, bot, chat_id, message_id, &reply_ids, delivered),
+        );
     }
 
     /// The recorded reply of user message `message_id` in `chat_id`.
@@ -452,6 +493,34 @@ impl Processes {
         })
         .await
     }
+}
+
+/// The reply row of `message_id`: its messages, delivered or streaming.
+fn upsert_reply(
+    conn: &Connection,
+    bot: i64,
+    chat_id: i64,
+    message_id: i64,
+    reply_ids: &[i32],
+    delivered: bool,
+) -> Result<(), StoreError> {
+    let ids = serde_json::to_string(reply_ids)?;
+    conn.prepare_cached(
+        "INSERT INTO outbox (bot_id, chat_id, message_id, reply_ids, state, updated_at)
+         VALUES (?6, ?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (bot_id, chat_id, message_id) DO UPDATE
+         SET reply_ids = excluded.reply_ids, state = excluded.state,
+             updated_at = excluded.updated_at, sending_at = NULL",
+    )?
+    .execute(params![
+        chat_id,
+        message_id,
+        ids,
+        if delivered { "delivered" } else { "streaming" },
+        now_ms(),
+        bot
+    ])?;
+    Ok(())
 }
 
 #[cfg(test)]

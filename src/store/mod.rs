@@ -125,11 +125,13 @@ pub mod approvals;
 mod batch;
 pub mod bots;
 pub mod buttons;
+mod carried;
 pub mod child_groups;
 mod files;
 pub mod generations;
 pub mod inbox;
 mod integrity;
+mod job;
 pub mod jobs;
 pub mod resume;
 mod retention;
@@ -145,7 +147,7 @@ mod write_health;
 use std::fmt;
 use std::panic;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::config::DbConfig;
@@ -304,6 +306,8 @@ pub struct Store {
 #[derive(Clone)]
 struct Link {
     tx: mpsc::Sender<Msg>,
+    /// Deferred writes waiting for the next batch ([`carried`]).
+    carried: Arc<carried::Carried>,
     write_health: WriteHealth,
     /// The bot whose rows this handle reads and writes (every table has a
     /// `bot_id` column; see [`Store::for_bot`]).
@@ -380,6 +384,14 @@ macro_rules! handles {
                     F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
                 {
                     self.link.write_with_writes(kind, writes, f).await
+                }
+
+                #[allow(dead_code)] // not every handle defers a write
+                fn defer<F>(&self, kinds: &'static [WriteKind], failed: Arc<OnceLock<WriteKind>>, what: &'static str, writes: usize, f: F)
+                where
+                    F: FnOnce(&mut Connection) -> Result<(), StoreError> + Send + 'static,
+                {
+                    self.link.defer(kinds, failed, what, writes, f)
                 }
             }
         )*
@@ -502,18 +514,21 @@ impl Store {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let counters = Arc::new(Counters::default());
         let thread_counters = counters.clone();
+        let carried = Arc::new(carried::Carried::default());
+        let thread_carried = carried.clone();
         std::thread::Builder::new()
             .name("telegate-store".into())
             .spawn(move || match open_connection(&target) {
                 Ok(conn) => {
                     ready(Ok(()));
-                    serve(conn, rx, &thread_counters);
+                    serve(conn, rx, &thread_carried, &thread_counters);
                 }
                 Err(e) => ready(Err(e)),
             })?;
         Ok(Store {
             link: Link {
                 tx,
+                carried,
                 write_health: WriteHealth::default(),
                 bot: BotId::UNCLAIMED,
             },
@@ -640,9 +655,35 @@ impl Link {
         }
     }
 
+    /// A write nobody waits for, carried by the store thread's next batch
+    /// (see [`carried`]): reported to the write health under `kinds` (a
+    /// failure under the kind the work set in `failed`, if it did) and
+    /// logged as `what` if it fails. `writes`: how many of its statements
+    /// change the database (more than one runs in a savepoint).
+    fn defer<F>(
+        &self,
+        kinds: &'static [WriteKind],
+        failed: Arc<OnceLock<WriteKind>>,
+        what: &'static str,
+        writes: usize,
+        f: F,
+    ) where
+        F: FnOnce(&mut Connection) -> Result<(), StoreError> + Send + 'static,
+    {
+        let health = self.write_health.clone();
+        let job = carried::Deferred::new(f, kinds, failed, what, health, writes);
+        if self.carried.push(Box::new(job)) {
+            // A full queue has batches coming that carry the list.
+            if let Err(mpsc::error::TrySendError::Closed(_)) = self.tx.try_send(Msg::Flush) {
+                drop(self.carried.take(usize::MAX));
+                tracing::error!(what, "could not record: the store is closed");
+            }
+        }
+    }
+
     async fn submit<R>(
         &self,
-        job: Box<dyn batch::Job>,
+        job: Box<dyn job::Job>,
         reply: oneshot::Receiver<batch::Outcome<R>>,
     ) -> Result<R, StoreError> {
         self.tx
@@ -722,8 +763,13 @@ fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
 
 /// The store thread: serve batches (see [`batch`]) until shut down or
 /// until every [`Store`] handle is gone, then close.
-fn serve(mut conn: Connection, rx: mpsc::Receiver<Msg>, counters: &Arc<Counters>) {
-    let shutdown_reply = batch::serve(&mut conn, rx, counters);
+fn serve(
+    mut conn: Connection,
+    rx: mpsc::Receiver<Msg>,
+    carried: &carried::Carried,
+    counters: &Arc<Counters>,
+) {
+    let shutdown_reply = batch::serve(&mut conn, rx, carried, counters);
     let result = shutdown(conn);
     match shutdown_reply {
         Some(reply) => {

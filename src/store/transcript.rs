@@ -147,14 +147,7 @@ impl Transcripts {
             None => &[WriteKind::Transcript],
         };
         let failed = Arc::new(OnceLock::new());
-        let failed_in = failed.clone();
-        let failing = move |kind: WriteKind| {
-            let failed = failed_in.clone();
-            move |error: StoreError| {
-                let _ = failed.set(kind);
-                error
-            }
-        };
+        let failing = failed_as(&failed);
         self.link
             .write_kinds(kinds, failed, writes, move |conn| {
                 let ids = entries
@@ -169,6 +162,38 @@ impl Transcripts {
                 Ok(ids)
             })
             .await
+    }
+
+    /// [`Transcripts::append_many_charging`] without waiting: carried by
+    /// the store's next batch (`store::carried`), so the call that follows
+    /// it (the answer's send intent, the next turn's history) commits with
+    /// it or after it. A failure shows in `/healthz` and the log.
+    pub fn append_many_charging_later(
+        &self,
+        session_id: &str,
+        entries: Vec<TranscriptEntry>,
+        usage: Option<TurnUsage>,
+    ) {
+        let (bot, session_id) = (self.bot(), session_id.to_owned());
+        let writes = entries.len() + usize::from(usage.is_some());
+        let kinds: &'static [WriteKind] = match usage {
+            Some(_) => &[WriteKind::Transcript, WriteKind::Usage],
+            None => &[WriteKind::Transcript],
+        };
+        let failed = Arc::new(OnceLock::new());
+        let failing = failed_as(&failed);
+        let what = "the transcript and the turn's usage";
+        self.defer(kinds, failed, what, writes, move |conn| {
+            for entry in &entries {
+                insert_entry(conn, bot, &session_id, entry)
+                    .map_err(failing(WriteKind::Transcript))?;
+            }
+            if let Some(turn) = &usage {
+                super::usage::insert_turn_usage(conn, bot, turn)
+                    .map_err(failing(WriteKind::Usage))?;
+            }
+            Ok(())
+        });
     }
 
     /// [`Transcripts::load_history`], then [`Transcripts::append_many`] of `entries`,
@@ -354,6 +379,22 @@ impl TranscriptEntry {
             name: message.name,
             ..TranscriptEntry::new(message.role, message.content)
         }
+    }
+}
+
+/// `failing(kind)`: an error mapper that notes `kind` in `failed` (the
+/// kind whose statement failed, for the write health) and passes the error
+/// on.
+fn failed_as(
+    failed: &Arc<OnceLock<WriteKind>>,
+) -> impl Fn(WriteKind) -> Box<dyn FnOnce(StoreError) -> StoreError + Send> + Send + 'static {
+    let failed = failed.clone();
+    move |kind: WriteKind| {
+        let failed = failed.clone();
+        Box::new(move |error: StoreError| {
+            let _ = failed.set(kind);
+            error
+        })
     }
 }
 

@@ -239,7 +239,7 @@ impl StoreError {
 
 /// Run `f` and say whether it changed any row (the connection's change
 /// counter moved).
-fn changed_by<R>(
+pub(super) fn changed_by<R>(
     conn: &mut Connection,
     f: impl FnOnce(&mut Connection) -> Result<R, StoreError>,
 ) -> Result<(R, bool), StoreError> {

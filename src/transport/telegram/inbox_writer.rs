@@ -44,9 +44,9 @@ impl InboxWriter {
             aliases: aliases.clone(),
         };
         let writer = tokio::spawn(async move {
-            // Everything queued is written in one store call (in order):
-            // one writer awaiting one commit per outcome falls behind as
-            // soon as the store's group commits are shared by many callers.
+            // Everything queued is written as one deferred write (in
+            // order), carried by the store's next batch: no store call of
+            // its own, and the writer never waits for a commit.
             let mut ops = Vec::new();
             while rx.recv_many(&mut ops, LEDGER_BATCH).await > 0 {
                 let mut changes = Vec::new();
@@ -64,11 +64,14 @@ impl InboxWriter {
                         LedgerOp::Flush(done) => flushed.push(done),
                     }
                 }
+                // Not waited for: carried by the store's next batch (a
+                // failure is logged and shows in /healthz).
                 if !changes.is_empty() {
-                    let count = changes.len();
-                    if let Err(error) = store.set_message_states(changes).await {
-                        tracing::error!(count, %error, "could not record message states");
-                    }
+                    store.set_message_states_later(changes);
+                }
+                if !flushed.is_empty() {
+                    // Whatever the outcome, the writes were tried.
+                    let _ = store.settle().await;
                 }
                 for done in flushed {
                     let _ = done.send(());
