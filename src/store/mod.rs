@@ -53,6 +53,9 @@
 //!
 //! * **The async runtime is never blocked.** SQLite calls block (disk I/O,
 //!   fsync at checkpoints, busy waits); none of them run on a tokio worker.
+//!   WAL checkpoints do not run on the store thread either: a thread of
+//!   their own copies the WAL back (`checkpointer`), so no batch waits
+//!   for a checkpoint's copy and fsync.
 //! * **No lock is ever held across an `.await`.** There is no
 //!   `Mutex<Connection>` to forget about; callers only hold a channel handle.
 //! * **Writes are naturally serialised.** SQLite allows one writer at a time
@@ -126,6 +129,7 @@ mod batch;
 pub mod bots;
 pub mod buttons;
 mod carried;
+mod checkpointer;
 pub mod child_groups;
 mod files;
 pub mod generations;
@@ -520,8 +524,9 @@ impl Store {
             .name("telegate-store".into())
             .spawn(move || match open_connection(&target) {
                 Ok(conn) => {
+                    let checkpointer = start_checkpointer(&conn, &target);
                     ready(Ok(()));
-                    serve(conn, rx, &thread_carried, &thread_counters);
+                    serve(conn, rx, &thread_carried, &thread_counters, checkpointer);
                 }
                 Err(e) => ready(Err(e)),
             })?;
@@ -761,6 +766,20 @@ fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Starts the checkpoint thread for a database file and turns the store
+/// connection's own automatic checkpoints off ([`checkpointer`]). An
+/// in-memory database has no WAL to checkpoint.
+fn start_checkpointer(conn: &Connection, target: &Target) -> Option<checkpointer::Checkpointer> {
+    let Target::File(path, _) = target else {
+        return None;
+    };
+    let checkpointer = checkpointer::Checkpointer::start(path)?;
+    if let Err(error) = conn.pragma_update(None, "wal_autocheckpoint", 0) {
+        tracing::warn!(%error, "the store keeps checkpointing as it commits");
+    }
+    Some(checkpointer)
+}
+
 /// The store thread: serve batches (see [`batch`]) until shut down or
 /// until every [`Store`] handle is gone, then close.
 fn serve(
@@ -768,8 +787,14 @@ fn serve(
     rx: mpsc::Receiver<Msg>,
     carried: &carried::Carried,
     counters: &Arc<Counters>,
+    checkpointer: Option<checkpointer::Checkpointer>,
 ) {
     let shutdown_reply = batch::serve(&mut conn, rx, carried, counters);
+    // Its connection closes first: the store's is then the last one, and
+    // its final checkpoint removes the WAL.
+    if let Some(checkpointer) = checkpointer {
+        checkpointer.stop();
+    }
     let result = shutdown(conn);
     match shutdown_reply {
         Some(reply) => {

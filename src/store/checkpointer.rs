@@ -1,0 +1,163 @@
+//! WAL checkpoints on a thread of their own, off the store thread.
+//!
+//! In WAL mode every commit appends pages to the `-wal` file, and a
+//! checkpoint copies them back into the database file (with an fsync).
+//! SQLite runs one automatically inside whichever commit crosses 1,000 WAL
+//! pages, on the committing connection: the store thread, which then holds
+//! every caller of that batch while it copies and syncs (about a tenth of
+//! its time in the pipeline bench). Here the store's connection has
+//! automatic checkpoints off, and this thread, with a connection of its
+//! own, runs a `PASSIVE` checkpoint every [`EVERY`] (backing off to
+//! [`IDLE_EVERY`] while the WAL does not change). A passive checkpoint
+//! never takes the write lock, so commits go on meanwhile; the writer
+//! starts the WAL over once everything in it has been copied, so the file
+//! stays bounded.
+//!
+//! This module owns the thread and its connection. It must never write a
+//! row, and it stops (closing its connection) before the store's own final
+//! checkpoint, so the last connection to close removes the WAL as before.
+
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+/// Between checkpoints while the WAL grows.
+const EVERY: Duration = Duration::from_millis(500);
+/// Between checkpoints once one found nothing to copy.
+const IDLE_EVERY: Duration = Duration::from_secs(2);
+/// Pages of cache for this connection: a checkpoint copies frames from
+/// the WAL to the file directly, it needs next to none.
+const CACHE_PAGES: i64 = 16;
+
+/// The running checkpointer; [`Checkpointer::stop`] ends it.
+pub(super) struct Checkpointer {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: JoinHandle<()>,
+}
+
+impl Checkpointer {
+    /// Opens a second connection to `path` and starts the thread. `None`
+    /// (logged) if that fails: the store then keeps SQLite's automatic
+    /// checkpoints.
+    pub(super) fn start(path: &Path) -> Option<Checkpointer> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = match Connection::open_with_flags(path, flags).and_then(|conn| {
+            conn.pragma_update(None, "cache_size", CACHE_PAGES)?;
+            conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+            Ok(conn)
+        }) {
+            Ok(conn) => conn,
+            Err(error) => {
+                tracing::warn!(%error, "no checkpoint thread; the store checkpoints as it commits");
+                return None;
+            }
+        };
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let stop_in = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("telegate-ckpt".into())
+            .spawn(move || run(conn, &stop_in));
+        match thread {
+            Ok(thread) => Some(Checkpointer { stop, thread }),
+            Err(error) => {
+                tracing::warn!(%error, "no checkpoint thread; the store checkpoints as it commits");
+                None
+            }
+        }
+    }
+
+    /// Stops the thread and waits until its connection is closed.
+    pub(super) fn stop(self) {
+        let (stopped, wake) = &*self.stop;
+        *stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        wake.notify_all();
+        if self.thread.join().is_err() {
+            tracing::warn!("the checkpoint thread panicked");
+        }
+    }
+}
+
+fn run(conn: Connection, stop: &(Mutex<bool>, Condvar)) {
+    let (stopped, wake) = stop;
+    let mut wait = EVERY;
+    // The WAL's size at the last checkpoint: unchanged means nothing new.
+    let mut last_frames = None;
+    loop {
+        {
+            let guard = stopped.lock().unwrap_or_else(PoisonError::into_inner);
+            let (guard, _) = wake
+                .wait_timeout_while(guard, wait, |stopped| !*stopped)
+                .unwrap_or_else(PoisonError::into_inner);
+            if *guard {
+                break;
+            }
+        }
+        wait = match checkpoint(&conn) {
+            Ok(frames) if last_frames == Some(frames) => IDLE_EVERY,
+            Ok(frames) => {
+                last_frames = Some(frames);
+                EVERY
+            }
+            Err(error) => {
+                tracing::debug!(%error, "checkpoint failed; trying again later");
+                EVERY
+            }
+        };
+    }
+    if let Err((_, error)) = conn.close() {
+        tracing::debug!(%error, "checkpoint connection did not close cleanly");
+    }
+}
+
+/// A passive checkpoint; how many frames the WAL holds (copied or not).
+fn checkpoint(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::store::{Store, TranscriptEntry};
+
+    #[tokio::test]
+    async fn the_wal_is_copied_into_the_file_without_a_store_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let store = Store::open_async(&path).await.unwrap();
+        let autocheckpoint: i64 = store
+            .call(|c| Ok(c.query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        assert_eq!(
+            autocheckpoint, 0,
+            "the store's own commits never checkpoint"
+        );
+        let before = std::fs::metadata(&path).unwrap().len();
+        let text = "x".repeat(2_000);
+        for _ in 0..5 {
+            let entries = (0..100)
+                .map(|_| TranscriptEntry::user(text.clone()))
+                .collect();
+            store.transcripts().append_many("s", entries).await.unwrap();
+        }
+        // About 1 MB written to the WAL: the checkpoint thread copies it.
+        let mut size = before;
+        for _ in 0..100 {
+            size = std::fs::metadata(&path).unwrap().len();
+            if size > before + 500_000 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(size > before + 500_000, "file {before} -> {size} bytes");
+        store.close().await.unwrap();
+        assert!(
+            !dir.path().join("t.db-wal").exists(),
+            "the WAL is removed at close"
+        );
+    }
+}
