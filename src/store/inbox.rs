@@ -167,19 +167,7 @@ impl Inbox {
     ) -> Result<(), StoreError> {
         let bot = self.bot();
         self.write(WriteKind::InboxState, move |conn| {
-            let now = now_ms();
-            let mut statement = conn.prepare_cached(SET_MESSAGE_STATE)?;
-            for (chat_id, message_id, state, reason) in changes {
-                statement.execute(params![
-                    chat_id,
-                    message_id,
-                    state.as_str(),
-                    reason,
-                    now,
-                    bot
-                ])?;
-            }
-            Ok(())
+            set_states(conn, bot, changes)
         })
         .await
     }
@@ -197,21 +185,7 @@ impl Inbox {
             Default::default(),
             what,
             writes,
-            move |conn| {
-                let now = now_ms();
-                let mut statement = conn.prepare_cached(SET_MESSAGE_STATE)?;
-                for (chat_id, message_id, state, reason) in changes {
-                    statement.execute(params![
-                        chat_id,
-                        message_id,
-                        state.as_str(),
-                        reason,
-                        now,
-                        bot
-                    ])?;
-                }
-                Ok(())
-            },
+            move |conn| set_states(conn, bot, changes),
         );
     }
 
@@ -493,6 +467,27 @@ impl Processes {
         })
         .await
     }
+}
+
+/// Sets each message's state, in order (one cached statement).
+fn set_states(
+    conn: &Connection,
+    bot: i64,
+    changes: Vec<(i64, i64, InboxState, Option<String>)>,
+) -> Result<(), StoreError> {
+    let now = now_ms();
+    let mut statement = conn.prepare_cached(SET_MESSAGE_STATE)?;
+    for (chat_id, message_id, state, reason) in changes {
+        statement.execute(params![
+            chat_id,
+            message_id,
+            state.as_str(),
+            reason,
+            now,
+            bot
+        ])?;
+    }
+    Ok(())
 }
 
 /// The reply row of `message_id`: its messages, delivered or streaming.

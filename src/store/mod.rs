@@ -131,6 +131,7 @@ pub mod buttons;
 mod carried;
 mod checkpointer;
 pub mod child_groups;
+mod connection;
 mod files;
 pub mod generations;
 pub mod inbox;
@@ -154,8 +155,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rusqlite::config::DbConfig;
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::vocab::BotId;
@@ -522,11 +522,11 @@ impl Store {
         let thread_carried = carried.clone();
         std::thread::Builder::new()
             .name("telegate-store".into())
-            .spawn(move || match open_connection(&target) {
+            .spawn(move || match connection::open_connection(&target) {
                 Ok(conn) => {
-                    let checkpointer = start_checkpointer(&conn, &target);
+                    let checkpointer = connection::start_checkpointer(&conn, &target);
                     ready(Ok(()));
-                    serve(conn, rx, &thread_carried, &thread_counters, checkpointer);
+                    connection::serve(conn, rx, &thread_carried, &thread_counters, checkpointer);
                 }
                 Err(e) => ready(Err(e)),
             })?;
@@ -701,122 +701,6 @@ impl Link {
             Err(_) => Err(StoreError::Closed),
         }
     }
-}
-
-/// Opens and configures the connection, then migrates it.
-fn open_connection(target: &Target) -> Result<Connection, StoreError> {
-    let Target::File(path, _) = target else {
-        let mut conn = Connection::open_in_memory()?;
-        configure(&mut conn, target)?;
-        schema::migrate(&mut conn)?;
-        return Ok(conn);
-    };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::private_fs::private_dir(dir)?;
-    }
-    integrity::check_before_open(path)?;
-    // Created by us, 0600, before SQLite creates it with the umask's mode:
-    // SQLite gives the -wal and -shm files the database's mode.
-    crate::private_fs::private_file(path)?;
-    let corrupt = |e| integrity::as_corrupt(e, path);
-    let mut conn = Connection::open(path).map_err(corrupt)?;
-    configure(&mut conn, target).map_err(|e| match e {
-        StoreError::Sqlite(e) => corrupt(e),
-        other => other,
-    })?;
-    for suffix in ["-wal", "-shm"] {
-        let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
-        crate::private_fs::tighten_if_present(Path::new(&name), crate::private_fs::FILE_MODE)?;
-    }
-    integrity::quick_check(&conn, path)?;
-    schema::migrate(&mut conn).map_err(|e| match e {
-        StoreError::Sqlite(e) => corrupt(e),
-        other => other,
-    })?;
-    integrity::write_marker(path)?;
-    Ok(conn)
-}
-
-/// Applies the connection settings described in the module docs.
-fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
-    conn.busy_timeout(BUSY_TIMEOUT)?;
-    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-    if matches!(target, Target::File(..)) && !mode.eq_ignore_ascii_case("wal") {
-        tracing::warn!(mode, "store could not enable WAL; continuing");
-    }
-    let synchronous = match target {
-        Target::File(_, synchronous) => *synchronous,
-        Target::Memory => Synchronous::default(),
-    };
-    conn.pragma_update(None, "synchronous", synchronous.pragma())?;
-    conn.pragma_update(None, "foreign_keys", true)?;
-    // Every write transaction takes the write lock up front, so it can wait
-    // on the busy timeout instead of failing when upgrading a read lock.
-    conn.set_transaction_behavior(TransactionBehavior::Immediate);
-    // Every statement of a turn's path (and the batch loop's own) stays
-    // parsed: rusqlite's default of 16 makes them evict one another.
-    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    // Plans do not depend on bound values. Without this, SQLite marks a
-    // statement whose plan *could* depend on a parameter (the history query:
-    // `session_id = ?1 ... ORDER BY id`) expired at every rebind, so the
-    // statement cache re-parsed it on every turn. Every query here is a
-    // plain indexed lookup, whatever the values.
-    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
-    Ok(())
-}
-
-/// Starts the checkpoint thread for a database file and turns the store
-/// connection's own automatic checkpoints off ([`checkpointer`]). An
-/// in-memory database has no WAL to checkpoint.
-fn start_checkpointer(conn: &Connection, target: &Target) -> Option<checkpointer::Checkpointer> {
-    let Target::File(path, _) = target else {
-        return None;
-    };
-    let checkpointer = checkpointer::Checkpointer::start(path)?;
-    if let Err(error) = conn.pragma_update(None, "wal_autocheckpoint", 0) {
-        tracing::warn!(%error, "the store keeps checkpointing as it commits");
-    }
-    Some(checkpointer)
-}
-
-/// The store thread: serve batches (see [`batch`]) until shut down or
-/// until every [`Store`] handle is gone, then close.
-fn serve(
-    mut conn: Connection,
-    rx: mpsc::Receiver<Msg>,
-    carried: &carried::Carried,
-    counters: &Arc<Counters>,
-    checkpointer: Option<checkpointer::Checkpointer>,
-) {
-    let shutdown_reply = batch::serve(&mut conn, rx, carried, counters);
-    // Its connection closes first: the store's is then the last one, and
-    // its final checkpoint removes the WAL.
-    if let Some(checkpointer) = checkpointer {
-        checkpointer.stop();
-    }
-    let result = shutdown(conn);
-    match shutdown_reply {
-        Some(reply) => {
-            let _ = reply.send(result);
-        }
-        None => {
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "store did not close cleanly");
-            }
-        }
-    }
-}
-
-/// Checkpoints the WAL into the main database file and closes.
-fn shutdown(conn: Connection) -> Result<(), StoreError> {
-    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
-    if busy != 0 {
-        tracing::debug!("store checkpoint incomplete: another reader is active");
-    }
-    conn.close().map_err(|(_, e)| StoreError::Sqlite(e))?;
-    tracing::debug!("store closed");
-    Ok(())
 }
 
 /// Milliseconds since the Unix epoch, the unit of every timestamp column.
