@@ -316,6 +316,17 @@ async fn a_permission_request_becomes_buttons_only_the_starter_may_press() {
     fake.push_callback_query(USER, USER, prompt, &always);
     wait_toast(&fake, "Allow always.").await;
     wait_answer(&fake, "permission: allow-always").await;
+    // The prompt's edit and the answer go out on their own: either may
+    // reach the chat first.
+    fake.wait_for(
+        |_| {
+            fake.message_history(USER)
+                .iter()
+                .any(|m| m.message_id == prompt && m.text().contains("chosen by"))
+        },
+        WAIT,
+    )
+    .await;
     let edited = fake
         .message_history(USER)
         .into_iter()
