@@ -184,6 +184,7 @@ where
 mod tests {
     use std::time::Duration;
 
+    use crate::store::write_health::tests::fail_inserts_into;
     use crate::store::{Store, TranscriptEntry, WriteKind};
 
     async fn wait_until(what: impl Fn() -> bool) -> bool {
@@ -230,15 +231,7 @@ mod tests {
     async fn a_failing_deferred_write_is_reported_and_spares_its_batch() {
         let store = Store::open_in_memory().unwrap();
         let health = store.write_health().clone();
-        store
-            .call(|c| {
-                Ok(c.execute_batch(
-                    "CREATE TEMP TRIGGER fail_transcripts BEFORE INSERT ON transcripts
-                     BEGIN SELECT RAISE(FAIL, 'database or disk is full (injected)'); END;",
-                )?)
-            })
-            .await
-            .unwrap();
+        fail_inserts_into(&store, "transcripts").await;
         // Two entries: a savepoint of its own, so the first is undone too.
         let entries = vec![TranscriptEntry::user("a"), TranscriptEntry::assistant("b")];
         store

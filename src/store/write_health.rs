@@ -264,7 +264,7 @@ impl StoreHealth {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::store::Store;
 
@@ -297,7 +297,8 @@ mod tests {
         assert_eq!(health.failures(), vec![]);
     }
 
-    async fn fail_inserts_into(store: &Store, table: &'static str) {
+    /// Every insert into `table` fails as on a full disk (a temp trigger).
+    pub(in crate::store) async fn fail_inserts_into(store: &Store, table: &'static str) {
         store
             .call(move |c| {
                 Ok(c.execute_batch(&format!(
