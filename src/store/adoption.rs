@@ -9,6 +9,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::db::Db;
 use super::{Store, StoreError};
 use crate::vocab::BotId;
 
@@ -37,7 +38,10 @@ impl Store {
 
 /// The adoption on the store thread (in the call's savepoint: all or
 /// nothing).
-fn adopt(conn: &Connection, bot: i64) -> Result<u64, StoreError> {
+fn adopt(conn: &mut Db, bot: i64) -> Result<u64, StoreError> {
+    // Transcript rows change bot: what the history cache holds of them is
+    // no longer any bot's.
+    conn.history().clear();
     let done = conn
         .prepare_cached("SELECT value FROM store_meta WHERE name = ?1")?
         .query_row([ADOPTED], |r| r.get::<_, i64>(0))

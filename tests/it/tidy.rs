@@ -155,6 +155,83 @@ fn tidy_only_the_wiring_holds_the_whole_store() {
     );
 }
 
+/// The files whose SQL may change `transcripts` rows, and why each keeps
+/// the store's history cache (`store::history_cache`) true.
+const TRANSCRIPT_WRITERS: &[(&str, &str)] = &[
+    (
+        "src/store/transcript.rs",
+        "appends through insert_entry (cached), forgets on a mark",
+    ),
+    ("src/store/undo.rs", "forgets the session it marks undone"),
+    (
+        "src/store/schema.rs",
+        "migrations, run before the store thread serves",
+    ),
+];
+
+/// The SQL that changes rows of `transcripts`.
+const TRANSCRIPT_WRITES: &[&str] = &[
+    "INSERT INTO TRANSCRIPTS",
+    "INSERT OR REPLACE INTO TRANSCRIPTS",
+    "REPLACE INTO TRANSCRIPTS",
+    "UPDATE TRANSCRIPTS",
+    "DELETE FROM TRANSCRIPTS",
+];
+
+/// The store answers history reads from memory (`store::history_cache`),
+/// kept true by the code that writes transcript rows: SQL elsewhere that
+/// changed them would leave it answering the old rows.
+#[test]
+fn tidy_only_the_history_keepers_write_transcripts() {
+    let report = transcript_writers(&read_tree(&repo().join("src")));
+    assert!(
+        report.is_empty(),
+        "files outside TRANSCRIPT_WRITERS whose SQL changes transcripts (go through \
+         store::transcript, or keep the history cache true and list the file with its \
+         reason):\n{}",
+        report.join("")
+    );
+}
+
+/// The transcript-writer checker sees planted SQL, spread over lines and in
+/// lower case, and passes the same SQL in a test module.
+#[test]
+fn tidy_transcript_writer_checker_sees_a_planted_writer() {
+    let planted = "fn f(c: &C) { c.execute(\"delete from\n    transcripts WHERE id = 1\", []); }\n";
+    let in_tests = format!("fn g() {{}}\n#[cfg(test)]\nmod tests {{\n{planted}}}\n");
+    let files = vec![
+        ("src/runner/planted.rs".to_owned(), planted.to_owned()),
+        ("src/runner/tested.rs".to_owned(), in_tests),
+        ("src/store/undo.rs".to_owned(), planted.to_owned()),
+    ];
+    let report = transcript_writers(&files);
+    assert_eq!(report.len(), 1, "{report:?}");
+    assert!(report[0].contains("src/runner/planted.rs"), "{report:?}");
+}
+
+/// The files (outside [`TRANSCRIPT_WRITERS`], test modules left out) whose
+/// text holds one of [`TRANSCRIPT_WRITES`], whitespace and case aside.
+fn transcript_writers(files: &[(String, String)]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(path, _)| !TRANSCRIPT_WRITERS.iter().any(|(p, _)| p == path))
+        .filter_map(|(path, text)| {
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+            let flat = code
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .to_uppercase();
+            let found: Vec<&str> = TRANSCRIPT_WRITES
+                .iter()
+                .copied()
+                .filter(|sql| flat.contains(sql))
+                .collect();
+            (!found.is_empty()).then(|| format!("  {path}: {}\n", found.join(", ")))
+        })
+        .collect()
+}
+
 /// The store checker sees a planted holder and passes a narrow handle.
 #[test]
 fn tidy_store_checker_sees_a_planted_holder() {
