@@ -53,6 +53,12 @@ pub struct StoredButton {
 /// Buttons expired longer ago than this are deleted.
 const KEEP_EXPIRED_MS: i64 = 24 * 3600 * 1000;
 
+/// Moves an update of the handle's bot on, unless it is finished (the open
+/// states named, as in `inbox::SET_MESSAGE_STATE`, so no temporary table).
+pub(super) const SET_UPDATE_STATE: &str =
+    "UPDATE inbox SET state = ?2, reason = ?3, updated_at = ?4
+     WHERE bot_id = ?5 AND update_id = ?1 AND state IN ('received', 'running')";
+
 impl Buttons {
     /// Remember `buttons` (and forget buttons long expired).
     pub async fn create_buttons(&self, buttons: Vec<NewButton>) -> Result<(), StoreError> {
@@ -172,13 +178,13 @@ impl Inbox {
     ) -> Result<bool, StoreError> {
         let bot = self.bot();
         self.write(WriteKind::InboxState, move |conn| {
-            let changed = conn
-                .prepare_cached(
-                    "UPDATE inbox SET state = ?2, reason = ?3, updated_at = ?4
-                 WHERE bot_id = ?5 AND update_id = ?1
-                   AND state NOT IN ('answered', 'failed', 'dropped')",
-                )?
-                .execute(params![update_id, state.as_str(), reason, now_ms(), bot])?;
+            let changed = conn.prepare_cached(SET_UPDATE_STATE)?.execute(params![
+                update_id,
+                state.as_str(),
+                reason,
+                now_ms(),
+                bot
+            ])?;
             Ok(changed > 0)
         })
         .await

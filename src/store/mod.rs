@@ -135,6 +135,7 @@ pub mod bots;
 pub mod buttons;
 mod carried;
 mod checkpointer;
+mod checks;
 pub mod child_groups;
 mod connection;
 mod db;

@@ -42,7 +42,7 @@
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::StoreError;
+use super::{checks, StoreError};
 
 /// One step of the schema history: the SQL that moves the database from the
 /// previous version to this one.
@@ -52,12 +52,31 @@ pub struct Migration {
     pub description: &'static str,
     /// The SQL batch to run (one or more statements, no transaction control).
     pub sql: &'static str,
+    /// A step SQL alone cannot say, run after `sql` in the same
+    /// transaction.
+    pub edit: Option<Edit>,
 }
+
+/// A migration step in Rust: what SQL alone cannot say.
+pub type Edit = fn(&Connection) -> Result<(), StoreError>;
 
 impl Migration {
     /// A migration step; `const` so the list below stays a plain constant.
     pub const fn new(description: &'static str, sql: &'static str) -> Self {
-        Migration { description, sql }
+        Migration {
+            description,
+            sql,
+            edit: None,
+        }
+    }
+
+    /// A migration step done by `edit` (in the step's transaction).
+    pub const fn edit(description: &'static str, edit: Edit) -> Self {
+        Migration {
+            description,
+            sql: "",
+            edit: Some(edit),
+        }
     }
 }
 
@@ -711,6 +730,10 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new("forum topics made for messages", V13_TOPIC_CREATIONS),
     Migration::new("the bot of every row", V14_BOT_IDS),
     Migration::new("the bots of this store", V15_BOTS),
+    Migration::edit(
+        "state and role checks without a temporary table",
+        checks::rewrite_list_checks,
+    ),
     // Append new migrations here, one line each; never edit the ones above.
 ];
 
@@ -735,7 +758,7 @@ pub fn migrate(conn: &mut Connection) -> Result<usize, StoreError> {
 ///
 /// Split from [`migrate`] so tests can run it against made-up histories
 /// (for example one with a failing step).
-fn apply(conn: &mut Connection, migrations: &[Migration]) -> Result<usize, StoreError> {
+pub(super) fn apply(conn: &mut Connection, migrations: &[Migration]) -> Result<usize, StoreError> {
     let supported = i64::try_from(migrations.len()).unwrap_or(i64::MAX);
     let mut applied = 0;
     loop {
@@ -756,6 +779,9 @@ fn apply(conn: &mut Connection, migrations: &[Migration]) -> Result<usize, Store
             "applying store migration"
         );
         tx.execute_batch(step.sql)?;
+        if let Some(edit) = step.edit {
+            edit(&tx)?;
+        }
         tx.pragma_update(None, "user_version", target)?;
         tx.commit()?;
         applied += 1;
