@@ -190,13 +190,6 @@ async fn pipeline(fake: FakeBotApi) {
         store.busy.as_secs_f64() * 1e6 / turns,
         store.busy.as_secs_f64() * 100.0 / elapsed.as_secs_f64()
     );
-    let reads = (store.history_hits + store.history_misses).max(1) as f64;
-    println!(
-        "  history reads answered from memory: {:.1}% ({} of {})",
-        store.history_hits as f64 * 100.0 / reads,
-        store.history_hits,
-        store.history_hits + store.history_misses
-    );
     let n = total as f64;
     let per = |d: Duration| us(d) / n;
     figure(

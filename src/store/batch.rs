@@ -167,8 +167,6 @@ pub(super) struct Counters {
     carried: AtomicU64,
     commits: AtomicU64,
     busy_ns: AtomicU64,
-    history_hits: AtomicU64,
-    history_misses: AtomicU64,
 }
 
 impl Counters {
@@ -178,8 +176,6 @@ impl Counters {
             carried: self.carried.load(Ordering::Relaxed),
             commits: self.commits.load(Ordering::Relaxed),
             busy: Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
-            history_hits: self.history_hits.load(Ordering::Relaxed),
-            history_misses: self.history_misses.load(Ordering::Relaxed),
         }
     }
 }
@@ -199,10 +195,6 @@ pub struct StoreStats {
     /// Time the store thread spent running calls and committing (not
     /// waiting for work).
     pub busy: Duration,
-    /// History reads answered from memory (`history_cache`).
-    pub history_hits: u64,
-    /// History reads that went to SQLite.
-    pub history_misses: u64,
 }
 
 impl StoreStats {
@@ -213,8 +205,6 @@ impl StoreStats {
             carried: self.carried.saturating_sub(earlier.carried),
             commits: self.commits.saturating_sub(earlier.commits),
             busy: self.busy.saturating_sub(earlier.busy),
-            history_hits: self.history_hits.saturating_sub(earlier.history_hits),
-            history_misses: self.history_misses.saturating_sub(earlier.history_misses),
         }
     }
 }
@@ -303,9 +293,6 @@ fn run_carried(conn: &mut Db, carried: &Carried, calls: Vec<Box<dyn Job>>, count
     run_batch(conn, deferred.into_iter().chain(calls), counters);
     let busy = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
     counters.busy_ns.fetch_add(busy, Ordering::Relaxed);
-    let (hits, misses) = conn.history().reads();
-    counters.history_hits.store(hits, Ordering::Relaxed);
-    counters.history_misses.store(misses, Ordering::Relaxed);
 }
 
 /// Runs `jobs` in as few transactions as possible and answers them all,
@@ -766,16 +753,12 @@ mod tests {
             carried: 7,
             commits: 3,
             busy: Duration::from_millis(5),
-            history_hits: 9,
-            history_misses: 2,
         };
         let earlier = StoreStats {
             calls: 4,
             carried: 2,
             commits: 1,
             busy: Duration::from_millis(2),
-            history_hits: 4,
-            history_misses: 1,
         };
         assert_eq!(
             later.since(&earlier),
@@ -783,9 +766,7 @@ mod tests {
                 calls: 6,
                 carried: 5,
                 commits: 2,
-                busy: Duration::from_millis(3),
-                history_hits: 5,
-                history_misses: 1,
+                busy: Duration::from_millis(3)
             }
         );
     }

@@ -62,8 +62,6 @@ pub(super) struct HistoryCache {
     slots: LruCache<String, Slot>,
     bytes: usize,
     budget: usize,
-    hits: u64,
-    misses: u64,
 }
 
 /// The estimated memory of `entry`, whose tool calls take `tool_calls_json`
@@ -84,8 +82,6 @@ impl HistoryCache {
             slots: LruCache::new_unbounded(),
             bytes: 0,
             budget,
-            hits: 0,
-            misses: 0,
         }
     }
 
@@ -97,20 +93,13 @@ impl HistoryCache {
         session: &str,
         max: Option<usize>,
     ) -> Option<Vec<TranscriptEntry>> {
-        let Some(slot) = self.slots.get(session).filter(|s| s.bot == bot) else {
-            self.misses += 1;
-            return None;
-        };
+        let slot = self.slots.get(session).filter(|s| s.bot == bot)?;
         let held = slot.entries.len();
         let wanted = match max {
             Some(n) if slot.complete || held >= n => n.min(held),
             None if slot.complete => held,
-            _ => {
-                self.misses += 1;
-                return None;
-            }
+            _ => return None,
         };
-        self.hits += 1;
         Some(
             slot.entries
                 .range(held - wanted..)
@@ -193,11 +182,6 @@ impl HistoryCache {
     pub(super) fn clear(&mut self) {
         self.slots.clear();
         self.bytes = 0;
-    }
-
-    /// Reads answered so far, and reads it could not answer.
-    pub(super) fn reads(&self) -> (u64, u64) {
-        (self.hits, self.misses)
     }
 
     /// Sessions held (for tests and stats).
