@@ -9,7 +9,6 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::db::Db;
 use super::{Store, StoreError};
 use crate::vocab::BotId;
 
@@ -38,10 +37,7 @@ impl Store {
 
 /// The adoption on the store thread (in the call's savepoint: all or
 /// nothing).
-fn adopt(conn: &mut Db, bot: i64) -> Result<u64, StoreError> {
-    // Transcript rows change bot: what the history cache holds of them is
-    // no longer any bot's.
-    conn.history().clear();
+fn adopt(conn: &Connection, bot: i64) -> Result<u64, StoreError> {
     let done = conn
         .prepare_cached("SELECT value FROM store_meta WHERE name = ?1")?
         .query_row([ADOPTED], |r| r.get::<_, i64>(0))

@@ -30,8 +30,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rusqlite::{ffi, Connection};
-
-use super::db::Db;
 use tokio::sync::{mpsc, oneshot};
 
 use super::carried::Carried;
@@ -104,9 +102,9 @@ impl<R, F> Call<R, F> {
 impl<R, F> Job for Call<R, F>
 where
     R: Send + 'static,
-    F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
 {
-    fn run(&mut self, conn: &mut Db) -> bool {
+    fn run(&mut self, conn: &mut Connection) -> bool {
         let Some(work) = self.work.take() else {
             return false;
         };
@@ -214,7 +212,7 @@ impl StoreStats {
 /// deferred writes waiting on `carried`. Returns the shutdown request's
 /// reply channel, if one came.
 pub(super) fn serve(
-    conn: &mut Db,
+    conn: &mut Connection,
     mut rx: mpsc::Receiver<Msg>,
     carried: &Carried,
     counters: &Arc<Counters>,
@@ -270,7 +268,7 @@ pub(super) fn serve(
 }
 
 /// Runs every deferred write still on `carried` (before closing).
-fn drain_carried(conn: &mut Db, carried: &Carried, counters: &Counters) {
+fn drain_carried(conn: &mut Connection, carried: &Carried, counters: &Counters) {
     while !carried.is_empty() {
         run_carried(conn, carried, Vec::new(), counters);
     }
@@ -278,7 +276,12 @@ fn drain_carried(conn: &mut Db, carried: &Carried, counters: &Counters) {
 
 /// Runs the deferred writes on `carried` (at most [`MAX_BATCH`]), then
 /// `calls`, as one batch, counting both and the time taken.
-fn run_carried(conn: &mut Db, carried: &Carried, calls: Vec<Box<dyn Job>>, counters: &Counters) {
+fn run_carried(
+    conn: &mut Connection,
+    carried: &Carried,
+    calls: Vec<Box<dyn Job>>,
+    counters: &Counters,
+) {
     let deferred = carried.take(MAX_BATCH);
     if deferred.is_empty() && calls.is_empty() {
         return;
@@ -297,7 +300,7 @@ fn run_carried(conn: &mut Db, carried: &Carried, calls: Vec<Box<dyn Job>>, count
 
 /// Runs `jobs` in as few transactions as possible and answers them all,
 /// counting commits (before answering, so a caller sees its own).
-fn run_batch(conn: &mut Db, jobs: impl Iterator<Item = Box<dyn Job>>, counters: &Counters) {
+fn run_batch(conn: &mut Connection, jobs: impl Iterator<Item = Box<dyn Job>>, counters: &Counters) {
     let mut jobs = jobs.peekable();
     while jobs.peek().is_some() {
         if let Err(error) = run_cached(conn, "BEGIN IMMEDIATE") {
@@ -345,8 +348,6 @@ fn run_batch(conn: &mut Db, jobs: impl Iterator<Item = Box<dyn Job>>, counters: 
         if let Err(error) = &committed {
             tracing::warn!(%error, calls = waiting.len(), "store commit failed; the batch's calls are told");
             rollback(conn);
-            // Even when SQLite already rolled it back by itself.
-            conn.rolled_back();
         } else {
             counters.commits.fetch_add(1, Ordering::Relaxed);
         }
@@ -380,21 +381,18 @@ fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn run_in_savepoint(conn: &mut Db, job: &mut dyn Job) -> Ran {
+fn run_in_savepoint(conn: &mut Connection, job: &mut dyn Job) -> Ran {
     if let Err(error) = run_cached(conn, SAVEPOINT) {
         return Ran::Unsaved(error);
     }
     let keep = job.run(conn);
     if conn.is_autocommit() {
-        // Committed or rolled back, unknowable: nothing cached is trusted.
-        conn.rolled_back();
         return Ran::EndedTransaction { kept: keep };
     }
     if !keep {
         if let Err(error) = conn.execute_batch(ROLLBACK_TO) {
             tracing::warn!(%error, "store could not roll back a failed call");
         }
-        conn.rolled_back();
         return Ran::RolledBack;
     }
     match run_cached(conn, RELEASE) {
@@ -402,7 +400,6 @@ fn run_in_savepoint(conn: &mut Db, job: &mut dyn Job) -> Ran {
         Err(error) => {
             // E.g. the job released our savepoint itself.
             let _ = conn.execute_batch(ROLLBACK_TO);
-            conn.rolled_back();
             Ran::Unsaved(error)
         }
     }
@@ -413,12 +410,10 @@ fn run_in_savepoint(conn: &mut Db, job: &mut dyn Job) -> Ran {
 /// its promise, and since its changes cannot be undone alone, the whole
 /// transaction is rolled back (the earlier calls of the batch are told
 /// their work was not saved, which is true).
-fn run_one_write(conn: &mut Db, job: &mut dyn Job) -> Ran {
+fn run_one_write(conn: &mut Connection, job: &mut dyn Job) -> Ran {
     let before = conn.total_changes();
     let keep = job.run(conn);
     if conn.is_autocommit() {
-        // Committed or rolled back, unknowable: nothing cached is trusted.
-        conn.rolled_back();
         return Ran::EndedTransaction { kept: keep };
     }
     if keep {
@@ -436,7 +431,7 @@ fn run_one_write(conn: &mut Db, job: &mut dyn Job) -> Ran {
 
 /// Runs one job in a transaction of its own and answers it (the fallback
 /// when no shared transaction can be started).
-fn run_alone(conn: &mut Db, mut job: Box<dyn Job>, counters: &Counters) {
+fn run_alone(conn: &mut Connection, mut job: Box<dyn Job>, counters: &Counters) {
     // Outside a transaction, a savepoint is a (deferred) transaction and
     // releasing it commits.
     if let Err(error) = conn.execute_batch(SAVEPOINT) {
@@ -445,19 +440,14 @@ fn run_alone(conn: &mut Db, mut job: Box<dyn Job>, counters: &Counters) {
     }
     let keep = job.run(conn);
     let (lost, committed) = if conn.is_autocommit() {
-        conn.rolled_back();
         (keep.then(ended_by_a_job), false)
     } else if keep {
         match run_cached(conn, RELEASE) {
             Ok(()) => (None, true),
-            Err(error) => {
-                conn.rolled_back();
-                (Some(error), false)
-            }
+            Err(error) => (Some(error), false),
         }
     } else {
         let _ = conn.execute_batch(ROLLBACK_TO);
-        conn.rolled_back();
         (None, false)
     };
     rollback(conn);
@@ -468,12 +458,11 @@ fn run_alone(conn: &mut Db, mut job: Box<dyn Job>, counters: &Counters) {
 }
 
 /// Ends a transaction left open (after a failed commit).
-fn rollback(conn: &mut Db) {
+fn rollback(conn: &mut Connection) {
     if !conn.is_autocommit() {
         if let Err(error) = conn.execute_batch("ROLLBACK") {
             tracing::warn!(%error, "store rollback failed");
         }
-        conn.rolled_back();
     }
 }
 
@@ -516,7 +505,7 @@ mod tests {
     /// Sends `f` to the store now (first poll), without waiting for it.
     async fn queue<T: Send + 'static>(
         store: &Store,
-        f: impl FnOnce(&mut Db) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Pending<T> {
         let s = store.clone();
         let mut call: Pending<T> = Box::pin(async move { s.call(f).await });
@@ -527,7 +516,7 @@ mod tests {
     /// [`queue`] through [`Store::call_one_write`].
     async fn queue_one_write<T: Send + 'static>(
         store: &Store,
-        f: impl FnOnce(&mut Db) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Pending<T> {
         let s = store.clone();
         let mut call: Pending<T> = Box::pin(async move { s.call_one_write(f).await });
@@ -581,7 +570,7 @@ mod tests {
         assert_eq!(rows(&store).await, [3]);
     }
 
-    fn insert(n: i64) -> impl FnOnce(&mut Db) -> Result<(), StoreError> + Send {
+    fn insert(n: i64) -> impl FnOnce(&mut Connection) -> Result<(), StoreError> + Send {
         move |c| {
             c.execute("INSERT INTO t (n) VALUES (?1)", [n])?;
             Ok(())

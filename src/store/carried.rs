@@ -33,7 +33,7 @@
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use super::db::Db;
+use rusqlite::Connection;
 
 use super::job::Job;
 use super::write_health::{changed_by, WriteHealth, WriteKind};
@@ -122,9 +122,9 @@ impl<F> Deferred<F> {
 
 impl<F> Job for Deferred<F>
 where
-    F: FnOnce(&mut Db) -> Result<(), StoreError> + Send + 'static,
+    F: FnOnce(&mut Connection) -> Result<(), StoreError> + Send + 'static,
 {
-    fn run(&mut self, conn: &mut Db) -> bool {
+    fn run(&mut self, conn: &mut Connection) -> bool {
         let Some(work) = self.work.take() else {
             return false;
         };

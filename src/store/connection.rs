@@ -14,8 +14,6 @@ use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::mpsc;
 
 use super::batch::{self, Counters, Msg};
-use super::db::Db;
-use super::history_cache;
 use super::{
     carried, checkpointer, integrity, schema, StoreError, Synchronous, Target, BUSY_TIMEOUT,
     STATEMENT_CACHE,
@@ -104,20 +102,19 @@ pub(super) fn start_checkpointer(
 /// The store thread: serve batches (see [`batch`]) until shut down or
 /// until every [`Store`] handle is gone, then close.
 pub(super) fn serve(
-    conn: Connection,
+    mut conn: Connection,
     rx: mpsc::Receiver<Msg>,
     carried: &carried::Carried,
     counters: &Arc<Counters>,
     checkpointer: Option<checkpointer::Checkpointer>,
 ) {
-    let mut db = Db::new(conn, history_cache::DEFAULT_BUDGET);
-    let shutdown_reply = batch::serve(&mut db, rx, carried, counters);
+    let shutdown_reply = batch::serve(&mut conn, rx, carried, counters);
     // Its connection closes first: the store's is then the last one, and
     // its final checkpoint removes the WAL.
     if let Some(checkpointer) = checkpointer {
         checkpointer.stop();
     }
-    let result = shutdown(db.into_connection());
+    let result = shutdown(conn);
     match shutdown_reply {
         Some(reply) => {
             let _ = reply.send(result);

@@ -6,12 +6,12 @@
 //!
 //! This module owns only the trait. It must never run SQL itself.
 
-use super::db::Db;
+use rusqlite::Connection;
 
 /// One unit of work, run on the store thread, answered after its commit.
 pub(super) trait Job: Send {
     /// Runs the work; true if its writes are to be kept (it succeeded).
-    fn run(&mut self, conn: &mut Db) -> bool;
+    fn run(&mut self, conn: &mut Connection) -> bool;
     /// Tells the caller how the work ended. `lost` says why its writes are
     /// not durable (the batch did not commit, or it never ran); `None`
     /// means they are committed (or the work failed on its own and its own

@@ -73,11 +73,6 @@
 //!   a quarter of the store thread's time per turn: SQLite undoes a failed
 //!   statement by itself. Should such a call fail after changing rows
 //!   anyway, its batch is rolled back (never half a call kept).
-//! * **Recent history from memory.** A call's closure gets a [`Db`]: the
-//!   connection (it dereferences to it) and, beside it, the recent
-//!   transcript of the sessions in use (`history_cache`), kept as rows are
-//!   written and emptied by any rollback, so a turn's history read runs
-//!   no SQL.
 //! * **Plans do not depend on bound values** (`SQLITE_DBCONFIG_ENABLE_QPSG`):
 //!   otherwise SQLite re-parses a cached statement whose plan could depend
 //!   on a parameter (the history query) every time it is bound again.
@@ -138,10 +133,8 @@ mod checkpointer;
 mod checks;
 pub mod child_groups;
 mod connection;
-mod db;
 mod files;
 pub mod generations;
-mod history_cache;
 pub mod inbox;
 mod integrity;
 mod job;
@@ -152,7 +145,6 @@ pub mod schema;
 pub mod sessions;
 pub mod topic_creations;
 pub mod transcript;
-mod transcript_entry;
 pub mod undo;
 pub mod usage;
 pub mod users;
@@ -164,6 +156,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::vocab::BotId;
@@ -173,7 +166,6 @@ pub use approvals::{ApprovalPrompt, ApprovalRecord};
 pub use batch::StoreStats;
 pub use buttons::{NewButton, StoredButton};
 pub use child_groups::{ChildGroup, ChildGroupChange};
-pub use db::Db;
 pub use files::FileSend;
 pub use inbox::{InboxEntry, NewUpdate, OutboxEntry, RunningProcess};
 pub use integrity::marker_path;
@@ -182,7 +174,7 @@ pub use resume::{Conversation, Resumed};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{Overrides, SessionHistoryEntry, SessionRecord};
 pub use topic_creations::TopicClaim;
-pub use transcript_entry::TranscriptEntry;
+pub use transcript::TranscriptEntry;
 pub use undo::UndoneExchange;
 pub use usage::TurnUsage;
 pub use users::{Attempt, CodeKind, GuessLimits, Member, NewCode, Redeemed};
@@ -357,7 +349,7 @@ macro_rules! handles {
                 async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
                 where
                     R: Send + 'static,
-                    F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
                 {
                     self.link.call(f).await
                 }
@@ -365,7 +357,7 @@ macro_rules! handles {
                 async fn call_one_write<R, F>(&self, f: F) -> Result<R, StoreError>
                 where
                     R: Send + 'static,
-                    F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
                 {
                     self.link.call_one_write(f).await
                 }
@@ -373,7 +365,7 @@ macro_rules! handles {
                 async fn write<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
                 where
                     R: Send + 'static,
-                    F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
                 {
                     self.link.write(kind, f).await
                 }
@@ -381,7 +373,7 @@ macro_rules! handles {
                 async fn write_one<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
                 where
                     R: Send + 'static,
-                    F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
                 {
                     self.link.write_one(kind, f).await
                 }
@@ -394,7 +386,7 @@ macro_rules! handles {
                 ) -> Result<R, StoreError>
                 where
                     R: Send + 'static,
-                    F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
                 {
                     self.link.write_with_writes(kind, writes, f).await
                 }
@@ -402,7 +394,7 @@ macro_rules! handles {
                 #[allow(dead_code)] // not every handle defers a write
                 fn defer<F>(&self, kinds: &'static [WriteKind], failed: Arc<OnceLock<WriteKind>>, what: &'static str, writes: usize, f: F)
                 where
-                    F: FnOnce(&mut Db) -> Result<(), StoreError> + Send + 'static,
+                    F: FnOnce(&mut Connection) -> Result<(), StoreError> + Send + 'static,
                 {
                     self.link.defer(kinds, failed, what, writes, f)
                 }
@@ -583,7 +575,7 @@ impl Store {
     pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         self.link.call(f).await
     }
@@ -593,7 +585,7 @@ impl Store {
     pub async fn call_one_write<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         self.link.call_one_write(f).await
     }
@@ -632,7 +624,7 @@ impl Link {
     async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let (reply_tx, reply_rx) = oneshot::channel();
         self.submit(Box::new(Call::new(f, reply_tx)), reply_rx)
@@ -648,7 +640,7 @@ impl Link {
     async fn call_one_write<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let (reply_tx, reply_rx) = oneshot::channel();
         self.submit(Box::new(Call::one_write(f, reply_tx)), reply_rx)
@@ -660,7 +652,7 @@ impl Link {
     async fn call_with_writes<R, F>(&self, writes: usize, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         if writes <= 1 {
             self.call_one_write(f).await
@@ -682,7 +674,7 @@ impl Link {
         writes: usize,
         f: F,
     ) where
-        F: FnOnce(&mut Db) -> Result<(), StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<(), StoreError> + Send + 'static,
     {
         let health = self.write_health.clone();
         let job = carried::Deferred::new(f, kinds, failed, what, health, writes);
@@ -767,7 +759,7 @@ mod tests {
         let path = dir.path().join("t.db");
         Store::open(&path).unwrap().close().await.unwrap();
         Store::open(&path).unwrap().close().await.unwrap();
-        let mut conn = rusqlite::Connection::open(&path).unwrap();
+        let mut conn = Connection::open(&path).unwrap();
         assert_eq!(schema::migrate(&mut conn).unwrap(), 0);
     }
 
@@ -776,7 +768,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("new.db");
         {
-            let conn = rusqlite::Connection::open(&path).unwrap();
+            let conn = Connection::open(&path).unwrap();
             conn.pragma_update(None, "user_version", SCHEMA_VERSION + 5)
                 .unwrap();
         }

@@ -18,10 +18,10 @@ use std::sync::{Arc, OnceLock};
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, Row, ToSql};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::db::Db;
-use super::history_cache::entry_bytes;
-use super::{StoreError, TranscriptEntry, Transcripts, TurnUsage, WriteKind};
+use super::{now_ms, StoreError, Transcripts, TurnUsage, WriteKind};
 
 use crate::vocab::Role;
 
@@ -36,6 +36,63 @@ impl FromSql for Role {
         let text = value.as_str()?;
         Role::parse(text)
             .ok_or_else(|| FromSqlError::Other(format!("unknown role {text:?}").into()))
+    }
+}
+
+/// One message of a transcript.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TranscriptEntry {
+    /// Who wrote it.
+    pub role: Role,
+    /// The text (may be empty for an assistant message that only calls tools).
+    pub content: String,
+    /// The tool calls an assistant message makes (JSON, as the model sent it).
+    pub tool_calls: Option<Value>,
+    /// For a tool result: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// Optional author name (e.g. the tool's name).
+    pub name: Option<String>,
+    /// The message was cut short before it was complete.
+    pub interrupted: bool,
+    /// When it was written (unix ms).
+    pub created_at_ms: i64,
+}
+
+impl TranscriptEntry {
+    /// A plain message with `role` and `content`, stamped now.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        TranscriptEntry {
+            role,
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+            interrupted: false,
+            created_at_ms: now_ms(),
+        }
+    }
+
+    /// A system message, stamped now.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new(Role::System, content)
+    }
+
+    /// A user message, stamped now.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new(Role::User, content)
+    }
+
+    /// An assistant message, stamped now.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, content)
+    }
+
+    /// A tool result answering call `tool_call_id`, stamped now.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        TranscriptEntry {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Self::new(Role::Tool, content)
+        }
     }
 }
 
@@ -193,7 +250,6 @@ impl Transcripts {
     pub async fn mark_last_interrupted(&self, session_id: &str) -> Result<bool, StoreError> {
         let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.write(WriteKind::Transcript, move |conn| {
-            conn.history().forget(&session_id);
             let changed = conn
                 .prepare_cached(
                     "UPDATE transcripts SET interrupted = 1
@@ -207,10 +263,9 @@ impl Transcripts {
     }
 }
 
-/// Appends `e` to `bot`'s transcript of `session_id` (and to what the
-/// history cache holds of it).
-pub(super) fn insert_entry(
-    db: &mut Db,
+/// Appends `e` to `bot`'s transcript of `session_id`.
+fn insert_entry(
+    conn: &Connection,
     bot: i64,
     session_id: &str,
     e: &TranscriptEntry,
@@ -220,7 +275,7 @@ pub(super) fn insert_entry(
         .as_ref()
         .map(serde_json::to_string)
         .transpose()?;
-    db.prepare_cached(
+    conn.prepare_cached(
         "INSERT INTO transcripts
              (bot_id, session_id, role, content, tool_calls, tool_call_id, name, interrupted,
               created_at)
@@ -237,48 +292,24 @@ pub(super) fn insert_entry(
         e.created_at_ms,
         bot
     ])?;
-    let id = db.last_insert_rowid();
-    let bytes = entry_bytes(e, tool_calls.as_ref().map_or(0, String::len));
-    db.history().appended(bot, session_id, bytes, || e.clone());
-    Ok(id)
+    Ok(conn.last_insert_rowid())
 }
 
-/// The last `max` entries (all when `None`), oldest first: from the
-/// history cache when it holds them, else from SQLite (and then cached).
-pub(super) fn select_last(
-    db: &mut Db,
-    bot: i64,
-    session_id: &str,
-    max: Option<usize>,
-) -> Result<Vec<TranscriptEntry>, StoreError> {
-    if let Some(held) = db.history().get(bot, session_id, max) {
-        return Ok(held);
-    }
-    let entries = select_last_from_sqlite(db, bot, session_id, max)?;
-    let history = entries.iter().map(|(e, _)| e.clone()).collect();
-    db.history().fill(bot, session_id, max, entries.into_iter());
-    Ok(history)
-}
-
-/// [`select_last`] from SQLite alone, each entry with its size for the
-/// history cache.
-pub(super) fn select_last_from_sqlite(
+/// The last `max` entries (all when `None`), oldest first.
+fn select_last(
     conn: &Connection,
     bot: i64,
     session_id: &str,
     max: Option<usize>,
-) -> Result<Vec<(TranscriptEntry, usize)>, StoreError> {
+) -> Result<Vec<TranscriptEntry>, StoreError> {
     // SQLite reads a negative LIMIT as "no limit".
     let limit = max.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
-    let raw = conn
-        .prepare_cached(SELECT_LAST)?
+    let mut stmt = conn.prepare_cached(SELECT_LAST)?;
+    let raw = stmt
         .query_map(params![session_id, limit, bot], RawEntry::from_row)?
         .collect::<Result<Vec<_>, _>>()?;
     // Fetched newest first so LIMIT keeps the most recent; hand back oldest first.
-    raw.into_iter()
-        .rev()
-        .map(RawEntry::into_sized_entry)
-        .collect()
+    raw.into_iter().rev().map(RawEntry::into_entry).collect()
 }
 
 /// The newest `?2` entries of bot `?3`'s session `?1` that were not undone.
@@ -311,10 +342,8 @@ impl RawEntry {
         })
     }
 
-    /// The entry, with its size for the history cache.
-    fn into_sized_entry(self) -> Result<(TranscriptEntry, usize), StoreError> {
-        let json = self.tool_calls.as_ref().map_or(0, String::len);
-        let entry = TranscriptEntry {
+    fn into_entry(self) -> Result<TranscriptEntry, StoreError> {
+        Ok(TranscriptEntry {
             role: self.role,
             content: self.content,
             tool_calls: self
@@ -326,9 +355,30 @@ impl RawEntry {
             name: self.name,
             interrupted: self.interrupted,
             created_at_ms: self.created_at,
-        };
-        let bytes = entry_bytes(&entry, json);
-        Ok((entry, bytes))
+        })
+    }
+}
+
+impl TranscriptEntry {
+    /// The entry as the agent sees it.
+    pub fn to_message(&self) -> crate::vocab::ChatMessage {
+        crate::vocab::ChatMessage {
+            role: self.role,
+            content: self.content.clone(),
+            tool_calls: self.tool_calls.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// A message produced by a turn, stamped now.
+    pub fn from_message(message: crate::vocab::ChatMessage) -> Self {
+        TranscriptEntry {
+            tool_calls: message.tool_calls,
+            tool_call_id: message.tool_call_id,
+            name: message.name,
+            ..TranscriptEntry::new(message.role, message.content)
+        }
     }
 }
 

@@ -49,7 +49,6 @@ impl Transcripts {
     ) -> Result<Option<UndoneExchange>, StoreError> {
         let (bot, session_id) = (self.bot(), session_id.to_owned());
         self.write(WriteKind::Transcript, move |conn| {
-            conn.history().forget(&session_id);
             let tx = conn.savepoint()?;
             let last = tx
                 .prepare_cached(

@@ -15,7 +15,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use super::db::Db;
+use rusqlite::Connection;
 
 use super::{Link, StoreError, StoreHealth};
 
@@ -127,7 +127,7 @@ impl Link {
     pub(super) async fn write<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let result = self.call(move |conn| changed_by(conn, f)).await;
         self.report(kind, result)
@@ -137,7 +137,7 @@ impl Link {
     pub(super) async fn write_one<R, F>(&self, kind: WriteKind, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let result = self.call_one_write(move |conn| changed_by(conn, f)).await;
         self.report(kind, result)
@@ -152,7 +152,7 @@ impl Link {
     ) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let result = self
             .call_with_writes(writes, move |conn| changed_by(conn, f))
@@ -173,7 +173,7 @@ impl Link {
     ) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Db) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let result = self
             .call_with_writes(writes, move |conn| changed_by(conn, f))
@@ -240,8 +240,8 @@ impl StoreError {
 /// Run `f` and say whether it changed any row (the connection's change
 /// counter moved).
 pub(super) fn changed_by<R>(
-    conn: &mut Db,
-    f: impl FnOnce(&mut Db) -> Result<R, StoreError>,
+    conn: &mut Connection,
+    f: impl FnOnce(&mut Connection) -> Result<R, StoreError>,
 ) -> Result<(R, bool), StoreError> {
     let before = conn.total_changes();
     let value = f(conn)?;
