@@ -530,27 +530,14 @@ mod tests {
     use crate::vocab::BotId;
     use serde_json::json;
 
-    /// The opcodes SQLite runs for `sql`.
-    fn opcodes(conn: &rusqlite::Connection, sql: &str) -> Vec<String> {
-        let mut statement = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
-        // Parameters left unbound: EXPLAIN only lists the program.
-        let mut rows = statement.raw_query();
-        let mut found = Vec::new();
-        while let Some(row) = rows.next().unwrap() {
-            found.push(row.get::<_, String>(1).unwrap());
-        }
-        found
-    }
-
     /// The state updates every turn runs build no temporary table
-    /// (`OpenEphemeral`: a page cache allocated and freed on each run,
-    /// about a tenth of the store thread's time per turn); the old
+    /// (`OpenEphemeral`: a page cache allocated and freed on each run); the old
     /// "none of the finished states" form did, and the check sees it.
     #[test]
     fn the_state_updates_build_no_temporary_table() {
         let mut conn = rusqlite::Connection::open_in_memory().unwrap();
         crate::store::schema::migrate(&mut conn).unwrap();
-        let ephemeral = |sql: &str| opcodes(&conn, sql).iter().any(|op| op == "OpenEphemeral");
+        let ephemeral = |sql: &str| crate::store::checks::builds_a_table(&conn, sql);
         assert!(!ephemeral(SET_MESSAGE_STATE));
         assert!(!ephemeral(crate::store::buttons::SET_UPDATE_STATE));
         assert!(ephemeral(
