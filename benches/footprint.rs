@@ -84,9 +84,15 @@ fn next_seq(fake: &FakeBotApi) -> u64 {
     fake.calls().last().map_or(0, |c| c.seq + 1)
 }
 
-fn rss_kb(pid: u32) -> Option<u64> {
+/// A `/proc/<pid>/status` field in kB: `VmRSS` (the whole), `RssAnon`
+/// (the heaps and stacks) or `RssFile` (the binary's and libraries' pages
+/// read so far, shared with the page cache).
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let line = status.lines().find(|l| {
+        l.strip_prefix(field)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
@@ -218,12 +224,19 @@ async fn idle_rss() {
     }
     // Idle: a few quiet long polls.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    match rss_kb(child.id()) {
+    match status_kb(child.id(), "VmRSS") {
         Some(kb) => {
             println!(
                 "idle RSS with {SESSIONS} known sessions: {:.1} MB (whole process)  target < {} MB",
                 kb as f64 / 1024.0,
                 RSS_TARGET_KB / 1024
+            );
+            let part =
+                |field| status_kb(child.id(), field).map_or(f64::NAN, |kb| kb as f64 / 1024.0);
+            println!(
+                "  of which heaps and stacks (RssAnon) {:.1} MB, pages of the binary and libraries (RssFile) {:.1} MB",
+                part("RssAnon"),
+                part("RssFile")
             );
             let target = Some(RSS_TARGET_KB as f64 / 1024.0);
             figure(
