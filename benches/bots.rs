@@ -26,6 +26,8 @@
 //! (updates/s in all, default 3000) and `BOTS_BENCH_REPEATS` (default 2)
 //! change the sizes.
 
+#[path = "support/allocator.rs"]
+mod allocator;
 #[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]

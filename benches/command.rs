@@ -15,6 +15,8 @@
 //! telegate's overhead per command turn = command - in_process - bare.
 //! Target: under 5 ms. Prints its figures; asserts nothing about time.
 
+#[path = "support/allocator.rs"]
+mod allocator;
 #[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]

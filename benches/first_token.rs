@@ -25,6 +25,8 @@
 //! telegate's CPU per trial (its runtime and store threads) is printed
 //! beside it. Target: p99 ≤ 50 ms. Asserts nothing about time.
 
+#[path = "support/allocator.rs"]
+mod allocator;
 #[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]

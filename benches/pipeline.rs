@@ -23,6 +23,8 @@
 //! (`support/figures.rs`); asserts nothing about time (these machines are
 //! noisy).
 
+#[path = "support/allocator.rs"]
+mod allocator;
 #[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]

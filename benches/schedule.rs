@@ -20,6 +20,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[path = "support/allocator.rs"]
+mod allocator;
 #[path = "support/figures.rs"]
 mod figures;
 

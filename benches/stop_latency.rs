@@ -9,6 +9,8 @@
 //!
 //! Ten chats run their trials at once (ten rounds), as a busy bot would.
 
+#[path = "support/allocator.rs"]
+mod allocator;
 #[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]

@@ -9,6 +9,8 @@
 
 use std::time::{Duration, Instant};
 
+#[path = "support/allocator.rs"]
+mod allocator;
 #[path = "support/figures.rs"]
 mod figures;
 

@@ -29,8 +29,9 @@ pub(crate) fn shrink_when_sparse<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
 /// arenas per core. A high trim threshold, a fixed mmap threshold and four
 /// arenas took `cargo bench --bench pipeline` from about 290 to about
 /// 215 us of CPU per update; `cargo bench --bench footprint` keeps an eye
-/// on the idle RSS this may cost (none measured). Call first thing in
-/// `main`.
+/// on the idle RSS this may cost (none measured). Under `--features
+/// mimalloc` Rust's heap is mimalloc's and this tunes only what C code
+/// (SQLite) allocates. Call first thing in `main`.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; meant to be called first

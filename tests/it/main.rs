@@ -6,6 +6,14 @@
 //! source file relinks one test binary, not thirty-five. Tests that change
 //! process-global state (the environment) live in `tests/process_env.rs`,
 //! a binary of their own.
+//!
+//! The binary's allocator (`src/main.rs`, mimalloc under
+//! `--features mimalloc`) is this binary's too, so the engine is tested on
+//! what that build ships.
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod support;
 

@@ -1,0 +1,8 @@
+//! The binary's allocator when built with `--features mimalloc`
+//! (`src/main.rs`), declared again for a bench that runs the engine in its
+//! own process: its figures are then those of what that build ships.
+//! Without the feature both use glibc's malloc.
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
