@@ -260,7 +260,12 @@ async fn new_during_a_hung_download_stops_it_and_drops_what_waited_behind_it() {
     );
     let meanwhile = fake.push_text(USER, USER, "meant for the old session");
     fake.push_text(USER, USER, "/new");
-    assert!(wait_sent(&fake, "Started a fresh session").await);
+    assert!(
+        wait_sent(&fake, "Started a fresh session").await,
+        "no /new reply; sent: {:?}; calls: {:?}",
+        fake.sent_texts(USER),
+        fake.calls().iter().map(|c| &c.method).collect::<Vec<_>>()
+    );
     let reply = sent_containing(&fake, "Started a fresh session").remove(0);
     assert!(reply.contains("The running task was stopped."), "{reply}");
     assert!(
