@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::agents::ScriptedAgent;
 use crate::support::fake_bot::{Failure, FakeBotApi, FakeConfig, Outcome};
+use crate::support::recorder::eventually;
 use crate::support::test_bot::{TestBot, FAST_DELIVERY, FAST_GROUPS};
+use telegate::transport::telegram::TelegramBot;
 
 const USER: i64 = 42;
 const WAIT: Duration = Duration::from_secs(20);
@@ -52,6 +54,13 @@ async fn wait_text(fake: &FakeBotApi, chat: i64, text: &str) -> bool {
         .await
 }
 
+/// Wait until `bot` has no turn running or queued. An answer is visible
+/// before its turn has ended, and a message sent in between finds the chat
+/// busy (and is told "Interrupting the current task").
+async fn idle(bot: &TelegramBot) -> bool {
+    eventually(WAIT, || bot.engine.adapter.is_idle()).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_bots_answer_only_their_own_chats_with_their_own_sessions() {
     let dir = tempfile::tempdir().unwrap();
@@ -69,8 +78,10 @@ async fn two_bots_answer_only_their_own_chats_with_their_own_sessions() {
     fakes[1].push_text(USER, USER, "b1");
     assert!(wait_text(&fakes[0], USER, "answer:a1").await);
     assert!(wait_text(&fakes[1], USER, "answer:b1").await);
+    assert!(idle(&fleet.bots[0]).await);
     fakes[0].push_text(USER, USER, "a2");
     assert!(wait_text(&fakes[0], USER, "answer:a2").await);
+    assert!(idle(&fleet.bots[0]).await);
     assert_eq!(fakes[0].sent_texts(USER), ["answer:a1", "answer:a2"]);
     assert_eq!(fakes[1].sent_texts(USER), ["answer:b1"]);
     // Each bot keeps its own session for the same chat.
