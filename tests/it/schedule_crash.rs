@@ -176,8 +176,9 @@ impl Binary {
     }
 }
 
-/// Every journaled run: (job, instant in unix seconds) -> inbox state.
-async fn runs(store: &Store) -> BTreeMap<(i64, i64), InboxState> {
+/// Every journaled run: (job, instant in unix seconds) -> inbox state and
+/// the reason it was dropped or failed.
+async fn runs(store: &Store) -> BTreeMap<(i64, i64), (InboxState, Option<String>)> {
     let ids: Vec<i64> = store
         .call(|conn| {
             let mut statement =
@@ -190,8 +191,8 @@ async fn runs(store: &Store) -> BTreeMap<(i64, i64), InboxState> {
     let mut found = BTreeMap::new();
     for id in ids {
         let (job, instant) = run_of(id).expect("a run id");
-        let state = store.inbox().inbox_entry(id).await.unwrap().unwrap().state;
-        found.insert((job, instant.as_second()), state);
+        let entry = store.inbox().inbox_entry(id).await.unwrap().unwrap();
+        found.insert((job, instant.as_second()), (entry.state, entry.reason));
     }
     found
 }
@@ -278,17 +279,18 @@ async fn kill_9_around_due_runs_neither_loses_nor_repeats_a_run() {
     // Every run ended: answered, or failed as an ambiguous send (told).
     let failed = journaled
         .values()
-        .filter(|s| **s == InboxState::Failed)
+        .filter(|(state, _)| *state == InboxState::Failed)
         .count();
     println!(
         "{} runs journaled over {} kills, {failed} ambiguous sends",
         journaled.len(),
         offsets_ms.len()
     );
-    for (run, state) in &journaled {
+    for (run, (state, reason)) in &journaled {
         assert!(
             matches!(state, InboxState::Answered | InboxState::Failed),
-            "run {run:?} is {state:?}"
+            "run {run:?} is {state:?} ({reason:?}); log:\n{}",
+            binary.log_tail()
         );
     }
     let notices = fake
@@ -315,7 +317,7 @@ async fn kill_9_around_due_runs_neither_loses_nor_repeats_a_run() {
     }
     let answered_1 = journaled
         .iter()
-        .filter(|((job, _), state)| *job == 1 && **state == InboxState::Answered)
+        .filter(|((job, _), (state, _))| *job == 1 && *state == InboxState::Answered)
         .count();
     assert!(
         visible.len() >= answered_1,
@@ -348,7 +350,7 @@ async fn kill_9_around_due_runs_neither_loses_nor_repeats_a_run() {
     let runs_2 = journaled.keys().filter(|(job, _)| *job == 2).count();
     let answered_2 = journaled
         .iter()
-        .filter(|((job, _), state)| *job == 2 && **state == InboxState::Answered)
+        .filter(|((job, _), (state, _))| *job == 2 && *state == InboxState::Answered)
         .count();
     assert!(
         ticks <= runs_2 && ticks >= answered_2,
