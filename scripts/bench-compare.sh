@@ -30,7 +30,10 @@
 # REF incrementally; remove it when done).
 # Arguments for a bench binary can be given in BENCH_ARGS_<name>
 # (e.g. BENCH_ARGS_engine="w3 mt"); other environment (PIPELINE_PER_CHAT…)
-# passes through to both sides.
+# passes through to both sides. Cargo features for one side:
+# BENCH_FEATURES_A / BENCH_FEATURES_B (e.g. `BENCH_FEATURES_B=mimalloc
+# scripts/bench-compare.sh HEAD` compares glibc's malloc against mimalloc
+# on the same commit).
 set -euo pipefail
 
 rounds=3
@@ -44,7 +47,7 @@ while [ $# -gt 0 ]; do
         -b) benches="$2"; shift 2 ;;
         --ref-benches) ref_benches=1; shift ;;
         --keep) keep=1; shift ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
         -*) echo "unknown option $1" >&2; exit 2 ;;
         *) ref="$1"; shift ;;
     esac
@@ -98,10 +101,12 @@ with open(sys.argv[2], "a") as f:
 EOF
 }
 
-# Builds the benches in $1 (target dir $2); prints "name path" per bench.
+# Builds the benches in $1 (target dir $2, cargo features $3 if any);
+# prints "name path" per bench.
 build() {
-    local dir="$1" target="$2"
+    local dir="$1" target="$2" features="${3:-}"
     (cd "$dir" && CARGO_TARGET_DIR="$target" cargo bench --locked --no-run \
+        ${features:+--features "$features"} \
         --message-format=json 2>"$tmp/build.err") |
         jq -r 'select(.reason == "compiler-artifact" and .target.kind == ["bench"] and .executable != null)
                | "\(.target.name) \(.executable)"'
@@ -115,7 +120,7 @@ log "building A = $ref ($ref_commit) in $tmp/ref"
 # A bench of the work tree that does not build against REF (it reads
 # something REF lacks) falls back to REF's own version of it, one by one.
 for attempt in 1 2 3 4 5 6 7 8; do
-    if build "$tmp/ref" "$tmp/target" >"$tmp/a.list" && [ -s "$tmp/a.list" ]; then
+    if build "$tmp/ref" "$tmp/target" "${BENCH_FEATURES_A:-}" >"$tmp/a.list" && [ -s "$tmp/a.list" ]; then
         break
     fi
     failing=$(sed -n 's/.*could not compile `telegate` (bench "\([a-z_]*\)").*/\1/p' "$tmp/build.err" | sort -u)
@@ -135,7 +140,7 @@ for attempt in 1 2 3 4 5 6 7 8; do
     done
 done
 log "building B = work tree ($root)"
-build "$root" "${CARGO_TARGET_DIR:-$root/target}" >"$tmp/b.list" || { cat "$tmp/build.err" >&2; exit 1; }
+build "$root" "${CARGO_TARGET_DIR:-$root/target}" "${BENCH_FEATURES_B:-}" >"$tmp/b.list" || { cat "$tmp/build.err" >&2; exit 1; }
 
 exe_of() { awk -v n="$2" '$1 == n { print $2 }' "$1" | tail -n 1; }
 
