@@ -59,6 +59,9 @@ pub(super) enum Msg {
     /// Run the deferred writes waiting on the carried list
     /// ([`super::carried`]); sent when the first one is put on it.
     Flush,
+    /// The store has gone quiet (sent by the checkpoint thread): give the
+    /// memory it holds for nothing back ([`release_idle_memory`]).
+    ReleaseMemory,
     /// Stop accepting work, checkpoint, close, then report.
     Shutdown(oneshot::Sender<Result<(), StoreError>>),
 }
@@ -243,11 +246,16 @@ pub(super) fn serve(
             }
             Some(Msg::Job(job)) => batch.push(job),
             Some(Msg::Flush) => {}
+            Some(Msg::ReleaseMemory) => {
+                release_idle_memory(conn);
+                continue;
+            }
         }
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(Msg::Job(job)) => batch.push(job),
-                Ok(Msg::Flush) => {}
+                // Busy again: nothing to give back.
+                Ok(Msg::Flush | Msg::ReleaseMemory) => {}
                 Ok(Msg::Shutdown(reply)) => {
                     shutdown = Some(reply);
                     break;
@@ -265,6 +273,18 @@ pub(super) fn serve(
             return shutdown;
         }
     }
+}
+
+/// Gives back what a quiet store holds for nothing: SQLite's page cache
+/// (up to its 2 MB `cache_size`, filled by the open-time integrity check
+/// and by bursts; the next call reads what it needs again) and the heap
+/// that freed, which glibc otherwise keeps (its trim threshold is raised,
+/// see [`crate::memory::tune_allocator`]).
+fn release_idle_memory(conn: &Connection) {
+    if let Err(error) = conn.release_memory() {
+        tracing::debug!(%error, "store could not release its page cache");
+    }
+    crate::memory::trim_heap();
 }
 
 /// Runs every deferred write still on `carried` (before closing).

@@ -13,6 +13,13 @@
 //! starts the WAL over once everything in it has been copied, so the file
 //! stays bounded.
 //!
+//! The same tick tells when the store has gone quiet: a checkpoint that
+//! finds the WAL as the previous one left it means no commit for at least
+//! [`EVERY`]. Then, once per quiet spell, it calls the store's `on_idle`
+//! (which asks the store thread to give its page cache back, see
+//! `batch::release_idle_memory`): an idle bot should not hold the pages a
+//! burst or the open-time integrity check read.
+//!
 //! This module owns the thread and its connection. It must never write a
 //! row, and it stops (closing its connection) before the store's own final
 //! checkpoint, so the last connection to close removes the WAL as before.
@@ -32,6 +39,11 @@ const IDLE_EVERY: Duration = Duration::from_secs(2);
 /// the WAL to the file directly, it needs next to none.
 const CACHE_PAGES: i64 = 16;
 
+/// Called once each time the store goes quiet (see the module docs). It
+/// runs on the checkpoint thread, so it must not block: it only queues a
+/// message.
+pub(super) type OnIdle = Box<dyn Fn() + Send>;
+
 /// The running checkpointer; [`Checkpointer::stop`] ends it.
 pub(super) struct Checkpointer {
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -42,7 +54,7 @@ impl Checkpointer {
     /// Opens a second connection to `path` and starts the thread. `None`
     /// (logged) if that fails: the store then keeps SQLite's automatic
     /// checkpoints.
-    pub(super) fn start(path: &Path) -> Option<Checkpointer> {
+    pub(super) fn start(path: &Path, on_idle: OnIdle) -> Option<Checkpointer> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = match Connection::open_with_flags(path, flags).and_then(|conn| {
             conn.pragma_update(None, "cache_size", CACHE_PAGES)?;
@@ -59,7 +71,7 @@ impl Checkpointer {
         let stop_in = stop.clone();
         let thread = std::thread::Builder::new()
             .name("telegate-ckpt".into())
-            .spawn(move || run(conn, &stop_in));
+            .spawn(move || run(conn, &stop_in, &on_idle));
         match thread {
             Ok(thread) => Some(Checkpointer { stop, thread }),
             Err(error) => {
@@ -80,11 +92,13 @@ impl Checkpointer {
     }
 }
 
-fn run(conn: Connection, stop: &(Mutex<bool>, Condvar)) {
+fn run(conn: Connection, stop: &(Mutex<bool>, Condvar), on_idle: &OnIdle) {
     let (stopped, wake) = stop;
     let mut wait = EVERY;
     // The WAL's size at the last checkpoint: unchanged means nothing new.
     let mut last_frames = None;
+    // Whether this quiet spell was already reported.
+    let mut told_idle = false;
     loop {
         {
             let guard = stopped.lock().unwrap_or_else(PoisonError::into_inner);
@@ -96,9 +110,16 @@ fn run(conn: Connection, stop: &(Mutex<bool>, Condvar)) {
             }
         }
         wait = match checkpoint(&conn) {
-            Ok(frames) if last_frames == Some(frames) => IDLE_EVERY,
+            Ok(frames) if last_frames == Some(frames) => {
+                if !told_idle {
+                    told_idle = true;
+                    on_idle();
+                }
+                IDLE_EVERY
+            }
             Ok(frames) => {
                 last_frames = Some(frames);
+                told_idle = false;
                 EVERY
             }
             Err(error) => {
@@ -159,5 +180,57 @@ mod tests {
             !dir.path().join("t.db-wal").exists(),
             "the WAL is removed at close"
         );
+    }
+
+    /// Bytes of page cache the store's connection holds.
+    async fn cache_used(store: &Store) -> i32 {
+        store
+            .call(|c| {
+                let (mut used, mut highest) = (0, 0);
+                // SAFETY: the handle is the live connection this closure
+                // was lent; both out-pointers are valid.
+                let rc = unsafe {
+                    rusqlite::ffi::sqlite3_db_status(
+                        c.handle(),
+                        rusqlite::ffi::SQLITE_DBSTATUS_CACHE_USED,
+                        &mut used,
+                        &mut highest,
+                        0,
+                    )
+                };
+                assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
+                Ok(used)
+            })
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_quiet_store_gives_its_page_cache_back_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_async(dir.path().join("t.db")).await.unwrap();
+        let text = "x".repeat(2_000);
+        for _ in 0..3 {
+            let entries = (0..100)
+                .map(|_| TranscriptEntry::user(text.clone()))
+                .collect();
+            store.transcripts().append_many("s", entries).await.unwrap();
+        }
+        let busy = cache_used(&store).await;
+        assert!(busy > 500_000, "a burst fills the cache: {busy} bytes");
+        // Reads keep the store quiet (they add nothing to the WAL): the
+        // checkpoint thread sees it within two of its ticks.
+        let mut idle = busy;
+        for _ in 0..100 {
+            idle = cache_used(&store).await;
+            if idle < busy / 10 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(idle < busy / 10, "page cache {busy} -> {idle} bytes");
+        let history = store.transcripts().load_history("s", None).await.unwrap();
+        assert_eq!(history.len(), 300);
+        store.close().await.unwrap();
     }
 }

@@ -84,15 +84,24 @@ fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
 
 /// Starts the checkpoint thread for a database file and turns the store
 /// connection's own automatic checkpoints off ([`checkpointer`]). An
-/// in-memory database has no WAL to checkpoint.
+/// in-memory database has no WAL to checkpoint. When the store goes
+/// quiet, the checkpoint thread asks it, through `store` (weak: it never
+/// keeps the store thread alive), to give its idle memory back.
 pub(super) fn start_checkpointer(
     conn: &Connection,
     target: &Target,
+    store: mpsc::WeakSender<Msg>,
 ) -> Option<checkpointer::Checkpointer> {
     let Target::File(path, _) = target else {
         return None;
     };
-    let checkpointer = checkpointer::Checkpointer::start(path)?;
+    let on_idle: checkpointer::OnIdle = Box::new(move || {
+        // A full queue means a busy store, which has nothing to give back.
+        if let Some(tx) = store.upgrade() {
+            let _ = tx.try_send(Msg::ReleaseMemory);
+        }
+    });
+    let checkpointer = checkpointer::Checkpointer::start(path, on_idle)?;
     if let Err(error) = conn.pragma_update(None, "wal_autocheckpoint", 0) {
         tracing::warn!(%error, "the store keeps checkpointing as it commits");
     }

@@ -521,11 +521,12 @@ impl Store {
         let thread_counters = counters.clone();
         let carried = Arc::new(carried::Carried::default());
         let thread_carried = carried.clone();
+        let to_itself = tx.downgrade();
         std::thread::Builder::new()
             .name("telegate-store".into())
             .spawn(move || match connection::open_connection(&target) {
                 Ok(conn) => {
-                    let checkpointer = connection::start_checkpointer(&conn, &target);
+                    let checkpointer = connection::start_checkpointer(&conn, &target, to_itself);
                     ready(Ok(()));
                     connection::serve(conn, rx, &thread_carried, &thread_counters, checkpointer);
                 }
