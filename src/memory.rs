@@ -59,7 +59,9 @@ pub(crate) fn trim_heap() {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::collections::HashMap;
+
+    use super::shrink_when_sparse;
 
     #[test]
     fn a_drained_map_gives_its_capacity_back() {

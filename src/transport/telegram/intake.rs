@@ -42,7 +42,7 @@ use super::inbound::{classify, Inbound, InboundPolicy};
 use super::inbox_listener::Feed;
 use super::inbox_writer::wakeup_from_payload;
 use super::media::IntakeMedia;
-use super::parse::{parse_guarded, parse_update};
+use super::parse::{parse_guarded, parse_update, parse_update_text};
 use super::strangers::Strangers;
 use super::topics::Topics;
 use super::TransportTables;
@@ -283,7 +283,8 @@ impl Intake {
         {
             return Sorted::Control(update_id);
         }
-        let update = parse_update(raw);
+        let payload = raw.to_string();
+        let update = parse_update_text(raw, &payload);
         let message = update.as_ref().and_then(|u| match &u.kind {
             UpdateKind::Message(message) => Some(message),
             _ => None,
@@ -312,7 +313,7 @@ impl Intake {
                 update_id,
                 chat_id,
                 message_id,
-                payload: raw.to_string(),
+                payload,
                 state,
                 reason: reason.map(str::to_string),
             },

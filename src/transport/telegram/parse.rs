@@ -22,14 +22,25 @@ pub(super) fn parse_update(raw: &Value) -> Option<Update> {
     parse_guarded(raw)
 }
 
+/// Parse an update whose JSON text is already at hand (the text the inbox
+/// records as its payload): one serialization per update, not two.
+pub(super) fn parse_update_text(raw: &Value, text: &str) -> Option<Update> {
+    parse_text(raw, text)
+}
+
 /// Parse a Telegram object (an update, a callback query) from raw JSON on
 /// a stack deep enough for its nesting: teloxide's deserializers recurse
 /// (a chain of `reply_to_message` would overflow the task's stack).
 pub(super) fn parse_guarded<T: serde::de::DeserializeOwned + Send>(raw: &Value) -> Option<T> {
-    let text = raw.to_string();
+    parse_text(raw, &raw.to_string())
+}
+
+/// Parse `text`, the serialization of `raw`, on a stack deep enough for
+/// `raw`'s nesting.
+fn parse_text<T: serde::de::DeserializeOwned + Send>(raw: &Value, text: &str) -> Option<T> {
     let depth = nesting_depth(raw);
     if depth <= PARSE_IN_PLACE_DEPTH {
-        return serde_json::from_str(&text).ok();
+        return serde_json::from_str(text).ok();
     }
     let stack = depth
         .saturating_add(4)
@@ -38,7 +49,7 @@ pub(super) fn parse_guarded<T: serde::de::DeserializeOwned + Send>(raw: &Value) 
         std::thread::Builder::new()
             .name("telegate-parse".into())
             .stack_size(stack)
-            .spawn_scoped(scope, || serde_json::from_str::<T>(&text).ok())
+            .spawn_scoped(scope, || serde_json::from_str::<T>(text).ok())
             .ok()?
             .join()
             .ok()
@@ -68,7 +79,7 @@ mod tests {
     use serde_json::json;
     use teloxide::types::UpdateKind;
 
-    use super::{nesting_depth, parse_update};
+    use super::{nesting_depth, parse_update, parse_update_text};
 
     #[test]
     fn nesting_depth_counts_objects_and_arrays() {
@@ -93,6 +104,9 @@ mod tests {
         }
         let raw = json!({"update_id": 5, "message": message});
         let update = parse_update(&raw).expect("a deep but valid update parses");
+        assert!(matches!(update.kind, UpdateKind::Message(_)));
+        // The intake's path: the payload text it records, parsed as is.
+        let update = parse_update_text(&raw, &raw.to_string()).expect("parses from its text");
         assert!(matches!(update.kind, UpdateKind::Message(_)));
     }
 }
