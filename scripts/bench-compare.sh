@@ -30,10 +30,10 @@
 # REF incrementally; remove it when done).
 # Arguments for a bench binary can be given in BENCH_ARGS_<name>
 # (e.g. BENCH_ARGS_engine="w3 mt"); other environment (PIPELINE_PER_CHAT…)
-# passes through to both sides. Cargo features for one side:
-# BENCH_FEATURES_A / BENCH_FEATURES_B (e.g. `BENCH_FEATURES_B=mimalloc
-# scripts/bench-compare.sh HEAD` compares glibc's malloc against mimalloc
-# on the same commit).
+# passes through to both sides. Extra cargo arguments for one side:
+# BENCH_CARGO_ARGS_A / BENCH_CARGO_ARGS_B (e.g.
+# `BENCH_CARGO_ARGS_A=--no-default-features scripts/bench-compare.sh HEAD`
+# compares glibc's malloc against the default mimalloc on the same commit).
 set -euo pipefail
 
 rounds=3
@@ -104,9 +104,9 @@ EOF
 # Builds the benches in $1 (target dir $2, cargo features $3 if any);
 # prints "name path" per bench.
 build() {
-    local dir="$1" target="$2" features="${3:-}"
-    (cd "$dir" && CARGO_TARGET_DIR="$target" cargo bench --locked --no-run \
-        ${features:+--features "$features"} \
+    local dir="$1" target="$2" args="${3:-}"
+    # shellcheck disable=SC2086 # the extra arguments are words
+    (cd "$dir" && CARGO_TARGET_DIR="$target" cargo bench --locked --no-run $args \
         --message-format=json 2>"$tmp/build.err") |
         jq -r 'select(.reason == "compiler-artifact" and .target.kind == ["bench"] and .executable != null)
                | "\(.target.name) \(.executable)"'
@@ -120,7 +120,7 @@ log "building A = $ref ($ref_commit) in $tmp/ref"
 # A bench of the work tree that does not build against REF (it reads
 # something REF lacks) falls back to REF's own version of it, one by one.
 for attempt in 1 2 3 4 5 6 7 8; do
-    if build "$tmp/ref" "$tmp/target" "${BENCH_FEATURES_A:-}" >"$tmp/a.list" && [ -s "$tmp/a.list" ]; then
+    if build "$tmp/ref" "$tmp/target" "${BENCH_CARGO_ARGS_A:-}" >"$tmp/a.list" && [ -s "$tmp/a.list" ]; then
         break
     fi
     failing=$(sed -n 's/.*could not compile `telegate` (bench "\([a-z_]*\)").*/\1/p' "$tmp/build.err" | sort -u)
@@ -140,7 +140,7 @@ for attempt in 1 2 3 4 5 6 7 8; do
     done
 done
 log "building B = work tree ($root)"
-build "$root" "${CARGO_TARGET_DIR:-$root/target}" "${BENCH_FEATURES_B:-}" >"$tmp/b.list" || { cat "$tmp/build.err" >&2; exit 1; }
+build "$root" "${CARGO_TARGET_DIR:-$root/target}" "${BENCH_CARGO_ARGS_B:-}" >"$tmp/b.list" || { cat "$tmp/build.err" >&2; exit 1; }
 
 exe_of() { awk -v n="$2" '$1 == n { print $2 }' "$1" | tail -n 1; }
 

@@ -9,10 +9,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use telegate::config::{zero_config, Config, LogFormat, Purpose};
 
-/// `--features mimalloc`: mimalloc instead of glibc's malloc. Cheaper per
-/// update (a turn's values are allocated on one thread and freed on
-/// another, which glibc serialises), dearer in idle memory: `Cargo.toml`'s
-/// `[features]` has the figures. The benches that run the engine in
+/// mimalloc instead of glibc's malloc (the `mimalloc` feature, on by
+/// default). Cheaper per update (a turn's values are allocated on one
+/// thread and freed on another, which glibc serialises), a little dearer in
+/// idle memory: `Cargo.toml`'s `[features]` has the figures. The benches that run the engine in
 /// process and the integration tests declare the same allocator under the
 /// same feature, so they measure and test what that build ships.
 #[cfg(feature = "mimalloc")]

@@ -29,9 +29,9 @@ pub(crate) fn shrink_when_sparse<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
 /// arenas per core. A high trim threshold, a fixed mmap threshold and four
 /// arenas took `cargo bench --bench pipeline` from about 290 to about
 /// 215 us of CPU per update; `cargo bench --bench footprint` keeps an eye
-/// on the idle RSS this may cost (none measured). Under `--features
-/// mimalloc` Rust's heap is mimalloc's and this tunes only what C code
-/// (SQLite) allocates. Call first thing in `main`.
+/// on the idle RSS this may cost (none measured). With the `mimalloc`
+/// feature (the default) Rust's heap is mimalloc's and this tunes only what
+/// C code (SQLite) allocates. Call first thing in `main`.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; meant to be called first
@@ -45,8 +45,8 @@ pub fn tune_allocator() {
 
 /// Hands the heap's free pages back to the kernel now, whatever the trim
 /// threshold: for a thread that just freed a lot and is about to idle (the
-/// store thread, see `store::batch`). Under `--features mimalloc` this
-/// trims what C code (SQLite) freed; mimalloc purges its own pages by
+/// store thread, see `store::batch`). With the `mimalloc` feature (the
+/// default) this trims what C code (SQLite) freed; mimalloc purges its own pages by
 /// itself.
 pub(crate) fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

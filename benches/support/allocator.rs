@@ -1,7 +1,7 @@
-//! The binary's allocator when built with `--features mimalloc`
-//! (`src/main.rs`), declared again for a bench that runs the engine in its
+//! The binary's allocator under the `mimalloc` feature (the default;
+//! `src/main.rs`), declared again for a bench that runs the engine in its
 //! own process: its figures are then those of what that build ships.
-//! Without the feature both use glibc's malloc.
+//! With `--no-default-features` both use glibc's malloc.
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]

@@ -7,8 +7,8 @@
 //! process-global state (the environment) live in `tests/process_env.rs`,
 //! a binary of their own.
 //!
-//! The binary's allocator (`src/main.rs`, mimalloc under
-//! `--features mimalloc`) is this binary's too, so the engine is tested on
+//! The binary's allocator (`src/main.rs`, mimalloc under the `mimalloc`
+//! feature, on by default) is this binary's too, so the engine is tested on
 //! what that build ships.
 
 #[cfg(feature = "mimalloc")]
