@@ -8,6 +8,13 @@
 //! limits; the 429s it had to give are printed too (target 0).
 //!
 //! Ten chats run their trials at once (ten rounds), as a busy bot would.
+//!
+//! Beside the wall-clock figures, telegate's CPU per trial (its runtime and
+//! store threads, `support/figures.rs`): on a shared machine it swings far
+//! less than the latencies. A trial's unit of work is the whole of it: the
+//! turn streaming its preview for one to three edits, then its /stop (the
+//! bench's own waits share telegate's runtime threads; they read the fake
+//! in place, so they add next to nothing).
 
 #[path = "support/allocator.rs"]
 mod allocator;
@@ -23,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_bot::{FakeBotApi, FloodLimits, RecordedCall};
-use figures::{figure, load_average, quantile, Better};
+use figures::{figure, load_average, quantile, us, Better, ThreadCpu};
 use futures::future::BoxFuture;
 use telegate::agent::{Agent, AgentError, AgentReply, TurnRequest};
 use telegate::config::{Config, Purpose};
@@ -69,22 +76,14 @@ fn config(fake: &FakeBotApi) -> Config {
     Config::parse(Path::new("bench.toml"), &text, Purpose::Telegram, |_| None).expect("config")
 }
 
-fn edits_to(calls: &[RecordedCall], chat: i64) -> usize {
-    calls
-        .iter()
-        .filter(|c| c.method == "editMessageText" && c.chat_id() == Some(chat) && c.outcome.is_ok())
-        .count()
+fn is_edit_to(c: &RecordedCall, chat: i64) -> bool {
+    c.method == "editMessageText" && c.chat_id() == Some(chat) && c.outcome.is_ok()
 }
 
-fn stopped_at(calls: &[RecordedCall], chat: i64) -> Option<Instant> {
-    calls
-        .iter()
-        .find(|c| {
-            c.method == "sendMessage"
-                && c.chat_id() == Some(chat)
-                && c.text().is_some_and(|t| t.contains("⏹ Stopped."))
-        })
-        .map(|c| c.at)
+fn is_stopped_in(c: &RecordedCall, chat: i64) -> bool {
+    c.method == "sendMessage"
+        && c.chat_id() == Some(chat)
+        && c.text().is_some_and(|t| t.contains("⏹ Stopped."))
 }
 
 /// What one trial saw, all from the fake's records.
@@ -103,9 +102,12 @@ struct Trial {
 /// phase offset, /stop; the latency seen by the fake.
 async fn trial(fake: Arc<FakeBotApi>, chat: i64, edits: usize, phase: Duration) -> Option<Trial> {
     fake.push_text(chat, chat, "go");
+    // Waits read the fake in place (no copy of its whole record per
+    // call), so the bench's own waiting costs next to nothing of the CPU
+    // counted as telegate's runtime.
     let streaming = fake
-        .wait_for(
-            |calls| edits_to(calls, chat) >= edits,
+        .wait_until(
+            |f| f.count_calls(|c| is_edit_to(c, chat)) >= edits,
             Duration::from_secs(60),
         )
         .await;
@@ -115,17 +117,17 @@ async fn trial(fake: Arc<FakeBotApi>, chat: i64, edits: usize, phase: Duration) 
     tokio::time::sleep(phase).await;
     let pushed = Instant::now();
     let id = fake.push_text(chat, chat, "/stop");
-    fake.wait_for(
-        |calls| stopped_at(calls, chat).is_some(),
+    fake.wait_until(
+        |f| f.count_calls(|c| is_stopped_in(c, chat)) > 0,
         Duration::from_secs(60),
     )
     .await;
-    let calls = fake.calls();
-    let stopped = stopped_at(&calls, chat)?;
+    let calls = fake.calls_where(|c| c.chat_id() == Some(chat));
+    let stopped = calls.iter().find(|c| is_stopped_in(c, chat))?.at;
     let handed = fake.handed_out_at(id).unwrap_or(pushed);
     let in_flight = calls
         .iter()
-        .filter(|c| c.chat_id() == Some(chat) && c.at <= handed)
+        .filter(|c| c.at <= handed)
         .filter_map(|c| match c.done {
             Some(done) if done > handed => Some(done - handed),
             Some(_) => None,
@@ -152,6 +154,7 @@ async fn run() {
     let mut trials = Vec::with_capacity(TRIALS);
     let mut lost = 0;
     let before = bot.delivery.stats();
+    let cpu_before = ThreadCpu::now();
     for round in 0..TRIALS / AT_ONCE {
         let mut tasks = Vec::new();
         for slot in 0..AT_ONCE {
@@ -169,6 +172,8 @@ async fn run() {
             }
         }
     }
+    let telegate_cpu = ThreadCpu::now().since(&cpu_before).telegate();
+    let cpu_per_trial = us(telegate_cpu) / TRIALS as f64;
     let stats = bot.delivery.stats();
     let mut latencies: Vec<Duration> = trials.iter().map(|t| t.latency).collect();
     latencies.sort();
@@ -196,6 +201,7 @@ async fn run() {
         "  429 answers from the fake's flood limits: {} (target: 0)",
         fake.flood_refusals()
     );
+    println!("  telegate CPU {cpu_per_trial:.0} us per trial (the streaming turn and its /stop)");
     // Where the time goes, on average per trial: the poll's pickup
     // (Telegram's side), a request to the chat in flight when /stop came,
     // the control reply's wait for the chat's turn and for its pacing
@@ -219,6 +225,13 @@ async fn run() {
     println!(
         "  mean per trial {total:.1} ms: getUpdates pickup {pickup:.1} ms, the chat's turn (a request in flight: \
          {in_flight:.1} ms) {turn_wait:.1} ms, pacing {pace_wait:.1} ms, the rest (intake, stopping the turn) {rest:.1} ms"
+    );
+    figure(
+        "stop_latency/telegate_cpu_per_trial",
+        cpu_per_trial,
+        "us",
+        Better::Lower,
+        None,
     );
     figure(
         "stop_latency/mean_pickup",

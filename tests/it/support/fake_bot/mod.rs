@@ -233,6 +233,16 @@ impl FakeBotApi {
         }
     }
 
+    /// The recorded calls that satisfy `pred`, in arrival order: a copy of
+    /// those only, not of the whole record.
+    pub fn calls_where<F>(&self, pred: F) -> Vec<RecordedCall>
+    where
+        F: Fn(&RecordedCall) -> bool,
+    {
+        let inner = self.shared.lock();
+        inner.calls.iter().filter(|c| pred(c)).cloned().collect()
+    }
+
     /// How many recorded calls satisfy `pred`, counted in place (no copy
     /// of the record: cheap enough to ask after every call).
     pub fn count_calls<F>(&self, pred: F) -> usize
