@@ -11,10 +11,11 @@ use telegate::config::{zero_config, Config, LogFormat, Purpose};
 
 /// mimalloc instead of glibc's malloc (the `mimalloc` feature, on by
 /// default). Cheaper per update (a turn's values are allocated on one
-/// thread and freed on another, which glibc serialises), a little dearer in
-/// idle memory: `Cargo.toml`'s `[features]` has the figures. The benches that run the engine in
-/// process and the integration tests declare the same allocator under the
-/// same feature, so they measure and test what that build ships.
+/// thread and freed on another, which glibc serialises), a little dearer
+/// in idle memory: `Cargo.toml`'s `[features]` has the figures. The
+/// benches that run the engine in process and the integration tests
+/// declare the same allocator under the same feature, so they measure and
+/// test what that build ships.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

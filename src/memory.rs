@@ -46,8 +46,8 @@ pub fn tune_allocator() {
 /// Hands the heap's free pages back to the kernel now, whatever the trim
 /// threshold: for a thread that just freed a lot and is about to idle (the
 /// store thread, see `store::batch`). With the `mimalloc` feature (the
-/// default) this trims what C code (SQLite) freed; mimalloc purges its own pages by
-/// itself.
+/// default) this trims what C code (SQLite) freed; mimalloc purges its
+/// own pages by itself.
 pub(crate) fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free memory to the kernel; it is

@@ -199,13 +199,7 @@ impl FakeBotApi {
     /// Recorded calls to one method (name matched case-insensitively).
     pub fn calls_to(&self, method: &str) -> Vec<RecordedCall> {
         let method = canonical_method(method);
-        let inner = self.shared.lock();
-        inner
-            .calls
-            .iter()
-            .filter(|c| c.method == method)
-            .cloned()
-            .collect()
+        self.calls_where(|c| c.method == method)
     }
 
     pub fn clear_calls(&self) {
