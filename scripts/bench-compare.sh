@@ -101,7 +101,7 @@ with open(sys.argv[2], "a") as f:
 EOF
 }
 
-# Builds the benches in $1 (target dir $2, cargo features $3 if any);
+# Builds the benches in $1 (target dir $2, extra cargo arguments $3 if any);
 # prints "name path" per bench.
 build() {
     local dir="$1" target="$2" args="${3:-}"
