@@ -65,6 +65,9 @@ pub(super) const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 const STDERR_TAIL_BYTES: usize = 4096;
 /// A stderr line longer than this is skipped.
 const STDERR_LINE_BYTES: usize = 8192;
+/// How long an ended agent's stderr may stay open (held by something
+/// outside its group) before its end is announced without the rest.
+const STDERR_DRAIN: Duration = Duration::from_secs(1);
 
 /// Where one running turn's updates and permission requests go.
 pub(super) struct Route {
@@ -365,7 +368,7 @@ impl Launch<'_> {
             )));
         };
         let stderr_tail = Arc::new(Mutex::new(String::new()));
-        tokio::spawn(drain_stderr(stderr, stderr_tail.clone(), pid));
+        let stderr_drain = tokio::spawn(drain_stderr(stderr, stderr_tail.clone(), pid));
         let spawned = Spawned {
             child,
             group,
@@ -374,6 +377,7 @@ impl Launch<'_> {
             stdin,
             stdout,
             stderr_tail,
+            stderr_drain,
         };
         let process = self.connect(spawned, &program).await?;
         self.initialize(process, &program).await
@@ -396,6 +400,7 @@ impl Launch<'_> {
             stdin,
             stdout,
             stderr_tail,
+            stderr_drain,
         } = spawned;
         let routes = Routes::default();
         let handlers = Handlers {
@@ -433,6 +438,7 @@ impl Launch<'_> {
             going: going.clone(),
             ended: ended.clone(),
             exit: exit.clone(),
+            stderr_drain,
             grace: self.config.kill_grace(),
         }));
         let cx = match cx_rx.await {
@@ -527,6 +533,8 @@ struct Spawned {
     stdin: tokio::process::ChildStdin,
     stdout: tokio::process::ChildStdout,
     stderr_tail: Arc<Mutex<String>>,
+    /// The task filling `stderr_tail`; it ends when the pipe closes.
+    stderr_drain: tokio::task::JoinHandle<()>,
 }
 
 /// Await an answer of the agent within `limit` (else the process is
@@ -820,12 +828,16 @@ struct Supervised {
     going: CancellationToken,
     ended: CancellationToken,
     exit: Arc<Mutex<Option<String>>>,
+    /// Read to its end before `ended` fires, so what the chat is told
+    /// about the end carries the agent's last words.
+    stderr_drain: tokio::task::JoinHandle<()>,
     grace: Duration,
 }
 
 /// Own the child until it is gone: it exits, its connection ends, or it
-/// is told to stop or killed. Then its group's leftovers are stopped and
-/// [`AgentProcess::ended`] fires.
+/// is told to stop or killed. Then its group's leftovers are stopped, what
+/// it wrote on stderr is read to the end (within a second: something
+/// outside its group may hold the pipe) and [`AgentProcess::ended`] fires.
 async fn supervise(mut s: Supervised) {
     let mut exited = None;
     let mut driver_done = false;
@@ -867,6 +879,15 @@ async fn supervise(mut s: Supervised) {
     s.group.terminate_leftovers(s.grace).await;
     s.group.disarm();
     drop(s.recorded);
+    // The exit can be seen before the drain has read the last lines
+    // written just before it (a busy runtime): the crash notice would
+    // lose "it said: ...".
+    if tokio::time::timeout(STDERR_DRAIN, &mut s.stderr_drain)
+        .await
+        .is_err()
+    {
+        s.stderr_drain.abort();
+    }
     tracing::info!(how, "acp agent process ended");
     *s.exit.lock().unwrap_or_else(PoisonError::into_inner) = Some(how);
     s.ended.cancel();
