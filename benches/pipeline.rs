@@ -17,6 +17,12 @@
 //! runs weigh the first-contact work of 500 new sessions less, but each
 //! turn loads a longer history.
 //!
+//! It runs twice: `pipeline/…` with an agent that keeps its conversations
+//! itself (the CLI and ACP presets: no history read, the user's message
+//! carried by the store's next call), `pipeline_history/…` with one fed the
+//! session's history (an OpenAI-compatible backend: one more store call per
+//! turn, reading up to `history_max_messages` rows).
+//!
 //! Prints its figures and the targets (20,000 updates/s end to end on 2
 //! cores, 60 µs of telegate's CPU per update, 2 store calls per turn, the
 //! store thread under 50% busy at 10,000/s), each also as a `FIGURE` line
@@ -56,11 +62,19 @@ const TARGET_STORE_CALLS: f64 = 2.0;
 /// The store thread's busy share at 10,000 updates/s, percent.
 const TARGET_STORE_BUSY_AT_10K: f64 = 50.0;
 
-struct NoOp;
+/// Answers at once. `reads_history`: fed the session's history as an
+/// OpenAI-compatible backend is, or not, as the CLI and ACP presets (which
+/// keep their conversations themselves) are.
+struct NoOp {
+    reads_history: bool,
+}
 
 impl Agent for NoOp {
     fn name(&self) -> &str {
         "noop"
+    }
+    fn reads_history(&self) -> bool {
+        self.reads_history
     }
     fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>> {
         Box::pin(async move { Ok(AgentReply::new(format!("ok {}", turn.text))) })
@@ -80,11 +94,17 @@ fn config(fake: &FakeBotApi, data_dir: &Path) -> Config {
     Config::parse(Path::new("bench.toml"), &text, Purpose::Telegram, |_| None).expect("config")
 }
 
-async fn pipeline(fake: FakeBotApi) {
+/// One run: `agent` answers every update; figures named `{name}/…`.
+async fn pipeline(fake: FakeBotApi, name: &str, agent: NoOp) {
     let data = tempfile::tempdir().expect("tempdir");
+    let what = if agent.reads_history {
+        "an agent fed the history (OpenAI-compatible)"
+    } else {
+        "an agent with sessions of its own (the CLI and ACP presets)"
+    };
     let bot = TelegramBot::start(
         &config(&fake, data.path()),
-        Some(AgentSetup::without_tools(Arc::new(NoOp))),
+        Some(AgentSetup::without_tools(Arc::new(agent))),
     )
     .await
     .expect("bot starts");
@@ -141,7 +161,9 @@ async fn pipeline(fake: FakeBotApi) {
             )
         })
         .unwrap_or_else(|| "?".into());
-    println!("pipeline [profile {profile}]: {CHATS} chats x {per_chat} messages = {total} updates");
+    println!(
+        "{name} [profile {profile}]: {CHATS} chats x {per_chat} messages = {total} updates, {what}"
+    );
     println!(
         "  {} answered in {:.2} s: {:.0} updates/s end to end (inbox write, turn, transcript, delivery){}  target >= {TARGET_PER_SEC:.0}",
         got,
@@ -195,63 +217,63 @@ async fn pipeline(fake: FakeBotApi) {
     let n = total as f64;
     let per = |d: Duration| us(d) / n;
     figure(
-        "pipeline/telegate_cpu_per_update",
+        &format!("{name}/telegate_cpu_per_update"),
         per(threads.telegate()),
         "us",
         Better::Lower,
         Some(TARGET_CPU_US),
     );
     figure(
-        "pipeline/runtime_cpu_per_update",
+        &format!("{name}/runtime_cpu_per_update"),
         per(threads.runtime),
         "us",
         Better::Lower,
         None,
     );
     figure(
-        "pipeline/store_cpu_per_update",
+        &format!("{name}/store_cpu_per_update"),
         per(threads.store),
         "us",
         Better::Lower,
         None,
     );
     figure(
-        "pipeline/fake_cpu_per_update",
+        &format!("{name}/fake_cpu_per_update"),
         per(threads.fake),
         "us",
         Better::Lower,
         None,
     );
     figure(
-        "pipeline/process_cpu_per_update",
+        &format!("{name}/process_cpu_per_update"),
         per(cpu),
         "us",
         Better::Lower,
         None,
     );
     figure(
-        "pipeline/telegate_alone_updates_per_s",
+        &format!("{name}/telegate_alone_updates_per_s"),
         2.0 * n / threads.telegate().as_secs_f64().max(1e-9),
         "1/s",
         Better::Higher,
         Some(TARGET_PER_SEC),
     );
     figure(
-        "pipeline/store_calls_per_turn",
+        &format!("{name}/store_calls_per_turn"),
         store.calls as f64 / turns,
         "calls",
         Better::Lower,
         Some(TARGET_STORE_CALLS),
     );
     figure(
-        "pipeline/store_carried_writes_per_turn",
+        &format!("{name}/store_carried_writes_per_turn"),
         store.carried as f64 / turns,
         "writes",
         Better::Lower,
         None,
     );
     figure(
-        "pipeline/store_commits_per_turn",
+        &format!("{name}/store_commits_per_turn"),
         store.commits as f64 / turns,
         "commits",
         Better::Lower,
@@ -261,28 +283,28 @@ async fn pipeline(fake: FakeBotApi) {
     // one second: the same number, read as percent.
     let busy_per_turn = store.busy.as_secs_f64() * 1e6 / turns;
     figure(
-        "pipeline/store_busy_per_turn",
+        &format!("{name}/store_busy_per_turn"),
         busy_per_turn,
         "us",
         Better::Lower,
         None,
     );
     figure(
-        "pipeline/store_busy_at_10k_per_s",
+        &format!("{name}/store_busy_at_10k_per_s"),
         busy_per_turn,
         "%",
         Better::Lower,
         Some(TARGET_STORE_BUSY_AT_10K),
     );
     figure(
-        "pipeline/updates_per_s_wall",
+        &format!("{name}/updates_per_s_wall"),
         got as f64 / elapsed.as_secs_f64(),
         "1/s",
         Better::Higher,
         Some(TARGET_PER_SEC),
     );
     figure(
-        "pipeline/load_average",
+        &format!("{name}/load_average"),
         load_average(),
         "load",
         Better::Lower,
@@ -328,7 +350,9 @@ fn main() {
     // The fake Bot API serves from its own runtime thread, so the CPU it
     // costs (Telegram's side, on another machine in production) is counted
     // apart from telegate's.
-    let fake = fake_runtime.block_on(FakeBotApi::start());
-    runtime.block_on(pipeline(fake));
+    for (name, reads_history) in [("pipeline", false), ("pipeline_history", true)] {
+        let fake = fake_runtime.block_on(FakeBotApi::start());
+        runtime.block_on(pipeline(fake, name, NoOp { reads_history }));
+    }
     rate_limiter_overhead();
 }

@@ -22,6 +22,10 @@ impl Agent for EchoAgent {
         "echo"
     }
 
+    fn reads_history(&self) -> bool {
+        false
+    }
+
     fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>> {
         Box::pin(async move {
             let reply = format!("echo: {}", turn.text);

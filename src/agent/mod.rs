@@ -142,6 +142,17 @@ pub trait Agent: Send + Sync + 'static {
     /// the turn's session id. Default: not needed.
     fn attach_store(&self, _tables: &AgentTables) {}
 
+    /// True if the backend answers from the history the runner hands it
+    /// ([`TurnRequest::history`]: an LLM API, a program fed the
+    /// transcript). A backend that keeps its conversation itself (a CLI
+    /// agent resuming its own session, an ACP agent) says no: its turns
+    /// skip reading the transcript, and the user's message is recorded
+    /// without a store call of its own (carried by the store's next
+    /// batch). Default: yes.
+    fn reads_history(&self) -> bool {
+        true
+    }
+
     /// True if the backend's program may leave files to send in the turn's
     /// outbox directory (`TELEGATE_OUTBOX`, the command backend). The
     /// runner makes that directory only for such backends: a fresh

@@ -184,9 +184,16 @@ impl Runner {
     }
 
     /// The history the turn runs with, the user's message recorded after
-    /// it.
+    /// it. A backend that keeps its conversation itself gets none: the message
+    /// is recorded without a store call of its own (carried by the next
+    /// one, so every later read sees it).
     async fn turn_history(&self, event: &MessageEvent, session_id: &SessionId) -> Vec<ChatMessage> {
+        let reads_history = self.inner.agent.reads_history();
         if !event.origin.was_running() {
+            if !reads_history {
+                self.record_later(session_id, vec![user_entry(event)]);
+                return Vec::new();
+            }
             return self
                 .load_history_and_record(session_id, user_entry(event))
                 .await;
@@ -202,6 +209,9 @@ impl Runner {
             history.pop();
         } else {
             self.record(session_id, vec![user_entry(event)]).await;
+        }
+        if !reads_history {
+            history.clear();
         }
         history
     }
@@ -468,6 +478,17 @@ impl Runner {
                 tracing::error!(%session_id, %error, "could not load the history and record the message; the turn runs without history");
                 Vec::new()
             }
+        }
+    }
+
+    /// [`Runner::record`] without waiting: carried by the store's next
+    /// call, which commits it first (a failure shows in `/healthz` and the
+    /// log, as the store reports it).
+    fn record_later(&self, session_id: &SessionId, entries: Vec<TranscriptEntry>) {
+        if let Some(store) = &self.inner.store {
+            store
+                .transcripts
+                .append_many_charging_later(session_id.as_str(), entries, None);
         }
     }
 

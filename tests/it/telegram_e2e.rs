@@ -731,6 +731,66 @@ async fn a_wakeup_killed_mid_turn_is_resumed_without_being_recorded_twice() {
     bot.shutdown().await;
 }
 
+/// The user and assistant entries of `session`, as "role: text".
+async fn transcript_of(bot: &TelegramBot, session: &str) -> Vec<String> {
+    let history = bot
+        .store
+        .transcripts()
+        .load_history(session, None)
+        .await
+        .unwrap();
+    history
+        .iter()
+        .map(|m| format!("{:?}: {}", m.role, m.content))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_with_sessions_of_its_own_gets_no_history_and_every_turn_is_still_recorded() {
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let agent = ScriptedAgent::with_own_sessions();
+    let bot = file_backed_bot(&fake, data.path(), "")
+        .agent(agent.clone())
+        .start()
+        .await
+        .unwrap();
+    fake.push_text(USER, USER, "one");
+    assert!(wait_text(&fake, USER, "answer:one").await);
+    fake.push_text(USER, USER, "two");
+    assert!(wait_text(&fake, USER, "answer:two").await);
+    let histories = agent.histories.lock().unwrap().clone();
+    assert_eq!(histories, vec![Vec::<String>::new(), Vec::new()]);
+    // The user's message is recorded without a call of its own: carried by
+    // the next one, so any read after the turn sees it, in order.
+    let session = agent.session_of("one").unwrap();
+    assert_eq!(
+        transcript_of(&bot, &session).await,
+        [
+            "User: one",
+            "Assistant: answer:one",
+            "User: two",
+            "Assistant: answer:two"
+        ]
+    );
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_replayed_for_an_agent_with_sessions_of_its_own_is_recorded_once_without_history() {
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let settings = file_backed_bot(&fake, data.path(), "");
+    seed_killed_wakeup(&settings.config(), &["an older question"], "job 9 done").await;
+    let agent = ScriptedAgent::with_own_sessions();
+    let bot = settings.clone().agent(agent.clone()).start().await.unwrap();
+    assert!(wait_text(&fake, USER, "answer:job 9 done").await);
+    assert_eq!(agent.histories.lock().unwrap()[0], Vec::<String>::new());
+    assert_eq!(recorded_times(&bot, "job 9 done").await, 1);
+    assert_eq!(recorded_times(&bot, "an older question").await, 1);
+    bot.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wakeup_killed_before_it_was_recorded_is_recorded_on_resuming() {
     let fake = FakeBotApi::start().await;

@@ -613,6 +613,11 @@ impl Agent for AcpAgent {
         self.worktrees.clone()
     }
 
+    /// The agent keeps the conversation in its own session.
+    fn reads_history(&self) -> bool {
+        false
+    }
+
     fn attach_store(&self, tables: &AgentTables) {
         self.sessions.attach(&tables.sessions);
         let _ = self

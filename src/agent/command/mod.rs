@@ -675,6 +675,12 @@ impl Agent for CommandAgent {
         true
     }
 
+    /// Only a program told to take the history (`history = "stdin_json"`
+    /// or `"env_file"`) reads it; the presets resume sessions of their own.
+    fn reads_history(&self) -> bool {
+        self.config.history != HistoryMode::None
+    }
+
     fn worktrees(&self) -> Option<Arc<crate::worktree::Worktrees>> {
         self.worktrees.clone()
     }

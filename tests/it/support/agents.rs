@@ -30,11 +30,22 @@ pub struct ScriptedAgent {
     pub turns: Mutex<Vec<(i64, String, String)>>,
     /// The history (message contents) each started turn was given.
     pub histories: Mutex<Vec<Vec<String>>>,
+    /// Says it keeps its conversation itself (as a CLI or ACP agent does),
+    /// so the runner hands it no history.
+    pub own_sessions: bool,
 }
 
 impl ScriptedAgent {
     pub fn new() -> Arc<Self> {
         Arc::new(ScriptedAgent::default())
+    }
+
+    /// An agent that keeps its conversation itself (see `own_sessions`).
+    pub fn with_own_sessions() -> Arc<Self> {
+        Arc::new(ScriptedAgent {
+            own_sessions: true,
+            ..ScriptedAgent::default()
+        })
     }
 
     pub fn started(&self) -> usize {
@@ -67,6 +78,10 @@ impl ScriptedAgent {
 impl Agent for ScriptedAgent {
     fn name(&self) -> &str {
         "scripted"
+    }
+
+    fn reads_history(&self) -> bool {
+        !self.own_sessions
     }
 
     fn run(&self, turn: TurnRequest) -> BoxFuture<'_, Result<AgentReply, AgentError>> {
