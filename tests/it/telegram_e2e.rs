@@ -699,16 +699,14 @@ async fn seed_killed_wakeup(config: &Config, transcript: &[&str], wakeup: &str) 
 }
 
 /// How often the user messages of session "s-killed" say `text`.
+/// How many times `text` is recorded as the user's in the killed slot's
+/// transcript.
 async fn recorded_times(bot: &TelegramBot, text: &str) -> usize {
-    let history = bot
-        .store
-        .transcripts()
-        .load_history("s-killed", None)
+    let line = format!("User: {text}");
+    transcript_of(bot, "s-killed")
         .await
-        .unwrap();
-    history
         .iter()
-        .filter(|m| m.role == telegate::vocab::Role::User && m.content == text)
+        .filter(|recorded| **recorded == line)
         .count()
 }
 
