@@ -222,6 +222,12 @@ async fn pipeline(fake: FakeBotApi, name: Option<&str>, agent: NoOp, per_chat: u
         store.busy.as_secs_f64() * 1e6 / turns,
         store.busy.as_secs_f64() * 100.0 / elapsed.as_secs_f64()
     );
+    // What the run left on disk beside the database: the WAL's file, which
+    // a sustained burst must not grow without bound.
+    let wal_mb = std::fs::metadata(data.path().join("telegate.db-wal"))
+        .map(|m| m.len() as f64 / 1e6)
+        .unwrap_or(0.0);
+    println!("  WAL file at the end of the run: {wal_mb:.1} MB");
     let n = total as f64;
     let per = |d: Duration| us(d) / n;
     figure(
@@ -303,6 +309,13 @@ async fn pipeline(fake: FakeBotApi, name: Option<&str>, agent: NoOp, per_chat: u
         "%",
         Better::Lower,
         Some(TARGET_STORE_BUSY_AT_10K),
+    );
+    figure(
+        &format!("{name}/wal_file_at_end"),
+        wal_mb,
+        "MB",
+        Better::Lower,
+        None,
     );
     figure(
         &format!("{name}/updates_per_s_wall"),

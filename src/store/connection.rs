@@ -54,6 +54,9 @@ pub(super) fn open_connection(target: &Target) -> Result<Connection, StoreError>
     Ok(conn)
 }
 
+/// Bytes of WAL file kept once the WAL starts over (`journal_size_limit`).
+pub(super) const WAL_SIZE_LIMIT: i64 = 16 << 20;
+
 /// Applies the connection settings described in the module docs.
 fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
@@ -66,6 +69,11 @@ fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
         Target::Memory => Synchronous::default(),
     };
     conn.pragma_update(None, "synchronous", synchronous.pragma())?;
+    // The commit that starts the WAL over (once a checkpoint has copied
+    // all of it) cuts its file back to this size: the WAL of a burst does
+    // not keep its disk space, while the steady state rewrites a file it
+    // already has.
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     conn.pragma_update(None, "foreign_keys", true)?;
     // Every write transaction takes the write lock up front, so it can wait
     // on the busy timeout instead of failing when upgrading a read lock.
