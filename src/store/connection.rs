@@ -90,8 +90,17 @@ fn configure(conn: &mut Connection, target: &Target) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Starts the checkpoint thread for a database file and turns the store
-/// connection's own automatic checkpoints off ([`checkpointer`]). An
+/// Bytes of WAL past which the store thread copies the rest of it itself
+/// (its automatic checkpoint, otherwise left to the checkpoint thread).
+/// Reached only by a writer that never pauses (see [`checkpointer`]'s
+/// known limit): the WAL then stops at about this size, and the stall
+/// (copying what the checkpoint thread has not yet, a few milliseconds)
+/// comes once per this many bytes written.
+pub(super) const WAL_CATCH_UP_BYTES: i64 = 4 * WAL_SIZE_LIMIT;
+
+/// Starts the checkpoint thread for a database file and leaves the store
+/// connection's own automatic checkpoint only to a WAL past
+/// [`WAL_CATCH_UP_BYTES`] ([`checkpointer`]). An
 /// in-memory database has no WAL to checkpoint. When the store goes
 /// quiet, the checkpoint thread asks it, through `store` (weak: it never
 /// keeps the store thread alive), to give its idle memory back.
@@ -110,7 +119,11 @@ pub(super) fn start_checkpointer(
         }
     });
     let checkpointer = checkpointer::Checkpointer::start(path, on_idle)?;
-    if let Err(error) = conn.pragma_update(None, "wal_autocheckpoint", 0) {
+    let catch_up = conn
+        .query_row("PRAGMA page_size", [], |row| row.get::<_, i64>(0))
+        .map(|page| WAL_CATCH_UP_BYTES / page.max(512))
+        .and_then(|frames| conn.pragma_update(None, "wal_autocheckpoint", frames));
+    if let Err(error) = catch_up {
         tracing::warn!(%error, "the store keeps checkpointing as it commits");
     }
     Some(checkpointer)
