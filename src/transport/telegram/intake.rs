@@ -30,7 +30,6 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use serde_json::Value;
 use teloxide::types::{CallbackQuery, Update, UpdateId, UpdateKind};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -42,7 +41,7 @@ use super::inbound::{classify, Inbound, InboundPolicy};
 use super::inbox_listener::Feed;
 use super::inbox_writer::wakeup_from_payload;
 use super::media::IntakeMedia;
-use super::parse::{parse_guarded, parse_update, parse_update_text};
+use super::parse::{parse_guarded, parse_update, parse_update_text, RawUpdate};
 use super::strangers::Strangers;
 use super::topics::Topics;
 use super::TransportTables;
@@ -237,10 +236,11 @@ impl Intake {
 
     /// Record one raw update and hand it on. An error means the update was
     /// NOT recorded and must not be confirmed to Telegram.
-    pub async fn take(&self, raw: Value) -> Result<Intook, StoreError> {
+    pub async fn take(&self, raw: impl Into<RawUpdate>) -> Result<Intook, StoreError> {
+        let raw = raw.into();
         match self.sort(&raw) {
             Sorted::Unkeyed => Ok(Intook::Ignored),
-            Sorted::Control(update_id) => self.take_control(update_id, raw).await,
+            Sorted::Control(update_id) => self.take_control(update_id, &raw).await,
             Sorted::Plain(plain) => Ok(self
                 .record_plain(vec![*plain])
                 .await?
@@ -255,7 +255,7 @@ impl Intake {
     /// of the batch may be confirmed to Telegram, and taking the batch
     /// again is safe (what was recorded is then a duplicate, not handed on
     /// twice).
-    pub async fn take_batch(&self, raws: &[Value]) -> Result<(), StoreError> {
+    pub async fn take_batch(&self, raws: &[RawUpdate]) -> Result<(), StoreError> {
         let mut plain = Vec::new();
         for raw in raws {
             match self.sort(raw) {
@@ -264,7 +264,7 @@ impl Intake {
                 Sorted::Control(update_id) => {
                     // Keep the batch's order: what came before it first.
                     self.record_plain(std::mem::take(&mut plain)).await?;
-                    self.take_control(update_id, raw.clone()).await?;
+                    self.take_control(update_id, raw).await?;
                 }
             }
         }
@@ -273,18 +273,20 @@ impl Intake {
     }
 
     /// Read and classify one raw update (no I/O).
-    fn sort(&self, raw: &Value) -> Sorted {
-        let Some(update_id) = raw.get("update_id").and_then(Value::as_i64) else {
+    fn sort(&self, raw: &RawUpdate) -> Sorted {
+        let head = raw.head();
+        let Some(update_id) = head.id else {
             tracing::warn!("an update without update_id was ignored");
             return Sorted::Unkeyed;
         };
         if self.callbacks.is_some()
-            && (DraftStop::parse(raw).is_some() || raw.get("callback_query").is_some())
+            && (head.callback_query
+                || (head.draft_stop && DraftStop::parse(&raw.to_value()).is_some()))
         {
             return Sorted::Control(update_id);
         }
-        let payload = raw.to_string();
-        let update = parse_update_text(raw, &payload);
+        let payload = raw.text().to_owned();
+        let update = parse_update_text(&payload);
         let message = update.as_ref().and_then(|u| match &u.kind {
             UpdateKind::Message(message) => Some(message),
             _ => None,
@@ -325,10 +327,12 @@ impl Intake {
     /// A button press or a draft stop: recorded by the callback handler;
     /// a press is then fed to the dispatcher, a draft stop carried out
     /// here (teloxide cannot carry it).
-    async fn take_control(&self, update_id: i64, raw: Value) -> Result<Intook, StoreError> {
+    async fn take_control(&self, update_id: i64, update: &RawUpdate) -> Result<Intook, StoreError> {
         let Some(handler) = &self.callbacks else {
             return Ok(Intook::Ignored);
         };
+        // Read whole: the handler records (and reads) it as a tree.
+        let raw = update.to_value();
         // Telegram's stop control on a streamed draft: a control like a
         // button press (teloxide-core 0.13 does not know this update).
         let new = if let Some(stop) = DraftStop::parse(&raw) {
@@ -356,7 +360,7 @@ impl Intake {
                         update_id,
                         chat_id: 0,
                         message_id: None,
-                        payload: raw.to_string(),
+                        payload: update.text().to_owned(),
                         state: InboxState::Dropped,
                         reason: Some("malformed or unknown update".to_string()),
                     };

@@ -43,6 +43,8 @@ pub mod strangers;
 pub mod topics;
 pub mod webhook;
 
+pub use self::parse::{Head, RawUpdate};
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

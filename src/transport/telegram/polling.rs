@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::health::UpdatesHealth;
 use super::intake::Intake;
+use super::parse::RawUpdate;
 
 /// How long one `getUpdates` request may wait for news (seconds).
 ///
@@ -59,7 +60,7 @@ pub async fn poll(
     let mut offset: i32 = 0;
     let mut failures = Failures::default();
     loop {
-        // Raw JSON: every update is recorded exactly as Telegram sent it.
+        // Each update's text: recorded exactly as Telegram sent it.
         let request = super::raw::get_updates(&bot, offset, POLL_TIMEOUT_SECS, &allowed_updates);
         let batch = tokio::select! {
             _ = stop.cancelled() => return,
@@ -145,12 +146,12 @@ impl Failures {
 }
 
 /// The offset that confirms every update of `updates` (from `offset`).
-fn batch_offset(updates: &[serde_json::Value], offset: i32) -> i32 {
+fn batch_offset(updates: &[RawUpdate], offset: i32) -> i32 {
     let mut last = offset;
     for raw in updates {
         match raw
-            .get("update_id")
-            .and_then(serde_json::Value::as_u64)
+            .head()
+            .id_u64
             .map(|id| u32::try_from(id).unwrap_or(u32::MAX))
         {
             Some(id) => last = last.max(next_offset(id)),
@@ -162,11 +163,7 @@ fn batch_offset(updates: &[serde_json::Value], offset: i32) -> i32 {
 
 /// Record the batch, retrying each second until it is written: `false`
 /// when `stop` came first.
-async fn record_batch(
-    intake: &Intake,
-    updates: &[serde_json::Value],
-    stop: &CancellationToken,
-) -> bool {
+async fn record_batch(intake: &Intake, updates: &[RawUpdate], stop: &CancellationToken) -> bool {
     loop {
         match intake.take_batch(updates).await {
             Ok(()) => return true,

@@ -1,13 +1,18 @@
 //! Bot API requests teloxide-core 0.13 cannot express, sent through
-//! teloxide's own client (`JsonRequest`), so the token, API URL, timeouts
-//! and error mapping (`retry_after`, API errors) are the same as for every
-//! other request.
+//! teloxide's own client, so the token, API URL, timeouts and error
+//! mapping (`retry_after`, API errors) are the same as for every other
+//! request.
 //!
-//! * [`get_updates`]: `getUpdates` returning the updates as raw JSON.
-//!   teloxide's typed `Update` turns kinds it cannot parse into an empty
-//!   value (its `callback_query` parse fails through `serde(flatten)`), and
-//!   re-encoding that loses the update; the intake parses what it needs
-//!   from the raw JSON instead, and keeps every update as received.
+//! * [`get_updates`]: `getUpdates` returning each update as the JSON text
+//!   Telegram sent ([`RawUpdate`]). teloxide's typed `Update` turns kinds it
+//!   cannot parse into an empty value (its `callback_query` parse fails
+//!   through `serde(flatten)`), and re-encoding that loses the update; the
+//!   intake parses what it needs from the text instead, and keeps every
+//!   update as received. It goes through [`crate::delivery::api::post`],
+//!   not teloxide's `JsonRequest`: that one reads the answer through an
+//!   untagged enum, which buffers the whole batch into a tree before a
+//!   `RawValue` could take its text (it cannot, from such a buffer), and
+//!   sleeps 10 s after a 5xx before the poll loop's own backoff.
 //! * [`set_webhook`] and [`get_webhook_info`]: the update types are plain
 //!   strings. teloxide's `AllowedUpdate` has no `stopped_message_generation`
 //!   (Telegram's stop of a draft), so its `setWebhook` cannot ask for it and
@@ -18,14 +23,15 @@
 //! shape of these requests only.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use teloxide::requests::{JsonRequest, Payload, Request};
 use teloxide::types::True;
-use teloxide::{Bot, RequestError};
+use teloxide::{ApiError, Bot, RequestError};
 
+use super::parse::RawUpdate;
+use crate::delivery::api::{self, AttemptError};
 use crate::secrets::Secret;
 
-/// `getUpdates`, answered as raw JSON values.
+/// `getUpdates`, answered as the updates' JSON text.
 #[derive(Clone, Debug, Serialize)]
 struct RawGetUpdates {
     offset: i32,
@@ -34,7 +40,7 @@ struct RawGetUpdates {
 }
 
 impl Payload for RawGetUpdates {
-    type Output = Vec<Value>;
+    type Output = Vec<RawUpdate>;
     const NAME: &'static str = "getUpdates";
 
     fn timeout_hint(&self) -> Option<std::time::Duration> {
@@ -49,17 +55,22 @@ pub async fn get_updates(
     offset: i32,
     timeout: u32,
     allowed: &[&'static str],
-) -> Result<Vec<Value>, RequestError> {
-    JsonRequest::new(
-        bot.clone(),
-        RawGetUpdates {
-            offset,
-            timeout,
-            allowed_updates: allowed.to_vec(),
-        },
-    )
-    .send()
-    .await
+) -> Result<Vec<RawUpdate>, RequestError> {
+    let payload = RawGetUpdates {
+        offset,
+        timeout,
+        allowed_updates: allowed.to_vec(),
+    };
+    api::post(bot.clone(), payload)
+        .await
+        .map_err(|error| match error {
+            AttemptError::Request(error) => error,
+            // Telegram (or a proxy) failed this poll: retried after the
+            // poll loop's backoff, reported as what it was.
+            AttemptError::Server(status) => RequestError::Api(ApiError::Unknown(format!(
+                "Telegram answered HTTP {status}"
+            ))),
+        })
 }
 
 /// `setWebhook` with the update types as strings.

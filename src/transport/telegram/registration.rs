@@ -36,9 +36,8 @@ use crate::secrets::Secret;
 pub const MESSAGE_UPDATE: &str = "message";
 /// A press of one of telegate's inline buttons.
 pub const CALLBACK_QUERY_UPDATE: &str = "callback_query";
-/// Telegram's stop control on a streamed draft (Bot API
-/// `MessageGenerationStopped`: chat, message_thread_id, draft_id).
-pub const DRAFT_STOP_UPDATE: &str = "stopped_message_generation";
+/// Telegram's stop control on a streamed draft (kept where updates are read).
+pub use super::parse::DRAFT_STOP_UPDATE;
 
 /// Every update type telegate handles, as Telegram names them. Polling
 /// and the webhook both ask for exactly these:

@@ -25,11 +25,11 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use serde_json::Value;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::intake::Intake;
+use super::parse::RawUpdate;
 use crate::listener::{self, BodyError, ListenerLimits};
 use crate::secrets::Secret;
 
@@ -87,7 +87,7 @@ async fn receive_for(state: &WebhookState, request: Request) -> StatusCode {
             };
         }
     };
-    let raw: Value = match serde_json::from_slice(&body) {
+    let raw: RawUpdate = match serde_json::from_slice(&body) {
         Ok(raw) => raw,
         Err(error) => {
             tracing::warn!(%error, "webhook body is not JSON; refused");
