@@ -20,7 +20,9 @@
 //! [`Delivery::wait_until_answering`] says Telegram answers again. Sends
 //! and edits go out through [`super::api::post`], which keeps the HTTP
 //! status that teloxide's own request path turns into an API error (after
-//! sleeping 10 s).
+//! sleeping 10 s), and read only what is kept of the answer (a sent
+//! message's id; nothing of an edit's), since a whole `Message` costs more
+//! to read than the rest of a turn's JSON.
 //!
 //! Requests to one chat go out one at a time: a request waits until the
 //! previous one to the same chat has its answer. Otherwise a notice sent
@@ -47,6 +49,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use serde::de::IgnoredAny;
 use teloxide::payloads::{
     EditMessageText, EditMessageTextSetters, GetMe, SendMessage, SendMessageSetters,
 };
@@ -59,7 +62,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::api::{post, AttemptError};
+use super::api::{post, AttemptError, ReadAs, SentMessage};
 use super::entity::{to_telegram, FormattedText};
 use super::lanes::{ChatLanes, ChatTurn};
 use super::markdown::render;
@@ -629,10 +632,13 @@ impl Delivery {
                         ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
                     );
                 }
-                post(self.inner.bot.clone(), request)
+                post(
+                    self.inner.bot.clone(),
+                    ReadAs::<_, SentMessage>::new(request),
+                )
             })
             .await?;
-        sent.map(|m| m.id.0)
+        sent.map(|m| m.message_id)
             .ok_or_else(|| DeliveryError::Rejected("unexpected 'not modified' on send".into()))
     }
 
@@ -674,7 +680,10 @@ impl Delivery {
                 if !plain && !entities.is_empty() {
                     request = request.entities(entities.clone());
                 }
-                post(self.inner.bot.clone(), request)
+                post(
+                    self.inner.bot.clone(),
+                    ReadAs::<_, IgnoredAny>::new(request),
+                )
             },
         )
         .await
