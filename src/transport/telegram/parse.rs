@@ -332,6 +332,24 @@ mod tests {
         assert_eq!(from_value.into_text(), r#"{"update_id":3}"#);
     }
 
+    #[test]
+    fn a_batch_with_an_update_nested_past_the_parsers_limit_is_still_read() {
+        // serde_json refuses to build a tree (or a teloxide type) nested
+        // deeper than 128 levels; the batch around such an update must
+        // still be read, so that polling moves past it.
+        let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+        let answer = format!(
+            r#"{{"ok": true, "result": [{{"update_id": 1, "message": {deep}}}, {{"update_id": 2}}]}}"#
+        );
+        let updates: Vec<RawUpdate> =
+            crate::delivery::api::read_answer(&answer).expect("the batch is read");
+        assert_eq!(updates.len(), 2);
+        assert_eq!(updates[0].head().id, Some(1));
+        assert_eq!(nesting_depth(updates[0].text()), 301);
+        assert!(parse_update_text(updates[0].text()).is_none());
+        assert_eq!(updates[1].head().id, Some(2));
+    }
+
     fn json_value() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
             Just(Value::Null),
