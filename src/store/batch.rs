@@ -8,7 +8,9 @@
 //!   already waiting behind it (at most [`MAX_BATCH`]), run them in one
 //!   `BEGIN IMMEDIATE … COMMIT`, each inside its own `SAVEPOINT` (or, for
 //!   a call that writes with one statement, [`Call::one_write`], none:
-//!   SQLite undoes a failed statement by itself), then answer them all.
+//!   SQLite undoes a failed statement by itself; nor for a deferred write,
+//!   which runs again if another job's failure rolls the batch back), then
+//!   answer them all.
 //! * The per-call envelope ([`Call`]): runs the caller's closure (catching
 //!   a panic), says whether its writes are kept, and later answers the
 //!   caller with the closure's result or with why it was not saved.
@@ -19,11 +21,14 @@
 //! * Never answer a caller whose writes are not committed yet: an `Ok`
 //!   reaches a caller only after the `COMMIT` of its batch returned.
 //! * Never let one failing call undo another call's work: a failing or
-//!   panicking call is rolled back to its own savepoint.
+//!   panicking call is rolled back to its own savepoint. (A job without one
+//!   that fails after changing rows rolls the batch back: the calls before
+//!   it are told, the deferred writes before it run again.)
 //! * Never wait for more work once the queue is empty (no added latency for
 //!   a lone call): batches form from what queued up while the thread was
 //!   busy.
 
+use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -321,18 +326,19 @@ fn run_carried(
 /// Runs `jobs` in as few transactions as possible and answers them all,
 /// counting commits (before answering, so a caller sees its own).
 fn run_batch(conn: &mut Connection, jobs: impl Iterator<Item = Box<dyn Job>>, counters: &Counters) {
-    let mut jobs = jobs.peekable();
-    while jobs.peek().is_some() {
+    // At most MAX_BATCH carried writes and MAX_BATCH calls.
+    let mut jobs: VecDeque<Box<dyn Job>> = jobs.collect();
+    while !jobs.is_empty() {
         if let Err(error) = run_cached(conn, "BEGIN IMMEDIATE") {
             tracing::warn!(%error, "store could not start a shared transaction; committing calls one by one");
-            for job in jobs.by_ref() {
+            for job in jobs.drain(..) {
                 run_alone(conn, job, counters);
             }
             break;
         }
         let mut waiting: Vec<Box<dyn Job>> = Vec::new();
         let mut ended = false;
-        for mut job in jobs.by_ref() {
+        while let Some(mut job) = jobs.pop_front() {
             let ran = if job.needs_savepoint() {
                 run_in_savepoint(conn, &mut *job)
             } else {
@@ -341,16 +347,9 @@ fn run_batch(conn: &mut Connection, jobs: impl Iterator<Item = Box<dyn Job>>, co
             match ran {
                 Ran::Kept | Ran::RolledBack => waiting.push(job),
                 Ran::Unsaved(error) => job.answer(Some(&error)),
-                Ran::EndedTransaction { kept } => {
-                    // Whatever ran before it in this transaction is gone
-                    // (or was committed by it: unknowable, so reported as
-                    // not saved, which is the safe side).
-                    let lost = ended_by_a_job();
-                    tracing::warn!("a store call ended the shared transaction; its batch is reported as not saved");
-                    for earlier in waiting.drain(..) {
-                        earlier.answer(Some(&lost));
-                    }
-                    job.answer(kept.then_some(&lost));
+                Ran::EndedTransaction { kept, rolled_back } => {
+                    end_early(std::mem::take(&mut waiting), &mut jobs, rolled_back);
+                    job.answer(kept.then_some(&ended_by_a_job()));
                     ended = true;
                     break;
                 }
@@ -378,6 +377,31 @@ fn run_batch(conn: &mut Connection, jobs: impl Iterator<Item = Box<dyn Job>>, co
     }
 }
 
+/// A job ended the shared transaction before its batch's `COMMIT`: the
+/// jobs that ran before it in that transaction (`earlier`) are told their
+/// work was not saved, except that, when the transaction is known to be
+/// rolled back (`rolled_back`, not ended by the job's own SQL, which may
+/// have committed it), those that can run again are put back in front of
+/// `jobs`, in their order, for the next transaction.
+fn end_early(earlier: Vec<Box<dyn Job>>, jobs: &mut VecDeque<Box<dyn Job>>, rolled_back: bool) {
+    let lost = ended_by_a_job();
+    let mut again = Vec::new();
+    for job in earlier {
+        if rolled_back && job.can_run_again() {
+            again.push(job);
+        } else {
+            job.answer(Some(&lost));
+        }
+    }
+    tracing::warn!(
+        running_again = again.len(),
+        "a store call ended the shared transaction; the rest of its batch is reported as not saved"
+    );
+    for job in again.into_iter().rev() {
+        jobs.push_front(job);
+    }
+}
+
 /// How one job ended inside the shared transaction.
 enum Ran {
     /// It succeeded; its savepoint was released into the transaction.
@@ -388,10 +412,14 @@ enum Ran {
     /// with this error, its writes (if any) rolled back.
     Unsaved(rusqlite::Error),
     /// It ended the shared transaction itself (or SQLite did, after an
-    /// error that rolls back the transaction).
+    /// error that rolls back the transaction, or the loop did, after a job
+    /// without a savepoint failed with changes made).
     EndedTransaction {
         /// Whether the job itself reported success.
         kept: bool,
+        /// Whether the transaction is known to be rolled back (the loop
+        /// rolled it back), not possibly committed by the job's own SQL.
+        rolled_back: bool,
     },
 }
 
@@ -407,7 +435,10 @@ fn run_in_savepoint(conn: &mut Connection, job: &mut dyn Job) -> Ran {
     }
     let keep = job.run(conn);
     if conn.is_autocommit() {
-        return Ran::EndedTransaction { kept: keep };
+        return Ran::EndedTransaction {
+            kept: keep,
+            rolled_back: false,
+        };
     }
     if !keep {
         if let Err(error) = conn.execute_batch(ROLLBACK_TO) {
@@ -425,16 +456,19 @@ fn run_in_savepoint(conn: &mut Connection, job: &mut dyn Job) -> Ran {
     }
 }
 
-/// Runs a [`Call::one_write`] job without a savepoint. A failed job that
-/// changed nothing needs no undo; one that failed after changing rows broke
-/// its promise, and since its changes cannot be undone alone, the whole
-/// transaction is rolled back (the earlier calls of the batch are told
-/// their work was not saved, which is true).
+/// Runs a job without a savepoint (a [`Call::one_write`] call or a deferred
+/// write). A failed job that changed nothing needs no undo; one that failed
+/// after changing rows cannot be undone alone, so the whole transaction is
+/// rolled back (the earlier calls of the batch are told their work was not
+/// saved, which is true; the earlier deferred writes run again).
 fn run_one_write(conn: &mut Connection, job: &mut dyn Job) -> Ran {
     let before = conn.total_changes();
     let keep = job.run(conn);
     if conn.is_autocommit() {
-        return Ran::EndedTransaction { kept: keep };
+        return Ran::EndedTransaction {
+            kept: keep,
+            rolled_back: false,
+        };
     }
     if keep {
         return Ran::Kept;
@@ -443,10 +477,13 @@ fn run_one_write(conn: &mut Connection, job: &mut dyn Job) -> Ran {
         return Ran::RolledBack;
     }
     tracing::error!(
-        "a single-write store call failed after changing rows; its batch is rolled back"
+        "a store job without a savepoint failed after changing rows; its batch is rolled back"
     );
     rollback(conn);
-    Ran::EndedTransaction { kept: false }
+    Ran::EndedTransaction {
+        kept: false,
+        rolled_back: true,
+    }
 }
 
 /// Runs one job in a transaction of its own and answers it (the fallback
@@ -487,7 +524,7 @@ fn rollback(conn: &mut Connection) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::store) mod tests {
     use std::future::Future;
     use std::pin::Pin;
     use std::sync::mpsc as std_mpsc;
@@ -500,7 +537,9 @@ mod tests {
     /// Occupies the store thread until the returned sender is used (or
     /// dropped), so that calls made meanwhile queue up and share the next
     /// batch.
-    async fn hold(store: &Store) -> (std_mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
+    pub(in crate::store) async fn hold(
+        store: &Store,
+    ) -> (std_mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
         let (entered_tx, entered_rx) = std_mpsc::channel::<()>();
         let (release_tx, release_rx) = std_mpsc::channel::<()>();
         let s = store.clone();
@@ -520,10 +559,11 @@ mod tests {
         (release_tx, held)
     }
 
-    type Pending<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+    pub(in crate::store) type Pending<T> =
+        Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
     /// Sends `f` to the store now (first poll), without waiting for it.
-    async fn queue<T: Send + 'static>(
+    pub(in crate::store) async fn queue<T: Send + 'static>(
         store: &Store,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Pending<T> {

@@ -172,7 +172,7 @@ impl Inbox {
     ) -> Result<(), StoreError> {
         let bot = self.bot();
         self.write(WriteKind::InboxState, move |conn| {
-            set_states(conn, bot, changes)
+            set_states(conn, bot, &changes)
         })
         .await
     }
@@ -183,14 +183,12 @@ impl Inbox {
     /// and the log.
     pub fn set_message_states_later(&self, changes: Vec<(i64, i64, InboxState, Option<String>)>) {
         let bot = self.bot();
-        let writes = changes.len();
         let what = "message states";
         self.defer(
             &[WriteKind::InboxState],
             Default::default(),
             what,
-            writes,
-            move |conn| set_states(conn, bot, changes),
+            move |conn| set_states(conn, bot, &changes),
         );
     }
 
@@ -356,7 +354,6 @@ impl Outbox {
             &[WriteKind::Outbox],
             Default::default(),
             "a reply in the outbox",
-            1,
             move |conn| upsert_reply(conn, bot, chat_id, message_id, &reply_ids, delivered),
         );
     }
@@ -478,7 +475,7 @@ impl Processes {
 fn set_states(
     conn: &Connection,
     bot: i64,
-    changes: Vec<(i64, i64, InboxState, Option<String>)>,
+    changes: &[(i64, i64, InboxState, Option<String>)],
 ) -> Result<(), StoreError> {
     let now = now_ms();
     let mut statement = conn.prepare_cached(SET_MESSAGE_STATE)?;

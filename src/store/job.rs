@@ -18,6 +18,12 @@ pub(super) trait Job: Send {
     /// error is reported).
     fn answer(self: Box<Self>, lost: Option<&rusqlite::Error>);
     /// Whether it runs inside a savepoint of its own (false for work that
-    /// changes the database with one statement at most).
+    /// changes the database with one statement at most, and for work that
+    /// can run again).
     fn needs_savepoint(&self) -> bool;
+    /// Whether it can run again in a new transaction after another job
+    /// rolled back the batch it ran in (its work is kept, not consumed).
+    fn can_run_again(&self) -> bool {
+        false
+    }
 }

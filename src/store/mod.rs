@@ -72,7 +72,11 @@
 //!   single transcript entries) skips the savepoint, whose page copies were
 //!   a quarter of the store thread's time per turn: SQLite undoes a failed
 //!   statement by itself. Should such a call fail after changing rows
-//!   anyway, its batch is rolled back (never half a call kept).
+//!   anyway, its batch is rolled back (never half a call kept). Deferred
+//!   writes ([`carried`]) never take a savepoint, however many statements
+//!   they run: one that fails after changing rows rolls its batch back,
+//!   and the deferred writes before it in that batch run again in the next
+//!   transaction, so only the failing one is lost.
 //! * **Plans do not depend on bound values** (`SQLITE_DBCONFIG_ENABLE_QPSG`):
 //!   otherwise SQLite re-parses a cached statement whose plan could depend
 //!   on a parameter (the history query) every time it is bound again.
@@ -392,11 +396,11 @@ macro_rules! handles {
                 }
 
                 #[allow(dead_code)] // not every handle defers a write
-                fn defer<F>(&self, kinds: &'static [WriteKind], failed: Arc<OnceLock<WriteKind>>, what: &'static str, writes: usize, f: F)
+                fn defer<F>(&self, kinds: &'static [WriteKind], failed: Arc<OnceLock<WriteKind>>, what: &'static str, f: F)
                 where
-                    F: FnOnce(&mut Connection) -> Result<(), StoreError> + Send + 'static,
+                    F: Fn(&mut Connection) -> Result<(), StoreError> + Send + 'static,
                 {
-                    self.link.defer(kinds, failed, what, writes, f)
+                    self.link.defer(kinds, failed, what, f)
                 }
             }
         )*
@@ -665,20 +669,20 @@ impl Link {
     /// A write nobody waits for, carried by the store thread's next batch
     /// (see [`carried`]): reported to the write health under `kinds` (a
     /// failure under the kind the work set in `failed`, if it did) and
-    /// logged as `what` if it fails. `writes`: how many of its statements
-    /// change the database (more than one runs in a savepoint).
+    /// logged as `what` if it fails. `f` may run more than once (it runs
+    /// again when another job's failure rolls its batch back), so it reads
+    /// what it writes from what it owns.
     fn defer<F>(
         &self,
         kinds: &'static [WriteKind],
         failed: Arc<OnceLock<WriteKind>>,
         what: &'static str,
-        writes: usize,
         f: F,
     ) where
-        F: FnOnce(&mut Connection) -> Result<(), StoreError> + Send + 'static,
+        F: Fn(&mut Connection) -> Result<(), StoreError> + Send + 'static,
     {
         let health = self.write_health.clone();
-        let job = carried::Deferred::new(f, kinds, failed, what, health, writes);
+        let job = carried::Deferred::new(f, kinds, failed, what, health);
         if self.carried.push(Box::new(job)) {
             // A full queue has batches coming that carry the list.
             if let Err(mpsc::error::TrySendError::Closed(_)) = self.tx.try_send(Msg::Flush) {

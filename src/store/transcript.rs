@@ -175,7 +175,6 @@ impl Transcripts {
         usage: Option<TurnUsage>,
     ) {
         let (bot, session_id) = (self.bot(), session_id.to_owned());
-        let writes = entries.len() + usize::from(usage.is_some());
         let kinds: &'static [WriteKind] = match usage {
             Some(_) => &[WriteKind::Transcript, WriteKind::Usage],
             None => &[WriteKind::Transcript],
@@ -183,7 +182,7 @@ impl Transcripts {
         let failed = Arc::new(OnceLock::new());
         let failing = failed_as(&failed);
         let what = "the transcript and the turn's usage";
-        self.defer(kinds, failed, what, writes, move |conn| {
+        self.defer(kinds, failed, what, move |conn| {
             for entry in &entries {
                 insert_entry(conn, bot, &session_id, entry)
                     .map_err(failing(WriteKind::Transcript))?;
