@@ -395,7 +395,7 @@ fn end_early(earlier: Vec<Box<dyn Job>>, jobs: &mut VecDeque<Box<dyn Job>>, roll
     }
     tracing::warn!(
         running_again = again.len(),
-        "a store call ended the shared transaction; the rest of its batch is reported as not saved"
+        "a store job ended the shared transaction: the calls that ran before it are reported as not saved"
     );
     for job in again.into_iter().rev() {
         jobs.push_front(job);
