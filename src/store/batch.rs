@@ -8,9 +8,9 @@
 //!   already waiting behind it (at most [`MAX_BATCH`]), run them in one
 //!   `BEGIN IMMEDIATE … COMMIT`, each inside its own `SAVEPOINT` (or, for
 //!   a call that writes with one statement, [`Call::one_write`], none:
-//!   SQLite undoes a failed statement by itself; nor for a deferred write
-//!   or an [`Again`] call, which run again if another job's failure rolls
-//!   the batch back), then answer them all.
+//!   SQLite undoes a failed statement by itself; nor for a deferred write,
+//!   which runs again if another job's failure rolls the batch back), then
+//!   answer them all.
 //! * The per-call envelope ([`Call`]): runs the caller's closure (catching
 //!   a panic), says whether its writes are kept, and later answers the
 //!   caller with the closure's result or with why it was not saved.
@@ -23,7 +23,7 @@
 //! * Never let one failing call undo another call's work: a failing or
 //!   panicking call is rolled back to its own savepoint. (A job without one
 //!   that fails after changing rows rolls the batch back: the calls before
-//!   it are told, the jobs before it that can run again run again.)
+//!   it are told, the deferred writes before it run again.)
 //! * Never wait for more work once the queue is empty (no added latency for
 //!   a lone call): batches form from what queued up while the thread was
 //!   busy.
@@ -116,91 +116,32 @@ where
         let Some(work) = self.work.take() else {
             return false;
         };
-        let outcome = run_timed(|| work(conn));
+        let started = Instant::now();
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| work(conn)));
+        let took = started.elapsed();
+        if took > SLOW_JOB {
+            tracing::warn!(?took, "slow store job");
+        }
         let keep = matches!(outcome, Ok(Ok(_)));
         self.outcome = Some(outcome);
         keep
     }
 
     fn answer(self: Box<Self>, lost: Option<&rusqlite::Error>) {
+        let outcome = match (self.outcome, lost) {
+            // Its own failure says more than the batch's.
+            (Some(Ok(Err(own))), _) => Ok(Err(own)),
+            (Some(Err(panic)), _) => Err(panic),
+            (Some(Ok(Ok(_))) | None, Some(lost)) => Ok(Err(not_saved(lost))),
+            (Some(Ok(Ok(value))), None) => Ok(Ok(value)),
+            (None, None) => Ok(Err(StoreError::Closed)),
+        };
         // The caller may have given up waiting; that is fine.
-        let _ = self.reply.send(final_outcome(self.outcome, lost));
+        let _ = self.reply.send(outcome);
     }
 
     fn needs_savepoint(&self) -> bool {
         self.savepoint
-    }
-}
-
-/// A call whose work can run again ([`super::Link::call_again`]): it takes
-/// no savepoint, however many statements it runs. Should it fail after
-/// changing rows, its batch is rolled back (never half a call kept); should
-/// another job's failure roll its batch back, it runs again in the next
-/// transaction, and its caller hears the outcome of that run.
-pub(super) struct Again<R, F> {
-    work: F,
-    outcome: Option<Outcome<R>>,
-    reply: oneshot::Sender<Outcome<R>>,
-}
-
-impl<R, F> Again<R, F> {
-    pub(super) fn new(work: F, reply: oneshot::Sender<Outcome<R>>) -> Self {
-        Again {
-            work,
-            outcome: None,
-            reply,
-        }
-    }
-}
-
-impl<R, F> Job for Again<R, F>
-where
-    R: Send + 'static,
-    F: Fn(&mut Connection) -> Result<R, StoreError> + Send + 'static,
-{
-    fn run(&mut self, conn: &mut Connection) -> bool {
-        let work = &self.work;
-        let outcome = run_timed(|| work(conn));
-        let keep = matches!(outcome, Ok(Ok(_)));
-        self.outcome = Some(outcome);
-        keep
-    }
-
-    fn answer(self: Box<Self>, lost: Option<&rusqlite::Error>) {
-        // The caller may have given up waiting; that is fine.
-        let _ = self.reply.send(final_outcome(self.outcome, lost));
-    }
-
-    fn needs_savepoint(&self) -> bool {
-        false
-    }
-
-    fn can_run_again(&self) -> bool {
-        true
-    }
-}
-
-/// Runs a call's work, catching a panic and logging a slow one.
-fn run_timed<R>(work: impl FnOnce() -> Result<R, StoreError>) -> Outcome<R> {
-    let started = Instant::now();
-    let outcome = panic::catch_unwind(AssertUnwindSafe(work));
-    let took = started.elapsed();
-    if took > SLOW_JOB {
-        tracing::warn!(?took, "slow store job");
-    }
-    outcome
-}
-
-/// What a call's caller hears: its own outcome, unless its batch was
-/// `lost` (then why), or that it never ran.
-fn final_outcome<R>(outcome: Option<Outcome<R>>, lost: Option<&rusqlite::Error>) -> Outcome<R> {
-    match (outcome, lost) {
-        // Its own failure says more than the batch's.
-        (Some(Ok(Err(own))), _) => Ok(Err(own)),
-        (Some(Err(panic)), _) => Err(panic),
-        (Some(Ok(Ok(_))) | None, Some(lost)) => Ok(Err(not_saved(lost))),
-        (Some(Ok(Ok(value))), None) => Ok(Ok(value)),
-        (None, None) => Ok(Err(StoreError::Closed)),
     }
 }
 
@@ -515,11 +456,11 @@ fn run_in_savepoint(conn: &mut Connection, job: &mut dyn Job) -> Ran {
     }
 }
 
-/// Runs a job without a savepoint (a [`Call::one_write`] call, an [`Again`] call or a deferred
+/// Runs a job without a savepoint (a [`Call::one_write`] call or a deferred
 /// write). A failed job that changed nothing needs no undo; one that failed
 /// after changing rows cannot be undone alone, so the whole transaction is
 /// rolled back (the earlier calls of the batch are told their work was not
-/// saved, which is true; the earlier jobs that can run again run again).
+/// saved, which is true; the earlier deferred writes run again).
 fn run_one_write(conn: &mut Connection, job: &mut dyn Job) -> Ran {
     let before = conn.total_changes();
     let keep = job.run(conn);
@@ -662,35 +603,6 @@ pub(in crate::store) mod tests {
         assert!(b.await.is_err());
         assert!(c.await.is_ok());
         assert_eq!(rows(&store).await, [1, 2]);
-    }
-
-    #[tokio::test]
-    async fn a_call_that_can_run_again_is_kept_when_a_later_call_rolls_its_batch_back() {
-        let store = store_with_table().await;
-        let (release, held) = hold(&store).await;
-        // No savepoint of its own: two statements, either both kept or none.
-        let s = store.clone();
-        let mut a: Pending<()> = Box::pin(async move {
-            s.call_again(|c| {
-                insert(1)(c)?;
-                insert(3)(c)
-            })
-            .await
-        });
-        assert!(poll!(&mut a).is_pending(), "queued, not run yet");
-        let b = queue_one_write(&store, |c| -> Result<(), StoreError> {
-            insert(2)(c)?;
-            Err(StoreError::NoSuchSession { key: "b".into() })
-        })
-        .await;
-        let c = queue(&store, insert(4)).await;
-        release.send(()).expect("release");
-        held.await.expect("held");
-        // b's failure rolled the batch back; a ran again in the next one.
-        assert!(a.await.is_ok(), "the call that can run again is kept");
-        assert!(b.await.is_err());
-        assert!(c.await.is_ok());
-        assert_eq!(rows(&store).await, [1, 3, 4]);
     }
 
     #[tokio::test]

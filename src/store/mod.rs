@@ -76,9 +76,7 @@
 //!   writes ([`carried`]) never take a savepoint, however many statements
 //!   they run: one that fails after changing rows rolls its batch back,
 //!   and the deferred writes before it in that batch run again in the next
-//!   transaction, so only the failing one is lost. A call whose work can
-//!   run again ([`Link::call_again`]: a turn's answer and its usage) skips
-//!   its savepoint the same way.
+//!   transaction, so only the failing one is lost.
 //! * **Plans do not depend on bound values** (`SQLITE_DBCONFIG_ENABLE_QPSG`):
 //!   otherwise SQLite re-parses a cached statement whose plan could depend
 //!   on a parameter (the history query) every time it is bound again.
@@ -597,16 +595,6 @@ impl Store {
         self.link.call_one_write(f).await
     }
 
-    /// [`Store::call`] for work that can run again (see [`Link::call_again`]).
-    #[cfg(test)]
-    pub(crate) async fn call_again<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: Fn(&mut Connection) -> Result<R, StoreError> + Send + 'static,
-    {
-        self.link.call_again(f).await
-    }
-
     /// Shuts the store down and waits until it is closed: jobs queued before
     /// this call complete, later ones (from other clones) fail with
     /// [`StoreError::Closed`], the WAL is checkpointed into the main file and
@@ -661,20 +649,6 @@ impl Link {
     {
         let (reply_tx, reply_rx) = oneshot::channel();
         self.submit(Box::new(Call::one_write(f, reply_tx)), reply_rx)
-            .await
-    }
-
-    /// [`Link::call`] for work that can run again (`Fn`, reading what it
-    /// writes from what it owns): it runs without a savepoint however many
-    /// statements it has; if another job's failure rolls its batch back it
-    /// runs again in the next transaction (see [`batch::Again`]).
-    async fn call_again<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: Fn(&mut Connection) -> Result<R, StoreError> + Send + 'static,
-    {
-        let (reply_tx, reply_rx) = oneshot::channel();
-        self.submit(Box::new(batch::Again::new(f, reply_tx)), reply_rx)
             .await
     }
 

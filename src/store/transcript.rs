@@ -141,6 +141,7 @@ impl Transcripts {
         usage: Option<TurnUsage>,
     ) -> Result<Vec<i64>, StoreError> {
         let (bot, session_id) = (self.bot(), session_id.to_owned());
+        let writes = entries.len() + usize::from(usage.is_some());
         let kinds: &[WriteKind] = match usage {
             Some(_) => &[WriteKind::Transcript, WriteKind::Usage],
             None => &[WriteKind::Transcript],
@@ -148,7 +149,7 @@ impl Transcripts {
         let failed = Arc::new(OnceLock::new());
         let failing = failed_as(&failed);
         self.link
-            .write_kinds(kinds, failed, move |conn| {
+            .write_kinds(kinds, failed, writes, move |conn| {
                 let ids = entries
                     .iter()
                     .map(|e| insert_entry(conn, bot, &session_id, e))

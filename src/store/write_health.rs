@@ -160,23 +160,24 @@ impl Link {
         self.report(kind, result)
     }
 
-    /// [`Link::write`] for work that writes the tables of several kinds in
-    /// one call (a turn's answer and its usage): success is reported under
-    /// each of `kinds`, a failure under the kind the work set in `failed`
-    /// (whose statement failed), else under all. The work runs through
-    /// [`Link::call_again`]: no savepoint, and it may run a second time if
-    /// another job's failure rolls its batch back.
+    /// [`Link::write_with_writes`] for work that writes the tables of
+    /// several kinds in one call (a turn's answer and its usage): success
+    /// is reported under each of `kinds`, a failure under the kind the
+    /// work set in `failed` (whose statement failed), else under all.
     pub(super) async fn write_kinds<R, F>(
         &self,
         kinds: &[WriteKind],
         failed: Arc<OnceLock<WriteKind>>,
+        writes: usize,
         f: F,
     ) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: Fn(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
-        let result = self.call_again(move |conn| changed_by(conn, &f)).await;
+        let result = self
+            .call_with_writes(writes, move |conn| changed_by(conn, f))
+            .await;
         match (&result, failed.get()) {
             (Err(_), Some(kind)) => self.report_kinds(&[*kind], result),
             _ => self.report_kinds(kinds, result),
