@@ -84,11 +84,6 @@ impl RawUpdate {
         // serde_json's recursion limit fails, read as `null` (no fields).
         serde_json::from_str(self.text()).unwrap_or(Value::Null)
     }
-
-    /// The text, for the inbox's payload.
-    pub fn into_text(self) -> String {
-        String::from(Box::<str>::from(self.text))
-    }
 }
 
 impl From<Value> for RawUpdate {
@@ -329,7 +324,7 @@ mod tests {
         let from_value = RawUpdate::from(json!({"update_id": 3}));
         assert_eq!(from_value.head().id, Some(3));
         assert_eq!(from_value.to_value(), json!({"update_id": 3}));
-        assert_eq!(from_value.into_text(), r#"{"update_id":3}"#);
+        assert_eq!(from_value.text(), r#"{"update_id":3}"#);
     }
 
     #[test]
