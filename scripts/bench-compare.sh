@@ -34,6 +34,14 @@
 # BENCH_CARGO_ARGS_A / BENCH_CARGO_ARGS_B (e.g.
 # `BENCH_CARGO_ARGS_A=--no-default-features scripts/bench-compare.sh HEAD`
 # compares glibc's malloc against the default mimalloc on the same commit).
+#
+# Do not build another commit by hand into this work tree's target dir
+# (CARGO_TARGET_DIR=.../target in a worktree of REF): its bench binaries
+# get the same names (target/release/deps/pipeline-<hash>), and cargo,
+# finding that tree's sources unchanged, then takes them as up to date for
+# this one, so `cargo bench` here measures REF. It happened once: a
+# profile showed code removed two commits earlier. `touch src/lib.rs`
+# forces the rebuild; this script's own target dirs never mix.
 set -euo pipefail
 
 rounds=3
