@@ -40,7 +40,7 @@
 # get the same names (target/release/deps/pipeline-<hash>), and cargo,
 # finding that tree's sources unchanged, then takes them as up to date for
 # this one, so `cargo bench` here measures REF. It happened once: a
-# profile showed code removed two commits earlier. `touch src/lib.rs`
+# profile showed code removed eight commits earlier. `touch src/lib.rs`
 # forces the rebuild; this script's own target dirs never mix.
 set -euo pipefail
 
