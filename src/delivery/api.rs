@@ -5,11 +5,12 @@
 //! describes (`ApiError::Unknown("Internal Server Error")`, which reads as
 //! a permanent refusal) or, for a proxy's HTML page, into `InvalidJson`
 //! (which reads like a garbled 200); and it sleeps 10 s after every 5xx
-//! before even reading the body, holding the chat's turn. [`post`] sends
-//! the same JSON payload through the same client (token, API URL,
-//! timeouts) but answers a 5xx at once with [`AttemptError::Server`]; every
-//! other answer is read the way teloxide reads it (`retry_after`,
-//! `migrate_to_chat_id`, API errors by description). [`ReadAs`] reads an
+//! before even reading the body, holding the chat's turn.
+//! [`super::bot_api::BotApi::post`] sends the same JSON payload (token, API
+//! URL, timeouts as teloxide's) but answers a 5xx at once with
+//! [`AttemptError::Server`]; every other answer is read by [`read_answer`]
+//! the way teloxide reads it (`retry_after`, `migrate_to_chat_id`, API
+//! errors by description). [`ReadAs`] reads an
 //! answer as less than the payload's own output type (a sent message's
 //! id), since teloxide's `Message` is the costliest JSON a turn reads.
 //!
@@ -25,7 +26,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use teloxide::requests::Payload;
 use teloxide::types::ResponseParameters;
-use teloxide::{ApiError, Bot, RequestError};
+use teloxide::{ApiError, RequestError};
 
 /// Why one attempt of a request failed.
 #[derive(Debug)]
@@ -35,6 +36,12 @@ pub enum AttemptError {
     /// Telegram, or the proxy in front of it, answered HTTP 5xx: it did not
     /// carry the request out, so trying again is safe.
     Server(u16),
+    /// No connection could be made: nothing was sent, so trying again is
+    /// safe (what went wrong, without the URL).
+    NotSent(String),
+    /// The request was written but no answer could be read (timed out,
+    /// hung up on, too large): it may have been carried out.
+    Unanswered(String),
 }
 
 impl From<RequestError> for AttemptError {
@@ -48,46 +55,9 @@ impl std::fmt::Display for AttemptError {
         match self {
             AttemptError::Request(error) => error.fmt(f),
             AttemptError::Server(status) => write!(f, "Telegram answered HTTP {status}"),
+            AttemptError::NotSent(why) | AttemptError::Unanswered(why) => f.write_str(why),
         }
     }
-}
-
-/// `payload` as a JSON request through `bot`'s client.
-pub async fn post<P>(bot: Bot, payload: P) -> Result<P::Output, AttemptError>
-where
-    P: Payload + Serialize,
-    P::Output: DeserializeOwned,
-{
-    let body = serde_json::to_vec(&payload).map_err(|e| {
-        RequestError::Io(Arc::new(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            e,
-        )))
-    })?;
-    let mut url = bot.api_url();
-    url.path_segments_mut()
-        .map_err(|()| {
-            RequestError::Io(Arc::new(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "telegram.api_url cannot take a path",
-            )))
-        })?
-        .push(&format!("bot{}", bot.token()))
-        .push(P::NAME);
-    let response = bot
-        .client()
-        .post(url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body)
-        .send()
-        .await
-        .map_err(RequestError::from)?;
-    let status = response.status();
-    if status.is_server_error() {
-        return Err(AttemptError::Server(status.as_u16()));
-    }
-    let text = response.text().await.map_err(RequestError::from)?;
-    read_answer(&text).map_err(AttemptError::Request)
 }
 
 /// `payload` sent as it is, its answer read as `O` instead of the

@@ -19,7 +19,8 @@
 //! sends, edits and shows "typing", pacing every request with the limiter,
 //! honouring `retry_after` and retrying only what is safe to repeat; whose
 //! turn it is to send to a chat is kept by `lanes`), [`api`] (one Bot API
-//! request with its HTTP status kept, for sends and edits) and [`live`] (a
+//! request with its HTTP status kept, for sends and edits), [`bot_api`]
+//! (the HTTP client those requests travel by) and [`live`] (a
 //! running turn's typing indicator and streamed preview).
 //!
 //! What it never does: it never decides *whether* a reply should be sent
@@ -31,6 +32,7 @@
 
 pub mod answer;
 pub mod api;
+pub mod bot_api;
 pub mod draft;
 pub mod entity;
 pub mod files;

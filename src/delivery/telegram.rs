@@ -62,7 +62,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::api::{post, AttemptError, ReadAs, SentMessage};
+use super::api::{AttemptError, ReadAs, SentMessage};
+use super::bot_api::BotApi;
 use super::entity::{to_telegram, FormattedText};
 use super::lanes::{ChatLanes, ChatTurn};
 use super::markdown::render;
@@ -147,6 +148,8 @@ pub enum Idempotence {
 
 struct DeliveryInner {
     bot: Bot,
+    /// The client of the sends, edits and the probe (`bot`'s, or direct).
+    api: BotApi,
     limiter: Mutex<RateLimiter>,
     stats: Mutex<DeliveryStats>,
     config: DeliveryConfig,
@@ -261,6 +264,8 @@ fn classify(error: AttemptError) -> Failure {
         AttemptError::Server(status) => {
             return Failure::Transient(format!("Telegram answered HTTP {status}"))
         }
+        AttemptError::NotSent(why) => return Failure::Transient(why),
+        AttemptError::Unanswered(why) => return Failure::Ambiguous(why),
         AttemptError::Request(error) => error,
     };
     match error {
@@ -279,11 +284,18 @@ fn classify(error: AttemptError) -> Failure {
 }
 
 impl Delivery {
-    /// A delivery engine for `bot`.
+    /// A delivery engine for `bot` ([`BotApi::new`]: its requests direct
+    /// unless the environment names a proxy).
     pub fn new(bot: Bot, config: DeliveryConfig) -> Self {
+        Delivery::with_api(BotApi::new(bot), config)
+    }
+
+    /// A delivery engine whose requests go through `api`.
+    pub fn with_api(api: BotApi, config: DeliveryConfig) -> Self {
         Delivery {
             inner: Arc::new(DeliveryInner {
-                bot,
+                bot: api.bot().clone(),
+                api,
                 limiter: Mutex::new(RateLimiter::new(config.limits)),
                 stats: Mutex::new(DeliveryStats::default()),
                 config,
@@ -632,10 +644,10 @@ impl Delivery {
                         ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
                     );
                 }
-                post(
-                    self.inner.bot.clone(),
-                    ReadAs::<_, SentMessage>::new(request),
-                )
+                self.inner
+                    .api
+                    .clone()
+                    .post(ReadAs::<_, SentMessage>::new(request))
             })
             .await?;
         sent.map(|m| m.message_id)
@@ -680,10 +692,10 @@ impl Delivery {
                 if !plain && !entities.is_empty() {
                     request = request.entities(entities.clone());
                 }
-                post(
-                    self.inner.bot.clone(),
-                    ReadAs::<_, IgnoredAny>::new(request),
-                )
+                self.inner
+                    .api
+                    .clone()
+                    .post(ReadAs::<_, IgnoredAny>::new(request))
             },
         )
         .await
@@ -698,7 +710,7 @@ impl Delivery {
     pub async fn wait_until_answering(&self) {
         let mut wait = Duration::from_secs(1);
         loop {
-            match post(self.inner.bot.clone(), GetMe::new()).await {
+            match self.inner.api.clone().post(GetMe::new()).await {
                 Ok(_) => return,
                 Err(AttemptError::Request(
                     RequestError::Api(_)

@@ -18,12 +18,14 @@ use std::time::Duration;
 
 use support::fake_bot::{Failure, FakeBotApi};
 use telegate::delivery::api::AttemptError;
+use telegate::delivery::bot_api::BotApi;
 use telegate::delivery::render;
 use telegate::delivery::telegram::{
     transient_backoff, Idempotence, Priority, MAX_BACKOFF, MAX_IN_FLIGHT,
 };
 use telegate::delivery::{ChatTarget, Delivery, DeliveryConfig, RateLimits};
 use telegate::reply::{DeliveryError, Reply};
+use teloxide::payloads::GetMe;
 use teloxide::types::Seconds;
 use teloxide::{ApiError, Bot, RequestError};
 
@@ -34,12 +36,12 @@ const CHAT: ChatTarget = ChatTarget {
 };
 
 fn delivery(max_attempts: u32) -> Delivery {
-    delivery_through(Bot::new("0:test"), max_attempts)
+    delivery_through(BotApi::direct(Bot::new("0:test")), max_attempts)
 }
 
-fn delivery_through(bot: Bot, max_attempts: u32) -> Delivery {
-    Delivery::new(
-        bot,
+fn delivery_through(api: BotApi, max_attempts: u32) -> Delivery {
+    Delivery::with_api(
+        api,
         DeliveryConfig {
             limits: RateLimits {
                 per_chat_interval: Duration::from_millis(1),
@@ -254,24 +256,30 @@ fn closed_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-/// A server that reads each request and closes the connection unanswered.
-async fn hanging_up_server() -> u16 {
+/// A server that reads each request and closes the connection unanswered;
+/// and how many requests it read.
+async fn hanging_up_server() -> (u16, Arc<AtomicU32>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
+    let read = Arc::new(AtomicU32::new(0));
+    let counted = read.clone();
     tokio::spawn(async move {
         loop {
             let Ok((mut socket, _)) = listener.accept().await else {
                 return;
             };
+            let counted = counted.clone();
             tokio::spawn(async move {
                 use tokio::io::AsyncReadExt;
                 let mut buf = [0u8; 4096];
-                let _ = socket.read(&mut buf).await;
+                if socket.read(&mut buf).await.is_ok_and(|n| n > 0) {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
                 drop(socket);
             });
         }
     });
-    port
+    (port, read)
 }
 
 /// Sends as `op` would, once per attempt, through a real socket.
@@ -308,7 +316,7 @@ async fn a_send_that_could_not_connect_is_retried_one_that_got_no_answer_is_not(
         other => panic!("{other:?}"),
     }
     // Read, then hung up on: the message may be in the chat.
-    let port = hanging_up_server().await;
+    let (port, _) = hanging_up_server().await;
     let unanswered = format!("http://127.0.0.1:{port}/bot0:test/sendMessage");
     let (result, attempts) =
         tokio::time::timeout(Duration::from_secs(30), send_through(&delivery, unanswered))
@@ -322,6 +330,50 @@ async fn a_send_that_could_not_connect_is_retried_one_that_got_no_answer_is_not(
     assert!(
         matches!(result, Err(DeliveryError::Ambiguous(_))),
         "{result:?}"
+    );
+}
+
+/// The direct client tells a refused connection (nothing sent: retried)
+/// from a request read and hung up on (it may have arrived: never
+/// repeated), as reqwest's errors are told apart above.
+#[tokio::test]
+async fn the_direct_client_tells_a_refused_connection_from_a_request_hung_up_on() {
+    let at = |port: u16| {
+        let url = format!("http://127.0.0.1:{port}").parse().unwrap();
+        BotApi::direct(Bot::new("0:test").set_api_url(url))
+    };
+    let refused = at(closed_port());
+    let (port, requests_read) = hanging_up_server().await;
+    let hung_up = at(port);
+    match refused.clone().post(GetMe::new()).await {
+        Err(AttemptError::NotSent(why)) => assert!(!why.contains("0:test"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    match hung_up.clone().post(GetMe::new()).await {
+        Err(AttemptError::Unanswered(why)) => assert!(!why.contains("0:test"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // Through the delivery engine: the refused send is retried (and then
+    // reported as not sent), the one hung up on is not.
+    let result = delivery_through(refused, 2)
+        .deliver_reply(fake_chat(), &Reply::answer("refused"), None)
+        .await;
+    assert!(
+        matches!(&result, Err(DeliveryError::Unavailable(_))),
+        "{result:?}"
+    );
+    let before = requests_read.load(Ordering::SeqCst);
+    let result = delivery_through(hung_up, 5)
+        .deliver_reply(fake_chat(), &Reply::answer("hung up on"), None)
+        .await;
+    assert!(
+        matches!(&result, Err(DeliveryError::Ambiguous(_))),
+        "{result:?}"
+    );
+    assert_eq!(
+        requests_read.load(Ordering::SeqCst) - before,
+        1,
+        "a send that may have arrived was repeated"
     );
 }
 
@@ -374,7 +426,7 @@ fn fake_chat() -> ChatTarget {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commands_reply_goes_out_before_replies_already_waiting() {
     let fake = FakeBotApi::start().await;
-    let delivery = delivery_through(fake.bot(), 3);
+    let delivery = delivery_through(BotApi::direct(fake.bot()), 3);
     // The first answer is slow to be answered: the others wait behind it.
     fake.fail_next("sendMessage", 1, Failure::Delay(Duration::from_millis(500)));
     let mut sending = Vec::new();
@@ -409,7 +461,7 @@ async fn a_commands_reply_goes_out_before_replies_already_waiting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_whose_entities_are_refused_is_redone_in_plain_text() {
     let fake = FakeBotApi::start().await;
-    let delivery = delivery_through(fake.bot(), 3);
+    let delivery = delivery_through(BotApi::direct(fake.bot()), 3);
     let ids = delivery
         .deliver_reply(fake_chat(), &Reply::answer("draft"), None)
         .await
@@ -458,7 +510,7 @@ async fn an_edit_whose_entities_are_refused_is_redone_in_plain_text() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_typing_action_refused_with_429_is_counted_and_not_retried() {
     let fake = FakeBotApi::start().await;
-    let delivery = delivery_through(fake.bot(), 3);
+    let delivery = delivery_through(BotApi::direct(fake.bot()), 3);
     fake.fail_next("sendChatAction", 1, Failure::RetryAfter(2));
     assert!(!delivery.typing(fake_chat()).await);
     let stats = delivery.stats();
@@ -523,20 +575,44 @@ async fn a_server_error_is_retried_even_for_a_send_within_bounded_backoff() {
     );
 }
 
-/// A bot on `fake` whose client gives up on an unanswered request after
-/// half a second (teloxide's own waits 17 s).
-fn impatient_bot(fake: &FakeBotApi) -> Bot {
+/// Clients of `fake` that give up on an unanswered request after half a
+/// second (teloxide's own wait 17 s): the direct one, and the bot's own
+/// reqwest client (kept where a proxy is named).
+fn impatient(fake: &FakeBotApi) -> [BotApi; 2] {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    Bot::with_client(fake.token(), client).set_api_url(fake.url())
+    let bot = Bot::with_client(fake.token(), client).set_api_url(fake.url());
+    [
+        BotApi::direct(bot.clone()).with_timeout(Duration::from_millis(500)),
+        BotApi::through_bot_client(bot),
+    ]
+}
+
+/// Runs `test` against a fresh fake for each of [`impatient`]'s clients.
+async fn with_each_client<F, Fut>(test: F)
+where
+    F: Fn(FakeBotApi, Delivery) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for client in 0..2 {
+        let fake = FakeBotApi::start().await;
+        let api = impatient(&fake)[client].clone();
+        assert_eq!(api.is_direct(), client == 0);
+        test(fake, delivery_through(api, 5)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_answered_500_is_retried_and_arrives_once() {
-    let fake = FakeBotApi::start().await;
-    let delivery = delivery_through(impatient_bot(&fake), 5);
+    with_each_client(a_send_answered_500_is_retried_and_arrives_once_through).await;
+}
+
+async fn a_send_answered_500_is_retried_and_arrives_once_through(
+    fake: FakeBotApi,
+    delivery: Delivery,
+) {
     fake.fail_next("sendMessage", 2, Failure::ServerError(500));
     let ids = delivery
         .deliver_reply(fake_chat(), &Reply::answer("hello"), None)
@@ -558,8 +634,13 @@ async fn a_send_answered_500_is_retried_and_arrives_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_that_hangs_or_is_answered_with_garbage_is_never_repeated() {
-    let fake = FakeBotApi::start().await;
-    let delivery = delivery_through(impatient_bot(&fake), 5);
+    with_each_client(a_send_that_hangs_or_is_answered_with_garbage_is_never_repeated_through).await;
+}
+
+async fn a_send_that_hangs_or_is_answered_with_garbage_is_never_repeated_through(
+    fake: FakeBotApi,
+    delivery: Delivery,
+) {
     fake.fail_next("sendMessage", 1, Failure::Hang);
     let result = delivery
         .deliver_reply(fake_chat(), &Reply::answer("hung"), None)
@@ -593,8 +674,13 @@ async fn a_send_that_hangs_or_is_answered_with_garbage_is_never_repeated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_telegram_ends_with_the_first_answer_of_the_api() {
-    let fake = FakeBotApi::start().await;
-    let delivery = delivery_through(impatient_bot(&fake), 5);
+    with_each_client(waiting_for_telegram_ends_with_the_first_answer_of_the_api_through).await;
+}
+
+async fn waiting_for_telegram_ends_with_the_first_answer_of_the_api_through(
+    fake: FakeBotApi,
+    delivery: Delivery,
+) {
     fake.fail_next("getMe", 1, Failure::ServerError(503));
     fake.fail_next("getMe", 1, Failure::Garbage);
     fake.fail_next("getMe", 1, Failure::Hang);

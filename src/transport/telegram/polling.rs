@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::health::UpdatesHealth;
 use super::intake::Intake;
 use super::parse::RawUpdate;
+use crate::delivery::bot_api::BotApi;
 
 /// How long one `getUpdates` request may wait for news (seconds).
 ///
@@ -59,9 +60,10 @@ pub async fn poll(
 ) {
     let mut offset: i32 = 0;
     let mut failures = Failures::default();
+    let api = BotApi::new(bot);
     loop {
         // Each update's text: recorded exactly as Telegram sent it.
-        let request = super::raw::get_updates(&bot, offset, POLL_TIMEOUT_SECS, &allowed_updates);
+        let request = super::raw::get_updates(&api, offset, POLL_TIMEOUT_SECS, &allowed_updates);
         let batch = tokio::select! {
             _ = stop.cancelled() => return,
             batch = request => batch,

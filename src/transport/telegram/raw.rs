@@ -1,14 +1,13 @@
-//! Bot API requests teloxide-core 0.13 cannot express, sent through
-//! teloxide's own client, so the token, API URL, timeouts and error
-//! mapping (`retry_after`, API errors) are the same as for every other
-//! request.
+//! Bot API requests teloxide-core 0.13 cannot express, with the same
+//! token, API URL, timeouts and error mapping (`retry_after`, API errors)
+//! as every other request.
 //!
 //! * [`get_updates`]: `getUpdates` returning each update as the JSON text
 //!   Telegram sent ([`RawUpdate`]). teloxide's typed `Update` turns kinds it
 //!   cannot parse into an empty value (its `callback_query` parse fails
 //!   through `serde(flatten)`), and re-encoding that loses the update; the
 //!   intake parses what it needs from the text instead, and keeps every
-//!   update as received. It goes through [`crate::delivery::api::post`],
+//!   update as received. It goes through [`BotApi::post`],
 //!   not teloxide's `JsonRequest`: that one reads the answer through an
 //!   untagged enum, which buffers the whole batch into a tree before a
 //!   `RawValue` could take its text (it cannot, from such a buffer), and
@@ -22,13 +21,16 @@
 //! ([`super::registration::handled_updates`]). This module owns the wire
 //! shape of these requests only.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use teloxide::requests::{JsonRequest, Payload, Request};
 use teloxide::types::True;
 use teloxide::{ApiError, Bot, RequestError};
 
 use super::parse::RawUpdate;
-use crate::delivery::api::{self, AttemptError};
+use crate::delivery::api::AttemptError;
+use crate::delivery::bot_api::BotApi;
 use crate::secrets::Secret;
 
 /// `getUpdates`, answered as the updates' JSON text.
@@ -51,7 +53,7 @@ impl Payload for RawGetUpdates {
 /// One long poll for the update types `allowed`: updates after `offset`,
 /// waiting up to `timeout` seconds.
 pub async fn get_updates(
-    bot: &Bot,
+    api: &BotApi,
     offset: i32,
     timeout: u32,
     allowed: &[&'static str],
@@ -61,10 +63,15 @@ pub async fn get_updates(
         timeout,
         allowed_updates: allowed.to_vec(),
     };
-    api::post(bot.clone(), payload)
+    api.clone()
+        .post(payload)
         .await
         .map_err(|error| match error {
             AttemptError::Request(error) => error,
+            // Failed or unanswered: retried after the poll loop's backoff.
+            AttemptError::NotSent(why) | AttemptError::Unanswered(why) => {
+                RequestError::Io(Arc::new(std::io::Error::other(why)))
+            }
             // Telegram (or a proxy) failed this poll: retried after the
             // poll loop's backoff, reported as what it was.
             AttemptError::Server(status) => RequestError::Api(ApiError::Unknown(format!(
