@@ -7,8 +7,10 @@
 //! was sent) and a connection closed after the request was read (it may
 //! have been). Against the fake Bot API: a send answered 500, one that
 //! hangs, one answered with garbage, and the probe that says when Telegram
-//! answers again. And the cap on a bot's requests in flight, which a control
-//! request goes past.
+//! answers again, each through both clients (the direct one and the bot's
+//! reqwest one, kept where a proxy is named); the direct client's own
+//! failures (refused, hung up on, a certificate no root vouches for). And
+//! the cap on a bot's requests in flight, which a control request goes past.
 
 use crate::support;
 
@@ -374,6 +376,58 @@ async fn the_direct_client_tells_a_refused_connection_from_a_request_hung_up_on(
         requests_read.load(Ordering::SeqCst) - before,
         1,
         "a send that may have arrived was repeated"
+    );
+}
+
+/// An https API URL is spoken to over TLS, and a server whose certificate
+/// no known root vouches for (a self-signed one for `localhost`) is
+/// refused before any request is written: nothing sent, retried as such.
+#[tokio::test]
+async fn the_direct_client_refuses_a_server_no_known_root_vouches_for() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let cert = CertificateDer::from_pem_slice(include_bytes!("../fixtures/tls/self_signed.crt"))
+        .expect("the fixture's certificate");
+    let key = PrivateKeyDer::from_pem_slice(include_bytes!("../fixtures/tls/self_signed.key"))
+        .expect("the fixture's key");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![cert], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (connections, handshakes) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let (counted_connections, counted_handshakes) = (connections.clone(), handshakes.clone());
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counted_connections.fetch_add(1, Ordering::SeqCst);
+            if acceptor.accept(socket).await.is_ok() {
+                counted_handshakes.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let url = format!("https://localhost:{port}").parse().unwrap();
+    let api = BotApi::direct(Bot::new("0:test").set_api_url(url));
+    match api.post(GetMe::new()).await {
+        Err(AttemptError::NotSent(why)) => {
+            assert!(why.contains("certificate"), "{why}");
+            assert!(!why.contains("0:test"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        connections.load(Ordering::SeqCst) >= 1,
+        "TLS was never tried"
+    );
+    assert_eq!(
+        handshakes.load(Ordering::SeqCst),
+        0,
+        "the certificate was taken"
     );
 }
 
