@@ -35,7 +35,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use teloxide::requests::Payload;
@@ -50,6 +50,9 @@ pub const MAX_ANSWER_BYTES: usize = 16 << 20;
 /// kept for the direct client: a whole request, and making a connection.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(17);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long an unused connection is kept (reqwest's default).
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The variables naming a proxy for telegate's requests: teloxide's own,
 /// and those reqwest reads for an `https` or `http` API URL.
@@ -116,7 +119,12 @@ impl BotApi {
             return BotApi::through_bot_client(bot);
         };
         let connector = tls.https_or_http().enable_http1().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        // Idle connections are closed after reqwest's 90 s, by a timer
+        // (without one they would be dropped only when next taken).
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector);
         let base = method_base(&bot);
         BotApi {
             bot,
