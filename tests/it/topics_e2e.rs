@@ -104,7 +104,9 @@ async fn auto_creates_a_topic_on_new_named_from_the_task_and_answers_in_it() {
         .to_string();
     assert_eq!(name, "Fix the login bug in auth.rs where…");
     let thread = thread_of(&answer).expect("the answer carries the topic's thread");
-    assert_eq!(fake.topics(FORUM)[&thread].name, name);
+    // The answer is out: the rename may already have followed it.
+    let now = fake.topics(FORUM)[&thread].name.clone();
+    assert!(now == name || now == task, "{now:?}");
     assert_eq!(agent.turn_texts(), vec![format!("{task}\nmore detail")]);
 
     // After the first answer the topic is renamed to the task's first line.
