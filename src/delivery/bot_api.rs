@@ -170,12 +170,7 @@ impl BotApi {
         P: Payload + Serialize,
         P::Output: DeserializeOwned,
     {
-        let body = serde_json::to_vec(&payload).map_err(|e| {
-            RequestError::Io(Arc::new(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                e,
-            )))
-        })?;
+        let body = serde_json::to_vec(&payload).map_err(invalid_input)?;
         match self.transport {
             Transport::Direct {
                 client,
@@ -221,12 +216,7 @@ async fn direct(
     let request = hyper::Request::post(uri)
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
-        .map_err(|_| {
-            RequestError::Io(Arc::new(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "telegram.api_url does not make a request URL",
-            )))
-        })?;
+        .map_err(|_| invalid_input("telegram.api_url does not make a request URL"))?;
     let response = client.request(request).await.map_err(|error| {
         if error.is_connect() {
             AttemptError::NotSent(format!(
@@ -250,6 +240,14 @@ async fn direct(
         .map_err(|_| AttemptError::Unanswered("the answer was not text".into()))
 }
 
+/// A request that cannot be made from what it was given (nothing sent).
+fn invalid_input(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> RequestError {
+    RequestError::Io(Arc::new(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        error,
+    )))
+}
+
 /// The innermost cause of `error` (hyper's own message is "client error
 /// (Connect)" and the like).
 fn source_of(error: &(dyn std::error::Error + 'static)) -> String {
@@ -268,12 +266,7 @@ where
 {
     let mut url = bot.api_url();
     url.path_segments_mut()
-        .map_err(|()| {
-            RequestError::Io(Arc::new(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "telegram.api_url cannot take a path",
-            )))
-        })?
+        .map_err(|()| invalid_input("telegram.api_url cannot take a path"))?
         .push(&format!("bot{}", bot.token()))
         .push(P::NAME);
     let response = bot

@@ -147,8 +147,8 @@ pub enum Idempotence {
 }
 
 struct DeliveryInner {
-    bot: Bot,
-    /// The client of the sends, edits and the probe (`bot`'s, or direct).
+    /// The bot, and the client of the sends, edits and the probe (its
+    /// own, or direct).
     api: BotApi,
     limiter: Mutex<RateLimiter>,
     stats: Mutex<DeliveryStats>,
@@ -294,7 +294,6 @@ impl Delivery {
     pub fn with_api(api: BotApi, config: DeliveryConfig) -> Self {
         Delivery {
             inner: Arc::new(DeliveryInner {
-                bot: api.bot().clone(),
                 api,
                 limiter: Mutex::new(RateLimiter::new(config.limits)),
                 stats: Mutex::new(DeliveryStats::default()),
@@ -335,7 +334,7 @@ impl Delivery {
 
     /// The bot.
     pub fn bot(&self) -> &Bot {
-        &self.inner.bot
+        self.inner.api.bot()
     }
 
     /// The settings.
@@ -744,8 +743,7 @@ impl Delivery {
             return false;
         }
         let mut request = self
-            .inner
-            .bot
+            .bot()
             .send_chat_action(ChatId(target.chat_id), ChatAction::Typing);
         if let Some(thread) = target.thread_id {
             request = teloxide::payloads::SendChatActionSetters::message_thread_id(

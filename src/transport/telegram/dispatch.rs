@@ -132,7 +132,7 @@ async fn route(update: Update, routes: Arc<Routes>) -> Result<(), Infallible> {
             user_id,
             name,
             code,
-        }) => redeem((chat_id, user_id, name, code), &routes).await,
+        }) => redeem(chat_id, user_id, name, code, &routes).await,
         Some(Inbound::TopicClosed { chat_id, thread_id }) => {
             topic_closed(chat_id, thread_id, &routes).await
         }
@@ -198,7 +198,10 @@ async fn stranger(chat_id: i64, user_id: u64, routes: &Routes) -> Result<(), Inf
 }
 
 async fn redeem(
-    (chat_id, user_id, name, code): (i64, u64, String, String),
+    chat_id: i64,
+    user_id: u64,
+    name: String,
+    code: String,
     routes: &Routes,
 ) -> Result<(), Infallible> {
     let work = async {
