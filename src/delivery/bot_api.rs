@@ -79,8 +79,6 @@ enum Transport {
     /// hyper's pooled client (see the module documentation).
     Direct {
         client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-        /// `<api_url>/bot<token>/`: a method's URL is this and its name.
-        base: Arc<str>,
         timeout: Duration,
     },
     /// The bot's reqwest client (its proxy, its timeouts).
@@ -92,6 +90,8 @@ enum Transport {
 #[derive(Clone)]
 pub struct BotApi {
     bot: Bot,
+    /// `<api_url>/bot<token>/`: a method's URL is this and its name.
+    base: Arc<str>,
     transport: Transport,
 }
 
@@ -125,12 +125,11 @@ impl BotApi {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build(connector);
-        let base = method_base(&bot);
         BotApi {
+            base: method_base(&bot),
             bot,
             transport: Transport::Direct {
                 client,
-                base,
                 timeout: REQUEST_TIMEOUT,
             },
         }
@@ -139,6 +138,7 @@ impl BotApi {
     /// `bot`'s requests through its own reqwest client.
     pub fn through_bot_client(bot: Bot) -> BotApi {
         BotApi {
+            base: method_base(&bot),
             bot,
             transport: Transport::BotClient,
         }
@@ -171,13 +171,9 @@ impl BotApi {
         P::Output: DeserializeOwned,
     {
         let body = serde_json::to_vec(&payload).map_err(invalid_input)?;
+        let uri = format!("{}{}", self.base, P::NAME);
         match self.transport {
-            Transport::Direct {
-                client,
-                base,
-                timeout,
-            } => {
-                let uri = format!("{base}{}", P::NAME);
+            Transport::Direct { client, timeout } => {
                 let text = match tokio::time::timeout(timeout, direct(&client, &uri, body)).await {
                     Ok(answer) => answer?,
                     Err(_) => {
@@ -189,7 +185,7 @@ impl BotApi {
                 };
                 read_answer(&text).map_err(AttemptError::Request)
             }
-            Transport::BotClient => through_reqwest::<P>(&self.bot, body).await,
+            Transport::BotClient => through_reqwest::<P>(&self.bot, &uri, body).await,
         }
     }
 }
@@ -259,16 +255,13 @@ fn source_of(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// One request through the bot's own reqwest client.
-async fn through_reqwest<P>(bot: &Bot, body: Vec<u8>) -> Result<P::Output, AttemptError>
+async fn through_reqwest<P>(bot: &Bot, uri: &str, body: Vec<u8>) -> Result<P::Output, AttemptError>
 where
     P: Payload,
     P::Output: DeserializeOwned,
 {
-    let mut url = bot.api_url();
-    url.path_segments_mut()
-        .map_err(|()| invalid_input("telegram.api_url cannot take a path"))?
-        .push(&format!("bot{}", bot.token()))
-        .push(P::NAME);
+    let url = reqwest::Url::parse(uri)
+        .map_err(|_| invalid_input("telegram.api_url does not make a request URL"))?;
     let response = bot
         .client()
         .post(url)
