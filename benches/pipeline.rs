@@ -34,6 +34,8 @@
 
 #[path = "support/allocator.rs"]
 mod allocator;
+#[path = "support/bare_bot.rs"]
+mod bare_bot;
 #[path = "../tests/it/support/fake_bot/mod.rs"]
 mod fake_bot;
 #[path = "../tests/it/support/fake_files.rs"]
@@ -334,6 +336,71 @@ async fn pipeline(fake: FakeBotApi, name: Option<&str>, agent: NoOp, per_chat: u
     bot.shutdown().await;
 }
 
+/// The floor: [`bare_bot`] answering the same backlog as [`pipeline`] on
+/// the same runtime, client and fake (`durable`: recording each update and
+/// its answer on a store thread). Figures named `{name}/…`.
+async fn floor(fake: FakeBotApi, name: &str, durable: bool, per_chat: usize) {
+    let total = CHATS as usize * per_chat;
+    let backlog: Vec<(i64, i64, String)> = (0..per_chat)
+        .flat_map(|round| (1..=CHATS).map(move |chat| (chat, chat, format!("m{round}"))))
+        .collect();
+    fake.push_texts(&backlog);
+    let started = Instant::now();
+    let threads_before = ThreadCpu::now();
+    let bot = tokio::spawn(bare_bot::run(fake.url(), fake.token(), total, durable));
+    let store = bot.await.expect("the bare bot ran");
+    let elapsed = started.elapsed();
+    let threads = ThreadCpu::now().since(&threads_before);
+    if let Some(store) = store {
+        store.finish();
+    }
+    let per = |d: Duration| us(d) / total as f64;
+    println!(
+        "{name}: a bare echo bot{}, {total} updates answered in {:.2} s ({:.0} /s end to end); \
+         CPU per update: {:.0} us (runtime {:.0}, store {:.0}, other {:.0}), fake Bot API {:.0} us",
+        if durable {
+            " recording each update and answer"
+        } else {
+            ""
+        },
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64(),
+        per(threads.telegate()),
+        per(threads.runtime),
+        per(threads.store),
+        per(threads.other),
+        per(threads.fake),
+    );
+    figure(
+        &format!("{name}/cpu_per_update"),
+        per(threads.telegate()),
+        "us",
+        Better::Lower,
+        None,
+    );
+    figure(
+        &format!("{name}/runtime_cpu_per_update"),
+        per(threads.runtime),
+        "us",
+        Better::Lower,
+        None,
+    );
+    figure(
+        &format!("{name}/store_cpu_per_update"),
+        per(threads.store),
+        "us",
+        Better::Lower,
+        None,
+    );
+    figure(
+        &format!("{name}/updates_per_s_wall"),
+        total as f64 / elapsed.as_secs_f64(),
+        "1/s",
+        Better::Higher,
+        None,
+    );
+}
+
 fn rate_limiter_overhead() {
     let mut limiter = RateLimiter::new(RateLimits::default());
     let n = 1_000_000u64;
@@ -387,6 +454,11 @@ fn main() {
     for (name, reads_history, per_chat) in runs {
         let fake = fake_runtime.block_on(FakeBotApi::start());
         runtime.block_on(pipeline(fake, name, NoOp { reads_history }, per_chat));
+    }
+    // The floor under those figures on this machine, this sitting.
+    for (name, durable) in [("pipeline_floor", false), ("pipeline_floor_durable", true)] {
+        let fake = fake_runtime.block_on(FakeBotApi::start());
+        runtime.block_on(floor(fake, name, durable, per_chat));
     }
     rate_limiter_overhead();
 }
