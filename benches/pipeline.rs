@@ -26,6 +26,13 @@
 //! OpenAI-compatible backend: one more store call per turn, reading up to
 //! `history_max_messages` rows).
 //!
+//! Then the floor under those figures, in the same process and sitting
+//! (`support/bare_bot.rs`): a bare echo bot on the same runtime, Bot API
+//! client and fake, recording nothing (`pipeline_floor/…`) and recording
+//! each update and its answer (`pipeline_floor_durable/…`), and telegate's
+//! CPU per update over the durable one's (`…/cpu_over_durable_floor`): a
+//! ratio in which the machine's speed of the day cancels out.
+//!
 //! Prints its figures and the targets (20,000 updates/s end to end on 2
 //! cores, 60 µs of telegate's CPU per update, 2 store calls per turn, the
 //! store thread under 50% busy at 10,000/s), each also as a `FIGURE` line
@@ -100,8 +107,14 @@ fn config(fake: &FakeBotApi, data_dir: &Path) -> Config {
 }
 
 /// One run: `agent` answers `per_chat` updates from each chat; figures
-/// named `{name}/…`, or none when `name` is `None` (the warm-up).
-async fn pipeline(fake: FakeBotApi, name: Option<&str>, agent: NoOp, per_chat: usize) {
+/// named `{name}/…`, or none when `name` is `None` (the warm-up). Gives
+/// telegate's CPU per update in microseconds (none for the warm-up).
+async fn pipeline(
+    fake: FakeBotApi,
+    name: Option<&str>,
+    agent: NoOp,
+    per_chat: usize,
+) -> Option<f64> {
     let data = tempfile::tempdir().expect("tempdir");
     let what = if agent.reads_history {
         "an agent fed the history (OpenAI-compatible)"
@@ -151,7 +164,7 @@ async fn pipeline(fake: FakeBotApi, name: Option<&str>, agent: NoOp, per_chat: u
             elapsed.as_secs_f64()
         );
         bot.shutdown().await;
-        return;
+        return None;
     };
     let cpu = process_cpu().saturating_sub(cpu_before);
     let threads = ThreadCpu::now().since(&threads_before);
@@ -334,12 +347,14 @@ async fn pipeline(fake: FakeBotApi, name: Option<&str>, agent: NoOp, per_chat: u
         None,
     );
     bot.shutdown().await;
+    Some(per(threads.telegate()))
 }
 
 /// The floor: [`bare_bot`] answering the same backlog as [`pipeline`] on
 /// the same runtime, client and fake (`durable`: recording each update and
-/// its answer on a store thread). Figures named `{name}/…`.
-async fn floor(fake: FakeBotApi, name: &str, durable: bool, per_chat: usize) {
+/// its answer on a store thread). Figures named `{name}/…`; gives the bare
+/// bot's CPU per update in microseconds.
+async fn floor(fake: FakeBotApi, name: &str, durable: bool, per_chat: usize) -> f64 {
     let total = CHATS as usize * per_chat;
     let backlog: Vec<(i64, i64, String)> = (0..per_chat)
         .flat_map(|round| (1..=CHATS).map(move |chat| (chat, chat, format!("m{round}"))))
@@ -399,6 +414,28 @@ async fn floor(fake: FakeBotApi, name: &str, durable: bool, per_chat: usize) {
         Better::Higher,
         None,
     );
+    per(threads.telegate())
+}
+
+/// telegate's CPU per update over the durable bare bot's, measured in the
+/// same process and sitting: the machine's speed of the day cancels out,
+/// so this ratio compares across days where the microseconds do not.
+fn over_the_floor(telegate: &[(&str, f64)], durable_floor: f64) {
+    for (name, cpu) in telegate {
+        let ratio = cpu / durable_floor.max(1e-9);
+        println!(
+            "{name}: telegate's CPU per update is {ratio:.2}x the durable bare bot's \
+             ({cpu:.0} vs {durable_floor:.0} us; the target of {TARGET_CPU_US:.0} us is {:.2}x)",
+            TARGET_CPU_US / durable_floor.max(1e-9)
+        );
+        figure(
+            &format!("{name}/cpu_over_durable_floor"),
+            ratio,
+            "x",
+            Better::Lower,
+            None,
+        );
+    }
 }
 
 fn rate_limiter_overhead() {
@@ -451,14 +488,18 @@ fn main() {
         (Some("pipeline"), false, per_chat),
         (Some("pipeline_history"), true, per_chat),
     ];
+    let mut telegate = Vec::new();
     for (name, reads_history, per_chat) in runs {
         let fake = fake_runtime.block_on(FakeBotApi::start());
-        runtime.block_on(pipeline(fake, name, NoOp { reads_history }, per_chat));
+        let cpu = runtime.block_on(pipeline(fake, name, NoOp { reads_history }, per_chat));
+        telegate.extend(name.zip(cpu));
     }
     // The floor under those figures on this machine, this sitting.
+    let mut floors = Vec::new();
     for (name, durable) in [("pipeline_floor", false), ("pipeline_floor_durable", true)] {
         let fake = fake_runtime.block_on(FakeBotApi::start());
-        runtime.block_on(floor(fake, name, durable, per_chat));
+        floors.push(runtime.block_on(floor(fake, name, durable, per_chat)));
     }
+    over_the_floor(&telegate, floors[1]);
     rate_limiter_overhead();
 }

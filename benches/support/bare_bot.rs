@@ -17,9 +17,6 @@
 //! So `telegate / floor` says how much of telegate's CPU per update is
 //! the work itself on this machine, and how much is telegate's own.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-
 use rusqlite::{params, Connection};
 use serde::Deserialize;
 use telegate::delivery::api::{ReadAs, SentMessage};
@@ -94,7 +91,6 @@ pub async fn run(
     } else {
         (None, None)
     };
-    let sent = Arc::new(AtomicUsize::new(0));
     let mut answers = tokio::task::JoinSet::new();
     let mut offset = 0i32;
     let mut received = 0usize;
@@ -104,6 +100,7 @@ pub async fn run(
             Err(error) => panic!("getUpdates failed: {error}"),
         };
         let mut batch = Vec::with_capacity(updates.len());
+        let mut rows = Vec::with_capacity(updates.len());
         for update in &updates {
             let Some(id) = update.head().id else { continue };
             offset = offset.max(i32::try_from(id + 1).expect("update id fits"));
@@ -115,14 +112,12 @@ pub async fn run(
             };
             let text = message.text.unwrap_or_default();
             batch.push((id, message.chat.id, format!("ok {text}")));
+            if store.is_some() {
+                rows.push((id, message.chat.id, update.text().to_owned()));
+            }
         }
         received += batch.len();
         if let Some(store) = &store {
-            let rows = updates
-                .iter()
-                .zip(&batch)
-                .map(|(update, (id, chat, _))| (*id, *chat, update.text().to_owned()))
-                .collect();
             let (ack, recorded) = oneshot::channel();
             store
                 .send(Write::Received(rows, ack))
@@ -132,11 +127,9 @@ pub async fn run(
         for (update_id, chat, answer) in batch {
             let api = api.clone();
             let store = store.clone();
-            let sent = Arc::clone(&sent);
             answers.spawn(async move {
                 let request = ReadAs::<_, SentMessage>::new(SendMessage::new(ChatId(chat), answer));
                 let reply = api.post(request).await.expect("sendMessage");
-                sent.fetch_add(1, Ordering::Relaxed);
                 if let Some(store) = store {
                     let _ = store.send(Write::Answered {
                         update_id,
