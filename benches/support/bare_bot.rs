@@ -14,8 +14,9 @@
 //! more per turn (the message's state while it runs, the transcript, the
 //! usage, the reply record, and the indexes that find them again).
 //!
-//! So `telegate / floor` says how much of telegate's CPU per update is
-//! the work itself on this machine, and how much is telegate's own.
+//! So telegate's CPU per update over the durable floor's
+//! (`…/cpu_over_durable_floor`) says how much of it is the work itself on
+//! this machine and stack, and how much is telegate's own.
 
 use rusqlite::{params, Connection};
 use serde::Deserialize;
