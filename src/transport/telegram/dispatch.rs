@@ -137,11 +137,17 @@ async fn route(update: Update, routes: Arc<Routes>) -> Result<(), Infallible> {
             topic_closed(chat_id, thread_id, &routes).await
         }
         Some(Inbound::Ignore(_)) | None => {
-            tracing::debug!(update_id = id.0, "update passed over");
-            routes.progress.finished_one();
+            passed_over(id, &routes.progress);
             Ok(())
         }
     }
+}
+
+/// An update no handler carries out (or none runs for: the intake
+/// stopping) still counts as finished, so recovery's wait ends.
+fn passed_over(id: UpdateId, progress: &Progress) {
+    tracing::debug!(update_id = id.0, "update passed over");
+    progress.finished_one();
 }
 
 /// A message goes to its chat's handler; a press (and anything else) to
@@ -243,8 +249,7 @@ pub fn spawn(
         .default_handler(move |update| {
             let progress = progress.clone();
             async move {
-                tracing::debug!(update_id = update.id.0, "update passed over");
-                progress.finished_one();
+                passed_over(update.id, &progress);
             }
         })
         .build();

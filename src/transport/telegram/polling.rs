@@ -27,20 +27,17 @@ use tokio_util::sync::CancellationToken;
 use super::health::UpdatesHealth;
 use super::intake::Intake;
 use super::parse::RawUpdate;
-use crate::delivery::bot_api::BotApi;
+use crate::delivery::bot_api::{BotApi, REQUEST_TIMEOUT};
 
 /// How long one `getUpdates` request may wait for news (seconds).
 ///
-/// It must stay below the HTTP client's whole-request timeout (teloxide's
-/// `default_reqwest_settings`: 17 s, and teloxide does not extend it for long
-/// polls): a longer poll is cut by the client in every quiet period, which
-/// reads as a failure (a warning, `/healthz` 503, a growing backoff during
-/// which no update is fetched).
+/// It must stay below the HTTP client's whole-request timeout
+/// ([`REQUEST_TIMEOUT`], teloxide's 17 s, which neither client extends for
+/// long polls): a longer poll is cut by the client in every quiet period,
+/// which reads as a failure (a warning, `/healthz` 503, a growing backoff
+/// during which no update is fetched).
 const POLL_TIMEOUT_SECS: u32 = 10;
-
-/// teloxide's client timeout, which every poll must end before.
-const CLIENT_TIMEOUT_SECS: u32 = 17;
-const _: () = assert!(POLL_TIMEOUT_SECS + 5 <= CLIENT_TIMEOUT_SECS);
+const _: () = assert!(POLL_TIMEOUT_SECS as u64 + 5 <= REQUEST_TIMEOUT.as_secs());
 
 /// After this many `401 Unauthorized` answers in a row the token counts as
 /// revoked: retrying cannot help, and the operator must be told.
