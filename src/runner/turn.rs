@@ -448,7 +448,10 @@ impl Runner {
             .load_history(session_id.as_str(), Some(limit))
             .await
         {
-            Ok(entries) => entries.iter().map(TranscriptEntry::to_message).collect(),
+            Ok(entries) => entries
+                .into_iter()
+                .map(TranscriptEntry::into_message)
+                .collect(),
             Err(error) => {
                 tracing::error!(%session_id, %error, "could not load the history; the turn runs without it");
                 Vec::new()
@@ -473,7 +476,10 @@ impl Runner {
             .load_history_then_append(session_id.as_str(), Some(limit), vec![user])
             .await
         {
-            Ok(entries) => entries.iter().map(TranscriptEntry::to_message).collect(),
+            Ok(entries) => entries
+                .into_iter()
+                .map(TranscriptEntry::into_message)
+                .collect(),
             Err(error) => {
                 tracing::error!(%session_id, %error, "could not load the history and record the message; the turn runs without history");
                 Vec::new()

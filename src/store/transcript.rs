@@ -359,14 +359,15 @@ impl RawEntry {
 }
 
 impl TranscriptEntry {
-    /// The entry as the agent sees it.
-    pub fn to_message(&self) -> crate::vocab::ChatMessage {
+    /// The entry as the agent sees it (its texts moved, not copied: a
+    /// turn's history is read for the agent and nothing else).
+    pub fn into_message(self) -> crate::vocab::ChatMessage {
         crate::vocab::ChatMessage {
             role: self.role,
-            content: self.content.clone(),
-            tool_calls: self.tool_calls.clone(),
-            tool_call_id: self.tool_call_id.clone(),
-            name: self.name.clone(),
+            content: self.content,
+            tool_calls: self.tool_calls,
+            tool_call_id: self.tool_call_id,
+            name: self.name,
         }
     }
 
