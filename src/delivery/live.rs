@@ -537,6 +537,14 @@ async fn sleep_until_opt(at: Option<Instant>) {
 }
 
 impl LiveView {
+    /// The preview the chat shows, if any.
+    fn shown_preview(&self) -> Option<i32> {
+        self.shown
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .preview
+    }
+
     async fn stop_and_join(&mut self) -> Option<i32> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -582,6 +590,12 @@ impl Drop for LiveView {
             let _ = stop.send(());
         }
         let task = self.task.take();
+        // The preview task was joined (the answer went out: `finish`), so
+        // what the chat shows is final: without a preview there is nothing
+        // to tidy, and no task to start for it (one per answered turn).
+        if task.is_none() && self.shown_preview().is_none() {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
