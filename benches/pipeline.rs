@@ -29,9 +29,14 @@
 //! Then the floor under those figures, in the same process and sitting
 //! (`support/bare_bot.rs`): a bare echo bot on the same runtime, Bot API
 //! client and fake, recording nothing (`pipeline_floor/…`) and recording
-//! each update and its answer (`pipeline_floor_durable/…`), and telegate's
-//! CPU per update over the durable one's (`…/cpu_over_durable_floor`): a
-//! ratio in which the machine's speed of the day cancels out.
+//! each update and its answer (`pipeline_floor_durable/…`), the durable one
+//! built on teloxide's update types and dispatcher as telegate is
+//! (`pipeline_floor_teloxide/…`), that one keeping telegate's own record
+//! through telegate's store with a plain turn's calls and none of the
+//! engine (`pipeline_floor_record/…`), and telegate's CPU per update over
+//! each recording floor's (`…/cpu_over_durable_floor`,
+//! `…/cpu_over_teloxide_floor`, `…/cpu_over_record_floor`): ratios in
+//! which the machine's speed of the day cancels out.
 //!
 //! Prints its figures and the targets (20,000 updates/s end to end on 2
 //! cores, 60 µs of telegate's CPU per update, 2 store calls per turn, the
@@ -355,30 +360,79 @@ async fn pipeline(
     Some(per(threads.telegate()))
 }
 
+/// Which bare bot a floor run measures.
+#[derive(Clone, Copy, PartialEq)]
+enum Floor {
+    /// Answers, records nothing.
+    Bare,
+    /// Records each update and its answer.
+    Durable,
+    /// Durable, through teloxide's update types and dispatcher.
+    Teloxide,
+    /// Through teloxide's dispatcher, keeping telegate's record in
+    /// telegate's store (in `dir`).
+    TelegateRecord,
+}
+
 /// The floor: [`bare_bot`] answering the same backlog as [`pipeline`] on
-/// the same runtime, client and fake (`durable`: recording each update and
-/// its answer on a store thread). Figures named `{name}/…`; gives the bare
-/// bot's CPU per update in microseconds.
-async fn floor(fake: FakeBotApi, name: &str, durable: bool, per_chat: usize) -> f64 {
+/// the same runtime, client and fake (`kind` says which bare bot). Figures
+/// named `{name}/…`; gives the bare bot's CPU per update in microseconds.
+async fn floor(fake: FakeBotApi, name: &str, kind: Floor, per_chat: usize) -> f64 {
     let total = CHATS as usize * per_chat;
     queue_backlog(&fake, per_chat);
     let started = Instant::now();
     let threads_before = ThreadCpu::now();
-    let bot = tokio::spawn(bare_bot::run(fake.url(), fake.token(), total, durable));
-    let store = bot.await.expect("the bare bot ran");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = match kind {
+        Floor::TelegateRecord => Some(bare_bot::Record::Telegate(dir.path().to_owned())),
+        Floor::Teloxide => Some(bare_bot::Record::Bare),
+        Floor::Bare | Floor::Durable => None,
+    };
+    let (store, kept) = match record {
+        Some(record) => (
+            None,
+            Some(
+                tokio::spawn(bare_bot::run_dispatched(
+                    fake.url(),
+                    fake.token(),
+                    total,
+                    record,
+                ))
+                .await
+                .expect("the bare bot ran"),
+            ),
+        ),
+        None => (
+            tokio::spawn(bare_bot::run(
+                fake.url(),
+                fake.token(),
+                total,
+                kind == Floor::Durable,
+            ))
+            .await
+            .expect("the bare bot ran"),
+            None,
+        ),
+    };
     let elapsed = started.elapsed();
     let threads = ThreadCpu::now().since(&threads_before);
     if let Some(store) = store {
         store.finish();
     }
+    if let Some(kept) = kept {
+        kept.finish().await;
+    }
     let per = |d: Duration| us(d) / total as f64;
     println!(
         "{name}: a bare echo bot{}, {total} updates answered in {:.2} s ({:.0} /s end to end); \
          CPU per update: {:.0} us (runtime {:.0}, store {:.0}, other {:.0}), fake Bot API {:.0} us",
-        if durable {
-            " recording each update and answer"
-        } else {
-            ""
+        match kind {
+            Floor::Bare => "",
+            Floor::Durable => " recording each update and answer",
+            Floor::Teloxide => " recording each update and answer, through teloxide's dispatcher",
+            Floor::TelegateRecord => {
+                " keeping telegate's record in telegate's store, through teloxide's dispatcher"
+            }
         },
         elapsed.as_secs_f64(),
         total as f64 / elapsed.as_secs_f64(),
@@ -412,19 +466,20 @@ async fn floor(fake: FakeBotApi, name: &str, durable: bool, per_chat: usize) -> 
     per(threads.telegate())
 }
 
-/// telegate's CPU per update over the durable bare bot's, measured in the
-/// same process and sitting: the machine's speed of the day cancels out,
-/// so this ratio compares across days where the microseconds do not.
-fn over_the_floor(telegate: &[(&str, f64)], durable_floor: f64) {
+/// telegate's CPU per update over a floor's (`which`: `durable`,
+/// `teloxide` or `record`), measured in the same process and sitting: the machine's
+/// speed of the day cancels out, so this ratio compares across days where
+/// the microseconds do not.
+fn over_the_floor(telegate: &[(&str, f64)], which: &str, floor: f64) {
     for (name, cpu) in telegate {
-        let ratio = cpu / durable_floor.max(1e-9);
+        let ratio = cpu / floor.max(1e-9);
         println!(
-            "{name}: telegate's CPU per update is {ratio:.2}x the durable bare bot's \
-             ({cpu:.0} vs {durable_floor:.0} us; the target of {TARGET_CPU_US:.0} us is {:.2}x)",
-            TARGET_CPU_US / durable_floor.max(1e-9)
+            "{name}: telegate's CPU per update is {ratio:.2}x the {which} bare bot's \
+             ({cpu:.0} vs {floor:.0} us; the target of {TARGET_CPU_US:.0} us is {:.2}x)",
+            TARGET_CPU_US / floor.max(1e-9)
         );
         figure(
-            &format!("{name}/cpu_over_durable_floor"),
+            &format!("{name}/cpu_over_{which}_floor"),
             ratio,
             "x",
             Better::Lower,
@@ -490,11 +545,20 @@ fn main() {
         telegate.extend(name.zip(cpu));
     }
     // The floor under those figures on this machine, this sitting.
-    for (name, durable) in [("pipeline_floor", false), ("pipeline_floor_durable", true)] {
+    let floors = [
+        ("pipeline_floor", Floor::Bare),
+        ("pipeline_floor_durable", Floor::Durable),
+        ("pipeline_floor_teloxide", Floor::Teloxide),
+        ("pipeline_floor_record", Floor::TelegateRecord),
+    ];
+    for (name, kind) in floors {
         let fake = fake_runtime.block_on(FakeBotApi::start());
-        let cpu = runtime.block_on(floor(fake, name, durable, per_chat));
-        if durable {
-            over_the_floor(&telegate, cpu);
+        let cpu = runtime.block_on(floor(fake, name, kind, per_chat));
+        match kind {
+            Floor::Bare => {}
+            Floor::Durable => over_the_floor(&telegate, "durable", cpu),
+            Floor::Teloxide => over_the_floor(&telegate, "teloxide", cpu),
+            Floor::TelegateRecord => over_the_floor(&telegate, "record", cpu),
         }
     }
     rate_limiter_overhead();
