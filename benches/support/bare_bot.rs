@@ -114,27 +114,16 @@ pub async fn run(
     let mut offset = 0i32;
     let mut received = 0usize;
     while received < total {
-        let updates = match raw::get_updates(&api, offset, 1, &["message"]).await {
-            Ok(updates) => updates,
-            Err(error) => panic!("getUpdates failed: {error}"),
-        };
-        let mut batch = Vec::with_capacity(updates.len());
-        let mut rows = Vec::with_capacity(updates.len());
-        for update in &updates {
-            let Some(id) = update.head().id else { continue };
-            offset = offset.max(i32::try_from(id + 1).expect("update id fits"));
-            let Ok(read) = serde_json::from_str::<Update>(update.text()) else {
-                continue;
-            };
-            let Some(message) = read.message else {
-                continue;
-            };
-            let text = message.text.unwrap_or_default();
-            batch.push((id, message.chat.id, format!("ok {text}")));
+        let mut rows = Vec::new();
+        let batch = next_batch(&api, &mut offset, |id, text| {
+            let message = serde_json::from_str::<Update>(text).ok()?.message?;
             if store.is_some() {
-                rows.push((id, message.chat.id, update.text().to_owned()));
+                rows.push((id, message.chat.id, text.to_owned()));
             }
-        }
+            let answer = format!("ok {}", message.text.unwrap_or_default());
+            Some((id, message.chat.id, answer))
+        })
+        .await;
         received += batch.len();
         if let Some(store) = &store {
             let (ack, recorded) = oneshot::channel();
@@ -164,6 +153,26 @@ pub async fn run(
         writes: store?,
         thread: store_thread?,
     })
+}
+
+/// The next `getUpdates` batch after `offset` (moved past it), each
+/// update with an id handed to `read` with its JSON text; what `read`
+/// keeps, in order.
+async fn next_batch<R>(
+    api: &BotApi,
+    offset: &mut i32,
+    mut read: impl FnMut(i64, &str) -> Option<R>,
+) -> Vec<R> {
+    let updates = raw::get_updates(api, *offset, 1, &["message"])
+        .await
+        .unwrap_or_else(|error| panic!("getUpdates failed: {error}"));
+    let mut batch = Vec::with_capacity(updates.len());
+    for update in &updates {
+        let Some(id) = update.head().id else { continue };
+        *offset = (*offset).max(i32::try_from(id + 1).expect("update id fits"));
+        batch.extend(read(id, update.text()));
+    }
+    batch
 }
 
 /// Starts the durable bare bot's store thread.
@@ -444,24 +453,17 @@ pub async fn run_dispatched(
     let mut offset = 0i32;
     let mut received = 0usize;
     while received < total {
-        let updates = raw::get_updates(&api, offset, 1, &["message"])
-            .await
-            .unwrap_or_else(|error| panic!("getUpdates failed: {error}"));
-        let mut parsed = Vec::with_capacity(updates.len());
-        let mut rows = Vec::with_capacity(updates.len());
-        for update in &updates {
-            let Some(id) = update.head().id else { continue };
-            offset = offset.max(i32::try_from(id + 1).expect("update id fits"));
-            let Ok(read) = serde_json::from_str::<TgUpdate>(update.text()) else {
-                continue;
-            };
+        let mut rows = Vec::new();
+        let parsed = next_batch(&api, &mut offset, |id, text| {
+            let read = serde_json::from_str::<TgUpdate>(text).ok()?;
             let UpdateKind::Message(message) = &read.kind else {
-                continue;
+                return None;
             };
             let message_id = i64::from(message.id.0);
-            rows.push((id, message.chat.id.0, message_id, update.text().to_owned()));
-            parsed.push(read);
-        }
+            rows.push((id, message.chat.id.0, message_id, text.to_owned()));
+            Some(read)
+        })
+        .await;
         received += parsed.len();
         answering.record.received(rows).await;
         for update in parsed {
