@@ -379,15 +379,15 @@ enum Floor {
 /// named `{name}/…`; gives the bare bot's CPU per update in microseconds.
 async fn floor(fake: FakeBotApi, name: &str, kind: Floor, per_chat: usize) -> f64 {
     let total = CHATS as usize * per_chat;
-    queue_backlog(&fake, per_chat);
-    let started = Instant::now();
-    let threads_before = ThreadCpu::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let record = match kind {
-        Floor::TelegateRecord => Some(bare_bot::Record::Telegate(dir.path().to_owned())),
+        Floor::TelegateRecord => Some(bare_bot::Record::telegate(dir.path()).await),
         Floor::Teloxide => Some(bare_bot::Record::Bare),
         Floor::Bare | Floor::Durable => None,
     };
+    queue_backlog(&fake, per_chat);
+    let started = Instant::now();
+    let threads_before = ThreadCpu::now();
     let (store, kept) = match record {
         Some(record) => (
             None,

@@ -190,8 +190,20 @@ fn start_store() -> (mpsc::UnboundedSender<Write>, std::thread::JoinHandle<()>) 
 pub enum Record {
     /// The bare store thread's: one row per update, its answer's id.
     Bare,
-    /// telegate's, through its store (opened in `dir`).
-    Telegate(std::path::PathBuf),
+    /// telegate's, through its store ([`Record::telegate`]).
+    Telegate(TelegateStore),
+}
+
+impl Record {
+    /// telegate's record in a store of its own in `dir`, opened (schema
+    /// made, checks run) before the run is measured, as telegate's own
+    /// store is opened before its run.
+    pub async fn telegate(dir: &std::path::Path) -> Record {
+        let store = TelegateStore::open_async(dir.join("telegate.db"))
+            .await
+            .expect("telegate's store");
+        Record::Telegate(store)
+    }
 }
 
 /// Where the dispatched bot records.
@@ -379,6 +391,7 @@ impl UpdateListener for Fed {
     }
 }
 
+/// The dispatcher's distribution key: an update's chat, as telegate's.
 fn chat_of(update: &TgUpdate) -> Option<ChatId> {
     match &update.kind {
         UpdateKind::Message(message) => Some(message.chat.id),
@@ -407,18 +420,13 @@ pub async fn run_dispatched(
                 }),
             )
         }
-        Record::Telegate(dir) => {
-            let store = TelegateStore::open_async(dir.join("telegate.db"))
-                .await
-                .expect("telegate's store");
-            (
-                Recorder::Telegate {
-                    store: store.clone(),
-                    sessions: Default::default(),
-                },
-                Kept::Telegate(store),
-            )
-        }
+        Record::Telegate(store) => (
+            Recorder::Telegate {
+                store: store.clone(),
+                sessions: Default::default(),
+            },
+            Kept::Telegate(store),
+        ),
     };
     let answering = Arc::new(Answering {
         api: api.clone(),
