@@ -27,13 +27,25 @@ pub enum ReplyKind {
     Error,
 }
 
+/// How a reply's text is to be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextFormat {
+    /// Markdown from the agent, rendered to the platform's formatting.
+    Markdown,
+    /// Sent exactly as written (a command's words, a user's own reminder).
+    Plain,
+}
+
 /// One message to send back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reply {
-    /// The text. Answers are Markdown; the other kinds are plain text.
+    /// The text, read as `format` says.
     pub text: String,
     /// What the reply is.
     pub kind: ReplyKind,
+    /// How the text is read: answers are Markdown unless made
+    /// [`Reply::as_written`]; the other kinds are always plain text.
+    pub format: TextFormat,
     /// The platform message id this reply answers, if any.
     pub reply_to: Option<i64>,
     /// Inline buttons under the reply (transports without buttons ignore
@@ -51,6 +63,10 @@ impl Reply {
         Reply {
             text: text.into(),
             kind,
+            format: match kind {
+                ReplyKind::Answer => TextFormat::Markdown,
+                ReplyKind::Command | ReplyKind::Notice | ReplyKind::Error => TextFormat::Plain,
+            },
             reply_to: None,
             buttons: Vec::new(),
             voice: None,
@@ -75,6 +91,13 @@ impl Reply {
     /// A failure report.
     pub fn error(text: impl Into<String>) -> Self {
         Reply::new(ReplyKind::Error, text)
+    }
+
+    /// The text is sent exactly as written, not read as Markdown (a
+    /// reminder is the user's own words: `*` and `_` stay what they are).
+    pub fn as_written(mut self) -> Self {
+        self.format = TextFormat::Plain;
+        self
     }
 
     /// Mark the message this reply answers.

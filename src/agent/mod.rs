@@ -98,6 +98,16 @@ pub enum AgentError {
         /// Logged, never shown (may contain response bodies).
         detail: String,
     },
+    /// The backend cannot answer until its owner changes how it is set up
+    /// (not logged in, a key refused, a model that does not exist):
+    /// starting over (/reset) cannot help, so the user is not told to.
+    #[error("{user_message}")]
+    Setup {
+        /// Shown to the user: what is wrong, and that the owner fixes it.
+        user_message: String,
+        /// Logged, never shown.
+        detail: String,
+    },
 }
 
 impl AgentError {

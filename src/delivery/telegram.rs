@@ -72,7 +72,7 @@ use super::ratelimit::{RateLimiter, RateLimits};
 use super::reply_record::ReplyRecord;
 use super::split::{split, TELEGRAM_LIMIT};
 use crate::metrics::DeliveryStats;
-use crate::reply::{DeliveryError, Reply, ReplyKind};
+use crate::reply::{DeliveryError, Reply, ReplyKind, TextFormat};
 use crate::vocab::SessionSource;
 
 /// Delivery settings.
@@ -861,12 +861,12 @@ impl Delivery {
     }
 }
 
-/// Render a reply to Telegram chunks: answers are Markdown, everything else
-/// plain text; never an empty message.
+/// Render a reply to Telegram chunks: Markdown (answers, unless sent as
+/// written) or plain text as its format says; never an empty message.
 pub fn render_chunks(reply: &Reply) -> Vec<FormattedText> {
-    let formatted = match reply.kind {
-        ReplyKind::Answer => render(&reply.text),
-        _ => FormattedText::plain(reply.text.trim_end()),
+    let formatted = match reply.format {
+        TextFormat::Markdown => render(&reply.text),
+        TextFormat::Plain => FormattedText::plain(reply.text.trim_end()),
     };
     let chunks = split(&formatted, TELEGRAM_LIMIT);
     if chunks.is_empty() {

@@ -159,7 +159,10 @@ impl Runner {
             .is_some_and(|(_, due)| jobs.now().duration_since(due) > LATE_AFTER);
         match action {
             Action::Message { .. } => {
-                let mut reply = Reply::answer(event.text.clone()).in_reply_to(event.message_id);
+                // A reminder is the user's own words, sent as written.
+                let mut reply = Reply::answer(event.text.clone())
+                    .as_written()
+                    .in_reply_to(event.message_id);
                 if let Some(notice) = jobs.finished(job, false).await {
                     reply.text.push_str(&format!("\n\n{notice}"));
                 }

@@ -37,6 +37,9 @@ pub(crate) enum TurnOutcome<A> {
         user_message: String,
         /// Logged for the owner.
         detail: String,
+        /// Only the owner can fix it (the backend's setup): starting over
+        /// cannot help.
+        owner_must_fix: bool,
     },
     /// The agent panicked (the message goes to the log).
     Panicked(String),
@@ -74,6 +77,15 @@ pub(crate) fn turn_outcome<A>(current: bool, cancelled: bool, run: TurnRun<A>) -
         }))) => TurnOutcome::Failed {
             user_message,
             detail,
+            owner_must_fix: false,
+        },
+        Watched::Finished(Ok(Err(AgentError::Setup {
+            user_message,
+            detail,
+        }))) => TurnOutcome::Failed {
+            user_message,
+            detail,
+            owner_must_fix: true,
         },
         Watched::Finished(Err(panic)) => TurnOutcome::Panicked(panic_message(&*panic)),
     }
@@ -94,6 +106,10 @@ mod tests {
                 user_message: "down".into(),
                 detail: "503".into(),
             }))),
+            "setup" => Watched::Finished(Ok(Err(AgentError::Setup {
+                user_message: "log in".into(),
+                detail: "auth".into(),
+            }))),
             "panic" => Watched::Finished(Err(Box::new("boom"))),
             "stalled" => Watched::Stalled,
             other => unreachable!("{other}"),
@@ -110,7 +126,15 @@ mod tests {
                 true,
                 false,
                 "failed",
-                "Failed { user_message: \"down\", detail: \"503\" }",
+                "Failed { user_message: \"down\", detail: \"503\", owner_must_fix: false }",
+                false,
+                true,
+            ),
+            (
+                true,
+                false,
+                "setup",
+                "Failed { user_message: \"log in\", detail: \"auth\", owner_must_fix: true }",
                 false,
                 true,
             ),

@@ -346,10 +346,16 @@ impl Runner {
             TurnOutcome::Failed {
                 user_message,
                 detail,
+                owner_must_fix,
             } => {
                 metrics.turns_failed.inc();
                 tracing::warn!(session_key = %key, %detail, "turn failed");
-                Reply::error(format!("⚠️ {user_message}\n{RESET_HINT}"))
+                if owner_must_fix {
+                    // Starting over cannot help: no /reset hint.
+                    Reply::error(format!("⚠️ {user_message}"))
+                } else {
+                    Reply::error(format!("⚠️ {user_message}\n{RESET_HINT}"))
+                }
             }
             TurnOutcome::Panicked(panic) => {
                 metrics.turns_failed.inc();

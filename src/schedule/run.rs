@@ -9,13 +9,15 @@
 //! millennia; Telegram's are positive), and [`run_of`] reads the job and
 //! instant back, which is how the runner recognises a scheduled run.
 //!
-//! **Catch-up.** When a job is found due with more than one instant
-//! missed, or with its one instant long past ([`LATE_AFTER`]: telegate was
-//! down, the machine asleep), `[schedule] catch_up` decides
-//! ([`plan_firing`]): `latest` runs the newest missed instant once,
-//! labelled late; `none` runs nothing that is late; `all` runs each missed
-//! instant, at most [`MAX_CATCH_UP`] (the newest). Never a burst of
-//! hundreds.
+//! **Catch-up.** An instant is *missed* when it fell due before this
+//! process's scheduler started (telegate was down or still starting,
+//! however briefly), or when it is found due more than [`LATE_AFTER`]
+//! after it (the machine asleep, the store stalled). A due job with a
+//! missed instant, or with more than one due, follows `[schedule]
+//! catch_up` ([`plan_firing`]): `latest` runs the newest missed instant
+//! once, labelled late; `none` runs no missed instant at all; `all` runs
+//! each missed instant, at most [`MAX_CATCH_UP`] (the newest). Never a
+//! burst of hundreds.
 //!
 //! Pure: no clock, no I/O.
 
@@ -25,7 +27,8 @@ use serde::Deserialize;
 
 use super::spec::Schedule;
 
-/// A run that starts this long after its instant is late.
+/// A run found due this long after its instant is late (missed), even
+/// while telegate ran.
 pub const LATE_AFTER: SignedDuration = SignedDuration::from_secs(60);
 
 /// At most this many missed runs of one job are run with `catch_up = "all"`.
@@ -81,7 +84,8 @@ pub fn run_of(id: i64) -> Option<(i64, Timestamp)> {
 pub struct Planned {
     /// Its instant.
     pub due: Timestamp,
-    /// It starts more than [`LATE_AFTER`] after its instant.
+    /// Its instant was missed: it fell due before the scheduler started,
+    /// or it starts more than [`LATE_AFTER`] after it.
     pub late: bool,
 }
 
@@ -100,17 +104,19 @@ pub struct FirePlan {
     pub next_run: Option<Timestamp>,
 }
 
-/// The plan for a job whose stored next run `first` is due at `now`.
+/// The plan for a job whose stored next run `first` is due at `now`, by a
+/// scheduler that started at `since` (an instant before it was missed).
 pub fn plan_firing(
     schedule: &Schedule,
     tz: &TimeZone,
     first: Timestamp,
     now: Timestamp,
+    since: Timestamp,
     policy: CatchUp,
 ) -> FirePlan {
     let due = schedule.due_until(first, now, tz, MAX_CATCH_UP);
     let last = due.newest.last().copied().unwrap_or(first);
-    let late = |at: Timestamp| now.duration_since(at) > LATE_AFTER;
+    let late = |at: Timestamp| at < since || now.duration_since(at) > LATE_AFTER;
     let planned = |at: Timestamp| Planned {
         due: at,
         late: late(at),
@@ -148,6 +154,11 @@ mod tests {
 
     fn at(s: &str) -> Timestamp {
         s.parse().unwrap()
+    }
+
+    /// A scheduler running since long before every instant of these tests.
+    fn running() -> Timestamp {
+        at("2026-01-01T00:00:00Z")
     }
 
     fn hourly(anchor: &str) -> Schedule {
@@ -195,6 +206,7 @@ mod tests {
             &TimeZone::UTC,
             at("2026-05-01T10:00:00Z"),
             now,
+            running(),
             CatchUp::None,
         );
         assert_eq!(
@@ -213,7 +225,14 @@ mod tests {
         let first = at("2026-05-01T08:00:00Z");
         let now = at("2026-05-01T10:30:00Z");
         let schedule = hourly("2026-05-01T08:00:00Z");
-        let latest = plan_firing(&schedule, &TimeZone::UTC, first, now, CatchUp::Latest);
+        let latest = plan_firing(
+            &schedule,
+            &TimeZone::UTC,
+            first,
+            now,
+            running(),
+            CatchUp::Latest,
+        );
         assert_eq!(
             latest.runs,
             vec![Planned {
@@ -223,11 +242,25 @@ mod tests {
         );
         assert_eq!(latest.skipped, 2);
         assert_eq!(latest.next_run, Some(at("2026-05-01T11:00:00Z")));
-        let none = plan_firing(&schedule, &TimeZone::UTC, first, now, CatchUp::None);
+        let none = plan_firing(
+            &schedule,
+            &TimeZone::UTC,
+            first,
+            now,
+            running(),
+            CatchUp::None,
+        );
         assert!(none.runs.is_empty());
         assert_eq!(none.skipped, 3);
         assert_eq!(none.next_run, Some(at("2026-05-01T11:00:00Z")));
-        let all = plan_firing(&schedule, &TimeZone::UTC, first, now, CatchUp::All);
+        let all = plan_firing(
+            &schedule,
+            &TimeZone::UTC,
+            first,
+            now,
+            running(),
+            CatchUp::All,
+        );
         assert_eq!(all.runs.len(), 3);
         assert!(all.runs.iter().all(|r| r.late));
         assert_eq!(all.skipped, 0);
@@ -240,12 +273,26 @@ mod tests {
         };
         let first = at("2026-05-01T00:00:00Z");
         let now = at("2026-05-20T00:00:30Z"); // 19 days of minutes
-        let all = plan_firing(&minutely, &TimeZone::UTC, first, now, CatchUp::All);
+        let all = plan_firing(
+            &minutely,
+            &TimeZone::UTC,
+            first,
+            now,
+            running(),
+            CatchUp::All,
+        );
         assert!(all.runs.len() <= MAX_CATCH_UP, "{}", all.runs.len());
         assert_eq!(all.runs.last().unwrap().due, at("2026-05-20T00:00:00Z"));
         assert!(all.skipped > 10_000);
         assert_eq!(all.next_run, Some(at("2026-05-20T00:01:00Z")));
-        let latest = plan_firing(&minutely, &TimeZone::UTC, first, now, CatchUp::Latest);
+        let latest = plan_firing(
+            &minutely,
+            &TimeZone::UTC,
+            first,
+            now,
+            running(),
+            CatchUp::Latest,
+        );
         assert_eq!(latest.runs.len(), 1);
     }
 
@@ -260,6 +307,7 @@ mod tests {
             &TimeZone::UTC,
             at("2026-05-01T10:00:00Z"),
             now,
+            running(),
             CatchUp::None,
         );
         assert_eq!(plan.runs.len(), 1);
@@ -272,6 +320,7 @@ mod tests {
             &TimeZone::UTC,
             at("2026-05-01T10:00:00Z"),
             later,
+            running(),
             CatchUp::None,
         );
         assert!(none.runs.is_empty());
@@ -281,8 +330,66 @@ mod tests {
             &TimeZone::UTC,
             at("2026-05-01T10:00:00Z"),
             later,
+            running(),
             CatchUp::Latest,
         );
         assert!(latest.runs[0].late);
+    }
+
+    #[test]
+    fn an_instant_that_fell_due_while_telegate_was_down_is_missed_however_short_the_outage() {
+        let every_minute = Schedule::Interval {
+            every_secs: 60,
+            anchor: at("2026-05-01T10:00:00Z").as_second(),
+        };
+        let first = at("2026-05-01T10:00:00Z");
+        // Down from 09:59:50 to 10:00:20: the instant is 20 s old at the
+        // start, well within LATE_AFTER.
+        let started = at("2026-05-01T10:00:20Z");
+        let now = at("2026-05-01T10:00:20.010Z");
+        let none = plan_firing(
+            &every_minute,
+            &TimeZone::UTC,
+            first,
+            now,
+            started,
+            CatchUp::None,
+        );
+        assert!(none.runs.is_empty(), "{:?}", none.runs);
+        assert_eq!(none.skipped, 1);
+        assert_eq!(none.next_run, Some(at("2026-05-01T10:01:00Z")));
+        let latest = plan_firing(
+            &every_minute,
+            &TimeZone::UTC,
+            first,
+            now,
+            started,
+            CatchUp::Latest,
+        );
+        assert_eq!(
+            latest.runs,
+            vec![Planned {
+                due: first,
+                late: true
+            }],
+            "run once, labelled late"
+        );
+        // The next instant, due while the scheduler runs, is on time.
+        let next = at("2026-05-01T10:01:00Z");
+        let on_time = plan_firing(
+            &every_minute,
+            &TimeZone::UTC,
+            next,
+            at("2026-05-01T10:01:00.005Z"),
+            started,
+            CatchUp::None,
+        );
+        assert_eq!(
+            on_time.runs,
+            vec![Planned {
+                due: next,
+                late: false
+            }]
+        );
     }
 }

@@ -53,6 +53,8 @@ pub fn spawn(jobs: Jobs, sink: RunSink, stop: CancellationToken) -> JoinHandle<(
 
 async fn run(jobs: Jobs, sink: RunSink, stop: CancellationToken) {
     let inner = jobs.inner();
+    // An instant before this was missed (telegate was not scheduling).
+    let since = inner.clock.now();
     loop {
         if stop.is_cancelled() {
             return;
@@ -84,7 +86,7 @@ async fn run(jobs: Jobs, sink: RunSink, stop: CancellationToken) {
             }
             continue;
         }
-        if let Err(error) = fire_due(&jobs, &sink, now).await {
+        if let Err(error) = fire_due(&jobs, &sink, now, since).await {
             tracing::warn!(%error, "the scheduler could not fire the due jobs; retrying");
             if pause(&stop, RETRY_AFTER_FAILURE).await {
                 return;
@@ -101,11 +103,13 @@ async fn pause(stop: &CancellationToken, wait: Duration) -> bool {
     }
 }
 
-/// Fire every job due at `now` (in batches), then hand the runs on.
+/// Fire every job due at `now` (in batches), then hand the runs on; the
+/// scheduler started at `since`.
 pub(super) async fn fire_due(
     jobs: &Jobs,
     sink: &RunSink,
     now: Timestamp,
+    since: Timestamp,
 ) -> Result<(), StoreError> {
     let inner = jobs.inner();
     loop {
@@ -117,7 +121,7 @@ pub(super) async fn fire_due(
         let mut firings = Vec::with_capacity(due.len());
         let mut events = Vec::with_capacity(due.len());
         for job in &due {
-            match prepare(jobs, job, now) {
+            match prepare(jobs, job, now, since) {
                 Some((firing, prepared)) => {
                     firings.push(firing);
                     events.push(prepared);
@@ -154,7 +158,12 @@ pub(super) async fn fire_due(
 /// after the write (with their instants).
 type Prepared = Vec<(Timestamp, MessageEvent)>;
 
-fn prepare(jobs: &Jobs, job: &StoredJob, now: Timestamp) -> Option<(JobFiring, Prepared)> {
+fn prepare(
+    jobs: &Jobs,
+    job: &StoredJob,
+    now: Timestamp,
+    since: Timestamp,
+) -> Option<(JobFiring, Prepared)> {
     let inner = jobs.inner();
     let decoded = decode(job)?;
     let expected = job.next_run?;
@@ -164,6 +173,7 @@ fn prepare(jobs: &Jobs, job: &StoredJob, now: Timestamp) -> Option<(JobFiring, P
         &decoded.tz,
         first,
         now,
+        since,
         inner.config.catch_up,
     );
     if plan.skipped > 0 {

@@ -596,6 +596,34 @@ async fn a_crash_is_reported_and_an_idle_agent_exits_both_then_continue() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_not_logged_in_is_told_as_the_owners_to_fix_without_a_reset_hint() {
+    let fake = FakeBotApi::start().await;
+    let agent_dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let bot = test_bot(&fake, agent_dir.path(), data.path(), "", "")
+        .start()
+        .await
+        .unwrap();
+    say_and_wait(&fake, "you are not logged in", "is not logged in").await;
+    let told = fake
+        .sent_texts(USER)
+        .into_iter()
+        .find(|t| t.contains("is not logged in"))
+        .unwrap();
+    assert!(
+        told.contains("The bot's owner needs to log it in"),
+        "{told}"
+    );
+    assert!(
+        !told.contains("/reset"),
+        "starting over cannot log the agent in: {told}"
+    );
+    // The chat is free again: the next message is answered.
+    say_and_wait(&fake, "hello", "Answer 2 in").await;
+    bot.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_access_stays_inside_the_chats_workdir() {
     let fake = FakeBotApi::start().await;
     let agent_dir = tempfile::tempdir().unwrap();

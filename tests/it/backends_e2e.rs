@@ -248,6 +248,14 @@ async fn llm_failures_reach_the_user_as_one_clear_message() {
         )
         .await
     );
+    assert!(
+        fake.sent_texts(USER)
+            .iter()
+            .filter(|t| t.contains("rejected this bot's API key"))
+            .all(|t| !t.contains("/reset")),
+        "a refused key is the owner's to fix, not the user's to reset: {:?}",
+        fake.sent_texts(USER)
+    );
     llm.push(Script::ErrorEvent(
         "model overloaded (request by acct-7731)".into(),
     ));
@@ -263,7 +271,12 @@ async fn llm_failures_reach_the_user_as_one_clear_message() {
             .all(|t| !t.contains("sk-123") && !t.contains("acct-7731")),
         "no secret echoed: {texts:?}"
     );
-    assert!(texts.iter().filter(|t| t.contains("/reset")).count() >= 2);
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("overloaded right now") && t.contains("/reset")),
+        "a passing failure keeps the hint to start over: {texts:?}"
+    );
     // The chat still works afterwards.
     llm.push(Script::text("fine now"));
     fake.push_text(USER, USER, "three");

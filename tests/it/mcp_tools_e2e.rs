@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 
 use crate::support;
-use support::buttons::{message_text, toasts, wait_button, wait_toast};
+use support::buttons::{message_text, toasts, wait_button, wait_message_text, wait_toast};
 use support::fake_bot::FakeBotApi;
 use support::fake_openai::{
     last_tool_result, last_user_contains, messages, FakeOpenAi, Matcher, Script,
@@ -169,6 +169,38 @@ async fn the_model_gets_filtered_tools_and_capped_results_from_a_stdio_server() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_tool_is_left_out_and_the_servers_other_tools_still_work() {
+    let mcp = STDIO.replace(
+        "env = { FAKE_MCP_DIR = \"{dir}\" }",
+        "env = { FAKE_MCP_DIR = \"{dir}\", FAKE_MCP_MALFORMED = \"1\" }",
+    );
+    assert_ne!(mcp, STDIO, "the server is asked to list malformed tools");
+    let (t, dir) = start(&mcp, "").await;
+    script(
+        &t,
+        "A: echo",
+        "fake__echo",
+        json!({"text": "still here"}),
+        "A: echoed",
+    );
+    t.send(CHAT_A, "A: echo");
+    assert!(t.wait_text(CHAT_A, "A: echoed").await);
+    let first = &t.llm.requests_matching(&last_user_contains("A: echo"))[0];
+    let names = tool_names(first);
+    assert!(names.contains(&"fake__echo".to_string()), "{names:?}");
+    assert!(names.contains(&"fake__write".to_string()), "{names:?}");
+    for bad in ["fake__broken", "fake__listy"] {
+        assert!(
+            !names.contains(&bad.to_string()),
+            "{bad} left out: {names:?}"
+        );
+    }
+    assert!(tool_result(&t, "A: echo").contains("still here"));
+    t.shutdown().await;
+    drop(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approval_always_shows_the_card_and_only_the_starter_decides() {
     let (t, dir) = start(&format!("{STDIO}approval = \"always\"\n"), "").await;
     script(
@@ -193,7 +225,11 @@ async fn approval_always_shows_the_card_and_only_the_starter_decides() {
     assert!(t.wait_text(CHAT_A, "A: made it").await);
     assert!(dir.path().join("made").exists(), "the approved call ran");
     assert!(tool_result(&t, "A: make").contains("wrote"));
-    assert!(message_text(&t.fake, CHAT_A, card).contains("✅ Approved by"));
+    assert!(
+        wait_message_text(&t.fake, CHAT_A, card, "✅ Approved by").await,
+        "{}",
+        message_text(&t.fake, CHAT_A, card)
+    );
 
     // Typed answers work too: /deny refuses, /approve runs.
     script(

@@ -60,7 +60,9 @@ async fn run(agent: &OpenAiAgent, turn: TurnRequest) -> Result<AgentReply, Agent
 
 fn user_message(result: Result<AgentReply, AgentError>) -> String {
     match result {
-        Err(AgentError::Backend { user_message, .. }) => user_message,
+        Err(AgentError::Backend { user_message, .. } | AgentError::Setup { user_message, .. }) => {
+            user_message
+        }
         other => panic!("expected a backend error, got {other:?}"),
     }
 }

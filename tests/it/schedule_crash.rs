@@ -140,6 +140,18 @@ impl Binary {
         log.iter().cloned().collect::<Vec<_>>().join("\n")
     }
 
+    /// Wait for a log line containing `needle`.
+    async fn wait_log(&self, needle: &str) -> bool {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while tokio::time::Instant::now() < deadline {
+            if self.log_tail().contains(needle) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     /// Polling for updates: recovery has run, the scheduler started.
     async fn ready(&self, fake: &FakeBotApi) {
         let first = self.first_seq;
@@ -439,6 +451,76 @@ async fn after_a_two_hour_outage_latest_runs_the_missed_instant_once_and_none_ru
             stored.next_run.unwrap() > now_ms(),
             "{catch_up}: the next run is ahead"
         );
+        store.close().await.unwrap();
+        drop(deployment.dir);
+    }
+}
+
+/// A one-time reminder that fell due `seconds` ago, while no telegate ran.
+async fn missed_seconds_ago(store: &Store, seconds: i64) -> i64 {
+    let at = now_ms() / 1000 - seconds;
+    let schedule = Schedule::Once { at };
+    let action = Action::Message {
+        text: "blink".into(),
+    };
+    store
+        .jobs()
+        .create_job(
+            NewJob {
+                chat_id: USER,
+                chat_type: "dm".into(),
+                thread_id: None,
+                session_key: format!("agent:main:telegram:dm:{USER}"),
+                creator_id: Some(USER as u64),
+                creator_name: Some("Ann".into()),
+                schedule: serde_json::to_value(&schedule).unwrap(),
+                label: "in 1m".into(),
+                timezone: "UTC".into(),
+                action: serde_json::to_value(&action).unwrap(),
+                next_run: at * 1000,
+            },
+            20,
+        )
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instant_missed_in_a_short_outage_is_missed_too() {
+    // Well within the 60 s a running scheduler may lag before a run is
+    // late: what makes it missed is that no telegate was running.
+    for (catch_up, expected_runs) in [("none", 0usize), ("latest", 1)] {
+        let fake = FakeBotApi::start().await;
+        let deployment = Deployment::new(&fake, catch_up);
+        let store = deployment.open_store().await;
+        missed_seconds_ago(&store, 15).await;
+        store.close().await.unwrap();
+
+        let mut binary = Binary::start(&deployment, &fake);
+        binary.ready(&fake).await;
+        if expected_runs == 1 {
+            assert!(wait_text(&fake, "⏰ blink").await, "{}", binary.log_tail());
+        } else {
+            // The scheduler decided: the instant is left out.
+            assert!(
+                binary.wait_log("missed runs left out").await,
+                "{}",
+                binary.log_tail()
+            );
+        }
+        binary.stop().await;
+        let reminders: Vec<String> = fake
+            .sent_texts(USER)
+            .into_iter()
+            .filter(|t| t.starts_with("⏰ blink"))
+            .collect();
+        assert_eq!(reminders.len(), expected_runs, "{catch_up}: {reminders:?}");
+        if let Some(reminder) = reminders.first() {
+            assert!(reminder.contains("late: due"), "labelled late: {reminder}");
+        }
+        let store = deployment.open_store().await;
+        assert_eq!(runs(&store).await.len(), expected_runs, "{catch_up}");
         store.close().await.unwrap();
         drop(deployment.dir);
     }

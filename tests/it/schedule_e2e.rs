@@ -354,3 +354,34 @@ async fn a_jobs_buttons_answer_to_its_creator_only() {
     assert_eq!(count_text(&fake, GROUP, "⏸ Job 1 paused"), 1);
     bot.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reminder_is_sent_as_written_not_read_as_markdown() {
+    let fake = FakeBotApi::start().await;
+    let bot = test_bot(
+        &fake,
+        "[agent]\nbackend = \"echo\"\n",
+        "[store]\nin_memory = true",
+    )
+    .start()
+    .await
+    .unwrap();
+    let words = "pay 2*3*4 to snake_case_name_ [now](x) `tick`";
+    fake.push_text(CHAT_A, CHAT_A, &format!("/in 1s remind: {words}"));
+    assert!(
+        wait_text(&fake, CHAT_A, &format!("⏰ {words}")).await,
+        "the reminder arrives with every character the user wrote: {:?}",
+        fake.sent_texts(CHAT_A)
+    );
+    let reminder = fake
+        .message_history(CHAT_A)
+        .into_iter()
+        .find(|m| m.current().text.contains(&format!("⏰ {words}")))
+        .unwrap();
+    assert!(
+        reminder.current().entities.is_empty(),
+        "no formatting read into the user's words: {:?}",
+        reminder.current().entities
+    );
+    bot.shutdown().await;
+}

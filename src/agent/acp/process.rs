@@ -606,22 +606,25 @@ pub(super) fn protocol_error(
     if process.is_ended() || agent_client_protocol::is_incoming_transport_closed(error) {
         return ended_error(process, what, program);
     }
-    let user_message = if error.code == ErrorCode::AUTH_REQUIRED {
-        format!(
-            "`{}` needs to be logged in first: log it in on the server once, or give it an \
-             API key through agent.acp.env or agent.acp.pass_env.",
-            short_name(program)
-        )
-    } else {
-        format!(
+    let detail = format!("{what} failed: {error:?}");
+    if error.code == ErrorCode::AUTH_REQUIRED {
+        return AgentError::Setup {
+            user_message: format!(
+                "`{}` is not logged in, so it cannot answer. The bot's owner needs to log it \
+                 in on the server once, or give it an API key through agent.acp.env or \
+                 agent.acp.pass_env.",
+                short_name(program)
+            ),
+            detail,
+        };
+    }
+    AgentError::Backend {
+        user_message: format!(
             "`{}` refused `{what}`: {}",
             short_name(program),
             crate::agent::command::protocol::one_line(&error.message, 300)
-        )
-    };
-    AgentError::Backend {
-        user_message,
-        detail: format!("{what} failed: {error:?}"),
+        ),
+        detail,
     }
 }
 

@@ -42,10 +42,25 @@ impl OpenAiAgent {
             &self.shown_base_url,
         );
         let hint = owner_hint(status, &self.config, self.api_key.is_some());
-        self.backend_error(
+        let error = self.backend_error(
             user_message,
             format!("HTTP {status}{hint}: {}", excerpt(body, LOG_BODY_CHARS)),
-        )
+        );
+        match (status, error) {
+            // A refused key or a model that does not exist: only the
+            // owner's setting can change that, not a fresh session.
+            (
+                401 | 403 | 404,
+                AgentError::Backend {
+                    user_message,
+                    detail,
+                },
+            ) => AgentError::Setup {
+                user_message,
+                detail,
+            },
+            (_, error) => error,
+        }
     }
 
     pub(super) fn provider_error(&self, message: &str) -> AgentError {

@@ -239,9 +239,7 @@ impl McpServer {
             (None, Some(url)) => (self.connect_http(url).await?, None),
             (None, None) => return Err("neither command nor url is set".to_string()),
         };
-        let listed = service
-            .peer()
-            .list_all_tools()
+        let listed = list_tool_values(service.peer())
             .await
             .map_err(|e| format!("listing its tools failed: {e}"))?;
         let tools = self.offered(listed);
@@ -255,12 +253,24 @@ impl McpServer {
         Ok(Connection { service, process })
     }
 
-    /// The listed tools that `allowed_tools` lets through.
-    fn offered(&self, listed: Vec<rmcp::model::Tool>) -> Vec<RemoteTool> {
+    /// The listed tools that `allowed_tools` lets through. A tool whose
+    /// listing is malformed is left out alone (the owner is told in the
+    /// log); the server's other tools are still offered.
+    fn offered(&self, listed: Vec<Value>) -> Vec<RemoteTool> {
         let allowed = &self.config.allowed_tools;
         let tools: Vec<RemoteTool> = listed
             .into_iter()
-            .filter_map(|tool| remote_tool(serde_json::to_value(tool).ok()?))
+            .filter_map(|value| match remote_tool(value) {
+                Ok(tool) => Some(tool),
+                Err(Malformed { name, why }) => {
+                    tracing::warn!(
+                        server = %self.config.name,
+                        tool = %name.as_deref().unwrap_or("(no name)"),
+                        "the MCP server lists a tool that cannot be offered ({why}); it is left out, the server's other tools are offered"
+                    );
+                    None
+                }
+            })
             .filter(|tool| allowed.is_empty() || allowed.contains(&tool.name))
             .collect();
         for name in allowed {
@@ -417,23 +427,111 @@ impl McpServer {
     }
 }
 
-/// A listed tool, read from its JSON; `None` without a name.
-fn remote_tool(value: Value) -> Option<RemoteTool> {
-    let name = value.get("name")?.as_str()?.to_string();
+/// The most pages of `tools/list` followed (a server whose cursor never
+/// ends is cut off there).
+const MAX_TOOL_PAGES: usize = 64;
+
+/// Every tool a server lists, each as its own JSON value: read tool by
+/// tool, so one malformed tool (rmcp's typed list refuses the whole page
+/// for it) does not take the server's other tools with it.
+async fn list_tool_values(peer: &Peer<RoleClient>) -> Result<Vec<Value>, rmcp::ServiceError> {
+    use rmcp::model::{
+        ClientRequest, CustomResult, ListToolsRequest, PaginatedRequestParams, ServerResult,
+    };
+    let mut tools = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_TOOL_PAGES {
+        let params = cursor.take().map(|cursor| {
+            let mut params = PaginatedRequestParams::default();
+            params.cursor = Some(cursor);
+            params
+        });
+        let answer = peer
+            .send_request(ClientRequest::ListToolsRequest(ListToolsRequest {
+                method: Default::default(),
+                params,
+                extensions: Default::default(),
+            }))
+            .await?;
+        let page = match answer {
+            ServerResult::ListToolsResult(page) => {
+                serde_json::to_value(page).map_err(|_| rmcp::ServiceError::UnexpectedResponse)?
+            }
+            // A page rmcp could not read as a tool list: read it here.
+            ServerResult::CustomResult(CustomResult(page)) => page,
+            _ => return Err(rmcp::ServiceError::UnexpectedResponse),
+        };
+        let (page_tools, next) = tool_page(page).ok_or(rmcp::ServiceError::UnexpectedResponse)?;
+        tools.extend(page_tools);
+        match next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(tools),
+        }
+    }
+    Ok(tools)
+}
+
+/// A `tools/list` page's tools and next cursor; `None`: not a tool list.
+fn tool_page(mut page: Value) -> Option<(Vec<Value>, Option<String>)> {
+    let next = page
+        .get("nextCursor")
+        .and_then(Value::as_str)
+        .filter(|cursor| !cursor.is_empty())
+        .map(str::to_string);
+    match page.get_mut("tools")?.take() {
+        Value::Array(tools) => Some((tools, next)),
+        _ => None,
+    }
+}
+
+/// Why a listed tool is not offered.
+#[derive(Debug, PartialEq, Eq)]
+struct Malformed {
+    /// Its name, when it has one.
+    name: Option<String>,
+    /// What is wrong with it.
+    why: &'static str,
+}
+
+/// A listed tool, read from its JSON: a name, and an input schema that is
+/// an object (none is taken as an object schema without properties).
+fn remote_tool(value: Value) -> Result<RemoteTool, Malformed> {
+    let name = value
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let Some(name) = name.filter(|name| !name.is_empty()) else {
+        return Err(Malformed {
+            name: None,
+            why: "it has no name",
+        });
+    };
     let description = value
         .get("description")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let mut schema = value
-        .get("inputSchema")
-        .cloned()
-        .filter(Value::is_object)
-        .unwrap_or_else(|| serde_json::json!({}));
-    if schema.get("type").is_none() {
-        schema["type"] = Value::from("object");
+    let mut schema = match value.get("inputSchema") {
+        None | Some(Value::Null) => serde_json::json!({}),
+        Some(schema @ Value::Object(_)) => schema.clone(),
+        Some(_) => {
+            return Err(Malformed {
+                name: Some(name),
+                why: "its inputSchema is not a JSON object",
+            })
+        }
+    };
+    match schema.get("type") {
+        None => schema["type"] = Value::from("object"),
+        Some(Value::String(kind)) if kind == "object" => {}
+        Some(_) => {
+            return Err(Malformed {
+                name: Some(name),
+                why: "its inputSchema is not an object schema",
+            })
+        }
     }
-    Some(RemoteTool {
+    Ok(RemoteTool {
         name,
         description,
         schema,
@@ -491,6 +589,40 @@ mod tests {
         let tool = remote_tool(json!({"name": "t", "inputSchema": {"properties": {}}})).unwrap();
         assert_eq!(tool.schema["type"], "object");
         assert_eq!(tool.annotations, Value::Null);
-        assert!(remote_tool(json!({"description": "no name"})).is_none());
+        let bare = remote_tool(json!({"name": "bare"})).unwrap();
+        assert_eq!(bare.schema, json!({"type": "object"}));
+    }
+
+    #[test]
+    fn a_malformed_tool_is_refused_alone_with_why() {
+        assert_eq!(
+            remote_tool(json!({"description": "no name"})),
+            Err(Malformed {
+                name: None,
+                why: "it has no name"
+            })
+        );
+        for schema in [json!("a string"), json!([1, 2]), json!(7)] {
+            let refused = remote_tool(json!({"name": "t", "inputSchema": schema})).unwrap_err();
+            assert_eq!(refused.name.as_deref(), Some("t"));
+        }
+        let refused =
+            remote_tool(json!({"name": "t", "inputSchema": {"type": "array"}})).unwrap_err();
+        assert_eq!(refused.why, "its inputSchema is not an object schema");
+    }
+
+    #[test]
+    fn a_tool_page_gives_its_tools_and_next_cursor() {
+        let (tools, next) = tool_page(json!({
+            "tools": [{"name": "a"}, {"name": "b", "inputSchema": "bad"}],
+            "nextCursor": "p2"
+        }))
+        .unwrap();
+        assert_eq!(tools.len(), 2);
+        assert_eq!(next.as_deref(), Some("p2"));
+        let (_, last) = tool_page(json!({"tools": [], "nextCursor": ""})).unwrap();
+        assert_eq!(last, None);
+        assert!(tool_page(json!({"content": []})).is_none());
+        assert!(tool_page(json!({"tools": {}})).is_none());
     }
 }

@@ -65,6 +65,21 @@ pub async fn wait_toast(fake: &FakeBotApi, needle: &str) -> bool {
         .await
 }
 
+/// Wait until bot message `message_id` in `chat` reads with `needle`
+/// (an edit is sent after the answer it settles may already be seen).
+pub async fn wait_message_text(
+    fake: &FakeBotApi,
+    chat: i64,
+    message_id: i64,
+    needle: &str,
+) -> bool {
+    fake.wait_for(
+        |_| message_text(fake, chat, message_id).contains(needle),
+        WAIT,
+    )
+    .await
+}
+
 /// The current text of bot message `message_id` in `chat`.
 pub fn message_text(fake: &FakeBotApi, chat: i64, message_id: i64) -> String {
     fake.message_history(chat)
