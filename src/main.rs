@@ -92,11 +92,19 @@ fn init_logging(config: &Config) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour_logs())
         .with_writer(std::io::stderr);
     let _ = match config.log.format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Colour in the log only on a terminal, and not there either with
+/// `NO_COLOR` set: journald and log files store escape codes as they are.
+fn colour_logs() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn main() -> ExitCode {

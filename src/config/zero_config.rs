@@ -221,11 +221,14 @@ pub enum InitError {
 }
 
 /// Write the commented example to `path`, never over an existing file.
+/// The file is its owner's alone (0600): it is where the token goes.
 pub fn init(path: &Path) -> Result<(), InitError> {
     use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let mut file = match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(path)
     {
         Ok(file) => file,

@@ -63,6 +63,8 @@ impl Running {
     fn start(dir: &Path, env: &[(&str, String)]) -> Running {
         let log = dir.join("log");
         let mut cmd = telegate(dir);
+        // As a service runs it: no NO_COLOR, the log into a file.
+        cmd.env_remove("NO_COLOR");
         cmd.arg("run")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -158,6 +160,10 @@ async fn a_fresh_directory_and_the_environment_are_enough_to_run_the_bot() {
         "the database is kept in the default data directory"
     );
     assert!(!log.contains(&fake.token()), "the token is never logged");
+    assert!(
+        !log.contains('\u{1b}'),
+        "a log that is not a terminal carries no colour codes:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,6 +228,13 @@ fn init_writes_the_example_once_and_never_overwrites() {
     let out = run_to_end(telegate(dir.path()).arg("init"));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let path = dir.path().join("telegate.toml");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "the file the token goes in is the owner's alone"
+    );
     let written = std::fs::read_to_string(&path).unwrap();
     let example =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.example.toml"))
