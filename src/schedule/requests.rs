@@ -18,14 +18,19 @@
 //! `when` takes the forms of the commands (`in 30m`, `at 18:00`, `at
 //! tomorrow 09:00`, `every 1h`, `every mon,fri 18:00`, `cron 0 8 * * 1-5`);
 //! exactly one of `remind` (sent as is) and `prompt` (run as a turn;
-//! `session` `"same"`, the default, or `"fresh"`). A file that cannot be
-//! read is reported in the reply and made nothing. The directory is
+//! `session` `"same"`, the default, or `"fresh"`). Each file is read by
+//! handle, the way files to send are ([`crate::media::handle`]): opened
+//! once below the directory's handle, non-blocking, through no link, a
+//! regular file with no other hard link, read bounded. A file that cannot
+//! be read is reported in the reply and made nothing. The directory is
 //! emptied before the program starts and removed after (also when the turn
 //! was stopped: then no job is made from it).
 //!
 //! This module must never make a job for any chat but the turn's own.
 
 use std::future::Future;
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -33,6 +38,7 @@ use serde::Deserialize;
 
 use super::service::Jobs;
 use super::when::{parse_when, Action, JobRequest};
+use crate::media::handle::{check_file, list, open_file_beneath, open_root, Facts, Unfit};
 use crate::vocab::{SessionKey, SessionSource};
 
 /// The variable naming a program's request directory.
@@ -189,54 +195,93 @@ async fn read_requests(
     owner: &SessionSource,
     key: &SessionKey,
 ) -> Vec<String> {
-    let mut names = Vec::new();
-    if let Ok(mut entries) = tokio::fs::read_dir(dir).await {
-        while let Ok(Some(entry)) = entries.next_entry().await {
-            let name = entry.file_name().to_string_lossy().to_string();
-            if name.ends_with(".json") && !name.starts_with('.') {
-                names.push(name);
-            }
-        }
-    }
-    names.sort();
+    let at = dir.to_path_buf();
+    let read = tokio::task::spawn_blocking(move || read_request_files(&at))
+        .await
+        .unwrap_or_default();
     let mut lines = Vec::new();
-    if names.len() > MAX_REQUESTS {
+    if read.found > MAX_REQUESTS {
         lines.push(format!(
             "⚠️ The program asked for {} jobs; only the first {MAX_REQUESTS} were read.",
-            names.len()
+            read.found
         ));
-        names.truncate(MAX_REQUESTS);
     }
-    for name in names {
-        let line = match one_request(jobs, &dir.join(&name), owner, key).await {
-            Ok(line) => line,
-            Err(reason) => format!("⚠️ Schedule request {name}: {reason}"),
+    for (name, bytes) in read.files {
+        let made = match bytes {
+            Ok(bytes) => one_request(jobs, &bytes, owner, key).await,
+            Err(reason) => Err(reason),
         };
-        lines.push(line);
+        lines.push(made.unwrap_or_else(|reason| format!("⚠️ Schedule request {name}: {reason}")));
     }
     lines
 }
 
+/// The request files of a directory, each read through one handle.
+#[derive(Debug, Default)]
+struct RequestFiles {
+    /// How many `*.json` files there were.
+    found: usize,
+    /// The first [`MAX_REQUESTS`] in name order: their bytes, or why not.
+    files: Vec<(String, Result<Vec<u8>, String>)>,
+}
+
+/// Read the `*.json` files of `dir` (blocking). The directory is opened by
+/// handle (not through a link) and listed from it; each file is opened
+/// once below that handle, non-blocking and through no link, checked on
+/// the handle (a regular file with no other hard link, at most
+/// [`MAX_REQUEST_BYTES`]) and read from it, bounded.
+fn read_request_files(dir: &Path) -> RequestFiles {
+    let Ok(root) = open_root(dir) else {
+        return RequestFiles::default();
+    };
+    let mut names: Vec<String> = list(root.as_fd())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|name| name.ends_with(".json") && !name.starts_with('.'))
+        .collect();
+    let found = names.len();
+    names.truncate(MAX_REQUESTS);
+    let files = names
+        .into_iter()
+        .map(|name| {
+            let read = read_one(root.as_fd(), &name);
+            (name, read)
+        })
+        .collect();
+    RequestFiles { found, files }
+}
+
+/// One request file below the open directory `dir`: its bytes, or why not.
+fn read_one(dir: BorrowedFd<'_>, name: &str) -> Result<Vec<u8>, String> {
+    fn unreadable<E>(_: E) -> String {
+        "it could not be read".to_string()
+    }
+    let too_big = || format!("it is larger than {MAX_REQUEST_BYTES} bytes");
+    let fd = open_file_beneath(dir, Path::new(name), None).map_err(unreadable)?;
+    let facts = Facts::of(fd.as_fd()).map_err(unreadable)?;
+    check_file(&facts, MAX_REQUEST_BYTES, None).map_err(|why| match why {
+        Unfit::TooBig(_) => too_big(),
+        Unfit::Empty => "it is empty".to_string(),
+        Unfit::NotAFile | Unfit::Linked | Unfit::Unreadable => "it is not a plain file".to_string(),
+    })?;
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd)
+        .take(MAX_REQUEST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_REQUEST_BYTES {
+        return Err(too_big());
+    }
+    Ok(bytes)
+}
+
 async fn one_request(
     jobs: &Jobs,
-    path: &Path,
+    bytes: &[u8],
     owner: &SessionSource,
     key: &SessionKey,
 ) -> Result<String, String> {
-    // Never follow a link out of the directory.
-    let meta = tokio::fs::symlink_metadata(path)
-        .await
-        .map_err(|_| "it could not be read".to_string())?;
-    if !meta.is_file() {
-        return Err("it is not a plain file".to_string());
-    }
-    if meta.len() > MAX_REQUEST_BYTES {
-        return Err(format!("it is larger than {MAX_REQUEST_BYTES} bytes"));
-    }
-    let bytes = tokio::fs::read(path)
-        .await
-        .map_err(|_| "it could not be read".to_string())?;
-    let request: RequestFile = serde_json::from_slice(&bytes).map_err(|e| {
+    let request: RequestFile = serde_json::from_slice(bytes).map_err(|e| {
         format!(
             "it is not a request like {{\"when\": \"in 30m\", \"remind\": \"call Anna\"}} ({e})"
         )
@@ -269,4 +314,104 @@ async fn one_request(
         )
         .await?;
     Ok(jobs.confirmation(&view).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{read_request_files, MAX_REQUESTS, MAX_REQUEST_BYTES};
+    use std::path::Path;
+
+    const PLAIN: &str = r#"{"when": "in 1h", "remind": "plain"}"#;
+    const SECRET: &str = r#"{"when": "in 1h", "remind": "SECRET"}"#;
+
+    fn texts(dir: &Path) -> Vec<(String, Result<String, String>)> {
+        read_request_files(dir)
+            .files
+            .into_iter()
+            .map(|(name, read)| (name, read.map(|b| String::from_utf8(b).unwrap())))
+            .collect()
+    }
+
+    #[test]
+    fn only_plain_files_of_the_directory_are_read() {
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("secret.json");
+        std::fs::write(&secret, SECRET).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("a.json"), PLAIN).unwrap();
+        std::os::unix::fs::symlink(&secret, d.join("b.json")).unwrap();
+        std::fs::hard_link(&secret, d.join("c.json")).unwrap();
+        let fifo =
+            std::ffi::CString::new(d.join("d.json").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        std::fs::write(d.join("e.json"), vec![b' '; MAX_REQUEST_BYTES as usize + 1]).unwrap();
+        std::fs::write(d.join(".hidden.json"), PLAIN).unwrap();
+        std::fs::write(d.join("notes.txt"), PLAIN).unwrap();
+        let read = texts(d);
+        let names: Vec<&str> = read.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a.json", "b.json", "c.json", "d.json", "e.json"]);
+        assert_eq!(read[0].1.as_deref(), Ok(PLAIN));
+        for (name, got) in &read[1..] {
+            assert!(got.is_err(), "{name}: {got:?}");
+        }
+        assert_eq!(
+            read[4].1,
+            Err(format!("it is larger than {MAX_REQUEST_BYTES} bytes"))
+        );
+    }
+
+    #[test]
+    fn at_most_max_requests_are_read_and_all_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..MAX_REQUESTS + 2 {
+            std::fs::write(dir.path().join(format!("{i:02}.json")), PLAIN).unwrap();
+        }
+        let read = read_request_files(dir.path());
+        assert_eq!(read.found, MAX_REQUESTS + 2);
+        assert_eq!(read.files.len(), MAX_REQUESTS);
+    }
+
+    /// A program swapping its request file for a link to a file elsewhere,
+    /// over and over, never gets that file read: what is checked is what
+    /// is read.
+    #[test]
+    fn a_file_swapped_for_a_link_is_never_read_through_it() {
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("secret.json");
+        std::fs::write(&secret, SECRET).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        std::fs::write(d.join("a.json"), PLAIN).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (d, stop) = (d.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let next = d.join(format!(".next{i}"));
+                    if i % 2 == 0 {
+                        std::os::unix::fs::symlink(&secret, &next).unwrap();
+                    } else {
+                        std::fs::write(&next, PLAIN).unwrap();
+                    }
+                    std::fs::rename(&next, d.join("a.json")).unwrap();
+                    i += 1;
+                }
+            })
+        };
+        let mut plain = 0;
+        for _ in 0..2000 {
+            for (_, got) in texts(&d) {
+                if let Ok(text) = got {
+                    assert_eq!(text, PLAIN, "read through a link");
+                    plain += 1;
+                }
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert!(plain > 0, "the plain file was read at times");
+    }
 }

@@ -39,6 +39,7 @@
 //! * [`authority`]: who may approve, deny or stop somebody's turn;
 //! * [`events`]: the channel through which wakeups and notices leave the tools;
 //! * [`procgroup`]: process groups, shared with the command backend;
+//! * [`child_output`]: a child's output read bounded, as it streams;
 //! * [`send_file`]: the `send_file` tool (files to the chat);
 //! * [`mcp`]: the tools of MCP servers (`[[tools.mcp]]`);
 //! * [`permission`]: Claude Code's permission prompts on the approval card.
@@ -48,6 +49,7 @@ pub mod approval_gate;
 pub mod approval_options;
 pub mod approval_prompt;
 pub mod authority;
+pub mod child_output;
 pub mod childenv;
 pub mod childgroups;
 pub mod events;

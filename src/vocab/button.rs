@@ -82,6 +82,10 @@ pub enum ButtonAction {
         change: WorktreeButton,
         /// The session whose worktree it is.
         session: String,
+        /// The confirmation only this button carries (`/merge confirm ID`
+        /// typed by hand has none, and is asked again).
+        #[serde(default)]
+        token: String,
     },
 }
 

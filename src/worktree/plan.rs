@@ -1,5 +1,7 @@
 //! The pure half of the worktrees: names from sessions, what the cleanup
-//! does with one worktree. No I/O.
+//! does with one worktree, which paths an agent may not write. No I/O.
+
+use std::path::{Component, Path};
 
 use crate::vocab::{SessionId, SessionKey};
 
@@ -40,6 +42,18 @@ pub fn worktree_name(key: &SessionKey, session: &SessionId) -> String {
 /// The branch of a session's worktree.
 pub fn branch_name(key: &SessionKey, session: &SessionId) -> String {
     format!("{BRANCH_PREFIX}{}", worktree_name(key, session))
+}
+
+/// Whether `path` goes through or names a `.git` (any component, in any
+/// letter case: a case-folding file system takes `.GIT` for `.git`). A
+/// `.git` file or directory decides which git directory, config and so
+/// programs git uses, so no agent may write one, at any depth (a nested
+/// one is a repository git looks into).
+pub fn names_git_dir(path: &Path) -> bool {
+    path.components().any(|c| match c {
+        Component::Normal(part) => part.as_encoded_bytes().eq_ignore_ascii_case(b".git"),
+        _ => false,
+    })
 }
 
 /// What is known of one worktree when the cleanup looks at it.
@@ -86,8 +100,31 @@ pub fn cleanup(state: WorktreeState, keep_days: u64) -> Cleanup {
 
 #[cfg(test)]
 mod tests {
-    use super::{branch_name, cleanup, worktree_name, Cleanup, WorktreeState};
+    use super::{branch_name, cleanup, names_git_dir, worktree_name, Cleanup, WorktreeState};
     use crate::vocab::{SessionId, SessionKey};
+    use std::path::Path;
+
+    #[test]
+    fn a_git_component_at_any_depth_in_any_case_is_named() {
+        for path in [
+            ".git",
+            "a/.git/config",
+            "sub/.GIT",
+            "x/.Git/hooks/post",
+            "/w/.git",
+        ] {
+            assert!(names_git_dir(Path::new(path)), "{path}");
+        }
+        for path in [
+            ".gitignore",
+            "a/.gitattributes",
+            "git",
+            "a/b.git",
+            ".git.bak/x",
+        ] {
+            assert!(!names_git_dir(Path::new(path)), "{path}");
+        }
+    }
 
     fn id() -> SessionId {
         SessionId::new("3f2a9c1b-0000-4000-8000-000000000000")

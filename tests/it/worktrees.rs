@@ -4,7 +4,12 @@
 //! session's change (as a file through the fake Bot API, with a stat in the
 //! chat); a concurrent first use makes one worktree; the cleanup removes
 //! an ended session's merged worktree and keeps (and tells once about) one
-//! with unmerged commits; `/merge` with its confirmation button.
+//! with unmerged commits; `/merge` with its confirmation button (typed by
+//! hand, asked again). And what an agent writes never makes telegate's git
+//! run anything (a planted git directory, attributes, hooks); a merge
+//! that would conflict leaves the checkout as it was; merges at once all
+//! succeed; a huge diff is cut; the diff file is never written through a
+//! link.
 
 use crate::support;
 
@@ -16,7 +21,7 @@ use std::time::Duration;
 use support::fake_bot::FakeBotApi;
 use support::test_bot::{TestBot, FAST_DELIVERY};
 use telegate::vocab::{SessionId, SessionKey};
-use telegate::worktree::{WorktreeConfig, Worktrees};
+use telegate::worktree::{WorktreeConfig, WorktreeError, Worktrees, MAX_DIFF_BYTES};
 
 const WAIT: Duration = Duration::from_secs(20);
 const USER: i64 = 42;
@@ -166,7 +171,7 @@ fn test_bot(fake: &FakeBotApi, dir: &Path, repo: &Path) -> TestBot {
         .toml(format!(
             "[delivery]\nstreaming = \"edit\"\n\n\
              [store]\ndata_dir = \"{}\"\n\n[agent]\nbackend = \"command\"\n\n\
-             [agent.command]\nargv = [\"sh\", \"-c\", \"printf '%s\\\\n' \\\"$1\\\" >> notes.txt; echo edited\", \"sh\", \"{{message}}\"]\n\
+             [agent.command]\nargv = [\"sh\", \"-c\", \"printf '%s\\\\n' \\\"$1\\\" >> notes.txt; echo edited $TELEGATE_SESSION_ID\", \"sh\", \"{{message}}\"]\n\
              worktree = {{ repo = \"{}\", base = \"main\", root = \"{}\", keep_days = 7 }}\n",
             dir.join("data").display(),
             repo.display(),
@@ -196,6 +201,25 @@ async fn diff_sends_the_conversations_change_and_merge_asks_first() {
         std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
         "first line\n"
     );
+    let texts = fake.sent_texts(USER);
+    let session_id = texts
+        .iter()
+        .find_map(|t| t.trim().strip_prefix("edited "))
+        .expect("the program said its session")
+        .trim()
+        .to_string();
+    // A link planted where the diff file goes is not written through.
+    let name = std::fs::read_dir(dir.path().join("worktrees"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| !n.starts_with('.'))
+        .expect("the conversation's worktree");
+    let diffs = dir.path().join("worktrees/.diffs");
+    std::fs::create_dir_all(&diffs).unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "victim\n").unwrap();
+    std::os::unix::fs::symlink(&victim, diffs.join(format!("{name}.diff"))).unwrap();
 
     fake.push_text(USER, USER, "/diff");
     assert!(
@@ -204,6 +228,7 @@ async fn diff_sends_the_conversations_change_and_merge_asks_first() {
         "the diff is sent as a file"
     );
     let upload = fake.files().uploads().remove(0);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "victim\n");
     assert_eq!(upload.method, "sendDocument");
     assert!(upload.file_name.ends_with(".diff"), "{}", upload.file_name);
     let patch = String::from_utf8_lossy(&upload.bytes).to_string();
@@ -243,6 +268,21 @@ async fn diff_sends_the_conversations_change_and_merge_asks_first() {
         std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
         "first line\n"
     );
+    // Typed by hand with the session's id, it asks the same way: only the
+    // button confirms.
+    let asked = |fake: &FakeBotApi| {
+        fake.sent_texts(USER)
+            .iter()
+            .filter(|t| t.contains("Merge this conversation"))
+            .count()
+    };
+    fake.push_text(USER, USER, &format!("/merge confirm {session_id}"));
+    assert!(fake.wait_for(|_| asked(&fake) == 2, WAIT).await);
+    assert_eq!(
+        std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
+        "first line\n",
+        "typed, nothing was merged"
+    );
     let (message, _, data) = support::buttons::wait_button(&fake, USER, "Merge into main").await;
     fake.push_callback_query(USER, USER, message, &data);
     assert!(
@@ -262,4 +302,184 @@ async fn diff_sends_the_conversations_change_and_merge_asks_first() {
         "first line\na line from the chat\n"
     );
     bot.shutdown().await;
+}
+
+/// The attack of issue 57: files written in the worktree (a planted git
+/// directory whose config runs a command through `core.fsmonitor`, and
+/// `.git` rewritten to name it) must not make telegate's own git run that
+/// command.
+#[tokio::test]
+async fn a_planted_git_directory_runs_nothing_when_diffed() {
+    let dir = tempfile::tempdir().unwrap();
+    let trees = worktrees(dir.path(), 7);
+    let tree = trees.ensure(&key(1), &session(1)).await.unwrap();
+    std::fs::write(tree.join("notes.txt"), "first line\nmore\n").unwrap();
+    let marker = dir.path().join("MARKER");
+    let evil = tree.join("evil");
+    std::fs::create_dir_all(evil.join("objects")).unwrap();
+    std::fs::create_dir_all(evil.join("refs")).unwrap();
+    std::fs::write(evil.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(
+        evil.join("config"),
+        format!(
+            "[core]\n\trepositoryformatversion = 0\n\tfsmonitor = \"touch {}; false\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(tree.join(".git"), "gitdir: evil\n").unwrap();
+    // Attributes written in the worktree select no program either, not
+    // even one the repository's config defines.
+    std::fs::write(tree.join(".gitattributes"), "*.txt filter=evil diff=evil\n").unwrap();
+    git(
+        &trees.config().repo,
+        &[
+            "config",
+            "filter.evil.clean",
+            &format!("touch {}.filter; cat", marker.display()),
+        ],
+    );
+    git(
+        &trees.config().repo,
+        &[
+            "config",
+            "diff.evil.textconv",
+            &format!("touch {}.textconv; cat", marker.display()),
+        ],
+    );
+
+    let diff = trees.diff(&key(1), &session(1)).await.unwrap();
+    assert!(diff.patch.contains("+more"), "{}", diff.patch);
+    for made in ["MARKER", "MARKER.filter", "MARKER.textconv"] {
+        assert!(
+            !dir.path().join(made).exists(),
+            "{made}: telegate's git ran a command the worktree chose"
+        );
+    }
+    // The worktree still merges and goes, its `.git` put back first.
+    trees.merge(&key(1), &session(1)).await.unwrap();
+    assert!(!tree.exists());
+    assert!(!marker.exists());
+}
+
+/// The repository's hooks never run for telegate's git (`--no-verify`
+/// alone leaves post-checkout, post-commit and post-merge).
+#[tokio::test]
+async fn repository_hooks_never_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let trees = worktrees(dir.path(), 7);
+    let hooks = trees.config().repo.join(".git/hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    for hook in [
+        "post-checkout",
+        "pre-commit",
+        "post-commit",
+        "pre-merge-commit",
+        "post-merge",
+        "reference-transaction",
+    ] {
+        let path = hooks.join(hook);
+        let marker = dir.path().join(format!("ran-{hook}"));
+        std::fs::write(&path, format!("#!/bin/sh\ntouch '{}'\n", marker.display())).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let tree = trees.ensure(&key(1), &session(1)).await.unwrap();
+    std::fs::write(tree.join("notes.txt"), "first line\nhooked\n").unwrap();
+    trees.merge(&key(1), &session(1)).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(trees.config().repo.join("notes.txt")).unwrap(),
+        "first line\nhooked\n"
+    );
+    let ran: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("ran-"))
+        .collect();
+    assert!(ran.is_empty(), "hooks ran: {ran:?}");
+}
+
+/// A merge that would conflict is refused before it starts, and leaves the
+/// repository's checkout as it was (no MERGE_HEAD, no conflict markers):
+/// the next merge runs.
+#[tokio::test]
+async fn a_conflicting_merge_leaves_the_checkout_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let trees = worktrees(dir.path(), 7);
+    let repo = trees.config().repo.clone();
+    let a = trees.ensure(&key(1), &session(1)).await.unwrap();
+    let b = trees.ensure(&key(2), &session(2)).await.unwrap();
+    let c = trees.ensure(&key(3), &session(3)).await.unwrap();
+    std::fs::write(a.join("notes.txt"), "A's first line\n").unwrap();
+    std::fs::write(b.join("notes.txt"), "B's first line\n").unwrap();
+    std::fs::write(c.join("other.txt"), "C's own file\n").unwrap();
+    trees.merge(&key(1), &session(1)).await.unwrap();
+
+    let refused = trees.merge(&key(2), &session(2)).await;
+    let Err(WorktreeError::Conflict { files, .. }) = &refused else {
+        panic!("a conflict: {refused:?}");
+    };
+    assert_eq!(files, &["notes.txt"]);
+    let merge_head = Command::new("git")
+        .arg("-C")
+        .arg(&repo)
+        .args(["rev-parse", "--quiet", "--verify", "MERGE_HEAD"])
+        .output()
+        .unwrap();
+    assert!(!merge_head.status.success(), "no merge left midway");
+    assert_eq!(git(&repo, &["status", "--porcelain"]), "");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
+        "A's first line\n"
+    );
+    // B's work is still there, and the next merge runs.
+    assert!(b.exists());
+    trees.merge(&key(3), &session(3)).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(repo.join("other.txt")).unwrap(),
+        "C's own file\n"
+    );
+}
+
+/// Merges at once into one repository run one at a time (one lock per
+/// repository, shared by every `Worktrees` of it): none fails for
+/// another's lock file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merges_at_once_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = worktrees(dir.path(), 7);
+    // A second bot's worktrees of the same repository.
+    let second = Worktrees::new(first.config().clone());
+    let mut merges = Vec::new();
+    for n in 1..=8u32 {
+        let trees = Arc::clone(if n % 2 == 0 { &first } else { &second });
+        let tree = trees.ensure(&key(n), &session(n)).await.unwrap();
+        std::fs::write(tree.join(format!("file{n}.txt")), format!("{n}\n")).unwrap();
+        merges.push(tokio::spawn(async move {
+            trees.merge(&key(n), &session(n)).await
+        }));
+    }
+    for merge in merges {
+        merge.await.unwrap().expect("every merge succeeds");
+    }
+    for n in 1..=8u32 {
+        assert!(first.config().repo.join(format!("file{n}.txt")).exists());
+    }
+}
+
+/// A diff larger than `MAX_DIFF_BYTES` is read only that far (git is
+/// stopped there) and says it was cut.
+#[tokio::test]
+async fn a_huge_diff_is_cut_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let trees = worktrees(dir.path(), 7);
+    let tree = trees.ensure(&key(1), &session(1)).await.unwrap();
+    let line = "a line of a very large file\n";
+    let big = line.repeat(MAX_DIFF_BYTES / line.len() + 100_000);
+    std::fs::write(tree.join("big.txt"), big).unwrap();
+    let diff = trees.diff(&key(1), &session(1)).await.unwrap();
+    assert!(diff.cut);
+    assert_eq!(diff.patch.len(), MAX_DIFF_BYTES);
+    assert!(diff.stat.contains("big.txt"), "{}", diff.stat);
 }

@@ -9,10 +9,14 @@
 //! is refused, and so is a file with more than one hard link (writing
 //! through it would change a file elsewhere). Missing directories on the
 //! way of a write are created (0700), one component at a time from the
-//! previous one's handle. Reads are capped at [`MAX_READ_BYTES`].
+//! previous one's handle. Reads are capped at [`MAX_READ_BYTES`]. No
+//! write goes to a `.git` file or directory, at any depth and in any letter
+//! case ([`names_git_dir`]): it would choose what telegate's git runs.
 //!
-//! Blocking; call it from `spawn_blocking`. This module never opens a path
-//! by name after resolving it, and never follows a link.
+//! Every open is non-blocking (a FIFO never holds a thread) and the handle's
+//! type is checked before anything is read or written. Blocking otherwise
+//! (file I/O); call it from `spawn_blocking`. This module never opens a
+//! path by name after resolving it, and never follows a link.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -22,6 +26,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::media::handle::{beneath, open_file_beneath, open_root, OpenError, PathProblem};
+use crate::worktree::plan::names_git_dir;
 
 /// The most a read returns, before `line` / `limit`.
 pub(super) const MAX_READ_BYTES: u64 = 8 * 1024 * 1024;
@@ -41,6 +46,9 @@ pub(super) enum FsRefusal {
     /// Not a regular file, or a file with other hard links.
     #[error("{0} is not a plain file (a directory, a device, or a file with several links)")]
     NotPlain(String),
+    /// A `.git` file or directory (or a path through one).
+    #[error("{0}: files of git (.git) are not written")]
+    Git(String),
     /// Too big to read.
     #[error("{0} is larger than {MAX_READ_BYTES} bytes")]
     TooLarge(String),
@@ -128,6 +136,9 @@ fn select_lines(text: &str, line: Option<u32>, limit: Option<u32>) -> String {
 pub(super) fn write_text(root: &Path, path: &Path, content: &str) -> Result<(), FsRefusal> {
     let shown = path.display().to_string();
     let rel = relative(root, path)?;
+    if names_git_dir(&rel) {
+        return Err(FsRefusal::Git(shown));
+    }
     let parts: Vec<&std::ffi::OsStr> = rel
         .components()
         .filter_map(|c| match c {
@@ -146,7 +157,11 @@ pub(super) fn write_text(root: &Path, path: &Path, content: &str) -> Result<(), 
             Ok(()) | Err(Errno::EXIST) => {}
             Err(errno) => return Err(io(&shown)(errno.into())),
         }
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let flags = OFlags::RDONLY
+            | OFlags::DIRECTORY
+            | OFlags::NOFOLLOW
+            | OFlags::CLOEXEC
+            | OFlags::NONBLOCK;
         let next = rustix::fs::openat(at, *dir, flags, Mode::empty()).map_err(|errno| {
             if errno == Errno::NOTDIR || errno == Errno::LOOP {
                 // A link (or a file) where a directory must be.
@@ -158,13 +173,20 @@ pub(super) fn write_text(root: &Path, path: &Path, content: &str) -> Result<(), 
         current = Some(next);
     }
     let at = current.as_ref().map_or(root_fd.as_fd(), AsFd::as_fd);
-    let flags =
-        OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+    // Non-blocking: opening a FIFO to write waits for a reader otherwise
+    // (a blocking-pool thread held for as long as none comes); without one
+    // the open fails (ENXIO), with one the handle is refused below.
+    let flags = OFlags::WRONLY
+        | OFlags::CREATE
+        | OFlags::NOFOLLOW
+        | OFlags::CLOEXEC
+        | OFlags::NOCTTY
+        | OFlags::NONBLOCK;
     let fd = rustix::fs::openat(at, *name, flags, Mode::from_raw_mode(0o644)).map_err(|errno| {
-        if errno == Errno::LOOP {
-            FsRefusal::Link(shown.clone())
-        } else {
-            io(&shown)(errno.into())
+        match errno {
+            Errno::LOOP => FsRefusal::Link(shown.clone()),
+            Errno::NXIO => FsRefusal::NotPlain(shown.clone()),
+            _ => io(&shown)(errno.into()),
         }
     })?;
     // Checked on the handle before anything is changed: a hard link to a
@@ -179,6 +201,55 @@ pub(super) fn write_text(root: &Path, path: &Path, content: &str) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    /// `f` on a thread of its own, waited for at most 20 s (`None`: it
+    /// still blocks).
+    fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20)).ok()
+    }
+
+    #[test]
+    fn a_fifo_is_neither_read_nor_written_and_holds_no_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let fifo = root.join("pipe");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        // No reader: the write is refused at once instead of waiting for one.
+        let at = root.clone();
+        let written = bounded(move || write_text(&at, Path::new("pipe"), "x"));
+        assert!(
+            matches!(written, Some(Err(FsRefusal::NotPlain(_)))),
+            "{written:?}"
+        );
+        let at = root.clone();
+        let read = bounded(move || read_text(&at, Path::new("pipe"), None, None));
+        assert!(
+            matches!(read, Some(Err(FsRefusal::NotPlain(_)))),
+            "{read:?}"
+        );
+        // A reader waiting: the handle is refused before anything is written.
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let at = root.clone();
+        let written = bounded(move || write_text(&at, Path::new("pipe"), "x"));
+        assert!(
+            matches!(written, Some(Err(FsRefusal::NotPlain(_)))),
+            "{written:?}"
+        );
+        let mut got = Vec::new();
+        let _ = (&reader).read_to_end(&mut got);
+        assert!(got.is_empty(), "nothing reached the reader");
+    }
 
     #[test]
     fn reads_and_writes_stay_inside_the_workdir() {
@@ -236,6 +307,26 @@ mod tests {
             Err(FsRefusal::NotPlain(_))
         ));
         assert_eq!(std::fs::read_to_string(&secret).unwrap(), "top secret");
+
+        // Nothing of git's, at any depth, in any letter case.
+        for git in [".git", "a/.git/config", "sub/.GIT", "d/.Git/HEAD"] {
+            assert!(
+                matches!(
+                    write_text(root, Path::new(git), "x"),
+                    Err(FsRefusal::Git(_))
+                ),
+                "{git}"
+            );
+            assert!(
+                matches!(
+                    write_text(root, &root.join(git), "x"),
+                    Err(FsRefusal::Git(_))
+                ),
+                "{git}"
+            );
+            assert!(!root.join(git).exists(), "{git}");
+        }
+        write_text(root, Path::new("a/.gitignore"), "x").unwrap();
 
         assert!(matches!(
             read_text(root, Path::new("missing"), None, None),

@@ -164,14 +164,19 @@ impl CallbackHandler {
                     .await;
                 (InboxState::Answered, None)
             }
-            ButtonAction::Worktree { change, session } => {
+            ButtonAction::Worktree {
+                change,
+                session,
+                token,
+            } => {
                 if !self.claim(id, update_id).await {
                     self.toast(query, "Already done.").await;
                     return (InboxState::Dropped, Some("already used"));
                 }
                 self.toast(query, "On it…").await;
-                // The same path as a typed `/merge confirm ID`.
-                let text = format!("/{} confirm {session}", change.command());
+                // The same path as a typed `/merge confirm ID`, with the
+                // button's own confirmation.
+                let text = format!("/{} confirm {session} {token}", change.command());
                 self.engine
                     .adapter
                     .handle_message(MessageEvent::text(owner, text))
