@@ -64,6 +64,7 @@ mod store_integrity;
 mod teams_access;
 mod teams_budgets;
 mod teams_pairing;
+mod teams_revoke;
 mod teams_sessions;
 mod teams_voice;
 mod telegram_e2e;
