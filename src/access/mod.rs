@@ -389,6 +389,14 @@ impl Access {
         Ok(redeemed)
     }
 
+    /// `typed` was seen where others could read it (a group): if it is a
+    /// live pairing code or invite, it is void from now on. Whether one
+    /// was. No wrong try is counted (nobody tried to redeem it).
+    pub async fn void_code(&self, typed: &str) -> Result<bool, AccessError> {
+        let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
+        Ok(store.void_code(codes::hash_typed(typed)).await?)
+    }
+
     /// Give chat member `user` the role `role` (the caller checked it may
     /// be done: [`roles::may_set_role`]). `false`: not a chat member.
     pub async fn set_role(&self, user: u64, role: Role) -> Result<bool, AccessError> {

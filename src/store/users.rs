@@ -379,6 +379,21 @@ impl Users {
         .await
     }
 
+    /// Void the unused code whose hash is `hash` (it was seen in a group).
+    /// Whether there was one.
+    pub async fn void_code(&self, hash: String) -> Result<bool, StoreError> {
+        let bot = self.bot();
+        self.write(WriteKind::Access, move |conn| {
+            let voided = conn
+                .prepare_cached(
+                    "DELETE FROM access_codes WHERE bot_id = ?2 AND code_hash = ?1 AND used_by IS NULL",
+                )?
+                .execute(params![hash, bot])?;
+            Ok(voided > 0)
+        })
+        .await
+    }
+
     /// Give member `user_id` the role `role`; the member before, if any.
     /// The owner's role is never changed here (nor anyone made owner).
     pub async fn set_member_role(

@@ -63,6 +63,7 @@ mod several_bots;
 mod store_integrity;
 mod teams_access;
 mod teams_budgets;
+mod teams_codes;
 mod teams_pairing;
 mod teams_revoke;
 mod teams_sessions;
