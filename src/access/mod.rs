@@ -398,10 +398,17 @@ impl Access {
     }
 
     /// Give chat member `user` the role `role` (the caller checked it may
-    /// be done: [`roles::may_set_role`]). `false`: not a chat member.
+    /// be done: [`roles::may_set_role`]). `false`: not a chat member. The
+    /// unused invites they made that `role` may not make ([`roles::may_invite`])
+    /// are void: standing counts when an invite is redeemed, not only when
+    /// it was made.
     pub async fn set_role(&self, user: u64, role: Role) -> Result<bool, AccessError> {
         let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
-        let before = store.set_member_role(user, role).await?;
+        let may_invite = [Role::Admin, Role::User]
+            .into_iter()
+            .filter(|invited| roles::may_invite(role, *invited).is_ok())
+            .collect();
+        let before = store.set_member_role(user, role, may_invite).await?;
         if before.is_some() {
             if let Some(member) = self.write().get_mut(&user) {
                 member.role = role;
@@ -514,6 +521,14 @@ mod tests {
         ));
         assert!(access.set_role(2, Role::Admin).await.unwrap());
         assert!(access.decides_for_anyone(2));
+        // A demoted admin's unused invites go with the role.
+        let unused = access.invite(2, Role::User).await.unwrap();
+        assert!(access.set_role(2, Role::User).await.unwrap());
+        assert!(matches!(
+            access.redeem(4, None, &unused.code).await.unwrap(),
+            Redeemed::Wrong { .. }
+        ));
+        assert!(access.set_role(2, Role::Admin).await.unwrap());
         assert!(access.may_use(2, 42));
         assert!(access.revoke(2).await.unwrap());
         assert!(!access.is_member(2));
