@@ -118,6 +118,7 @@ impl Engine {
             config: adapter,
             ..AdapterParts::new(Arc::new(runner.clone()), outbound.clone())
         });
+        runner.attach_adapter(adapter.downgrade());
         if let Some(events) = events {
             tokio::spawn(forward_tool_events(
                 events,

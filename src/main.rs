@@ -248,10 +248,14 @@ fn pair(config: &Config, bot: Option<&str>) -> ExitCode {
         return ExitCode::from(2);
     }
     match telegate::access::pairing::pair_in(&config.store.data_dir, &config.access, bot) {
-        Ok(code) => {
+        Ok(paired) => {
             println!(
                 "{}",
-                telegate::access::pairing::pairing_text(&code, config.access.pairing_code_minutes)
+                telegate::access::pairing::pairing_text(
+                    &paired.code,
+                    config.access.pairing_code_minutes,
+                    paired.bot.as_deref()
+                )
             );
             ExitCode::SUCCESS
         }

@@ -229,35 +229,75 @@ fn article(role: Role) -> &'static str {
     }
 }
 
-/// /revoke ID.
-pub async fn revoke(ctx: &TeamContext<'_>, args: &str) -> String {
+/// What /revoke ended of the revoked user's work, for its answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ended {
+    /// Their turns that were running (stopped).
+    pub turns: usize,
+    /// Their requests that waited for approval (refused).
+    pub approvals: usize,
+    /// Their messages waiting in a queue (dropped).
+    pub queued: usize,
+    /// Their active jobs (paused), by id.
+    pub jobs: Vec<i64>,
+}
+
+/// /revoke ID: the checks, then the member removed (with the unused
+/// invites they made). `Ok`: the user revoked (the caller ends their work
+/// and answers with [`revoked_text`]); `Err`: the answer (refused, failed).
+pub async fn revoke(ctx: &TeamContext<'_>, args: &str) -> Result<u64, String> {
     let Some(actor) = ctx.standing() else {
-        return "Only the owner or an admin can revoke access.".to_string();
+        return Err("Only the owner or an admin can revoke access.".to_string());
     };
-    let (target, _) = match target_of(args) {
-        Ok(found) => found,
-        Err(text) => return text,
-    };
-    let access = match ctx.team() {
-        Ok(access) => access,
-        Err(text) => return text,
-    };
+    let (target, _) = target_of(args)?;
+    let access = ctx.team()?;
     let Some(standing) = access.standing(target) else {
-        return format!("User {target} has no access.");
+        return Err(format!("User {target} has no access."));
     };
-    if let Err(text) = roles::may_revoke(actor, standing) {
-        return text;
-    }
+    roles::may_revoke(actor, standing)?;
     match access.revoke(target).await {
         Ok(_) => {
             tracing::info!(target, "access revoked");
-            format!("🚫 User {target} no longer has access (their unused invites are void too).")
+            Ok(target)
         }
         Err(error) => {
             tracing::error!(%error, "could not revoke access");
-            STORE_FAILED.to_string()
+            Err(STORE_FAILED.to_string())
         }
     }
+}
+
+/// The answer to a /revoke that took `target`'s access away, with what
+/// was ended of their work.
+pub fn revoked_text(target: u64, ended: &Ended) -> String {
+    let mut text =
+        format!("🚫 User {target} no longer has access (their unused invites are void too).");
+    let mut parts = Vec::new();
+    if ended.turns > 0 {
+        parts.push(count(ended.turns, "running task", "running tasks") + " stopped");
+    }
+    if ended.approvals > 0 {
+        parts.push(count(ended.approvals, "approval request", "approval requests") + " refused");
+    }
+    if ended.queued > 0 {
+        parts.push(count(ended.queued, "waiting message", "waiting messages") + " dropped");
+    }
+    if !ended.jobs.is_empty() {
+        let ids: Vec<String> = ended.jobs.iter().map(|id| id.to_string()).collect();
+        parts.push(format!(
+            "{} paused ({}; /resume ID starts one again)",
+            count(ended.jobs.len(), "job", "jobs"),
+            ids.join(", ")
+        ));
+    }
+    if !parts.is_empty() {
+        text.push_str(&format!(" Of theirs: {}.", parts.join(", ")));
+    }
+    text
+}
+
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// /usage (mine today and this month), /usage all (owner, admins: everyone).
@@ -353,6 +393,28 @@ mod tests {
         assert_eq!(ago(7_200_000), "2h");
         assert_eq!(ago(3 * 86_400_000), "3d");
         assert_eq!(ago(-5), "0s");
+    }
+
+    #[test]
+    fn a_revoke_says_what_it_ended() {
+        let nothing = revoked_text(7, &Ended::default());
+        assert_eq!(
+            nothing,
+            "🚫 User 7 no longer has access (their unused invites are void too)."
+        );
+        let all = revoked_text(
+            7,
+            &Ended {
+                turns: 1,
+                approvals: 2,
+                queued: 3,
+                jobs: vec![4, 9],
+            },
+        );
+        assert!(all.ends_with(
+            " Of theirs: 1 running task stopped, 2 approval requests refused, \
+             3 waiting messages dropped, 2 jobs paused (4, 9; /resume ID starts one again)."
+        ));
     }
 
     #[test]

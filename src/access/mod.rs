@@ -135,9 +135,11 @@ pub struct AccessSetup {
     pub allowed_users: Vec<u64>,
     /// `[telegram] approvers` (admins from config).
     pub approvers: Vec<u64>,
-    /// Strangers may talk to the bot anyway (`allow_all_users`, or some
-    /// `allowed_chats`): no pairing is needed for the bot to be usable.
-    pub open: bool,
+    /// `[telegram] allowed_chats`: everybody may use the bot there (so no
+    /// pairing is needed for the bot to be usable).
+    pub allowed_chats: Vec<i64>,
+    /// `[telegram] allow_all_users`: everybody may use the bot.
+    pub allow_all_users: bool,
     /// Where "now" comes from (expiry of codes).
     pub clock: Clock,
 }
@@ -283,6 +285,15 @@ impl Access {
         self.standing(user).is_some()
     }
 
+    /// Whether `user` may use the bot in chat `chat_id` now: a member (config
+    /// or team), or anyone where the config lets everybody in. The one
+    /// answer every decision asks ([`Deciders::may_use`]), read from the
+    /// members as they are at this moment.
+    pub fn may_use(&self, user: u64, chat_id: i64) -> bool {
+        let setup = &self.inner.setup;
+        setup.allow_all_users || setup.allowed_chats.contains(&chat_id) || self.is_member(user)
+    }
+
     /// The owner, if the bot was paired.
     pub fn owner(&self) -> Option<u64> {
         self.members()
@@ -297,7 +308,8 @@ impl Access {
         let setup = &self.inner.setup;
         setup.allowed_users.is_empty()
             && setup.approvers.is_empty()
-            && !setup.open
+            && setup.allowed_chats.is_empty()
+            && !setup.allow_all_users
             && self.owner().is_none()
     }
 
@@ -377,11 +389,26 @@ impl Access {
         Ok(redeemed)
     }
 
+    /// `typed` was seen where others could read it (a group): if it is a
+    /// live pairing code or invite, it is void from now on. Whether one
+    /// was. No wrong try is counted (nobody tried to redeem it).
+    pub async fn void_code(&self, typed: &str) -> Result<bool, AccessError> {
+        let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
+        Ok(store.void_code(codes::hash_typed(typed)).await?)
+    }
+
     /// Give chat member `user` the role `role` (the caller checked it may
-    /// be done: [`roles::may_set_role`]). `false`: not a chat member.
+    /// be done: [`roles::may_set_role`]). `false`: not a chat member. The
+    /// unused invites they made that `role` may not make ([`roles::may_invite`])
+    /// are void: standing counts when an invite is redeemed, not only when
+    /// it was made.
     pub async fn set_role(&self, user: u64, role: Role) -> Result<bool, AccessError> {
         let store = self.inner.store.as_ref().ok_or(AccessError::NoStore)?;
-        let before = store.set_member_role(user, role).await?;
+        let may_invite = [Role::Admin, Role::User]
+            .into_iter()
+            .filter(|invited| roles::may_invite(role, *invited).is_ok())
+            .collect();
+        let before = store.set_member_role(user, role, may_invite).await?;
         if before.is_some() {
             if let Some(member) = self.write().get_mut(&user) {
                 member.role = role;
@@ -426,6 +453,10 @@ impl Deciders for Access {
     fn decides_for_anyone(&self, user: u64) -> bool {
         self.standing(user)
             .is_some_and(|standing| roles::manages_team(standing.role))
+    }
+
+    fn may_use(&self, user: u64, chat_id: i64) -> bool {
+        Access::may_use(self, user, chat_id)
     }
 }
 
@@ -490,8 +521,18 @@ mod tests {
         ));
         assert!(access.set_role(2, Role::Admin).await.unwrap());
         assert!(access.decides_for_anyone(2));
+        // A demoted admin's unused invites go with the role.
+        let unused = access.invite(2, Role::User).await.unwrap();
+        assert!(access.set_role(2, Role::User).await.unwrap());
+        assert!(matches!(
+            access.redeem(4, None, &unused.code).await.unwrap(),
+            Redeemed::Wrong { .. }
+        ));
+        assert!(access.set_role(2, Role::Admin).await.unwrap());
+        assert!(access.may_use(2, 42));
         assert!(access.revoke(2).await.unwrap());
         assert!(!access.is_member(2));
+        assert!(!access.may_use(2, 42) && !Deciders::may_use(&access, 2, 42));
         let everyone: Vec<_> = access
             .everyone()
             .iter()

@@ -18,27 +18,34 @@ use super::{codes, Access, AccessConfig, AccessError};
 use crate::store::users::{insert_code, select_owner, CodeKind, NewCode, Role};
 use crate::vocab::BotId;
 
-/// The lines telling the operator how to pair (stderr and the log).
-pub fn pairing_text(code: &str, minutes: u64) -> String {
+/// The lines telling the operator how to pair `bot` (its name or
+/// `@username`, when known: several bots may print codes side by side;
+/// stderr and the log).
+pub fn pairing_text(code: &str, minutes: u64, bot: Option<&str>) -> String {
+    let (this, to) = match bot {
+        Some(bot) => (format!("the bot {bot}"), format!("to {bot}")),
+        None => ("this bot".to_string(), "to the bot".to_string()),
+    };
     format!(
-        "Nobody may use this bot yet. To become its owner, send this message to the bot \
+        "Nobody may use {this} yet. To become its owner, send this message {to} \
          in Telegram within {minutes} minutes:\n\n    /pair {code}\n\n\
          (`telegate pair` prints a fresh code while the bot runs.)"
     )
 }
 
-/// At start: when nobody may use the bot, make a pairing code and show it
-/// once (stderr and the log). Returns whether one was shown.
-pub async fn announce_at_start(access: &Access) -> Result<bool, AccessError> {
+/// At start: when nobody may use the bot (`bot`: its name, for the
+/// banner), make a pairing code and show it once (stderr and the log).
+/// Returns whether one was shown.
+pub async fn announce_at_start(access: &Access, bot: &str) -> Result<bool, AccessError> {
     if !access.needs_pairing() {
         return Ok(false);
     }
     let code = access.pairing_code().await?;
     let minutes = access.settings().pairing_code_minutes;
-    let text = pairing_text(&code, minutes);
+    let text = pairing_text(&code, minutes, Some(bot));
     eprintln!("\n{text}\n");
     // The one time a code is logged: the operator may only see the log.
-    tracing::warn!(pairing_code = %code, minutes, "nobody may use the bot yet: send /pair <pairing_code> to the bot to become its owner");
+    tracing::warn!(pairing_code = %code, minutes, bot, "nobody may use the bot yet: send /pair <pairing_code> to the bot to become its owner");
     Ok(true)
 }
 
@@ -111,6 +118,16 @@ pub fn choose_bot(known: &[(BotId, String)], wanted: Option<&str>) -> Result<Bot
     }
 }
 
+/// A pairing code `telegate pair` made, and the name of the bot it pairs
+/// (none: no bot has run on the database yet).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Paired {
+    /// The code (shown once, never logged).
+    pub code: String,
+    /// The bot's name (`[[bots]] name`).
+    pub bot: Option<String>,
+}
+
 /// `telegate pair [--bot NAME]`: a fresh pairing code for the bot
 /// [`choose_bot`] picks, in the database of `data_dir` (the running
 /// bot's, or one that will run), returned to be printed.
@@ -118,7 +135,7 @@ pub fn pair_in(
     data_dir: &Path,
     settings: &AccessConfig,
     wanted: Option<&str>,
-) -> Result<String, PairError> {
+) -> Result<Paired, PairError> {
     let path = data_dir.join("telegate.db");
     let metadata = std::fs::metadata(&path).map_err(|_| PairError::NoDatabase(path.clone()))?;
     check_owner(&path, &metadata)?;
@@ -147,10 +164,12 @@ pub fn pair_in(
         path: path.clone(),
         detail: e.to_string(),
     };
-    let bot = choose_bot(
-        &crate::store::bots::known_bots(&conn).map_err(store_failed)?,
-        wanted,
-    )?;
+    let known = crate::store::bots::known_bots(&conn).map_err(store_failed)?;
+    let bot = choose_bot(&known, wanted)?;
+    let name = known
+        .into_iter()
+        .find(|(id, _)| *id == bot)
+        .map(|(_, name)| name);
     if let Some(owner) = select_owner(&conn, bot).map_err(store_failed)? {
         return Err(PairError::HasOwner(owner));
     }
@@ -170,7 +189,7 @@ pub fn pair_in(
         },
     )
     .map_err(store_failed)?;
-    Ok(code)
+    Ok(Paired { code, bot: name })
 }
 
 #[cfg(unix)]
@@ -214,7 +233,8 @@ mod tests {
             let dir = dir.path().to_path_buf();
             tokio::task::spawn_blocking(move || pair_in(&dir, &AccessConfig::default(), wanted))
         };
-        let code = pair(None).await.unwrap().unwrap();
+        let Paired { code, bot } = pair(None).await.unwrap().unwrap();
+        assert_eq!(bot.as_deref(), Some("main"), "the code says which bot");
         assert_eq!(codes::normalize(&code).as_deref(), Some(code.as_str()));
         let joined = access.redeem(5, None, &code).await.unwrap();
         assert!(matches!(joined, Redeemed::Joined(Role::Owner, _)));
@@ -227,7 +247,7 @@ mod tests {
             pair(None).await.unwrap(),
             Err(PairError::WhichBot { .. })
         ));
-        let code = pair(Some("side")).await.unwrap().unwrap();
+        let code = pair(Some("side")).await.unwrap().unwrap().code;
         let access = Access::new(AccessSetup::default(), Some(other.users()));
         access.load().await.unwrap();
         let joined = access.redeem(6, None, &code).await.unwrap();
@@ -257,8 +277,14 @@ mod tests {
 
     #[test]
     fn the_text_shows_the_command_to_send() {
-        let text = pairing_text("ABCDEFGHJK", 15);
+        let text = pairing_text("ABCDEFGHJK", 15, None);
         assert!(text.contains("/pair ABCDEFGHJK"));
         assert!(text.contains("15 minutes"));
+        let named = pairing_text("ABCDEFGHJK", 15, Some("@side_bot"));
+        assert!(
+            named.starts_with("Nobody may use the bot @side_bot yet"),
+            "{named}"
+        );
+        assert!(named.contains("send this message to @side_bot"), "{named}");
     }
 }

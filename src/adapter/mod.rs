@@ -240,6 +240,41 @@ impl Adapter {
         }
     }
 
+    /// Drop every message `user` has waiting, in every slot (their access
+    /// was taken away, so none of them may run): each gets its outcome
+    /// ("access revoked"), and each chat they waited in one notice, from
+    /// its own task. Returns how many were dropped. Internal events stay;
+    /// their turns check access when they start.
+    pub fn drop_queued_of(&self, user: u64) -> usize {
+        let dropped: Vec<Vec<MessageEvent>> = {
+            let mut state = self.state();
+            let dropped = state
+                .pending
+                .values_mut()
+                .map(|queue| queue.take_messages_of(user))
+                .filter(|taken| !taken.is_empty())
+                .collect();
+            state.pending.retain(|_, queue| !queue.is_empty());
+            dropped
+        };
+        let mut count = 0;
+        for slot in dropped {
+            let Some(first) = slot.first() else { continue };
+            let (inner, source) = (self.inner.clone(), first.source.clone());
+            for event in &slot {
+                self.inner.note(
+                    &event.source,
+                    event.message_id,
+                    EventOutcome::Dropped("access revoked"),
+                );
+            }
+            count += slot.len();
+            let notice = Reply::notice(revoked_note(slot.len()));
+            tokio::spawn(async move { inner.send(&source, notice.into()).await });
+        }
+        count
+    }
+
     /// The slot key of `source` under this adapter's key policy.
     pub fn session_key(&self, source: &SessionSource) -> SessionKey {
         SessionKey::for_source(source, self.inner.config.key_policy)
@@ -906,6 +941,16 @@ fn follow_up_notice(interrupting: bool, position: usize) -> String {
 
 /// The line a rotating command adds for the `count` queued messages it
 /// dropped; none for none.
+/// Said to a user whose waiting messages were dropped with their access.
+fn revoked_note(count: usize) -> String {
+    let one = count == 1;
+    format!(
+        "🔒 {count} waiting message{} of yours {} not run: you no longer have access to this bot.",
+        if one { "" } else { "s" },
+        if one { "was" } else { "were" },
+    )
+}
+
 fn discarded_note(count: usize) -> Option<String> {
     (count > 0).then(|| {
         let one = count == 1;

@@ -45,6 +45,17 @@ impl PendingQueue {
         user
     }
 
+    /// Remove the messages `user` sent (keeping everything else, internal
+    /// events included, in order), oldest first.
+    pub fn take_messages_of(&mut self, user: u64) -> Vec<MessageEvent> {
+        let (theirs, rest): (Vec<_>, Vec<_>) = self
+            .events
+            .drain(..)
+            .partition(|e| !e.internal && e.source.user_id == Some(user));
+        self.events.extend(rest);
+        theirs
+    }
+
     /// Number of waiting events.
     pub fn len(&self) -> usize {
         self.events.len()
@@ -86,5 +97,33 @@ mod tests {
         queue.push(event("d"), 3).ok();
         assert_eq!(queue.len(), 3);
         assert_eq!(texts(&mut queue), ["a", "b", "d"]);
+    }
+
+    #[test]
+    fn one_users_messages_leave_the_queue_and_the_rest_keep_their_order() {
+        let mut queue = PendingQueue::default();
+        let from = |user: u64, text: &str| {
+            let mut source = SessionSource::dm(Platform::Telegram, 1);
+            source.user_id = Some(user);
+            MessageEvent::text(source, text)
+        };
+        let mut wakeup = from(5, "w");
+        wakeup.internal = true;
+        for event in [
+            from(5, "a"),
+            from(6, "b"),
+            wakeup,
+            from(5, "c"),
+            from(6, "d"),
+        ] {
+            queue.push(event, 10).ok();
+        }
+        let taken: Vec<String> = queue
+            .take_messages_of(5)
+            .into_iter()
+            .map(|e| e.text)
+            .collect();
+        assert_eq!(taken, ["a", "c"]);
+        assert_eq!(texts(&mut queue), ["b", "w", "d"]);
     }
 }

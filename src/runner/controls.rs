@@ -288,7 +288,12 @@ impl Runner {
                 ))
             }
         };
-        if !may_decide(pending.started_by, actor.user_id, self.deciders()) {
+        if !may_decide(
+            pending.started_by,
+            actor.user_id,
+            actor.chat_id,
+            self.deciders(),
+        ) {
             tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval answer refused: not the turn's user nor an approver");
             return Reply::command(format!(
                 "🔒 You cannot answer approval {}. {}",
@@ -504,7 +509,12 @@ impl Runner {
             Lookup::Found(pending) => pending,
             _ => return ApprovalPress::NotWaiting,
         };
-        if !may_decide(pending.started_by, actor.user_id, self.deciders()) {
+        if !may_decide(
+            pending.started_by,
+            actor.user_id,
+            actor.chat_id,
+            self.deciders(),
+        ) {
             tracing::info!(session_key = %pending.key, ticket = pending.ticket, actor = ?actor.user_id, "approval button refused: not the turn's user nor an approver");
             return ApprovalPress::NotAllowed(who_may_decide(
                 pending.started_by_name.as_deref(),

@@ -153,6 +153,10 @@ impl Runner {
             return None;
         };
         let (_, action) = jobs.action_for_run(job).await?;
+        // Its creator's access as it is now (a reminder runs no turn).
+        if let Err(refusal) = self.still_allowed(&event) {
+            return Some(refusal);
+        }
         let late = event
             .message_id
             .and_then(crate::schedule::run_of)

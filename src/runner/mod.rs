@@ -168,6 +168,10 @@ struct RunnerInner {
     /// or an ACP agent's permission requests).
     approvals: Option<ApprovalGate>,
     config: RunnerConfig,
+    /// The adapter in front of this runner (set once by the engine), for
+    /// what reaches past the slot a command came from: /revoke drops the
+    /// revoked user's waiting messages everywhere.
+    adapter: std::sync::OnceLock<crate::adapter::WeakAdapter>,
 }
 
 /// What a [`Runner`] is built from.
@@ -300,8 +304,20 @@ impl Runner {
                 tools,
                 approvals,
                 config,
+                adapter: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Let this runner reach the adapter in front of it (the engine calls
+    /// this once, right after building both; later calls change nothing).
+    pub fn attach_adapter(&self, adapter: crate::adapter::WeakAdapter) {
+        let _ = self.inner.adapter.set(adapter);
+    }
+
+    /// The adapter in front of this runner, if attached and alive.
+    pub(super) fn adapter(&self) -> Option<crate::adapter::Adapter> {
+        self.inner.adapter.get().and_then(|a| a.upgrade())
     }
 
     /// A handle that does not keep the runner alive (for parts of the
@@ -617,7 +633,12 @@ impl MessageHandler for Runner {
         self.approvals().is_some_and(|approvals| {
             approval_reply(&event.text).is_some()
                 && approvals.pending_view(key).is_some_and(|pending| {
-                    may_decide(pending.started_by, event.source.user_id, self.deciders())
+                    may_decide(
+                        pending.started_by,
+                        event.source.user_id,
+                        event.source.chat_id,
+                        self.deciders(),
+                    )
                 })
         })
     }

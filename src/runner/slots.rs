@@ -59,6 +59,8 @@ pub enum InvalidateReason {
     Reset,
     /// The stall watchdog.
     Watchdog,
+    /// /revoke: the user who started the turn lost access.
+    Revoked,
     /// Anything else (tests, shutdown).
     Other(&'static str),
 }
@@ -69,6 +71,8 @@ pub struct AgentSlots {
     running_agents: HashMap<SessionKey, RunningAgent>,
     running_since: HashMap<SessionKey, Instant>,
     generations: HashMap<SessionKey, TurnGeneration>,
+    /// The user whose message started each running turn (known ones only).
+    starters: HashMap<SessionKey, u64>,
 }
 
 impl AgentSlots {
@@ -99,6 +103,23 @@ impl AgentSlots {
         self.running_since.insert(key.clone(), now);
     }
 
+    /// Remember who started the turn in `key`'s slot (until it is released).
+    pub fn set_starter(&mut self, key: &SessionKey, user: Option<u64>) {
+        match user {
+            Some(user) => self.starters.insert(key.clone(), user),
+            None => self.starters.remove(key),
+        };
+    }
+
+    /// The slots whose running turn (being set up or live) `user` started.
+    pub fn started_by(&self, user: u64) -> Vec<SessionKey> {
+        self.starters
+            .iter()
+            .filter(|(key, by)| **by == user && self.running_agents.contains_key(*key))
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     /// Install a live agent, only if its generation is still current.
     /// Returns false (and installs nothing) for a stale turn.
     pub fn promote(&mut self, key: &SessionKey, handle: AgentHandle) -> bool {
@@ -127,12 +148,14 @@ impl AgentSlots {
         }
         self.running_agents.remove(key);
         self.running_since.remove(key);
+        self.starters.remove(key);
         // No entry means no current generation: everything handed out before
         // is stale, and the next begin_generation hands out a larger one.
         self.generations.remove(key);
         shrink_when_sparse(&mut self.running_agents);
         shrink_when_sparse(&mut self.running_since);
         shrink_when_sparse(&mut self.generations);
+        shrink_when_sparse(&mut self.starters);
         true
     }
 
@@ -213,5 +236,24 @@ mod tests {
         assert_eq!((slots.running_count(), slots.generation_entries()), (1, 1));
         assert!(slots.release(&b, Some(gb)));
         assert_eq!((slots.running_count(), slots.generation_entries()), (0, 0));
+    }
+
+    #[test]
+    fn a_turns_starter_is_known_while_it_runs() {
+        let mut slots = AgentSlots::default();
+        let (a, b) = (SessionKey::from_raw("a"), SessionKey::from_raw("b"));
+        let ga = slots.begin_generation(&a);
+        slots.install_pending(&a, Instant::now());
+        slots.set_starter(&a, Some(7));
+        let gb = slots.begin_generation(&b);
+        slots.install_pending(&b, Instant::now());
+        slots.set_starter(&b, Some(8));
+        assert_eq!(slots.started_by(7), [a.clone()]);
+        assert!(slots.promote(&a, handle(ga)));
+        assert_eq!(slots.started_by(7), [a.clone()], "live as while set up");
+        assert!(slots.release(&a, Some(ga)));
+        assert!(slots.started_by(7).is_empty());
+        assert!(slots.release(&b, Some(gb)));
+        assert!(slots.started_by(8).is_empty());
     }
 }

@@ -9,17 +9,24 @@
 //! [`crate::access`]. Nothing here sends anything.
 
 use super::voice;
+use super::InvalidateReason;
 use crate::adapter::DispatchContext;
-use crate::reply::Reply;
+use crate::reply::{Outgoing, Reply};
 use crate::runner::Runner;
-use crate::vocab::{KnownCommand, MessageEvent};
+use crate::tools::approval::Denial;
+use crate::vocab::{KnownCommand, MessageEvent, SessionSource};
 
-use crate::access::commands::{self as team, TeamContext};
+use crate::access::commands::{self as team, Ended, TeamContext};
 
 /// Said when the team commands are used where there is no team (the
 /// console, a bot without a store).
 pub(super) const NO_TEAMS_TEXT: &str =
     "Teams (invites, roles, usage) work with the Telegram bot and its store.";
+
+/// Said instead of running a message (or a scheduled run) whose user lost
+/// access after it was accepted.
+pub(super) const NO_LONGER_ALLOWED_TEXT: &str =
+    "🔒 This was not run: you no longer have access to this bot.";
 
 /// The commands answered by [`Runner::team_command`].
 pub(super) fn answers(known: KnownCommand) -> bool {
@@ -74,9 +81,101 @@ impl Runner {
             KnownCommand::Invite => team::invite(&context, args).await,
             KnownCommand::Users => team::users(&context).await,
             KnownCommand::Role => team::role(&context, args).await,
-            KnownCommand::Revoke => team::revoke(&context, args).await,
+            KnownCommand::Revoke => match team::revoke(&context, args).await {
+                Ok(target) => {
+                    let text = team::revoked_text(target, &self.end_work_of(target).await);
+                    self.tell_owner(&event.source, &text);
+                    text
+                }
+                Err(refusal) => refusal,
+            },
             _ => team::usage(&context, args).await,
         })
+    }
+
+    /// `user` lost access: nothing of theirs may go on. Their waiting
+    /// messages are dropped (first, so a stopped turn hands its slot to
+    /// none of them), their running turns stopped, the approvals their
+    /// turns wait for refused. What is left that could start later checks
+    /// access when it starts (`admit`).
+    async fn end_work_of(&self, user: u64) -> Ended {
+        let queued = self.adapter().map_or(0, |a| a.drop_queued_of(user));
+        let keys = self.state().slots.started_by(user);
+        for key in &keys {
+            self.stop_running(key, InvalidateReason::Revoked);
+            // No command reply goes to that chat: the stopped turn's
+            // preview gets its marker at once.
+            if let Some(gate) = self.state().reply_gates.remove(key) {
+                gate.cancel();
+            }
+        }
+        let approvals = self
+            .approvals()
+            .map_or(0, |gate| gate.deny_started_by(user, Denial::Stopped));
+        tracing::info!(
+            user,
+            turns = keys.len(),
+            approvals,
+            queued,
+            "a revoked user's work was ended"
+        );
+        let jobs = match self.jobs() {
+            Some(jobs) => jobs.pause_jobs_of(user).await,
+            None => Vec::new(),
+        };
+        Ended {
+            turns: keys.len(),
+            approvals,
+            queued,
+            jobs,
+        }
+    }
+
+    /// Whether `event`'s sender may still use the bot in its chat, asked
+    /// as each turn (and scheduled run) starts: a message queued, recovered
+    /// or journaled while they had access does not run once it is gone.
+    /// `Err`: the refusal, to the chat.
+    pub(super) fn still_allowed(&self, event: &MessageEvent) -> Result<(), Outgoing> {
+        let (Some(access), Some(user)) = (self.access(), event.source.user_id) else {
+            return Ok(());
+        };
+        if access.may_use(user, event.source.chat_id) {
+            return Ok(());
+        }
+        tracing::info!(
+            user,
+            chat_id = event.source.chat_id,
+            internal = event.internal,
+            "turn refused: its user no longer has access"
+        );
+        Err(Reply::notice(NO_LONGER_ALLOWED_TEXT)
+            .in_reply_to(event.message_id)
+            .into())
+    }
+
+    /// When someone other than the owner revoked a user, the owner is told
+    /// too, in their private chat (from its own task: a notice never holds
+    /// up the command).
+    fn tell_owner(&self, actor: &SessionSource, text: &str) {
+        let Some(owner) = self.access().and_then(crate::access::Access::owner) else {
+            return;
+        };
+        if actor.user_id == Some(owner) {
+            return;
+        }
+        let who = actor
+            .user_name
+            .clone()
+            .unwrap_or_else(|| format!("user {}", actor.user_id.unwrap_or_default()));
+        let mut to = SessionSource::dm(actor.platform, i64::try_from(owner).unwrap_or_default());
+        to.user_id = Some(owner);
+        let notice = Reply::notice(format!("{who} revoked access: {text}"));
+        let outbound = self.inner.outbound.clone();
+        tokio::spawn(async move {
+            if let Err(error) = outbound.deliver(&to, notice).await {
+                tracing::warn!(%error, "could not tell the owner about a revoke");
+            }
+        });
     }
 
     /// /voice [on|off|auto]: the sender's choice of voice answers.

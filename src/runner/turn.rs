@@ -42,7 +42,7 @@ impl Runner {
     /// generation, then counted, recorded and answered by its outcome.
     pub(super) async fn turn(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
         let key = ctx.key.clone();
-        let generation = self.begin_turn_generation(&key);
+        let generation = self.begin_turn_generation(&key, event.source.user_id);
         // Set-up may await the store; whatever happens, the pending sentinel
         // must not outlive this future.
         let mut slot = SlotRelease {
@@ -137,12 +137,14 @@ impl Runner {
         )
     }
 
-    /// A new generation for `key`'s slot, installed as pending.
-    fn begin_turn_generation(&self, key: &SessionKey) -> TurnGeneration {
+    /// A new generation for `key`'s slot, installed as pending, started by
+    /// `user` (so /revoke finds the turns of whoever loses access).
+    fn begin_turn_generation(&self, key: &SessionKey, user: Option<u64>) -> TurnGeneration {
         let generation = {
             let mut state = self.state();
             let generation = state.slots.begin_generation(key);
             state.slots.install_pending(key, Instant::now());
+            state.slots.set_starter(key, user);
             generation
         };
         self.keep_generations_reserved();
@@ -157,6 +159,8 @@ impl Runner {
         event: &MessageEvent,
         key: &SessionKey,
     ) -> Result<(SessionId, crate::limits::TurnMeter), Outgoing> {
+        // Access as it is now, not as it was when the message was taken.
+        self.still_allowed(event)?;
         // A wakeup runs against the session that started its process, even
         // if the chat has moved on (/new) since; everything else runs
         // against the slot's current session.

@@ -320,7 +320,12 @@ impl Jobs {
                 return Err(JOBS_STORE_DOWN.to_string());
             }
         };
-        if !may_decide(stored.job.creator_id, actor.user_id, &*self.inner.deciders) {
+        if !may_decide(
+            stored.job.creator_id,
+            actor.user_id,
+            actor.chat_id,
+            &*self.inner.deciders,
+        ) {
             tracing::info!(job = id, actor = ?actor.user_id, "job change refused: not its creator nor an approver");
             return Err(format!(
                 "🔒 Only {} (who made job {id}), an admin or one of this bot's approvers can change it.",
@@ -410,6 +415,26 @@ impl Jobs {
         Ok((text, view))
     }
 
+    /// Pause every active job `user` made, in any chat (their access was
+    /// taken away: nothing runs as them any more). Returns the ids paused;
+    /// a store failure pauses nothing (logged: their runs are still
+    /// refused when they start, by the runner's access check).
+    pub async fn pause_jobs_of(&self, user: u64) -> Vec<i64> {
+        match self.inner.store.pause_jobs_of(user).await {
+            Ok(ids) => {
+                if !ids.is_empty() {
+                    tracing::info!(user, jobs = ?ids, "a revoked user's jobs were paused");
+                    self.changed();
+                }
+                ids
+            }
+            Err(error) => {
+                tracing::error!(user, %error, "could not pause a revoked user's jobs");
+                Vec::new()
+            }
+        }
+    }
+
     /// Record how a run of job `id` ended (`failed`: its turn failed).
     /// Returns what its chat is told when this failure paused the job.
     pub async fn finished(&self, id: i64, failed: bool) -> Option<String> {
@@ -486,7 +511,12 @@ impl Jobs {
             if !decoded.schedule.is_recurring() {
                 continue;
             }
-            if !may_decide(job.job.creator_id, actor.user_id, &*self.inner.deciders) {
+            if !may_decide(
+                job.job.creator_id,
+                actor.user_id,
+                actor.chat_id,
+                &*self.inner.deciders,
+            ) {
                 return Err(format!(
                     "🔒 Job {} here belongs to {}; only an approver may move this chat's jobs to another time zone.",
                     job.id,

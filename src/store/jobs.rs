@@ -415,6 +415,30 @@ impl Jobs {
         .await
     }
 
+    /// Pause every active job `creator` made (their access was taken
+    /// away). Returns the ids paused, lowest first.
+    pub async fn pause_jobs_of(&self, creator: u64) -> Result<Vec<i64>, StoreError> {
+        let (bot, creator) = (self.bot(), i64::try_from(creator).unwrap_or(i64::MAX));
+        self.write(WriteKind::Job, move |conn| {
+            let tx = conn.savepoint()?;
+            let ids = tx
+                .prepare(
+                    "SELECT id FROM jobs WHERE bot_id = ?1 AND creator_id = ?2 AND state = 'active'
+                     ORDER BY id",
+                )?
+                .query_map(params![bot, creator], |r| r.get::<_, i64>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            tx.execute(
+                "UPDATE jobs SET state = 'paused', next_run = NULL, updated_at = ?3
+                 WHERE bot_id = ?1 AND creator_id = ?2 AND state = 'active'",
+                params![bot, creator, now_ms()],
+            )?;
+            tx.commit()?;
+            Ok(ids)
+        })
+        .await
+    }
+
     /// Delete job `id`. False if there was none. Runs already journaled
     /// stay in the inbox (their turn finds the job gone and does nothing).
     pub async fn delete_job(&self, id: i64) -> Result<bool, StoreError> {
@@ -575,6 +599,34 @@ mod tests {
                 fresh_session: None,
             }],
         }
+    }
+
+    #[tokio::test]
+    async fn a_creators_active_jobs_are_paused_together_and_no_one_elses() {
+        let s = Store::open_in_memory().unwrap();
+        let jobs = s.jobs();
+        let a = jobs.create_job(job(1, 1000), 9).await.unwrap().unwrap();
+        let b = jobs.create_job(job(2, 2000), 9).await.unwrap().unwrap();
+        let other = jobs
+            .create_job(
+                NewJob {
+                    creator_id: Some(7),
+                    ..job(1, 3000)
+                },
+                9,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(jobs.set_job_active(b, None).await.unwrap(), "paused before");
+        assert_eq!(jobs.pause_jobs_of(42).await.unwrap(), [a]);
+        assert_eq!(jobs.job(a).await.unwrap().unwrap().state, JobState::Paused);
+        assert_eq!(
+            jobs.job(other).await.unwrap().unwrap().state,
+            JobState::Active
+        );
+        assert_eq!(jobs.next_job_due().await.unwrap(), Some(3000));
+        assert!(jobs.pause_jobs_of(42).await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -379,24 +379,54 @@ impl Users {
         .await
     }
 
+    /// Void the unused code whose hash is `hash` (it was seen in a group).
+    /// Whether there was one.
+    pub async fn void_code(&self, hash: String) -> Result<bool, StoreError> {
+        let bot = self.bot();
+        self.write(WriteKind::Access, move |conn| {
+            let voided = conn
+                .prepare_cached(
+                    "DELETE FROM access_codes WHERE bot_id = ?2 AND code_hash = ?1 AND used_by IS NULL",
+                )?
+                .execute(params![hash, bot])?;
+            Ok(voided > 0)
+        })
+        .await
+    }
+
     /// Give member `user_id` the role `role`; the member before, if any.
-    /// The owner's role is never changed here (nor anyone made owner).
+    /// The owner's role is never changed here (nor anyone made owner). The
+    /// unused invites they made for a role not in `may_invite` (what the
+    /// new role may invite) are void, in the same transaction: a demotion
+    /// takes back the invites the member could no longer make.
     pub async fn set_member_role(
         &self,
         user_id: u64,
         role: Role,
+        may_invite: Vec<Role>,
     ) -> Result<Option<Member>, StoreError> {
         let bot = self.bot();
         self.write(WriteKind::Access, move |conn| {
-            let Some(before) = select_member(conn, bot, user_id)? else {
+            let tx = conn.savepoint()?;
+            let Some(before) = select_member(&tx, bot, user_id)? else {
                 return Ok(None);
             };
             if before.role != Role::Owner && role != Role::Owner {
-                conn.prepare_cached(
+                tx.prepare_cached(
                     "UPDATE members SET role = ?2 WHERE bot_id = ?3 AND user_id = ?1",
                 )?
                 .execute(params![to_i64(user_id), role.as_str(), bot])?;
+                let mut stmt = tx.prepare_cached(
+                    "DELETE FROM access_codes WHERE bot_id = ?2 AND created_by = ?1
+                     AND kind = 'invite' AND used_by IS NULL AND role = ?3",
+                )?;
+                for gone in [Role::Admin, Role::User] {
+                    if !may_invite.contains(&gone) {
+                        stmt.execute(params![to_i64(user_id), bot, gone.as_str()])?;
+                    }
+                }
             }
+            tx.commit()?;
             Ok(Some(before))
         })
         .await
@@ -594,9 +624,19 @@ mod tests {
             .await
             .unwrap();
         s.users().redeem_code(attempt(2, "i", 2)).await.unwrap();
-        s.users().set_member_role(2, Role::Admin).await.unwrap();
-        s.users().set_member_role(1, Role::User).await.unwrap();
-        s.users().set_member_role(2, Role::Owner).await.unwrap();
+        let users = vec![Role::User];
+        s.users()
+            .set_member_role(2, Role::Admin, users.clone())
+            .await
+            .unwrap();
+        s.users()
+            .set_member_role(1, Role::User, vec![])
+            .await
+            .unwrap();
+        s.users()
+            .set_member_role(2, Role::Owner, users)
+            .await
+            .unwrap();
         let roles: Vec<_> = s
             .users()
             .members()
@@ -653,7 +693,10 @@ mod tests {
         let ids = |members: Vec<Member>| members.iter().map(|m| m.user_id).collect::<Vec<_>>();
         assert_eq!(ids(a.users().members().await.unwrap()), vec![42]);
         assert_eq!(
-            b.users().set_member_role(42, Role::Admin).await.unwrap(),
+            b.users()
+                .set_member_role(42, Role::Admin, vec![Role::User])
+                .await
+                .unwrap(),
             None
         );
         assert_eq!(b.users().remove_member(42).await.unwrap(), None);

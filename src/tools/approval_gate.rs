@@ -478,6 +478,27 @@ impl ApprovalGate {
         }
     }
 
+    /// Deny every request whose turn `user` started, in whatever slot
+    /// (their access was taken away). Returns how many were denied.
+    pub fn deny_started_by(&self, user: u64, denial: Denial) -> usize {
+        let taken: Vec<(SessionKey, PendingApproval)> = {
+            let mut pending = self.pending();
+            let keys: Vec<SessionKey> = pending
+                .iter()
+                .filter(|(_, p)| p.owner.user_id == Some(user))
+                .map(|(key, _)| key.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|key| pending.remove(&key).map(|p| (key, p)))
+                .collect()
+        };
+        let denied = taken.len();
+        for (key, pending) in taken {
+            self.settle(&key, pending, Decision::Denied(denial), None);
+        }
+        denied
+    }
+
     /// True while an approval waits for `key`.
     pub fn is_pending(&self, key: &SessionKey) -> bool {
         self.pending().contains_key(key)

@@ -200,7 +200,7 @@ async fn wire(
     setup: AgentSetup,
 ) -> Result<Wired, StartError> {
     let Connected { bot, me, store } = connected;
-    let (services, media) = build_services(config, &bot, &store).await?;
+    let (services, media) = build_services(config, &bot, &me, &store).await?;
     let engine = build_engine(config, setup, &store, &services);
     // Before recovery runs anything again: what the previous run left
     // running is killed, and this run's generations are reserved.
@@ -240,9 +240,10 @@ async fn wire(
 async fn build_services(
     config: &Config,
     bot: &Bot,
+    me: &Me,
     store: &Store,
 ) -> Result<(Services, IntakeMedia), StartError> {
-    let access = build_access(config, store).await?;
+    let access = build_access(config, store, &format!("@{}", me.username())).await?;
     let owner = access.owner();
     let delivery = Delivery::new(bot.clone(), config.delivery_config());
     let (inbox_writer, _writer) = InboxWriter::spawn(store.inbox());
@@ -323,21 +324,23 @@ fn answers_outbound(config: &Config, delivery: &Delivery, store: &Store) -> Arc<
 }
 
 /// Who may use the bot: the config's allowlist and the team in the store.
-/// Nobody yet: a pairing code is shown (stderr and the log).
-async fn build_access(config: &Config, store: &Store) -> Result<Access, StartError> {
+/// Nobody yet: a pairing code is shown (stderr and the log), naming the
+/// bot (`bot`).
+async fn build_access(config: &Config, store: &Store, bot: &str) -> Result<Access, StartError> {
     let telegram = &config.telegram;
     let access = Access::new(
         AccessSetup {
             settings: config.access.clone(),
             allowed_users: telegram.allowed_users.clone(),
             approvers: telegram.approvers.clone(),
-            open: telegram.allow_all_users || !telegram.allowed_chats.is_empty(),
+            allowed_chats: telegram.allowed_chats.clone(),
+            allow_all_users: telegram.allow_all_users,
             clock: config.clock.clone(),
         },
         Some(store.users()),
     );
     access.load().await?;
-    if let Err(error) = crate::access::pairing::announce_at_start(&access).await {
+    if let Err(error) = crate::access::pairing::announce_at_start(&access, bot).await {
         tracing::error!(%error, "could not make a pairing code; `telegate pair` makes one");
     }
     Ok(access)

@@ -99,6 +99,16 @@ async fn the_printed_code_pairs_the_first_user_once_and_a_restart_keeps_the_owne
         "{}",
         telegate.log()
     );
+    // The banner says which bot the code is for (several bots may print
+    // theirs side by side).
+    let bot = format!("@{}", fake.config().username);
+    assert!(
+        telegate
+            .log()
+            .contains(&format!("Nobody may use the bot {bot} yet")),
+        "{}",
+        telegate.log()
+    );
 
     // Before pairing, a message runs nothing: the sender is told their id.
     fake.push_text(100, 100, "hello?");

@@ -233,6 +233,22 @@ impl CallbackHandler {
         // A job's button is checked against the job's creator instead of
         // the user the list was shown to (below, by its command's rule).
         let job_button = matches!(action, ButtonAction::Job { .. });
+        // Every button, whoever it was shown to: the presser's standing now.
+        if !self
+            .engine
+            .runner
+            .deciders()
+            .may_use(presser, stored.button.chat_id)
+        {
+            tracing::info!(
+                update_id,
+                presser,
+                "button pressed by someone without access"
+            );
+            self.toast(query, "🔒 You no longer have access to this bot.")
+                .await;
+            return Err((InboxState::Dropped, Some("not allowed")));
+        }
         if !job_button && !self.may_press(stored, presser) {
             let whose = stored
                 .button
@@ -368,12 +384,15 @@ impl CallbackHandler {
     }
 
     /// The session's own user, or an approver (with teams: the owner and
-    /// the admins): the one rule ([`may_decide`]) every control acting on
-    /// someone's turn asks.
+    /// the admins), who may use the bot in the button's chat now: the one
+    /// rule ([`may_decide`]) every control acting on someone's turn asks,
+    /// with the presser's standing at the press (not when the button was
+    /// made).
     fn may_press(&self, stored: &StoredButton, presser: u64) -> bool {
+        let (owner, chat) = (stored.button.owner_id, stored.button.chat_id);
         match self.engine.runner.access() {
-            Some(access) => may_decide(stored.button.owner_id, Some(presser), access),
-            None => may_decide(stored.button.owner_id, Some(presser), &self.approvers),
+            Some(access) => may_decide(owner, Some(presser), chat, access),
+            None => may_decide(owner, Some(presser), chat, &self.approvers),
         }
     }
 

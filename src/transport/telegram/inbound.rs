@@ -99,6 +99,28 @@ fn code_in(text: &str, username: &str) -> Option<String> {
         .then(|| code.to_string())
 }
 
+/// A pairing or invite code in `text` (`/pair CODE` or `/start CODE`, to
+/// this bot or another, a leading mention allowed): the text without the
+/// code (what the inbox may keep) and the code. `None` for any other text,
+/// at the cost of a glance at its first characters.
+pub fn split_code(text: &str) -> Option<(&str, &str)> {
+    let head = text.trim_start().as_bytes().first()?;
+    if !matches!(head, b'/' | b'@') {
+        return None;
+    }
+    let command = parse_command(text, None)?;
+    if !(command.is(KnownCommand::Pair) || command.is(KnownCommand::Start)) {
+        return None;
+    }
+    let code = command.args;
+    if code.is_empty() {
+        return None;
+    }
+    // `args` is a slice of `text`: where it starts is where the code does.
+    let start = (code.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    Some((text.get(..start)?.trim_end(), code))
+}
+
 /// The text or caption, and whether the message carries media we do not
 /// handle. `None` for service messages.
 fn content(message: &Message) -> Option<(&str, bool)> {
@@ -328,6 +350,28 @@ fn accepted(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_code_is_split_off_its_command_and_nothing_else_is() {
+        assert_eq!(
+            split_code("/pair ABCD-EFGH JK "),
+            Some(("/pair", "ABCD-EFGH JK"))
+        );
+        assert_eq!(
+            split_code("@bot /start@bot  XYZ"),
+            Some(("@bot /start@bot", "XYZ"))
+        );
+        assert_eq!(
+            split_code("/start@other_bot XYZ"),
+            Some(("/start@other_bot", "XYZ")),
+            "another bot's code is a secret too"
+        );
+        assert_eq!(split_code("/pair"), None);
+        assert_eq!(split_code("/start "), None);
+        assert_eq!(split_code("/status XYZ"), None);
+        assert_eq!(split_code("please /pair XYZ"), None);
+        assert_eq!(split_code(""), None);
+    }
 
     const BOT: u64 = 999;
 

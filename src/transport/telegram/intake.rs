@@ -42,6 +42,7 @@ use super::inbox_listener::Feed;
 use super::inbox_writer::wakeup_from_payload;
 use super::media::IntakeMedia;
 use super::parse::{parse_guarded, parse_update, parse_update_text, RawUpdate};
+use super::redact::{redact, Redacted};
 use super::strangers::Strangers;
 use super::topics::Topics;
 use super::TransportTables;
@@ -92,6 +93,9 @@ struct PlainUpdate {
     /// The update as teloxide reads it (none: malformed).
     update: Option<Update>,
     verdict: Inbound,
+    /// A pairing or invite code seen outside a private chat: void before
+    /// the update is recorded (anyone in the chat could use it).
+    exposed: Option<String>,
 }
 
 /// The dispatcher of an intake, started on first use.
@@ -285,8 +289,18 @@ impl Intake {
         {
             return Sorted::Control(update_id);
         }
-        let payload = raw.text().to_owned();
-        let update = parse_update_text(&payload);
+        let update = parse_update_text(raw.text());
+        // A code is cut out of what is recorded (see `redact`).
+        let (payload, code) = match update.as_ref().and_then(|u| redact(raw.text(), u)) {
+            Some(Redacted { payload, code }) => (payload, Some(code)),
+            None => (raw.text().to_owned(), None),
+        };
+        let exposed = code.filter(|_| {
+            update
+                .as_ref()
+                .and_then(Update::chat)
+                .is_some_and(|chat| !chat.is_private())
+        });
         let message = update.as_ref().and_then(|u| match &u.kind {
             UpdateKind::Message(message) => Some(message),
             _ => None,
@@ -321,6 +335,7 @@ impl Intake {
             },
             update,
             verdict,
+            exposed,
         }))
     }
 
@@ -369,6 +384,7 @@ impl Intake {
                         row,
                         update: None,
                         verdict,
+                        exposed: None,
                     };
                     return Ok(self
                         .record_plain(vec![plain])
@@ -398,8 +414,12 @@ impl Intake {
             row,
             update,
             verdict,
+            exposed,
         } in updates
         {
+            if let Some(code) = exposed {
+                self.void_exposed(&code).await;
+            }
             rows.push(row);
             rest.push((update, verdict));
         }
@@ -420,6 +440,25 @@ impl Intake {
             taken.push(self.hand_on(update, verdict));
         }
         Ok(taken)
+    }
+
+    /// A code posted where others read it (a group) works no more: voided
+    /// before its update is recorded, so a crash in between leaves it
+    /// void (a redelivery voids it again, harmlessly). A store that fails
+    /// leaves it working (logged).
+    async fn void_exposed(&self, code: &str) {
+        let Some(access) = &self.policy.access else {
+            return;
+        };
+        match access.void_code(code).await {
+            Ok(true) => {
+                tracing::warn!("a pairing or invite code was posted in a group; it is void now")
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::error!(%error, "could not void a code posted in a group");
+            }
+        }
     }
 
     /// Feed a new message's update on with its verdict (an ignored one

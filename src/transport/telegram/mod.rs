@@ -38,6 +38,7 @@ pub mod media;
 mod parse;
 pub mod polling;
 pub mod raw;
+pub mod redact;
 pub mod registration;
 pub mod strangers;
 pub mod topics;
