@@ -121,7 +121,7 @@ pub async fn users(ctx: &TeamContext<'_>) -> String {
     if let Err(text) = ctx.manager() {
         return text;
     }
-    let tz = ctx.limits.zone(ctx.jobs, ctx.actor.chat_id).await;
+    let tz = ctx.limits.day_zone();
     let now = ctx.limits.clock().now();
     let (from, to) = zone::day_range(&tz, now);
     let (today, last) = match (
@@ -314,7 +314,7 @@ pub async fn usage(ctx: &TeamContext<'_>, args: &str) -> String {
             return text.replace("do that", "see everyone's usage");
         }
     }
-    let tz = ctx.limits.zone(ctx.jobs, ctx.actor.chat_id).await;
+    let tz = ctx.limits.day_zone();
     let now = ctx.limits.clock().now();
     let day = zone::day_range(&tz, now);
     let month = zone::month_range(&tz, now);

@@ -1,28 +1,27 @@
-//! Days in a chat's time zone: when "today" starts and ends, and how a
-//! reset time reads.
+//! Local days: when "today" starts and ends, and how a reset time reads.
 //!
-//! [`chat_time_zone`] is the one place that says which zone a chat's days
-//! follow: the chat's `/timezone` (the scheduler's, so a chat's jobs and
-//! its budgets share one day), else the default zone (`[schedule]
-//! timezone`, else the system's); everything else asks this function.
+//! Budget days are counted in the bot's zone ([`super::Limits::day_zone`]);
+//! [`chat_time_zone`] is the one place that says which zone a chat's times
+//! are shown in: the chat's `/timezone` (the scheduler's), else the
+//! default zone (`[schedule] timezone`, else the system's).
 
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
 
 use crate::store::Jobs;
 
-/// The time zone `chat_id`'s days follow: the chat's own `/timezone`, else
+/// The time zone `chat_id`'s times are shown in: the chat's own `/timezone`, else
 /// `default`. A zone that cannot be read (store down, a name this build
 /// does not know) falls back to `default`, logged.
 pub async fn chat_time_zone(jobs: &Jobs, chat_id: i64, default: &TimeZone) -> TimeZone {
     match jobs.chat_timezone(chat_id).await {
         Ok(Some(name)) => TimeZone::get(&name).unwrap_or_else(|error| {
-            tracing::warn!(chat_id, %name, %error, "a chat's time zone is unknown; its budget days use the default");
+            tracing::warn!(chat_id, %name, %error, "a chat's time zone is unknown; its times show in the default");
             default.clone()
         }),
         Ok(None) => default.clone(),
         Err(error) => {
-            tracing::warn!(chat_id, %error, "could not read a chat's time zone; its budget days use the default");
+            tracing::warn!(chat_id, %error, "could not read a chat's time zone; its times show in the default");
             default.clone()
         }
     }

@@ -312,7 +312,8 @@ impl Runner {
 
     /// /retry: take the last exchange out of the history and run its user
     /// message again as this command's turn (so its answer replaces the
-    /// old one). While a task runs it only says so.
+    /// old one). While a task runs it only says so; over budget it is
+    /// refused before the history is touched.
     pub(super) async fn retry(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
         let message_id = event.message_id;
         let refuse = |text: &str| Some(Reply::command(text).in_reply_to(message_id).into());
@@ -324,6 +325,15 @@ impl Runner {
         };
         let Ok(session_id) = self.resolve_session(&ctx.key).await else {
             return Some(Reply::error(STORE_DOWN_TEXT).in_reply_to(message_id).into());
+        };
+        // Decided before anything changes: a /retry over budget keeps the
+        // history as it was (the turn's budget is booked here, for the run).
+        let budget = match self.budget_for(&event).await {
+            Ok(meter) => meter,
+            Err(refusal) => {
+                tracing::info!(session_key = %ctx.key, user = ?event.source.user_id, "retry refused: over budget");
+                return Some(refusal.in_reply_to(message_id).into());
+            }
         };
         let undone = match store
             .transcripts
@@ -347,7 +357,9 @@ impl Runner {
             session_id = tracing::field::Empty,
             generation = tracing::field::Empty,
         );
-        self.turn(again, ctx).instrument(span).await
+        self.turn_admitted(again, ctx, Some(budget))
+            .instrument(span)
+            .await
     }
 
     /// /undo: take the last exchange out of the history (kept in the

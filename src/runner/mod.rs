@@ -36,6 +36,7 @@
 //! adapter, which owns delivery order) and never hold its lock across an
 //! `.await`.
 
+mod budget;
 mod commands;
 mod controls;
 mod conversations;
@@ -230,6 +231,15 @@ impl WeakRunner {
     }
 }
 
+impl crate::schedule::SpendGate for WeakRunner {
+    fn refusal<'a>(
+        &'a self,
+        owner: &'a crate::vocab::SessionSource,
+    ) -> futures::future::BoxFuture<'a, Option<String>> {
+        Box::pin(async move { self.upgrade()?.over_budget(owner).await })
+    }
+}
+
 /// How often a session is tried in the store before the turn gives up.
 const SESSION_WRITE_ATTEMPTS: u32 = 3;
 /// The pause before the n-th retry is n times this.
@@ -292,7 +302,7 @@ impl Runner {
         if let Some(store) = &store {
             agent.attach_store(&store.agent);
         }
-        Runner {
+        let runner = Runner {
             inner: Arc::new(RunnerInner {
                 state: Mutex::new(RunnerState::default()),
                 agent,
@@ -306,7 +316,12 @@ impl Runner {
                 config,
                 adapter: std::sync::OnceLock::new(),
             }),
+        };
+        // A prompt job spends its creator's budget: not made over it.
+        if let Some(jobs) = runner.jobs() {
+            jobs.set_spend_gate(Arc::new(runner.downgrade()));
         }
+        runner
     }
 
     /// Let this runner reach the adapter in front of it (the engine calls

@@ -13,6 +13,7 @@ use crate::reply::LiveReply;
 use crate::reply::Outgoing;
 use crate::reply::Reply;
 use crate::reply::TurnStart;
+use crate::runner::budget::Charge;
 use crate::runner::commands;
 use crate::runner::outcome::{turn_outcome, TurnOutcome, TurnRun};
 use crate::runner::watch_for_stall;
@@ -41,6 +42,17 @@ impl Runner {
     /// One turn: admitted (session, budget), the agent run under its
     /// generation, then counted, recorded and answered by its outcome.
     pub(super) async fn turn(self, event: MessageEvent, ctx: DispatchContext) -> Option<Outgoing> {
+        self.turn_admitted(event, ctx, None).await
+    }
+
+    /// [`Runner::turn`]; `budget`: the turn's budget was already checked
+    /// and booked (by a command that decides before it changes anything).
+    pub(super) async fn turn_admitted(
+        self,
+        event: MessageEvent,
+        ctx: DispatchContext,
+        budget: Option<crate::limits::TurnMeter>,
+    ) -> Option<Outgoing> {
         let key = ctx.key.clone();
         let generation = self.begin_turn_generation(&key, event.source.user_id);
         // Set-up may await the store; whatever happens, the pending sentinel
@@ -52,7 +64,7 @@ impl Runner {
             armed: true,
             interrupted: None,
         };
-        let (session_id, meter) = match self.admit(&event, &key).await {
+        let (session_id, meter) = match self.admit(&event, &key, budget).await {
             Ok(admitted) => admitted,
             Err(refusal) => return Some(refusal),
         };
@@ -71,13 +83,9 @@ impl Runner {
         let turn_files = self.turn_files(&event).await;
         let turn_jobs = self.turn_jobs(&event).await;
         let job_owner = event.source.clone();
-        let mut after = AfterAnswer {
-            speaker: self.speaker_for(&event).await,
-            source: event.source.clone(),
-            files: turn_files.clone(),
-            charge: None,
-        };
-        let charge = self.charge_for(&event, &session_id, &meter);
+        let mut after = self.after_answer(&event, &turn_files).await;
+        let sent = super::budget::sent_chars(&event.text, &history);
+        let charge = self.charge_for(&event, &session_id, &meter, (sent, &progress));
         let request = TurnRequest {
             session_key: key.clone(),
             session_id: session_id.clone(),
@@ -116,6 +124,21 @@ impl Runner {
             reply: reply.in_reply_to(message_id),
             live,
         })
+    }
+
+    /// What follows the turn's answer (its voice note, its files); charged
+    /// once the turn ran.
+    async fn after_answer(
+        &self,
+        event: &MessageEvent,
+        files: &crate::media::TurnFiles,
+    ) -> AfterAnswer {
+        AfterAnswer {
+            speaker: self.speaker_for(event).await,
+            source: event.source.clone(),
+            files: files.clone(),
+            charge: None,
+        }
     }
 
     /// The turn's live view in the chat (typing, preview), if the
@@ -158,6 +181,7 @@ impl Runner {
         &self,
         event: &MessageEvent,
         key: &SessionKey,
+        budget: Option<crate::limits::TurnMeter>,
     ) -> Result<(SessionId, crate::limits::TurnMeter), Outgoing> {
         // Access as it is now, not as it was when the message was taken.
         self.still_allowed(event)?;
@@ -178,7 +202,11 @@ impl Runner {
         tracing::Span::current().record("session_id", tracing::field::display(&session_id));
         // A user over budget is refused before anything of the turn is
         // recorded or charged.
-        match self.budget_for(event).await {
+        let budget = match budget {
+            Some(meter) => Ok(meter),
+            None => self.budget_for(event).await,
+        };
+        match budget {
             Ok(meter) => Ok((session_id, meter)),
             Err(refusal) => {
                 tracing::info!(session_key = %key, user = ?event.source.user_id, "turn refused: over budget");
@@ -404,10 +432,14 @@ impl Runner {
         // Not waited for: the answer's send intent (or the next turn's
         // history read) is the next store call and commits it first.
         if let Some(store) = &self.inner.store {
-            let usage = after.charge.and_then(Charge::into_usage);
-            store
-                .transcripts
-                .append_many_charging_later(session_id.as_str(), entries, usage);
+            let (usage, booking) = after.charge.map(Charge::into_usage).unzip();
+            store.transcripts.append_many_charging_later(
+                session_id.as_str(),
+                entries,
+                usage.flatten(),
+            );
+            // The booking ends once the usage row is queued before any later read.
+            drop(booking);
         }
         // Spoken first (the voice note carries the text), as asked.
         if let Some(speaker) = after.speaker {
@@ -520,7 +552,8 @@ impl Runner {
         entries: Vec<TranscriptEntry>,
         charge: Option<Charge>,
     ) {
-        let usage = charge.and_then(Charge::into_usage);
+        let (usage, booking) = charge.map(Charge::into_usage).unzip();
+        let usage = usage.flatten();
         if let Some(store) = &self.inner.store {
             // A failure shows in /healthz (the store reports it).
             if let Err(error) = store
@@ -531,6 +564,7 @@ impl Runner {
                 tracing::error!(%session_id, %error, "could not record the transcript and the turn's usage");
             }
         }
+        drop(booking);
     }
 }
 
@@ -573,106 +607,6 @@ fn with_lines(mut reply: Reply, lines: Vec<String>) -> Reply {
         reply.text.push_str(&lines.join("\n"));
     }
     reply
-}
-
-impl Runner {
-    /// The meter of `event`'s turn, with what is left of its user's
-    /// budget; `Err`: the user is over budget (the refusal). A store that
-    /// cannot be read does not refuse the turn (its failure shows
-    /// elsewhere).
-    pub(super) async fn budget_for(
-        &self,
-        event: &MessageEvent,
-    ) -> Result<crate::limits::TurnMeter, Reply> {
-        let limits = &self.inner.config.limits;
-        let (Some(store), Some(user)) = (self.store(), event.source.user_id) else {
-            return Ok(crate::limits::TurnMeter::default());
-        };
-        // Background results are never refused: they finish work started.
-        if event.internal || limits.config().is_unlimited() {
-            return Ok(crate::limits::TurnMeter::default());
-        }
-        let role = self.access().and_then(|a| a.standing(user)).map(|s| s.role);
-        let budget = limits.config().budget_for(role);
-        match limits
-            .check(&store.usage, &store.jobs, user, role, event.source.chat_id)
-            .await
-        {
-            Ok(crate::limits::Verdict::Go(allowance)) => Ok(crate::limits::TurnMeter::new(
-                allowance,
-                (budget.daily_tokens, budget.daily_cost_usd),
-            )),
-            Ok(crate::limits::Verdict::Refused(text)) => Err(Reply::notice(text)),
-            Err(error) => {
-                tracing::error!(%error, "could not read the usage; the turn runs unchecked");
-                Ok(crate::limits::TurnMeter::default())
-            }
-        }
-    }
-
-    /// What charges `event`'s turn (its user's usage row) once it ran.
-    fn charge_for(
-        &self,
-        event: &MessageEvent,
-        session_id: &SessionId,
-        meter: &crate::limits::TurnMeter,
-    ) -> Option<Charge> {
-        let (usage, user) = (self.store()?.usage.clone(), event.source.user_id?);
-        Some(Charge {
-            usage,
-            meter: meter.clone(),
-            turn: Some(crate::store::TurnUsage {
-                user_id: user,
-                chat_id: event.source.chat_id,
-                session_id: session_id.to_string(),
-                at_ms: self.inner.config.limits.clock().now_ms(),
-                usage: crate::store::AgentUsage::default(),
-            }),
-        })
-    }
-}
-
-/// Records a turn's usage once it ran: by [`Charge::charge`], or when the
-/// turn's future is dropped first (a stop), by a short task.
-pub(super) struct Charge {
-    usage: crate::store::Usage,
-    meter: crate::limits::TurnMeter,
-    turn: Option<crate::store::TurnUsage>,
-}
-
-impl Charge {
-    fn take(&mut self) -> Option<crate::store::TurnUsage> {
-        let mut turn = self.turn.take()?;
-        turn.usage = self.meter.used();
-        Some(turn)
-    }
-
-    /// The usage row, recorded by the caller (with the transcript).
-    fn into_usage(mut self) -> Option<crate::store::TurnUsage> {
-        self.take()
-    }
-
-    pub(super) async fn charge(mut self) {
-        if let Some(turn) = self.take() {
-            if let Err(error) = self.usage.record_turn_usage(turn).await {
-                tracing::error!(%error, "could not record a turn's usage");
-            }
-        }
-    }
-}
-
-impl Drop for Charge {
-    fn drop(&mut self) {
-        let Some(turn) = self.take() else { return };
-        let usage = self.usage.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(error) = usage.record_turn_usage(turn).await {
-                    tracing::error!(%error, "could not record a stopped turn's usage");
-                }
-            });
-        }
-    }
 }
 
 pub(super) fn user_entry(event: &MessageEvent) -> TranscriptEntry {

@@ -54,7 +54,7 @@ pub use health::SchedulerHealth;
 pub use requests::{apply_env, turn_jobs, with_turn_jobs, TurnJobs};
 pub use run::{run_id, run_of, CatchUp};
 pub use scheduler::{spawn, RunSink};
-pub use service::{Change, Jobs};
+pub use service::{Change, Jobs, SpendGate};
 pub use spec::Schedule;
 pub use tool::WithSchedule;
 pub use when::{parse_job, Action, Form, JobRequest};

@@ -9,13 +9,18 @@
 //!   resume or delete it, and only from the job's chat.
 //! * Every change wakes the scheduler, which sleeps until the earliest
 //!   next run ([`super::scheduler`]).
+//! * A job that runs prompts spends its creator's budget, so it is not
+//!   made while they are over it ([`SpendGate`], asked before anything is
+//!   stored, whichever surface asks).
 //!
 //! This module must never run a job itself or send anything: it returns
 //! texts for the caller to deliver.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use futures::future::BoxFuture;
 
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
@@ -49,6 +54,13 @@ pub enum Change {
 pub const JOBS_STORE_DOWN: &str =
     "⚠️ The job store is failing right now (the operator sees this in the logs and on /healthz); nothing was changed.";
 
+/// Whether a user may set up spending now: a prompt job's runs are its
+/// creator's turns (a port the runner implements with the budgets).
+pub trait SpendGate: Send + Sync {
+    /// The refusal, in the user's words, if `owner` is over a limit now.
+    fn refusal<'a>(&'a self, owner: &'a SessionSource) -> BoxFuture<'a, Option<String>>;
+}
+
 /// The jobs service (cheap to clone; clones share everything).
 #[derive(Clone)]
 pub struct Jobs {
@@ -66,6 +78,7 @@ pub(super) struct JobsInner {
     pub(super) health: SchedulerHealth,
     deciders: Arc<dyn Deciders + Send + Sync>,
     requests_root: Option<PathBuf>,
+    spend_gate: OnceLock<Arc<dyn SpendGate>>,
 }
 
 impl std::fmt::Debug for Jobs {
@@ -115,6 +128,7 @@ impl Jobs {
                 health: SchedulerHealth::default(),
                 deciders: Arc::new(Vec::<u64>::new()),
                 requests_root: None,
+                spend_gate: OnceLock::new(),
             }),
         })
     }
@@ -144,6 +158,14 @@ impl Jobs {
             inner.requests_root = Some(root);
         }
         self
+    }
+
+    /// Ask `gate` before a job that runs prompts is made (the first gate
+    /// set stays).
+    pub fn set_spend_gate(&self, gate: Arc<dyn SpendGate>) {
+        if self.inner.spend_gate.set(gate).is_err() {
+            tracing::debug!("the jobs' spend gate was already set");
+        }
     }
 
     pub(super) fn inner(&self) -> &JobsInner {
@@ -198,6 +220,13 @@ impl Jobs {
         key: &SessionKey,
         request: JobRequest,
     ) -> Result<JobView, String> {
+        if let (Action::Prompt { .. }, Some(gate)) = (&request.action, self.inner.spend_gate.get())
+        {
+            if let Some(refusal) = gate.refusal(owner).await {
+                tracing::info!(chat_id = owner.chat_id, user = ?owner.user_id, "prompt job refused: its creator is over budget");
+                return Err(refusal);
+            }
+        }
         let (zone, tz) = self.zone_of(owner.chat_id).await;
         let now = self.now();
         let Some(next) = request.schedule.next_after(now, &tz) else {

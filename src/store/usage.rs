@@ -2,7 +2,7 @@
 //!
 //! One row per turn a user started: when, in which chat and session, and
 //! the tokens and cost the backend reported for it. Budgets ask for sums
-//! over a time range (a day in the chat's time zone, a month) and for the
+//! over a time range (a day in the bot's time zone, a month) and for the
 //! turns of the last hour; /usage and /users show the same sums. Times are
 //! plain unix milliseconds: which range is "today" is the caller's
 //! decision ([`crate::limits`]), so a change of time zone never rewrites

@@ -22,6 +22,7 @@ mod adapter_alone;
 mod answer_sending;
 mod approval_authority_e2e;
 mod backends_e2e;
+mod budget_spends;
 mod chaos;
 mod claude_permission_e2e;
 mod cli;

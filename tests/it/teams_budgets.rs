@@ -3,7 +3,7 @@
 //! OpenAI does (`stream_options.include_usage`): a turn over the daily
 //! tokens is refused before anything is sent or charged; a tool loop ends
 //! at the limit with a note; the day resets at local midnight in the
-//! chat's zone (New York here, on a manual clock); turns per hour.
+//! bot's zone (New York here, on a manual clock); turns per hour.
 //!
 //! Waits are on what the recorder and the fakes saw, never on timing.
 
@@ -312,9 +312,10 @@ async fn a_cli_agents_reported_cost_counts_against_the_daily_dollars() {
     bot.shutdown().await;
 }
 
-/// A chat's `/timezone` (the scheduler's) is the zone of its budget days;
-/// a chat without one follows the default, and so does one whose stored
-/// name this build cannot read.
+/// A chat's `/timezone` (the scheduler's) is the zone its times (a
+/// budget's reset) are shown in; a chat without one follows the default,
+/// and so does one whose stored name this build cannot read. (The budget
+/// day itself is the bot's: `budget_spends.rs`.)
 #[tokio::test]
 async fn budget_days_follow_the_chats_own_time_zone() {
     use telegate::limits::zone::{chat_time_zone, day_range};

@@ -31,6 +31,8 @@ impl OpenAiAgent {
         shown: &mut ShownText<'_>,
     ) -> Result<ModelAnswer, AgentError> {
         let mut body = self.request_body(messages, tools);
+        // What a request that ends without usage is charged by.
+        crate::limits::meter::request_sent(sent_chars(messages, tools));
         if self.config.vision {
             crate::media::vision::attach_images(&mut body).await;
         }
@@ -47,6 +49,7 @@ impl OpenAiAgent {
         let response = self.send(&body, cancel).await?;
         let answer = if is_json_response(&response) {
             let answer = self.read_json_answer(response, round, cancel).await?;
+            crate::limits::meter::received(answer.text.len());
             shown.push(&answer.text);
             answer
         } else {
@@ -187,7 +190,9 @@ impl OpenAiAgent {
                 }
                 Some(Err(error)) => return Err(self.unreadable(&error.to_string())),
             };
-            match answer.apply(&event.event, &event.data) {
+            let step = answer.apply(&event.event, &event.data);
+            crate::limits::meter::received(std::mem::take(&mut answer.received));
+            match step {
                 Ok(StreamStep::Text(delta)) => shown.push(&delta),
                 Ok(StreamStep::Continue) => shown.progress.still_working(),
                 Ok(StreamStep::Done) => {
@@ -202,6 +207,19 @@ impl OpenAiAgent {
         }
         Ok(answer.finish(round))
     }
+}
+
+/// The characters a request sends: its messages' text and tool calls, and
+/// the tools it offers.
+fn sent_chars(messages: &[ChatMessage], tools: Option<&Value>) -> usize {
+    let calls = |m: &ChatMessage| m.tool_calls.as_ref().map_or(0, |c| c.to_string().len());
+    messages
+        .iter()
+        .map(|m| m.content.len().saturating_add(calls(m)))
+        .fold(
+            tools.map_or(0, |t| t.to_string().len()),
+            usize::saturating_add,
+        )
 }
 
 pub(super) fn is_json_response(response: &reqwest::Response) -> bool {

@@ -34,6 +34,9 @@ pub(super) struct StreamedAnswer {
     pub(super) calls: Vec<PartialCall>,
     pub(super) finish_reason: Option<String>,
     pub(super) usage: Option<crate::store::AgentUsage>,
+    /// Characters of text and tool calls received since the reader last
+    /// took them (the estimate of a request that ends without usage).
+    pub(super) received: usize,
 }
 
 impl StreamedAnswer {
@@ -79,6 +82,7 @@ impl StreamedAnswer {
             }
         }
         self.text.push_str(&text);
+        self.received = self.received.saturating_add(text.len());
         Ok(if text.is_empty() {
             StreamStep::Continue
         } else {
@@ -113,6 +117,7 @@ impl StreamedAnswer {
             call.id = id.to_string();
         }
         let function = &delta["function"];
+        let before = call.name.len() + call.arguments.len();
         // The name normally comes once; a server repeating it whole must not
         // double it.
         if let Some(name) = function["name"].as_str() {
@@ -125,6 +130,8 @@ impl StreamedAnswer {
             Value::Null => {}
             whole => call.arguments = whole.to_string(),
         }
+        let after = call.name.len() + call.arguments.len();
+        self.received = self.received.saturating_add(after.saturating_sub(before));
     }
 
     /// A stream ends with `[DONE]` or at least a finish reason; anything

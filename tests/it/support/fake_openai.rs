@@ -67,8 +67,9 @@ pub enum Script {
     /// Wait until the gate opens, then answer like the inner script.
     Gated(Gate, Box<Script>),
     /// A streamed answer (`Stream` or `ToolCall`) whose last chunk before
-    /// `[DONE]` reports this `usage` object, as OpenAI does with
-    /// `stream_options.include_usage`.
+    /// `[DONE]` reports this `usage` object, as OpenAI does: only when the
+    /// request asks with `stream_options.include_usage`, as a final chunk
+    /// with empty `choices`.
     WithUsage(Box<Script>, Value),
 }
 
@@ -323,7 +324,9 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         gate.opened().await;
         script = *inner;
     }
-    respond(script, shared)
+    // Like OpenAI: a stream reports usage only when asked.
+    let include_usage = request["stream_options"]["include_usage"] == json!(true);
+    respond(script, shared, include_usage)
 }
 
 /// The first queued script whose matcher accepts `request`.
@@ -335,7 +338,7 @@ fn take_script(shared: &Shared, request: &Value) -> Option<Script> {
     scripts.remove(index).map(|(_, script)| script)
 }
 
-fn respond(script: Script, shared: Arc<Shared>) -> Response {
+fn respond(script: Script, shared: Arc<Shared>, include_usage: bool) -> Response {
     match script {
         Script::Http(status, body) => json_response(status, body),
         Script::Json(body) => json_response(200, body.to_string()),
@@ -367,7 +370,7 @@ fn respond(script: Script, shared: Arc<Shared>) -> Response {
             sse_response(timed_frames_without_done(frames), shared)
         }
         Script::Comments => sse_response(timed_frames(comment_frames()), shared),
-        Script::Gated(_, inner) => respond(*inner, shared),
+        Script::Gated(_, inner) => respond(*inner, shared, include_usage),
         Script::WithUsage(inner, usage) => {
             let mut frames = match *inner {
                 Script::Stream { chunks, delay } => {
@@ -383,13 +386,15 @@ fn respond(script: Script, shared: Arc<Shared>) -> Response {
                 } => tool_call_frames(&name, &arguments, &id),
                 other => panic!("usage is only added to streams and tool calls, not {other:?}"),
             };
-            frames.push((
-                Duration::ZERO,
-                data(
-                    &json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
-                             "model": "fake", "choices": [], "usage": usage}),
-                ),
-            ));
+            if include_usage {
+                frames.push((
+                    Duration::ZERO,
+                    data(
+                        &json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                                 "model": "fake", "choices": [], "usage": usage}),
+                    ),
+                ));
+            }
             sse_response(timed_frames(frames), shared)
         }
     }
