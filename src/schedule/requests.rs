@@ -391,7 +391,7 @@ mod tests {
                 let mut i = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let next = d.join(format!(".next{i}"));
-                    if i % 2 == 0 {
+                    if i.is_multiple_of(2) {
                         std::os::unix::fs::symlink(&secret, &next).unwrap();
                     } else {
                         std::fs::write(&next, PLAIN).unwrap();

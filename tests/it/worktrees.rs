@@ -449,17 +449,19 @@ async fn a_conflicting_merge_leaves_the_checkout_as_it_was() {
 async fn merges_at_once_all_succeed() {
     let dir = tempfile::tempdir().unwrap();
     let first = worktrees(dir.path(), 7);
-    // A second bot's worktrees of the same repository.
-    let second = Worktrees::new(first.config().clone());
-    let mut merges = Vec::new();
+    // Each merge through worktrees of its own (as several bots of one
+    // repository would have), all started at once.
+    let mut all = Vec::new();
     for n in 1..=8u32 {
-        let trees = Arc::clone(if n % 2 == 0 { &first } else { &second });
+        let trees = Worktrees::new(first.config().clone());
         let tree = trees.ensure(&key(n), &session(n)).await.unwrap();
         std::fs::write(tree.join(format!("file{n}.txt")), format!("{n}\n")).unwrap();
-        merges.push(tokio::spawn(async move {
-            trees.merge(&key(n), &session(n)).await
-        }));
+        all.push((n, trees));
     }
+    let merges: Vec<_> = all
+        .into_iter()
+        .map(|(n, trees)| tokio::spawn(async move { trees.merge(&key(n), &session(n)).await }))
+        .collect();
     for merge in merges {
         merge.await.unwrap().expect("every merge succeeds");
     }
