@@ -35,7 +35,8 @@
 //! Within a chat, control replies (the answers to /stop, /new, /reset,
 //! /status, /approve, /deny and the other commands: [`ReplyKind::Command`])
 //! jump the line: a chat's waiting requests are a two-lane queue and the
-//! control lane is served first, and the rate limiter lets a control reply
+//! control lane is served first (the normal lane round-robin across the
+//! users the requests are for, then their topics: [`super::lanes`]), and the rate limiter lets a control reply
 //! use the burst token ordinary sends leave free ([`Priority`]). A typing
 //! action is only sent when the chat's turn is free and the limits have
 //! room right now; otherwise it is skipped, so it never delays a message.
@@ -65,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use super::api::{AttemptError, ReadAs, SentMessage};
 use super::bot_api::BotApi;
 use super::entity::{to_telegram, FormattedText};
-use super::lanes::{ChatLanes, ChatTurn};
+use super::lanes::{ChatLanes, ChatTurn, Party};
 use super::markdown::render;
 pub use super::ratelimit::Priority;
 use super::ratelimit::{RateLimiter, RateLimits};
@@ -177,6 +178,10 @@ pub struct ChatTarget {
     pub thread_id: Option<i32>,
     /// Groups are paced more strictly.
     pub is_group: bool,
+    /// The user the request is for (whose message it answers), if any: a
+    /// chat's waiting requests are served round-robin across users, then
+    /// topics, so one user's burst never holds up another's answer.
+    pub user: Option<u64>,
 }
 
 impl ChatTarget {
@@ -186,6 +191,15 @@ impl ChatTarget {
             chat_id: source.chat_id,
             thread_id: source.thread_id,
             is_group: source.chat_type.is_group(),
+            user: source.user_id,
+        }
+    }
+
+    /// Whom a request to this target is for, within its chat.
+    fn party(&self) -> Party {
+        Party {
+            user: self.user,
+            thread: self.thread_id,
         }
     }
 }
@@ -509,7 +523,7 @@ impl Delivery {
         let turn = tokio::select! {
             biased;
             _ = withdrawn.as_mut() => return Err(DeliveryError::Withdrawn),
-            turn = self.inner.chat_lanes.turn(target.chat_id, priority) => turn,
+            turn = self.inner.chat_lanes.turn(target.chat_id, priority, target.party()) => turn,
         };
         let paced = Instant::now();
         tokio::select! {
