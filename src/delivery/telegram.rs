@@ -463,6 +463,36 @@ impl Delivery {
         E: Into<AttemptError> + Send + 'static,
         T: Send + 'static,
     {
+        let nothing: Option<std::future::Ready<()>> = None;
+        self.call_recorded(target, idempotence, priority, withdraw, nothing, op)
+            .await
+    }
+
+    /// [`Delivery::call_unless_withdrawn`] that awaits `before_send` once,
+    /// after the request has the chat's turn and its pacing and right
+    /// before its first attempt is handed to the HTTP client: where a
+    /// send's intent is made durable (invariant 9). A request withdrawn or
+    /// cut off (the process killed) while it waits never ran it, so a
+    /// restart knows that send never left; one that ran it is "may have
+    /// arrived". The write costs what it cost before the wait: it only
+    /// moved past it.
+    pub(super) async fn call_recorded<T, E, F, Fut, B>(
+        &self,
+        target: ChatTarget,
+        idempotence: Idempotence,
+        priority: Priority,
+        withdraw: Option<&CancellationToken>,
+        before_send: Option<B>,
+        op: F,
+    ) -> Result<Option<T>, DeliveryError>
+    where
+        F: Fn(bool) -> Fut,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Into<AttemptError> + Send + 'static,
+        T: Send + 'static,
+        B: Future<Output = ()>,
+    {
+        let mut before_send = before_send;
         let withdrawn = async {
             match withdraw {
                 Some(token) => token.cancelled().await,
@@ -476,6 +506,9 @@ impl Delivery {
             let turn = self
                 .turn_and_pace(target, priority, withdrawn.as_mut())
                 .await?;
+            if let Some(before_send) = before_send.take() {
+                before_send.await;
+            }
             let request = op(plain);
             let error = match self.attempt(target, turn, request).await? {
                 Ok(value) => return Ok(Some(value)),
@@ -635,33 +668,72 @@ impl Delivery {
         withdraw: Option<&CancellationToken>,
         markup: Option<&InlineKeyboardMarkup>,
     ) -> Result<i32, DeliveryError> {
+        let nothing: Option<std::future::Ready<()>> = None;
+        let chunk = ChunkSend {
+            target,
+            chunk,
+            reply_to,
+            priority,
+        };
+        self.send_chunk_recorded(chunk, withdraw, || markup, nothing)
+            .await
+    }
+
+    /// Send one chunk as a new message, `before_send` (its intent) awaited
+    /// after its turn and pacing, right before the request goes
+    /// ([`Delivery::call_recorded`]); `markup()` is read when the request
+    /// is built, after `before_send` (which may register the buttons).
+    pub(super) async fn send_chunk_recorded<'m, B>(
+        &self,
+        send: ChunkSend<'_>,
+        withdraw: Option<&CancellationToken>,
+        markup: impl Fn() -> Option<&'m InlineKeyboardMarkup>,
+        before_send: Option<B>,
+    ) -> Result<i32, DeliveryError>
+    where
+        B: Future<Output = ()>,
+    {
+        let ChunkSend {
+            target,
+            chunk,
+            reply_to,
+            priority,
+        } = send;
         let entities = to_telegram(&chunk.entities);
+        let op = |plain: bool| {
+            let mut request = SendMessage::new(ChatId(target.chat_id), chunk.text.clone());
+            if let Some(markup) = markup() {
+                request = request.reply_markup(markup.clone());
+            }
+            if !plain && !entities.is_empty() {
+                request = request.entities(entities.clone());
+            }
+            if let Some(thread) = target.thread_id {
+                request = request.message_thread_id(ThreadId(MessageId(thread)));
+            }
+            // Journaled internal events carry negative ids: nothing to quote.
+            if let Some(id) = reply_to
+                .filter(|id| *id > 0)
+                .and_then(|id| i32::try_from(id).ok())
+            {
+                request = request.reply_parameters(
+                    ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
+                );
+            }
+            self.inner
+                .api
+                .clone()
+                .post(ReadAs::<_, SentMessage>::new(request))
+        };
         let sent = self
-            .call_unless_withdrawn(target, Idempotence::Unsafe, priority, withdraw, |plain| {
-                let mut request = SendMessage::new(ChatId(target.chat_id), chunk.text.clone());
-                if let Some(markup) = markup {
-                    request = request.reply_markup(markup.clone());
-                }
-                if !plain && !entities.is_empty() {
-                    request = request.entities(entities.clone());
-                }
-                if let Some(thread) = target.thread_id {
-                    request = request.message_thread_id(ThreadId(MessageId(thread)));
-                }
-                // Journaled internal events carry negative ids: nothing to quote.
-                if let Some(id) = reply_to
-                    .filter(|id| *id > 0)
-                    .and_then(|id| i32::try_from(id).ok())
-                {
-                    request = request.reply_parameters(
-                        ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
-                    );
-                }
-                self.inner
-                    .api
-                    .clone()
-                    .post(ReadAs::<_, SentMessage>::new(request))
-            })
+            .call_recorded(
+                target,
+                Idempotence::Unsafe,
+                priority,
+                withdraw,
+                before_send,
+                op,
+            )
             .await?;
         sent.map(|m| m.message_id)
             .ok_or_else(|| DeliveryError::Rejected("unexpected 'not modified' on send".into()))
@@ -810,9 +882,10 @@ impl Delivery {
     }
 
     /// Deliver `chunks` (rendered from `reply`) like
-    /// [`Delivery::deliver_reply`]; before the first chunk goes out as a
-    /// new message (not for an edit of the preview: edits are idempotent),
-    /// records in `intent` that the send is under way. Once `stop` fires,
+    /// [`Delivery::deliver_reply`]; when the first chunk to go out as a
+    /// new message (not for an edit of the preview: edits are idempotent)
+    /// has its turn and pacing, right before its request, records in
+    /// `intent` that the send is under way. Once `stop` fires,
     /// no further chunk is sent (one waiting for its turn is withdrawn):
     /// the ids returned are then fewer than the chunks.
     pub(super) async fn deliver_chunks_recorded(
@@ -853,16 +926,23 @@ impl Delivery {
                 _ => false,
             };
             if !edited {
-                // Durable before the request: if the process dies before
-                // the outcome is recorded, the restart knows this send is
-                // ambiguous and does not repeat it.
-                if let Some(record) = intent.take() {
-                    record.intend(ids.clone()).await;
-                }
-                match self
-                    .send_chunk_unless_withdrawn(target, chunk, reply_to, priority, stop, None)
-                    .await
-                {
+                // Durable before the request leaves, and only then (after
+                // its turn and pacing): if the process dies before the
+                // outcome is recorded, the restart knows this send is
+                // ambiguous and does not repeat it; if it dies while the
+                // send still waits, there is no intent and the answer is
+                // sent after the restart.
+                let before_send = intent.take().map(|record| record.intend(ids.clone()));
+                let send = ChunkSend {
+                    target,
+                    chunk,
+                    reply_to,
+                    priority,
+                };
+                let sent = self
+                    .send_chunk_recorded(send, stop, || None, before_send)
+                    .await;
+                match sent {
                     Ok(id) => ids.push(id),
                     Err(DeliveryError::Withdrawn) => break,
                     Err(other) => return Err(other),
@@ -873,6 +953,20 @@ impl Delivery {
         }
         Ok(ids)
     }
+}
+
+/// One chunk to send as a new message: where, what, quoting which
+/// message, in which lane.
+#[derive(Clone, Copy)]
+pub(super) struct ChunkSend<'a> {
+    /// Where it goes.
+    pub(super) target: ChatTarget,
+    /// The text.
+    pub(super) chunk: &'a FormattedText,
+    /// The message it quotes.
+    pub(super) reply_to: Option<i64>,
+    /// Its lane.
+    pub(super) priority: Priority,
 }
 
 /// Render a reply to Telegram chunks: answers are Markdown, everything else
