@@ -898,6 +898,7 @@ impl Delivery {
         stop: Option<&CancellationToken>,
     ) -> Result<Vec<i32>, DeliveryError> {
         let mut intent = intent;
+        let mut target = target;
         // A command's answer (/stop's "Stopped", /status…) jumps the line.
         let priority = match reply.kind {
             ReplyKind::Command => Priority::Control,
@@ -939,9 +940,21 @@ impl Delivery {
                     reply_to,
                     priority,
                 };
-                let sent = self
+                let sent = match self
                     .send_chunk_recorded(send, stop, || None, before_send)
-                    .await;
+                    .await
+                {
+                    Err(DeliveryError::Rejected(why))
+                        if is_gone_topic(&why) && target.thread_id.is_some() =>
+                    {
+                        // Its topic was closed or deleted: nothing went
+                        // out, so this and the rest go to the General
+                        // topic, a line first saying why.
+                        target = self.moved_to_general(target, priority).await;
+                        self.send_chunk_with(target, chunk, None, priority).await
+                    }
+                    sent => sent,
+                };
                 match sent {
                     Ok(id) => ids.push(id),
                     Err(DeliveryError::Withdrawn) => break,
@@ -952,6 +965,33 @@ impl Delivery {
             reply_to = None;
         }
         Ok(ids)
+    }
+}
+
+/// Said in a forum's General topic before a reply whose topic was closed or
+/// deleted (the reply follows it there).
+pub const MOVED_TO_GENERAL: &str =
+    "⚠️ The topic this reply was for is closed or deleted, so it follows here.";
+
+impl Delivery {
+    /// `target` in its forum's General topic, after telling the chat there
+    /// that a reply for a closed or deleted topic follows
+    /// ([`MOVED_TO_GENERAL`]; a failure of that line is only logged).
+    async fn moved_to_general(&self, target: ChatTarget, priority: Priority) -> ChatTarget {
+        let general = ChatTarget {
+            thread_id: None,
+            ..target
+        };
+        tracing::info!(
+            chat_id = target.chat_id,
+            thread = target.thread_id,
+            "a reply's topic is closed or gone; it goes to the General topic"
+        );
+        let line = FormattedText::plain(MOVED_TO_GENERAL);
+        if let Err(error) = self.send_chunk_with(general, &line, None, priority).await {
+            tracing::info!(chat_id = target.chat_id, %error, "could not say where a reply went");
+        }
+        general
     }
 }
 

@@ -336,3 +336,25 @@ async fn a_burst_makes_at_most_the_cap_of_topics_and_the_rest_is_answered_in_gen
     assert_eq!(fake.calls_to("createForumTopic").len(), 4);
     bot.shutdown().await;
 }
+
+/// A reply into a topic that is closed is not dropped: it goes to the
+/// General topic, a line first saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_into_a_closed_topic_goes_to_the_general_topic() {
+    use telegate::delivery::telegram::MOVED_TO_GENERAL;
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let a = fake.add_topic(FORUM, "A");
+    // No typing first: its refusal would end the topic's turn before the
+    // answer is out.
+    let (bot, _agent) =
+        start_with(&fake, "per-topic", "[delivery]\ntyping_delay_ms = 60000\n").await;
+    fake.close_topic_quietly(FORUM, a);
+    fake.push_topic_text(FORUM, USER, Some(a), "hello");
+    let answer = wait_send(&fake, "answer:hello").await;
+    assert_eq!(thread_of(&answer), None, "answered in the General topic");
+    let moved = wait_send(&fake, MOVED_TO_GENERAL).await;
+    assert_eq!(thread_of(&moved), None);
+    assert!(moved.seq < answer.seq, "the line says why first");
+    bot.shutdown().await;
+}
