@@ -278,6 +278,14 @@ pub struct TelegramConfig {
     /// the default) or `auto` (also /new and the General topic create one).
     #[serde(default)]
     pub topics: crate::vocab::TopicsMode,
+    /// Under `topics = "auto"`: topics one user may have made in any
+    /// minute; a message over it runs where it was written (0: no cap).
+    #[serde(default = "default_topics_per_user")]
+    pub topics_per_user_per_minute: u32,
+    /// Under `topics = "auto"`: topics one group may have made in any
+    /// minute (0: no cap).
+    #[serde(default = "default_topics_per_group")]
+    pub topics_per_group_per_minute: u32,
     /// How updates arrive, built from `mode` and `[telegram.webhook]` once
     /// secrets are resolved and checked (what everything after loading
     /// reads: never `mode` and `webhook` themselves).
@@ -359,6 +367,26 @@ impl Default for TelegramConfig {
             webhook: None,
             updates: Updates::Polling,
             topics: crate::vocab::TopicsMode::default(),
+            topics_per_user_per_minute: default_topics_per_user(),
+            topics_per_group_per_minute: default_topics_per_group(),
+        }
+    }
+}
+
+fn default_topics_per_user() -> u32 {
+    crate::transport::telegram::topic_quota::DEFAULT_TOPICS_PER_USER_PER_MINUTE
+}
+
+fn default_topics_per_group() -> u32 {
+    crate::transport::telegram::topic_quota::DEFAULT_TOPICS_PER_GROUP_PER_MINUTE
+}
+
+impl TelegramConfig {
+    /// The caps on topics made per minute (`topics = "auto"`).
+    pub fn topic_caps(&self) -> crate::transport::telegram::topic_quota::TopicCaps {
+        crate::transport::telegram::topic_quota::TopicCaps {
+            per_user: self.topics_per_user_per_minute,
+            per_group: self.topics_per_group_per_minute,
         }
     }
 }

@@ -4,6 +4,8 @@
 //! pure), stops at a [`SendingStop`], and one whose send went unconfirmed
 //! is never repeated blindly: its sender is told instead.
 
+use std::time::Duration;
+
 use tokio_util::sync::CancellationToken;
 
 use super::reply_record::ReplyRecord;
@@ -175,8 +177,11 @@ pub(super) async fn send_as_file(
 }
 
 /// Tell the sender of message `reply_to` that its answer may not have
-/// arrived, as soon as Telegram answers again. Sent once: an unanswered
-/// notice is not repeated either.
+/// arrived, as soon as Telegram answers again, retried until Telegram
+/// confirms the notice ([`deliver_notice_until_confirmed`]). Meanwhile the
+/// message's inbox row stays open and the answer's intent recorded, so a
+/// restart in between tells the sender itself: the notice is a recorded
+/// intent until it is confirmed.
 pub(super) async fn tell_unconfirmed(
     delivery: &Delivery,
     target: ChatTarget,
@@ -188,9 +193,38 @@ pub(super) async fn tell_unconfirmed(
         %error,
         "the answer's send went unconfirmed; it is not sent again, and its sender is told once Telegram answers"
     );
-    delivery.wait_until_answering().await;
     let notice = Reply::notice(UNCONFIRMED_ANSWER_NOTICE).in_reply_to(reply_to);
-    if let Err(error) = delivery.deliver_reply(target, &notice, None).await {
+    if let Err(error) = deliver_notice_until_confirmed(delivery, target, &notice).await {
         tracing::warn!(chat_id = target.chat_id, %error, "could not tell a user that an answer may not have arrived");
+    }
+}
+
+/// The longest wait between two tries of a notice that went unconfirmed.
+const MAX_NOTICE_WAIT: Duration = Duration::from_secs(60);
+
+/// Send `notice` (a notice that something may be lost) until Telegram
+/// confirms it: each try first waits until Telegram answers again
+/// ([`Delivery::wait_until_answering`]); a try that goes unconfirmed (no
+/// answer, garbage, unavailable beyond the retries) is tried again after a
+/// wait (1 s, doubling, at most a minute). Only a refusal ends it unsent
+/// (returned). An unconfirmed try may have arrived, so the user may see
+/// the notice twice: better than a lost answer no word is said of.
+pub async fn deliver_notice_until_confirmed(
+    delivery: &Delivery,
+    target: ChatTarget,
+    notice: &Reply,
+) -> Result<(), DeliveryError> {
+    let mut wait = Duration::from_secs(1);
+    loop {
+        delivery.wait_until_answering().await;
+        match delivery.deliver_reply(target, notice, None).await {
+            Ok(_) => return Ok(()),
+            Err(DeliveryError::Ambiguous(why) | DeliveryError::Unavailable(why)) => {
+                tracing::info!(chat_id = target.chat_id, %why, ?wait, "a notice went unconfirmed; trying again");
+            }
+            Err(other) => return Err(other),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(MAX_NOTICE_WAIT);
     }
 }

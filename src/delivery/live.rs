@@ -31,7 +31,7 @@
 //! of the keyboard alone.
 
 use std::ops::ControlFlow;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
@@ -48,7 +48,7 @@ use super::keyboard::{clear_markup, register};
 use super::markdown::render;
 use super::reply_record::ReplyRecord;
 use super::split::{split, TELEGRAM_LIMIT};
-use super::telegram::{ChatTarget, Delivery, Priority};
+use super::telegram::{ChatTarget, ChunkSend, Delivery, Priority};
 use crate::reply::{DeliveryError, LiveReply, Reply};
 use crate::store::Buttons;
 use crate::vocab::{Button, ProgressWatch, SessionSource, TurnEnd};
@@ -412,8 +412,8 @@ impl PreviewLoop {
         ControlFlow::Continue(())
     }
 
-    /// Sends the preview with `latest` (its intent recorded first) or
-    /// edits it.
+    /// Sends the preview with `latest` (its intent recorded right before
+    /// its request) or edits it.
     async fn show_preview(&mut self, latest: String, formatted: &FormattedText) -> ControlFlow<()> {
         let target = self.target;
         // An update still waiting for its turn when the turn is
@@ -421,27 +421,41 @@ impl PreviewLoop {
         // so a preview that reached the chat is always known (and
         // gets its marker).
         let sending_preview = self.preview.is_none();
-        self.prepare_send(sending_preview).await;
         let withdraw = Some(&self.halt);
-        let markup = self.markup.as_ref();
         let result = match self.preview {
-            None => self
-                .delivery
-                .send_chunk_unless_withdrawn(
+            None => {
+                let registered = OnceLock::new();
+                let before_send = self.prepare_send(&registered);
+                let markup = || {
+                    self.markup
+                        .as_ref()
+                        .or_else(|| registered.get().and_then(Option::as_ref))
+                };
+                let send = ChunkSend {
                     target,
-                    formatted,
-                    None,
-                    Priority::FirstText,
-                    withdraw,
-                    markup,
-                )
-                .await
-                .map(Some),
-            Some(id) => self
-                .delivery
-                .edit_chunk_unless_withdrawn(target, id, formatted, withdraw, markup)
-                .await
-                .map(|()| None),
+                    chunk: formatted,
+                    reply_to: None,
+                    priority: Priority::FirstText,
+                };
+                let sent = self
+                    .delivery
+                    .send_chunk_recorded(send, withdraw, markup, Some(before_send))
+                    .await;
+                if self.markup.is_none() {
+                    self.markup = registered.into_inner().flatten();
+                }
+                sent.map(Some)
+            }
+            Some(id) => {
+                if let (None, Some(button)) = (&self.markup, &self.button) {
+                    self.markup = button.markup().await;
+                }
+                let markup = self.markup.as_ref();
+                self.delivery
+                    .edit_chunk_unless_withdrawn(target, id, formatted, withdraw, markup)
+                    .await
+                    .map(|()| None)
+            }
         };
         let flow = self.preview_sent(result, &latest, sending_preview).await;
         if flow.is_continue() {
@@ -450,19 +464,21 @@ impl PreviewLoop {
         flow
     }
 
-    /// Before a new preview message: its intent is made durable and the
-    /// Stop button registered.
+    /// Right before a new preview message's request (after its turn and
+    /// pacing): its intent is made durable and the Stop button registered
+    /// (into `registered`).
     ///
     /// A new preview message is a send like the answer's: its
-    /// intent is durable first, so a restart that finds the
+    /// intent is durable before the request, so a restart that finds the
     /// intent without an outcome knows the text may be in the
-    /// chat and does not send it again (an ambiguous send). The
-    /// Stop button is registered meanwhile: both calls wait for
-    /// one commit of the store, not one each.
-    async fn prepare_send(&mut self, sending_preview: bool) {
+    /// chat and does not send it again (an ambiguous send); one that
+    /// finds none knows it never left. The Stop button is registered
+    /// meanwhile: both calls wait for one commit of the store, not one
+    /// each.
+    async fn prepare_send(&self, registered: &OnceLock<Option<InlineKeyboardMarkup>>) {
         let record = &self.record;
         let intend = async {
-            if let (true, Some(record)) = (sending_preview, record) {
+            if let Some(record) = record {
                 record.intend(Vec::new()).await;
             }
         };
@@ -473,10 +489,8 @@ impl PreviewLoop {
                 _ => None,
             }
         };
-        let ((), registered) = tokio::join!(intend, register);
-        if self.markup.is_none() {
-            self.markup = registered;
-        }
+        let ((), markup) = tokio::join!(intend, register);
+        let _ = registered.set(markup);
     }
 
     /// The preview's send or edit answered: what the chat shows now is

@@ -35,7 +35,8 @@
 //! Within a chat, control replies (the answers to /stop, /new, /reset,
 //! /status, /approve, /deny and the other commands: [`ReplyKind::Command`])
 //! jump the line: a chat's waiting requests are a two-lane queue and the
-//! control lane is served first, and the rate limiter lets a control reply
+//! control lane is served first (the normal lane round-robin across the
+//! users the requests are for, then their topics: [`super::lanes`]), and the rate limiter lets a control reply
 //! use the burst token ordinary sends leave free ([`Priority`]). A typing
 //! action is only sent when the chat's turn is free and the limits have
 //! room right now; otherwise it is skipped, so it never delays a message.
@@ -65,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use super::api::{AttemptError, ReadAs, SentMessage};
 use super::bot_api::BotApi;
 use super::entity::{to_telegram, FormattedText};
-use super::lanes::{ChatLanes, ChatTurn};
+use super::lanes::{ChatLanes, ChatTurn, Party};
 use super::markdown::render;
 pub use super::ratelimit::Priority;
 use super::ratelimit::{RateLimiter, RateLimits};
@@ -177,6 +178,10 @@ pub struct ChatTarget {
     pub thread_id: Option<i32>,
     /// Groups are paced more strictly.
     pub is_group: bool,
+    /// The user the request is for (whose message it answers), if any: a
+    /// chat's waiting requests are served round-robin across users, then
+    /// topics, so one user's burst never holds up another's answer.
+    pub user: Option<u64>,
 }
 
 impl ChatTarget {
@@ -186,6 +191,15 @@ impl ChatTarget {
             chat_id: source.chat_id,
             thread_id: source.thread_id,
             is_group: source.chat_type.is_group(),
+            user: source.user_id,
+        }
+    }
+
+    /// Whom a request to this target is for, within its chat.
+    fn party(&self) -> Party {
+        Party {
+            user: self.user,
+            thread: self.thread_id,
         }
     }
 }
@@ -449,6 +463,36 @@ impl Delivery {
         E: Into<AttemptError> + Send + 'static,
         T: Send + 'static,
     {
+        let nothing: Option<std::future::Ready<()>> = None;
+        self.call_recorded(target, idempotence, priority, withdraw, nothing, op)
+            .await
+    }
+
+    /// [`Delivery::call_unless_withdrawn`] that awaits `before_send` once,
+    /// after the request has the chat's turn and its pacing and right
+    /// before its first attempt is handed to the HTTP client: where a
+    /// send's intent is made durable (invariant 9). A request withdrawn or
+    /// cut off (the process killed) while it waits never ran it, so a
+    /// restart knows that send never left; one that ran it is "may have
+    /// arrived". The write costs what it cost before the wait: it only
+    /// moved past it.
+    pub(super) async fn call_recorded<T, E, F, Fut, B>(
+        &self,
+        target: ChatTarget,
+        idempotence: Idempotence,
+        priority: Priority,
+        withdraw: Option<&CancellationToken>,
+        before_send: Option<B>,
+        op: F,
+    ) -> Result<Option<T>, DeliveryError>
+    where
+        F: Fn(bool) -> Fut,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Into<AttemptError> + Send + 'static,
+        T: Send + 'static,
+        B: Future<Output = ()>,
+    {
+        let mut before_send = before_send;
         let withdrawn = async {
             match withdraw {
                 Some(token) => token.cancelled().await,
@@ -462,6 +506,9 @@ impl Delivery {
             let turn = self
                 .turn_and_pace(target, priority, withdrawn.as_mut())
                 .await?;
+            if let Some(before_send) = before_send.take() {
+                before_send.await;
+            }
             let request = op(plain);
             let error = match self.attempt(target, turn, request).await? {
                 Ok(value) => return Ok(Some(value)),
@@ -509,7 +556,7 @@ impl Delivery {
         let turn = tokio::select! {
             biased;
             _ = withdrawn.as_mut() => return Err(DeliveryError::Withdrawn),
-            turn = self.inner.chat_lanes.turn(target.chat_id, priority) => turn,
+            turn = self.inner.chat_lanes.turn(target.chat_id, priority, target.party()) => turn,
         };
         let paced = Instant::now();
         tokio::select! {
@@ -621,33 +668,72 @@ impl Delivery {
         withdraw: Option<&CancellationToken>,
         markup: Option<&InlineKeyboardMarkup>,
     ) -> Result<i32, DeliveryError> {
+        let nothing: Option<std::future::Ready<()>> = None;
+        let chunk = ChunkSend {
+            target,
+            chunk,
+            reply_to,
+            priority,
+        };
+        self.send_chunk_recorded(chunk, withdraw, || markup, nothing)
+            .await
+    }
+
+    /// Send one chunk as a new message, `before_send` (its intent) awaited
+    /// after its turn and pacing, right before the request goes
+    /// ([`Delivery::call_recorded`]); `markup()` is read when the request
+    /// is built, after `before_send` (which may register the buttons).
+    pub(super) async fn send_chunk_recorded<'m, B>(
+        &self,
+        send: ChunkSend<'_>,
+        withdraw: Option<&CancellationToken>,
+        markup: impl Fn() -> Option<&'m InlineKeyboardMarkup>,
+        before_send: Option<B>,
+    ) -> Result<i32, DeliveryError>
+    where
+        B: Future<Output = ()>,
+    {
+        let ChunkSend {
+            target,
+            chunk,
+            reply_to,
+            priority,
+        } = send;
         let entities = to_telegram(&chunk.entities);
+        let op = |plain: bool| {
+            let mut request = SendMessage::new(ChatId(target.chat_id), chunk.text.clone());
+            if let Some(markup) = markup() {
+                request = request.reply_markup(markup.clone());
+            }
+            if !plain && !entities.is_empty() {
+                request = request.entities(entities.clone());
+            }
+            if let Some(thread) = target.thread_id {
+                request = request.message_thread_id(ThreadId(MessageId(thread)));
+            }
+            // Journaled internal events carry negative ids: nothing to quote.
+            if let Some(id) = reply_to
+                .filter(|id| *id > 0)
+                .and_then(|id| i32::try_from(id).ok())
+            {
+                request = request.reply_parameters(
+                    ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
+                );
+            }
+            self.inner
+                .api
+                .clone()
+                .post(ReadAs::<_, SentMessage>::new(request))
+        };
         let sent = self
-            .call_unless_withdrawn(target, Idempotence::Unsafe, priority, withdraw, |plain| {
-                let mut request = SendMessage::new(ChatId(target.chat_id), chunk.text.clone());
-                if let Some(markup) = markup {
-                    request = request.reply_markup(markup.clone());
-                }
-                if !plain && !entities.is_empty() {
-                    request = request.entities(entities.clone());
-                }
-                if let Some(thread) = target.thread_id {
-                    request = request.message_thread_id(ThreadId(MessageId(thread)));
-                }
-                // Journaled internal events carry negative ids: nothing to quote.
-                if let Some(id) = reply_to
-                    .filter(|id| *id > 0)
-                    .and_then(|id| i32::try_from(id).ok())
-                {
-                    request = request.reply_parameters(
-                        ReplyParameters::new(MessageId(id)).allow_sending_without_reply(),
-                    );
-                }
-                self.inner
-                    .api
-                    .clone()
-                    .post(ReadAs::<_, SentMessage>::new(request))
-            })
+            .call_recorded(
+                target,
+                Idempotence::Unsafe,
+                priority,
+                withdraw,
+                before_send,
+                op,
+            )
             .await?;
         sent.map(|m| m.message_id)
             .ok_or_else(|| DeliveryError::Rejected("unexpected 'not modified' on send".into()))
@@ -796,9 +882,10 @@ impl Delivery {
     }
 
     /// Deliver `chunks` (rendered from `reply`) like
-    /// [`Delivery::deliver_reply`]; before the first chunk goes out as a
-    /// new message (not for an edit of the preview: edits are idempotent),
-    /// records in `intent` that the send is under way. Once `stop` fires,
+    /// [`Delivery::deliver_reply`]; when the first chunk to go out as a
+    /// new message (not for an edit of the preview: edits are idempotent)
+    /// has its turn and pacing, right before its request, records in
+    /// `intent` that the send is under way. Once `stop` fires,
     /// no further chunk is sent (one waiting for its turn is withdrawn):
     /// the ids returned are then fewer than the chunks.
     pub(super) async fn deliver_chunks_recorded(
@@ -811,6 +898,7 @@ impl Delivery {
         stop: Option<&CancellationToken>,
     ) -> Result<Vec<i32>, DeliveryError> {
         let mut intent = intent;
+        let mut target = target;
         // A command's answer (/stop's "Stopped", /status…) jumps the line.
         let priority = match reply.kind {
             ReplyKind::Command => Priority::Control,
@@ -839,16 +927,35 @@ impl Delivery {
                 _ => false,
             };
             if !edited {
-                // Durable before the request: if the process dies before
-                // the outcome is recorded, the restart knows this send is
-                // ambiguous and does not repeat it.
-                if let Some(record) = intent.take() {
-                    record.intend(ids.clone()).await;
-                }
-                match self
-                    .send_chunk_unless_withdrawn(target, chunk, reply_to, priority, stop, None)
+                // Durable before the request leaves, and only then (after
+                // its turn and pacing): if the process dies before the
+                // outcome is recorded, the restart knows this send is
+                // ambiguous and does not repeat it; if it dies while the
+                // send still waits, there is no intent and the answer is
+                // sent after the restart.
+                let before_send = intent.take().map(|record| record.intend(ids.clone()));
+                let send = ChunkSend {
+                    target,
+                    chunk,
+                    reply_to,
+                    priority,
+                };
+                let sent = match self
+                    .send_chunk_recorded(send, stop, || None, before_send)
                     .await
                 {
+                    Err(DeliveryError::Rejected(why))
+                        if is_gone_topic(&why) && target.thread_id.is_some() =>
+                    {
+                        // Its topic was closed or deleted: nothing went
+                        // out, so this and the rest go to the General
+                        // topic, a line first saying why.
+                        target = self.moved_to_general(target, priority).await;
+                        self.send_chunk_with(target, chunk, None, priority).await
+                    }
+                    sent => sent,
+                };
+                match sent {
                     Ok(id) => ids.push(id),
                     Err(DeliveryError::Withdrawn) => break,
                     Err(other) => return Err(other),
@@ -859,6 +966,47 @@ impl Delivery {
         }
         Ok(ids)
     }
+}
+
+/// Said in a forum's General topic before a reply whose topic was closed or
+/// deleted (the reply follows it there).
+pub const MOVED_TO_GENERAL: &str =
+    "⚠️ The topic this reply was for is closed or deleted, so it follows here.";
+
+impl Delivery {
+    /// `target` in its forum's General topic, after telling the chat there
+    /// that a reply for a closed or deleted topic follows
+    /// ([`MOVED_TO_GENERAL`]; a failure of that line is only logged).
+    async fn moved_to_general(&self, target: ChatTarget, priority: Priority) -> ChatTarget {
+        let general = ChatTarget {
+            thread_id: None,
+            ..target
+        };
+        tracing::info!(
+            chat_id = target.chat_id,
+            thread = target.thread_id,
+            "a reply's topic is closed or gone; it goes to the General topic"
+        );
+        let line = FormattedText::plain(MOVED_TO_GENERAL);
+        if let Err(error) = self.send_chunk_with(general, &line, None, priority).await {
+            tracing::info!(chat_id = target.chat_id, %error, "could not say where a reply went");
+        }
+        general
+    }
+}
+
+/// One chunk to send as a new message: where, what, quoting which
+/// message, in which lane.
+#[derive(Clone, Copy)]
+pub(super) struct ChunkSend<'a> {
+    /// Where it goes.
+    pub(super) target: ChatTarget,
+    /// The text.
+    pub(super) chunk: &'a FormattedText,
+    /// The message it quotes.
+    pub(super) reply_to: Option<i64>,
+    /// Its lane.
+    pub(super) priority: Priority,
 }
 
 /// Render a reply to Telegram chunks: Markdown (answers, unless sent as

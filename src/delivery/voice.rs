@@ -98,11 +98,18 @@ pub async fn deliver_voice_answer_once(
         return Ok(());
     }
     let caption = caption_of(&reply.text);
-    if let Some(record) = record {
-        record.intend(Vec::new()).await;
-    }
-    let voice_id = match send_voice(delivery, target, &audio, caption.as_ref(), reply.reply_to)
-        .await
+    // The intent is durable right before the upload leaves (after its
+    // turn and pacing), not before it waits for them.
+    let intent = record.map(|record| record.intend(Vec::new()));
+    let voice_id = match send_voice_recorded(
+        delivery,
+        target,
+        &audio,
+        caption.as_ref(),
+        reply.reply_to,
+        intent,
+    )
+    .await
     {
         Ok(id) => id,
         Err(DeliveryError::Rejected(why)) => {
@@ -218,6 +225,20 @@ pub async fn send_voice(
     caption: Option<&FormattedText>,
     reply_to: Option<i64>,
 ) -> Result<i32, DeliveryError> {
+    let nothing: Option<std::future::Ready<()>> = None;
+    send_voice_recorded(delivery, target, audio, caption, reply_to, nothing).await
+}
+
+/// [`send_voice`], `before_send` (its intent) awaited right before the
+/// upload leaves ([`Delivery::call_recorded`]).
+async fn send_voice_recorded<B: std::future::Future<Output = ()>>(
+    delivery: &Delivery,
+    target: ChatTarget,
+    audio: &Bytes,
+    caption: Option<&FormattedText>,
+    reply_to: Option<i64>,
+    before_send: Option<B>,
+) -> Result<i32, DeliveryError> {
     let size = u64::try_from(audio.len()).unwrap_or(u64::MAX);
     let bot = upload_bot(delivery, size)?;
     let audio = Arc::new(audio.clone());
@@ -227,26 +248,34 @@ pub async fn send_voice(
         .filter(|id| *id > 0)
         .and_then(|id| i32::try_from(id).ok())
         .map(|id| ReplyParameters::new(MessageId(id)).allow_sending_without_reply());
+    let lane = super::telegram::Priority::Normal;
     let sent = delivery
-        .call(target, Idempotence::Unsafe, |plain| {
-            let input = InputFile::memory((*audio).clone()).file_name("answer.ogg");
-            let mut request = bot.send_voice(ChatId(target.chat_id), input);
-            if let Some(caption) = &caption {
-                request = request.caption(caption.text.clone());
-                if let Some(entities) = entities.as_ref().filter(|e| !plain && !e.is_empty()) {
-                    request = request.caption_entities(entities.clone());
+        .call_recorded(
+            target,
+            Idempotence::Unsafe,
+            lane,
+            None,
+            before_send,
+            |plain| {
+                let input = InputFile::memory((*audio).clone()).file_name("answer.ogg");
+                let mut request = bot.send_voice(ChatId(target.chat_id), input);
+                if let Some(caption) = &caption {
+                    request = request.caption(caption.text.clone());
+                    if let Some(entities) = entities.as_ref().filter(|e| !plain && !e.is_empty()) {
+                        request = request.caption_entities(entities.clone());
+                    }
                 }
-            }
-            if let Some(thread) = target.thread_id {
-                request = request.message_thread_id(ThreadId(MessageId(thread)));
-            }
-            if let Some(reply) = &reply {
-                request = request.reply_parameters(reply.clone());
-            }
-            let future: BoxFuture<'static, Result<Message, RequestError>> =
-                Box::pin(request.send());
-            future
-        })
+                if let Some(thread) = target.thread_id {
+                    request = request.message_thread_id(ThreadId(MessageId(thread)));
+                }
+                if let Some(reply) = &reply {
+                    request = request.reply_parameters(reply.clone());
+                }
+                let future: BoxFuture<'static, Result<Message, RequestError>> =
+                    Box::pin(request.send());
+                future
+            },
+        )
         .await?;
     sent.map(|m| m.id.0)
         .ok_or_else(|| DeliveryError::Rejected("unexpected 'not modified' on send".into()))

@@ -326,8 +326,12 @@ impl Runner {
         let Ok(session_id) = self.resolve_session(&ctx.key).await else {
             return Some(Reply::error(STORE_DOWN_TEXT).in_reply_to(message_id).into());
         };
-        // Decided before anything changes: a /retry over budget keeps the
-        // history as it was (the turn's budget is booked here, for the run).
+        // Decided before anything changes: a /retry by someone who may no
+        // longer use the bot, or over budget, keeps the history as it was
+        // (the turn's budget is booked here, for the run).
+        if let Err(refusal) = self.still_allowed(&event) {
+            return Some(refusal);
+        }
         let budget = match self.budget_for(&event).await {
             Ok(meter) => meter,
             Err(refusal) => {

@@ -263,6 +263,7 @@ async fn build_services(
     let topics = Topics::new(
         store.bot(),
         config.adapter_config().key_policy,
+        config.telegram.topic_caps(),
         delivery.clone(),
         Arc::new(TelegramOutbound::new(
             delivery.clone(),

@@ -35,6 +35,7 @@ const CHAT: ChatTarget = ChatTarget {
     chat_id: 7,
     thread_id: None,
     is_group: false,
+    user: None,
 };
 
 fn delivery(max_attempts: u32) -> Delivery {
@@ -474,6 +475,7 @@ fn fake_chat() -> ChatTarget {
         chat_id: FAKE_CHAT,
         thread_id: None,
         is_group: false,
+        user: None,
     }
 }
 

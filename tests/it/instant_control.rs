@@ -216,6 +216,69 @@ async fn one_members_burst_does_not_delay_another_member() {
     bot.shutdown().await;
 }
 
+/// One member's answers in twelve forum topics (twelve slots, all
+/// answered at once) do not hold up another member's answer: the chat's
+/// waiting requests are served round-robin across users, so the other
+/// member's answer goes out while the burst's answers are still waiting
+/// for the group's pacing, behind at most a couple of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_members_answers_in_many_topics_do_not_delay_another_member() {
+    let fake = FakeBotApi::start().await;
+    let forum = -1_001_000_000_555;
+    fake.make_forum(forum, true);
+    let topics: Vec<i64> = (0..12)
+        .map(|i| fake.add_topic(forum, &format!("t{i}")))
+        .collect();
+    let (bot, agent) = start(&fake, "").await;
+    let (loud, quiet) = (7, 8);
+    for (i, topic) in topics.iter().enumerate() {
+        fake.push_topic_text(
+            forum,
+            loud,
+            Some(*topic),
+            &format!("@telegate_test_bot m{i}"),
+        );
+    }
+    assert!(eventually(WAIT, || agent.started() >= topics.len()).await);
+    fake.push_topic_text(forum, quiet, None, "@telegate_test_bot hello");
+    assert!(
+        fake.wait_for(
+            |calls| position(calls, forum, "answer:hello").is_some(),
+            WAIT
+        )
+        .await,
+        "the quiet member got no answer"
+    );
+    let calls = fake.calls();
+    let answered_at = position(&calls, forum, "answer:hello").unwrap();
+    let loud_before = calls[..answered_at]
+        .iter()
+        .filter(|c| ok_text(c, "sendMessage", forum, "answer:m"))
+        .count();
+    // Every burst's answer was waiting when the quiet one came (the group's
+    // pacing lets a few go at once, then one a second): round-robin puts
+    // the quiet answer next, first come first served put it last.
+    assert!(
+        loud_before <= 6,
+        "the quiet member's answer waited behind {loud_before} of the burst's {} answers",
+        topics.len()
+    );
+    assert!(
+        fake.wait_for(
+            |calls| calls
+                .iter()
+                .filter(|c| ok_text(c, "sendMessage", forum, "answer:m"))
+                .count()
+                == topics.len(),
+            WAIT
+        )
+        .await,
+        "the burst's answers all arrive"
+    );
+    assert_within_flood_limits(&fake);
+    bot.shutdown().await;
+}
+
 /// The calls of `chat` after position `from` (edits, sends, chat actions).
 fn chat_calls_after(calls: &[RecordedCall], chat: i64, from: usize) -> Vec<RecordedCall> {
     calls[from..]

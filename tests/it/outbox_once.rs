@@ -420,3 +420,99 @@ async fn a_preview_send_records_its_intent_before_the_request() {
             .delivered
     );
 }
+
+/// An answer that waits for its chat's turn and pacing has not left, so
+/// its intent is not recorded yet (it is recorded right before the
+/// request): telegate stopped during that wait resumes the message after
+/// the restart and sends the answer once, instead of taking the send for
+/// "may have arrived" and only apologising. Here another member's command
+/// reply got a 429, which holds the group for a few seconds, while the
+/// answer waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_cut_off_while_it_waits_for_its_pacing_is_sent_once_after_the_restart() {
+    let fake = FakeBotApi::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let group = -100;
+    let settings = test_bot(&fake, data.path(), true)
+        .toml("[telegram]\nallow_all_users = true\n")
+        .toml("[delivery]\nstreaming = \"edit\"\ntyping_delay_ms = 60000\n");
+    let bot = settings
+        .clone()
+        .agent(ScriptedAgent::new())
+        .start()
+        .await
+        .unwrap();
+    fake.fail_next("sendMessage", 1, Failure::RetryAfter(8));
+    fake.push_group_text(group, 7, "@telegate_test_bot /status", false);
+    assert!(
+        fake.wait_for(
+            |calls| calls
+                .iter()
+                .any(|c| c.method == "sendMessage" && c.outcome.error_code() == Some(429)),
+            WAIT
+        )
+        .await,
+        "the group was never held"
+    );
+    fake.push_group_text(group, 8, "@telegate_test_bot hello", false);
+    // The turn is over and its answer handed to delivery: its transcript
+    // is in the store (the answer's intent, where it was recorded before
+    // the wait, is written in the same commit or earlier).
+    let store = bot.store.clone();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let written = store
+            .call(|conn| {
+                Ok(conn.query_row(
+                    "SELECT count(*) FROM transcripts WHERE content LIKE '%answer:hello%'",
+                    [],
+                    |row| row.get::<_, i64>(0),
+                )?)
+            })
+            .await
+            .unwrap();
+        if written > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        fake.sent_texts(group)
+            .iter()
+            .all(|t| !t.contains("answer:hello")),
+        "precondition: the answer was still waiting"
+    );
+    bot.shutdown().await;
+    drop(store);
+
+    let agent = ScriptedAgent::new();
+    let bot = settings.agent(agent.clone()).start().await.unwrap();
+    assert!(
+        fake.wait_for(
+            |_| fake
+                .sent_texts(group)
+                .iter()
+                .any(|t| t.contains("answer:hello")),
+            WAIT
+        )
+        .await,
+        "the answer was not sent after the restart: {:?}",
+        fake.sent_texts(group)
+    );
+    assert!(wait_inbox_settled(&bot.store).await);
+    let texts = fake.sent_texts(group);
+    assert_eq!(
+        texts.iter().filter(|t| t.contains("answer:hello")).count(),
+        1,
+        "{texts:?}"
+    );
+    assert!(
+        !texts.iter().any(|t| t == AMBIGUOUS_SEND_NOTICE),
+        "a send that never left was apologised for: {texts:?}"
+    );
+    bot.shutdown().await;
+}

@@ -959,3 +959,32 @@ async fn an_answer_answered_with_garbage_is_not_resent_and_its_sender_is_told_on
         "{texts:?}"
     );
 }
+
+/// The notice of an unconfirmed answer is itself retried until Telegram
+/// confirms it: here its first send is hung up on too (after getMe
+/// answered again), and it still arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_notice_of_an_unconfirmed_answer_is_retried_until_confirmed() {
+    use telegate::delivery::answer::UNCONFIRMED_ANSWER_NOTICE;
+    let fake = FakeBotApi::start().await;
+    let (bot, _agent) = start(&fake, "", "").await;
+    // The answer, then the first notice: both hung up on after being read.
+    fake.fail_next("sendMessage", 2, Failure::Drop);
+    fake.push_text(USER, USER, "hello");
+    let told = fake
+        .wait_for(
+            |calls| has_text(calls, "sendMessage", USER, UNCONFIRMED_ANSWER_NOTICE),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(
+        told,
+        "the notice was lost: {:?}",
+        fake.calls_to("sendMessage")
+    );
+    bot.shutdown().await;
+    let calls = fake.calls();
+    let tries = sends_of(&calls, USER, UNCONFIRMED_ANSWER_NOTICE);
+    assert!(tries.len() >= 2, "{tries:?}");
+    assert!(!tries[0].outcome.is_ok() && tries.last().is_some_and(|c| c.outcome.is_ok()));
+}

@@ -23,6 +23,15 @@ const USER: i64 = 42;
 const FORUM: i64 = -1_001_000_000_777;
 
 async fn start(fake: &FakeBotApi, topics: &str) -> (TelegramBot, Arc<ScriptedAgent>) {
+    start_with(fake, topics, "").await
+}
+
+/// [`start`] with `extra` TOML merged in.
+async fn start_with(
+    fake: &FakeBotApi,
+    topics: &str,
+    extra: &str,
+) -> (TelegramBot, Arc<ScriptedAgent>) {
     let test_bot = TestBot::new(fake)
         .users(&[USER])
         .toml(FAST_DELIVERY)
@@ -30,7 +39,8 @@ async fn start(fake: &FakeBotApi, topics: &str) -> (TelegramBot, Arc<ScriptedAge
         .toml(format!(
             "[telegram]\nrequire_mention = false\ntopics = \"{topics}\"\n\n\
              [delivery]\ntyping_delay_ms = 0\nstreaming = \"edit\"\n\n[store]\nin_memory = true\n"
-        ));
+        ))
+        .toml(extra);
     let agent = ScriptedAgent::new();
     let bot = test_bot
         .agent(agent.clone())
@@ -281,5 +291,70 @@ async fn topics_off_shares_one_slot_across_topics_and_answers_in_each_topic() {
     let stopped = wait_send(&fake, "top").await;
     assert_eq!(thread_of(&stopped), Some(b));
     assert!(fake.calls_to("createForumTopic").is_empty());
+    bot.shutdown().await;
+}
+
+/// One member's burst in the General topic makes at most their cap of
+/// topics a minute; the rest is answered in the General topic (nothing
+/// lost), the member told once; another member still gets a topic, up to
+/// the group's cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_makes_at_most_the_cap_of_topics_and_the_rest_is_answered_in_general() {
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let (bot, _agent) = start_with(
+        &fake,
+        "auto",
+        "[telegram]\nallowed_users = [42, 43]\ntopics_per_user_per_minute = 3\n\
+         topics_per_group_per_minute = 4\n\n[sessions]\nbusy_mode = \"queue\"\n",
+    )
+    .await;
+    for i in 0..8 {
+        fake.push_topic_text(FORUM, USER, None, &format!("task {i}"));
+    }
+    for i in 0..8 {
+        wait_send(&fake, &format!("answer:task {i}")).await;
+    }
+    let created = fake.calls_to("createForumTopic");
+    assert_eq!(created.len(), 3, "the user's cap: {created:?}");
+    let in_general = (0..8)
+        .filter(|i| thread_of(&sends_with(&fake, &format!("answer:task {i}"))[0]).is_none())
+        .count();
+    assert_eq!(in_general, 5, "the rest answered where written");
+    let told = sends_with(&fake, "at most 3 new topics a minute for you");
+    assert_eq!(told.len(), 1, "told once: {told:?}");
+    assert_eq!(thread_of(&told[0]), None);
+
+    // Another member gets a topic; the group's cap (4) holds the next.
+    fake.push_topic_text(FORUM, 43, None, "other 1");
+    let other = wait_send(&fake, "answer:other 1").await;
+    assert!(thread_of(&other).is_some(), "another member's topic");
+    fake.push_topic_text(FORUM, 43, None, "other 2");
+    let second = wait_send(&fake, "answer:other 2").await;
+    assert_eq!(thread_of(&second), None, "the group's cap");
+    wait_send(&fake, "at most 4 new topics a minute for this group").await;
+    assert_eq!(fake.calls_to("createForumTopic").len(), 4);
+    bot.shutdown().await;
+}
+
+/// A reply into a topic that is closed is not dropped: it goes to the
+/// General topic, a line first saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_into_a_closed_topic_goes_to_the_general_topic() {
+    use telegate::delivery::telegram::MOVED_TO_GENERAL;
+    let fake = FakeBotApi::start().await;
+    fake.make_forum(FORUM, true);
+    let a = fake.add_topic(FORUM, "A");
+    // No typing first: its refusal would end the topic's turn before the
+    // answer is out.
+    let (bot, _agent) =
+        start_with(&fake, "per-topic", "[delivery]\ntyping_delay_ms = 60000\n").await;
+    fake.close_topic_quietly(FORUM, a);
+    fake.push_topic_text(FORUM, USER, Some(a), "hello");
+    let answer = wait_send(&fake, "answer:hello").await;
+    assert_eq!(thread_of(&answer), None, "answered in the General topic");
+    let moved = wait_send(&fake, MOVED_TO_GENERAL).await;
+    assert_eq!(thread_of(&moved), None);
+    assert!(moved.seq < answer.seq, "the line says why first");
     bot.shutdown().await;
 }

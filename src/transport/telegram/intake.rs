@@ -46,7 +46,7 @@ use super::redact::{redact, Redacted};
 use super::strangers::Strangers;
 use super::topics::Topics;
 use super::TransportTables;
-use crate::delivery::answer::AMBIGUOUS_SEND;
+use crate::delivery::answer::{deliver_notice_until_confirmed, AMBIGUOUS_SEND};
 use crate::delivery::{ChatTarget, Delivery};
 use crate::engine::Engine;
 use crate::metrics::Metrics;
@@ -660,15 +660,24 @@ impl Intake {
         );
         self.metrics.ambiguous_sends.inc();
         let notice = Reply::notice(AMBIGUOUS_SEND_NOTICE).in_reply_to(Some(message_id));
-        if let Err(error) = self
-            .delivery
-            .deliver_reply(ChatTarget::of(source), &notice, None)
-            .await
-        {
-            tracing::warn!(%error, "could not tell a user about an answer cut off by a restart");
-        }
-        self.mark(chat_id, message_id, InboxState::Failed, AMBIGUOUS_SEND)
-            .await;
+        // Retried until Telegram confirms it, in a task of its own so the
+        // rest of recovery does not wait for it; the row is closed only
+        // after, so a restart meanwhile tells the sender again (a
+        // recorded intent). Shutdown ends the task, the row still open.
+        let target = ChatTarget::of(source);
+        let intake = self.clone();
+        tokio::spawn(async move {
+            let told = tokio::select! {
+                () = intake.stop.cancelled() => return,
+                told = deliver_notice_until_confirmed(&intake.delivery, target, &notice) => told,
+            };
+            if let Err(error) = told {
+                tracing::warn!(%error, "could not tell a user about an answer cut off by a restart");
+            }
+            intake
+                .mark(chat_id, message_id, InboxState::Failed, AMBIGUOUS_SEND)
+                .await;
+        });
     }
 
     async fn mark_update(&self, update_id: i64, reason: &str) {

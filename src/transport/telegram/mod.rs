@@ -41,6 +41,7 @@ pub mod raw;
 pub mod redact;
 pub mod registration;
 pub mod strangers;
+pub mod topic_quota;
 pub mod topics;
 pub mod webhook;
 
@@ -325,6 +326,7 @@ async fn sweep_worktrees(
             chat_id,
             thread_id: None,
             is_group: false,
+            user: None,
         };
         let notice = crate::reply::Reply::notice(text);
         if let Err(error) = delivery.deliver_reply(target, &notice, None).await {

@@ -94,6 +94,7 @@ impl Strangers {
             chat_id,
             thread_id: None,
             is_group: false,
+            user: None,
         };
         let delivery = self.delivery.clone();
         tokio::spawn(async move {

@@ -11,7 +11,8 @@
 //! answer is out, the topic is renamed with `editForumTopic` to the task's
 //! first line ([`summary_title`]). A topic that cannot be created (no
 //! `can_manage_topics` right) is told in the General topic, and the message
-//! runs there.
+//! runs there; so does one over the caps on topics made per minute (per
+//! user and per group, [`super::topic_quota`]), its user told once a minute.
 //!
 //! A closed topic (the service message `forum_topic_closed`, or a request
 //! refused with `TOPIC_CLOSED` / "message thread not found") ends its
@@ -29,6 +30,7 @@ use teloxide::payloads::EditForumTopicSetters;
 use teloxide::requests::{Request, Requester};
 use teloxide::types::{ChatId, MessageId, ThreadId};
 
+use super::topic_quota::{refusal_text, Admission, TopicCaps, TopicQuota};
 use crate::adapter::{EventOutcome, OutcomeSink};
 use crate::delivery::telegram::Idempotence;
 use crate::delivery::{ChatTarget, Delivery};
@@ -122,13 +124,17 @@ pub struct Topics {
     creations: TopicCreations,
     naming: Mutex<HashMap<(i64, i32), Naming>>,
     ended: Mutex<HashSet<(i64, i32)>>,
+    /// The topics made per user and per group in the last minute.
+    quota: Mutex<TopicQuota>,
 }
 
 impl Topics {
-    /// Topics under `policy` (its `topics` mode), created through `delivery`.
+    /// Topics under `policy` (its `topics` mode), created through
+    /// `delivery`, at most `caps` a minute.
     pub fn new(
         bot: BotId,
         policy: KeyPolicy,
+        caps: TopicCaps,
         delivery: Delivery,
         outbound: Arc<dyn Outbound>,
         creations: TopicCreations,
@@ -141,6 +147,7 @@ impl Topics {
             creations,
             naming: Mutex::default(),
             ended: Mutex::default(),
+            quota: Mutex::new(TopicQuota::new(caps)),
         })
     }
 
@@ -175,7 +182,15 @@ impl Topics {
                 self.tell(&event, UNCLEAR_TOPIC_TEXT.to_string());
                 return event;
             }
-            TopicClaim::New => self.create(chat_id, &name).await,
+            TopicClaim::New => match self.admit(&event) {
+                Ok(()) => self.create(&event.source, &name).await,
+                Err(refused) => {
+                    // Recorded as a refused creation: a replay runs it
+                    // where it was written too.
+                    self.record_creation(&event, &Err(refused)).await;
+                    return event;
+                }
+            },
         };
         self.record_creation(&event, &created).await;
         match created {
@@ -248,6 +263,29 @@ impl Topics {
         }
     }
 
+    /// Whether `event`'s user may have a topic made now (the caps); a
+    /// refusal is told to them once a minute at most.
+    fn admit(&self, event: &MessageEvent) -> Result<(), DeliveryError> {
+        let source = &event.source;
+        let admitted = self
+            .quota
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(source.chat_id, source.user_id, std::time::Instant::now());
+        let Admission::Refused { cap, tell } = admitted else {
+            return Ok(());
+        };
+        tracing::info!(
+            chat_id = source.chat_id,
+            ?cap,
+            "topics are made too fast; the message runs where it was written"
+        );
+        if tell {
+            self.tell(event, refusal_text(cap));
+        }
+        Err(DeliveryError::Rejected(format!("topic cap {cap:?}")))
+    }
+
     /// A notice where `event` was written, without holding the message.
     fn tell(&self, event: &MessageEvent, text: String) {
         let reply = Reply::notice(text);
@@ -258,12 +296,16 @@ impl Topics {
         });
     }
 
-    /// `createForumTopic`: the new topic's id.
-    async fn create(&self, chat_id: i64, name: &str) -> Result<i32, DeliveryError> {
+    /// `createForumTopic` for the message of `source`: the new topic's id.
+    async fn create(&self, source: &SessionSource, name: &str) -> Result<i32, DeliveryError> {
+        let chat_id = source.chat_id;
+        // Paced as the user's request: a burst of creations takes its
+        // user's turns in the chat, not everyone's.
         let target = ChatTarget {
             chat_id,
             thread_id: None,
             is_group: true,
+            user: source.user_id,
         };
         let bot = self.delivery.bot().clone();
         let name = name.to_string();
@@ -318,6 +360,7 @@ impl Topics {
                 chat_id: at.0,
                 thread_id: Some(at.1),
                 is_group: true,
+                user: None,
             };
             let renamed = delivery
                 .call(target, Idempotence::Safe, |_| {

@@ -253,6 +253,19 @@ impl FakeBotApi {
         self.shared.updates_tx.send_modify(bump);
     }
 
+    /// Topic `thread` is closed with no update reaching the bot (as when
+    /// the bot missed the service message): sends into it are refused.
+    pub fn close_topic_quietly(&self, chat_id: i64, thread: i64) {
+        let mut inner = self.shared.lock();
+        if let Some(topic) = inner
+            .forums
+            .get_mut(&chat_id)
+            .and_then(|f| f.topics.get_mut(&thread))
+        {
+            topic.closed = true;
+        }
+    }
+
     /// A user deletes topic `thread` (Telegram sends no update for it).
     pub fn delete_topic_as_user(&self, chat_id: i64, thread: i64) {
         let mut inner = self.shared.lock();
