@@ -47,6 +47,9 @@ for round in $(seq 1 "$rounds"); do
     pids=()
     for copy in $(seq 1 "$copies"); do
         tmp=$(mktemp -d)
+        # Like /tmp: tests that run commands as another user (run_as) make
+        # their directories there too.
+        chmod 1777 "$tmp"
         log="$out/round$round-copy$copy.log"
         (
             # From the package root, as cargo runs it.
