@@ -370,16 +370,16 @@ async fn kill_9_around_due_runs_neither_loses_nor_repeats_a_run() {
     );
 }
 
-/// A job that was due 2 h 10 min ago, then hourly (three instants missed).
-async fn missed_for_two_hours(store: &Store) -> i64 {
-    let anchor = now_ms() / 1000 - 2 * 3600 - 600;
-    let schedule = Schedule::Interval {
-        every_secs: 3600,
-        anchor,
-    };
-    let action = Action::Message {
-        text: "stretch".into(),
-    };
+/// A reminder job of `USER`'s with `text`, whose next run is `next_run`
+/// (unix seconds): as if no telegate ran since it fell due.
+async fn missed_job(
+    store: &Store,
+    schedule: Schedule,
+    label: &str,
+    text: &str,
+    next_run: i64,
+) -> i64 {
+    let action = Action::Message { text: text.into() };
     store
         .jobs()
         .create_job(
@@ -391,16 +391,26 @@ async fn missed_for_two_hours(store: &Store) -> i64 {
                 creator_id: Some(USER as u64),
                 creator_name: Some("Ann".into()),
                 schedule: serde_json::to_value(&schedule).unwrap(),
-                label: "every 1h".into(),
+                label: label.into(),
                 timezone: "UTC".into(),
                 action: serde_json::to_value(&action).unwrap(),
-                next_run: anchor * 1000,
+                next_run: next_run * 1000,
             },
             20,
         )
         .await
         .unwrap()
         .unwrap()
+}
+
+/// A job that was due 2 h 10 min ago, then hourly (three instants missed).
+async fn missed_for_two_hours(store: &Store) -> i64 {
+    let anchor = now_ms() / 1000 - 2 * 3600 - 600;
+    let schedule = Schedule::Interval {
+        every_secs: 3600,
+        anchor,
+    };
+    missed_job(store, schedule, "every 1h", "stretch", anchor).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -459,31 +469,7 @@ async fn after_a_two_hour_outage_latest_runs_the_missed_instant_once_and_none_ru
 /// A one-time reminder that fell due `seconds` ago, while no telegate ran.
 async fn missed_seconds_ago(store: &Store, seconds: i64) -> i64 {
     let at = now_ms() / 1000 - seconds;
-    let schedule = Schedule::Once { at };
-    let action = Action::Message {
-        text: "blink".into(),
-    };
-    store
-        .jobs()
-        .create_job(
-            NewJob {
-                chat_id: USER,
-                chat_type: "dm".into(),
-                thread_id: None,
-                session_key: format!("agent:main:telegram:dm:{USER}"),
-                creator_id: Some(USER as u64),
-                creator_name: Some("Ann".into()),
-                schedule: serde_json::to_value(&schedule).unwrap(),
-                label: "in 1m".into(),
-                timezone: "UTC".into(),
-                action: serde_json::to_value(&action).unwrap(),
-                next_run: at * 1000,
-            },
-            20,
-        )
-        .await
-        .unwrap()
-        .unwrap()
+    missed_job(store, Schedule::Once { at }, "in 1m", "blink", at).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
